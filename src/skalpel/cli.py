@@ -1,0 +1,89 @@
+"""The ``skalpel`` command: parse arguments, call the Python API, render, write.
+
+Argument parsing (``build_parser``) and dispatch (``main``) are separate; each
+subcommand is one small handler. No analysis happens here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from . import __version__
+from .errors import SkalpelError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="skalpel",
+        description="A profiler doctor for PyTorch: profile a training loop, read any torch.profiler trace, "
+        "and name the bottleneck with the numbers that prove it.",
+    )
+    parser.add_argument("--version", action="version", version=f"skalpel {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_analyze(commands)
+    return parser
+
+
+def _add_analyze(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "analyze",
+        help="analyse stored torch.profiler traces (files or folders, one rank or many)",
+        description="Load torch.profiler traces (.json or .json.gz files, or folders of them, e.g. a "
+        "tensorboard_trace_handler folder or a skalpel run folder) and print the diagnosis.",
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files or folders")
+    parser.add_argument(
+        "--json", nargs="?", const="-", metavar="FILE", help="write the skalpel.report/1 JSON to FILE (or stdout)"
+    )
+    parser.set_defaults(handler=_cmd_analyze)
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from .api import analyze
+    from .report import terminal
+    from .report.progress import load_progress
+
+    with load_progress() as on_progress:
+        report = analyze(args.paths, on_progress=on_progress)
+    if args.json == "-":
+        sys.stdout.buffer.write(report.to_json() + b"\n")
+        return 0
+    terminal.print_report(report)
+    if args.json:
+        _write(Path(args.json), report.to_json())
+        terminal.print_written([Path(args.json)])
+    return 0
+
+
+def _write(path: Path, content: bytes | str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, str):
+            path.write_text(content, encoding="utf-8")
+        else:
+            path.write_bytes(content)
+    except OSError as error:
+        raise SkalpelError(f"cannot write {path}: {error.strerror or error}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.handler(args)
+    except SkalpelError as error:
+        print(f"skalpel: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("skalpel: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

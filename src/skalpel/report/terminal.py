@@ -1,0 +1,181 @@
+"""The terminal summary: rich Tables and Panels built from a Report.
+
+The answer comes first (findings, most severe first), then the numbers behind it.
+The renderer is handed a Console; tests give it a fixed-width, colourless one.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Iterable
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from .model import SEVERITIES, Finding, RankReport, Report
+
+SEVERITY_STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+TOP_OPS = 10
+
+
+def print_report(report: Report, *, console: Console | None = None) -> None:
+    console = console or Console()
+    for renderable in render(report):
+        console.print(renderable)
+
+
+def print_written(paths: Iterable[Path], *, console: Console | None = None) -> None:
+    console = console or Console()
+    for path in paths:
+        console.print(f"wrote {path}", style="dim", highlight=False)
+
+
+def render_text(report: Report, *, width: int = 100) -> str:
+    """The summary as plain text (for summary.txt and tests)."""
+    console = Console(width=width, record=True, color_system=None, file=_Discard())
+    print_report(report, console=console)
+    return console.export_text()
+
+
+class _Discard:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def render(report: Report) -> list:
+    parts: list = [_verdict(report), _steps(report)]
+    for rank in report.ranks:
+        parts.append(_rank_panel(report, rank))
+    if report.capture is not None:
+        parts.append(_capture(report))
+    if report.warnings:
+        parts.append(Text("\n".join(f"note: {warning}" for warning in report.warnings), style="dim"))
+    return parts
+
+
+def sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda finding: SEVERITIES.index(finding.severity))
+
+
+def _verdict(report: Report) -> Panel:
+    findings = sorted_findings(report.findings)
+    serious = [finding for finding in findings if finding.severity != "info"]
+    if not findings:
+        body: object = Text("No findings were produced for this trace.")
+    else:
+        rows = Group(*(_finding_text(finding) for finding in findings))
+        body = rows
+    title = "verdict" if serious else "verdict: no bottleneck found"
+    return Panel(body, title=title, title_align="left")
+
+
+def _finding_text(finding: Finding) -> Text:
+    text = Text()
+    text.append(f"{finding.severity.upper():8}", style=SEVERITY_STYLES.get(finding.severity, ""))
+    text.append(f" {finding.title}", style="bold")
+    text.append(f"  [{finding.id}]\n", style="dim")
+    if finding.evidence:
+        evidence = ", ".join(f"{key}={_short(value)}" for key, value in finding.evidence.items())
+        text.append(f"         evidence: {evidence}\n")
+    if finding.locations:
+        text.append(f"         where: {', '.join(finding.locations[:3])}\n")
+    if finding.fix:
+        text.append(f"         fix: {finding.fix}\n")
+    return text
+
+
+def _short(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_short(item) for item in list(value)[:4]) + (", …]" if len(value) > 4 else "]")
+    return str(value)
+
+
+def _steps(report: Report) -> Text:
+    steps = report.steps
+    what = "steps" if steps.marked else "pseudo-steps (no ProfilerStep markers)"
+    source = report.source
+    line = (
+        f"{steps.count} {what}: median {steps.median_ms:.2f} ms, p90 {steps.p90_ms:.2f} ms, "
+        f"cv {steps.cv:.2f}  |  device: {source.device}  |  ranks: {len(report.ranks)}"
+    )
+    if source.torch_version:
+        line += f"  |  torch {source.torch_version}"
+    return Text(line)
+
+
+def _rank_panel(report: Report, rank: RankReport) -> Panel:
+    parts: list = []
+    if rank.step_breakdown_pct:
+        parts.append(_breakdown_line(rank))
+    if rank.gpu is not None:
+        gpu = rank.gpu
+        idle = ", ".join(f"{key} {value:.1f}%" for key, value in gpu.idle_breakdown_pct.items())
+        overlap = f", comm overlap {gpu.comm_overlap_pct:.1f}%" if gpu.comm_overlap_pct is not None else ""
+        parts.append(
+            Text(f"GPU: idle {gpu.idle_pct:.1f}% ({idle}), compute {gpu.compute_pct:.1f}%, "
+                 f"non-compute {gpu.non_compute_pct:.1f}%{overlap}")
+        )  # fmt: skip
+    if rank.memory is not None:
+        memory = rank.memory
+        growth = f", growth {memory.growth_bytes_per_step / 2**20:+.1f} MiB/step" if memory.growth_bytes_per_step is not None else ""
+        parts.append(Text(f"memory ({memory.device}): peak {memory.peak_bytes / 2**20:.1f} MiB{growth}"))
+    if rank.top_ops:
+        parts.append(_ops_table(rank, device=report.has_device))
+    if not parts:
+        parts.append(Text("no per-rank analyses available"))
+    return Panel(Group(*parts), title=f"rank {rank.rank}", title_align="left")
+
+
+def _breakdown_line(rank: RankReport) -> Text:
+    shares = sorted(rank.step_breakdown_pct.items(), key=lambda item: -item[1])
+    text = Text("step time: ")
+    text.append(", ".join(f"{name} {value:.1f}%" for name, value in shares if value >= 0.05))
+    if rank.data_wait_ms_per_step is not None:
+        text.append(f"  (waiting for data {rank.data_wait_ms_per_step:.2f} ms/step)")
+    return text
+
+
+def _ops_table(rank: RankReport, *, device: bool) -> Table:
+    sort_key = "device time" if device else "self CPU time"
+    table = Table(title=f"top ops by {sort_key}", title_justify="left", expand=False)
+    table.add_column("op", overflow="fold", max_width=48)
+    table.add_column("calls", justify="right")
+    table.add_column("self CPU ms", justify="right")
+    table.add_column("total CPU ms", justify="right")
+    if device:
+        table.add_column("device ms", justify="right")
+    table.add_column("input shapes", overflow="ellipsis", max_width=30, no_wrap=True)
+    for row in rank.top_ops[:TOP_OPS]:
+        cells = [row.name, str(row.calls), f"{row.self_ms:.3f}", f"{row.total_ms:.3f}"]
+        if device:
+            cells.append(f"{row.device_ms:.3f}")
+        cells.append(row.input_shapes or "")
+        table.add_row(*cells)
+    return table
+
+
+def _capture(report: Report) -> Text:
+    capture = report.capture
+    assert capture is not None
+    parts = [f"capture: {capture.warmup_steps} warm-up + {capture.active_steps} active steps"]
+    if capture.repeats > 1:
+        parts.append(f"{capture.repeats} windows")
+    if capture.overhead_pct is not None:
+        parts.append(f"profiler overhead {capture.overhead_pct:+.1f}%")
+    if capture.noise_pct is not None:
+        parts.append(f"noise {capture.noise_pct:.1f}%")
+    return Text(", ".join(parts))
+
+
+if __name__ == "__main__":  # pragma: no cover - manual check
+    from ..api import analyze
+
+    print_report(analyze(sys.argv[1:]))

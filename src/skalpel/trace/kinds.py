@@ -1,0 +1,109 @@
+"""Event kinds: every trace event is classified once, at load time.
+
+Kineto has renamed its categories over the years (2021's ``Operator``/``Runtime``/
+``Kernel`` became ``cpu_op``/``cuda_runtime``/``kernel``), and some host events
+carry their meaning in the name rather than the category (``ProfilerStep#N``,
+``enumerate(DataLoader)...``, ``nccl:all_reduce``). This module folds all of that
+into one small integer ``Kind`` so that no analysis ever looks at a category
+string or classifies a name again.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+
+class Kind(enum.IntEnum):
+    OTHER = 0
+    CPU_OP = 1  # aten ops and other operator-level host events
+    USER_ANNOTATION = 2  # record_function ranges
+    STEP = 3  # ProfilerStep#N
+    DATALOADER = 4  # enumerate(DataLoader)#..., the wait for the next batch
+    COMM_OP = 5  # host side of a collective: nccl:all_reduce, gloo:broadcast, c10d::...
+    PYTHON = 6  # python_function frames (with_stack)
+    RUNTIME = 7  # cudaLaunchKernel, hipMemcpyWithStream, mtia runtime calls
+    DRIVER = 8  # cuLaunchKernel and other driver API calls
+    KERNEL = 9  # device compute kernel
+    COMM_KERNEL = 10  # device collective kernel (NCCL, RCCL, symmetric memory)
+    MEMCPY = 11
+    MEMSET = 12
+    DEVICE_SYNC = 13  # cuda_sync: the device-side record of a synchronisation
+    GPU_ANNOTATION = 14  # gpu_user_annotation: a record_function range projected onto a stream
+    MEMORY = 15  # [memory] instant event: one allocation or free
+    INSTANT = 16  # any other instant event
+    OVERHEAD = 17  # profiler overhead spans
+
+
+DEVICE_KINDS = frozenset({Kind.KERNEL, Kind.COMM_KERNEL, Kind.MEMCPY, Kind.MEMSET})
+"""Device work that occupies a stream: what HTA and the TensorBoard plugin call GPU activity."""
+
+HOST_OP_KINDS = frozenset({Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER, Kind.COMM_OP})
+"""Host ranges that appear in an operator table."""
+
+LAUNCH_KINDS = frozenset({Kind.RUNTIME, Kind.DRIVER})
+
+_CATEGORY_KINDS = {
+    "cpu_op": Kind.CPU_OP,
+    "operator": Kind.CPU_OP,
+    "user_annotation": Kind.USER_ANNOTATION,
+    "python_function": Kind.PYTHON,
+    "python": Kind.PYTHON,
+    "cuda_runtime": Kind.RUNTIME,
+    "runtime": Kind.RUNTIME,
+    "hip_runtime": Kind.RUNTIME,
+    "mtia_runtime": Kind.RUNTIME,
+    "privateuse1_runtime": Kind.RUNTIME,
+    "cuda_driver": Kind.DRIVER,
+    "driver": Kind.DRIVER,
+    "privateuse1_driver": Kind.DRIVER,
+    "kernel": Kind.KERNEL,
+    "mtia_ccp_events": Kind.KERNEL,
+    "cuda_profiler_range": Kind.KERNEL,
+    "gpu_memcpy": Kind.MEMCPY,
+    "memcpy": Kind.MEMCPY,
+    "gpu_memset": Kind.MEMSET,
+    "memset": Kind.MEMSET,
+    "cuda_sync": Kind.DEVICE_SYNC,
+    "gpu_user_annotation": Kind.GPU_ANNOTATION,
+    "overhead": Kind.OVERHEAD,
+    "cpu_instant_event": Kind.INSTANT,
+    "memory": Kind.MEMORY,
+}
+
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+_COMM_OP_PREFIXES = ("nccl:", "gloo:", "c10d::", "mpi:", "ucc:", "xccl:", "record_param_comms")
+_COMM_KERNEL_MARKERS = ("nccl", "rccl", "multimem_all_reduce", "cross_device_reduce", "all_reduce_kernel", "allreduce")
+
+
+def classify(category: str | None, name: str, phase: str) -> Kind:
+    """Return the kind of one event from its category, name and phase."""
+    if phase in ("i", "I"):
+        return Kind.MEMORY if name == "[memory]" else Kind.INSTANT
+    kind = _CATEGORY_KINDS.get(category.lower(), Kind.OTHER) if category else Kind.OTHER
+    if kind in (Kind.CPU_OP, Kind.USER_ANNOTATION):
+        return _refine_host_range(kind, name)
+    if kind is Kind.KERNEL and is_comm_kernel_name(name):
+        return Kind.COMM_KERNEL
+    return kind
+
+
+def _refine_host_range(kind: Kind, name: str) -> Kind:
+    if name.startswith("ProfilerStep#"):
+        return Kind.STEP
+    if name.startswith("enumerate(DataLoader)"):
+        return Kind.DATALOADER
+    if name.startswith(_COMM_OP_PREFIXES):
+        return Kind.COMM_OP
+    return kind
+
+
+def is_comm_kernel_name(name: str) -> bool:
+    lowered = name.lower()
+    return any(marker in lowered for marker in _COMM_KERNEL_MARKERS)
+
+
+def step_number(name: str) -> int | None:
+    """The N of ``ProfilerStep#N``, or None for any other name."""
+    match = _STEP_NAME.match(name)
+    return int(match.group(1)) if match else None

@@ -1,0 +1,150 @@
+"""The columnar trace model: one table of events for every rank, names interned once.
+
+Every analysis reads this; nothing reparses JSON. Columns are numpy arrays of equal
+length, indexed by event. Times are microseconds relative to ``Trace.origin_us``
+(the earliest timestamp of any loaded file), so that differences keep their precision.
+
+Memory events (``[memory]`` instants) live in their own small table because they
+carry allocator counters instead of a duration. Arguments that only a few events
+need (collective metadata, sync kinds, copy kinds) stay as dicts in ``Trace.extra``,
+keyed by event index, so the hot columns stay compact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .kinds import Kind
+
+NO_ID = -1
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What one trace file says about the process that wrote it."""
+
+    rank: int
+    path: str
+    world_size: int | None = None
+    backend: str | None = None
+    device_names: tuple[str, ...] = ()
+    device_properties: tuple[dict, ...] = ()
+    versions: dict[str, Any] = field(default_factory=dict)  # torch, cuda runtime/driver, cupti, hip
+    job: str | None = None  # a job or trace id, to tell rank files of different runs apart
+    truncated: bool = False
+    event_count: int = 0
+
+
+@dataclass
+class MemoryEvents:
+    """``[memory]`` instants: one row per allocation (bytes > 0) or free (bytes < 0)."""
+
+    ts: np.ndarray  # float64 us, relative to Trace.origin_us
+    nbytes: np.ndarray  # int64, signed
+    total_allocated: np.ndarray  # int64, -1 where the trace predates the counter
+    total_reserved: np.ndarray  # int64, -1 where absent
+    device_type: np.ndarray  # int8: 0 CPU, 1 CUDA, other values as the allocator reports
+    device_id: np.ndarray  # int16
+    rank: np.ndarray  # int32
+    tid: np.ndarray  # int64, the host thread that allocated
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+@dataclass
+class Trace:
+    """All events of all loaded ranks, as columns."""
+
+    names: list[str]  # interned strings; name, stack and shapes columns index into it
+    ts: np.ndarray  # float64 us from origin_us
+    dur: np.ndarray  # float64 us
+    kind: np.ndarray  # int8, a Kind
+    name: np.ndarray  # int32 index into names
+    rank: np.ndarray  # int32
+    pid: np.ndarray  # int64 (string pids are interned and negated)
+    tid: np.ndarray  # int64 host thread, or the stream for device events
+    device: np.ndarray  # int32, -1 for host events
+    stream: np.ndarray  # int64, -1 for host events
+    correlation: np.ndarray  # int64, 0 when absent: links a runtime call to its device work
+    external_id: np.ndarray  # int64, 0 when absent: links an op to its runtime calls
+    stack: np.ndarray  # int32 index into names of the 'Call stack' argument, -1 when absent
+    shapes: np.ndarray  # int32 index into names of the 'Input Dims' argument (as JSON), -1 when absent
+    nbytes: np.ndarray  # int64 bytes moved (memcpy, memset) or 0
+    memory: MemoryEvents
+    ranks: tuple[RankInfo, ...]
+    origin_us: float = 0.0  # absolute timestamp of ts == 0
+    extra: dict[int, dict] = field(default_factory=dict)  # selected args of rare events, by event index
+    warnings: list[str] = field(default_factory=list)
+    _name_ids: dict[str, int] | None = field(default=None, repr=False)
+    _derived: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.ts + self.dur
+
+    @property
+    def rank_ids(self) -> list[int]:
+        return [info.rank for info in self.ranks]
+
+    @property
+    def has_device(self) -> bool:
+        """True when the trace recorded any device activity (kernels, copies, memsets)."""
+        return bool(np.isin(self.kind, _DEVICE_KIND_VALUES).any())
+
+    @property
+    def has_stacks(self) -> bool:
+        return bool((self.kind == Kind.PYTHON).any() or (self.stack >= 0).any())
+
+    def name_id(self, name: str) -> int:
+        """The interned id of ``name``, or -1 when no event has it."""
+        if self._name_ids is None:
+            self._name_ids = {text: index for index, text in enumerate(self.names)}
+        return self._name_ids.get(name, NO_ID)
+
+    def name_of(self, index: int) -> str:
+        return self.names[int(self.name[index])]
+
+    def mask(self, *kinds: Kind, rank: int | None = None) -> np.ndarray:
+        """Boolean mask of events of the given kinds (all kinds when none), optionally on one rank."""
+        selected = np.isin(self.kind, [int(k) for k in kinds]) if kinds else np.ones(len(self), bool)
+        if rank is not None:
+            selected &= self.rank == rank
+        return selected
+
+    def args_of(self, index: int) -> dict:
+        return self.extra.get(int(index), {})
+
+    @property
+    def launcher(self) -> np.ndarray:
+        """For each device event, the index of the runtime call that launched it (-1 otherwise).
+
+        Matched on (rank, correlation id); computed once and cached.
+        """
+        if "launcher" not in self._derived:
+            from .links import launcher_of_events
+
+            self._derived["launcher"] = launcher_of_events(self)
+        return self._derived["launcher"]
+
+    @property
+    def op_of_event(self) -> np.ndarray:
+        """For each runtime call and device event, the index of the host op it belongs to (-1 otherwise).
+
+        A runtime call carries the External id of the innermost op that issued it;
+        a device event inherits the op of its launcher. Computed once and cached.
+        """
+        if "op_of_event" not in self._derived:
+            from .links import op_of_events
+
+            self._derived["op_of_event"] = op_of_events(self)
+        return self._derived["op_of_event"]
+
+
+_DEVICE_KIND_VALUES = np.array([Kind.KERNEL, Kind.COMM_KERNEL, Kind.MEMCPY, Kind.MEMSET], dtype=np.int8)
