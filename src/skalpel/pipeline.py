@@ -1,4 +1,4 @@
-"""From a loaded trace to a Report: run the analyses, then the findings.
+"""From a loaded trace to a Report: run the analyses, then the findings, then assemble.
 
 This is the one place that knows which analyses feed the report; the CLI, the
 Python API and the capture layer all come through here.
@@ -8,23 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .analysis.steps import StepSegmentation, segment_steps
-from .report.model import CaptureInfo, RankReport, Report, Source, StepStats
+from .analysis.bundle import Analyses, run_analyses
+from .report.model import CaptureInfo, Finding, RankReport, Report, Source, StepStats
 from .trace.model import Trace
-
-
-def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
-    segmentation = segment_steps(trace)
-    ranks = tuple(_rank_report(trace, segmentation, rank) for rank in trace.rank_ids)
-    report = Report(
-        source=_source(trace),
-        steps=_step_stats(segmentation),
-        ranks=ranks,
-        capture=capture,
-        warnings=tuple(trace.warnings) + (() if segmentation.marked else (_NO_STEPS_WARNING,)),
-    )
-    return report
-
 
 _NO_STEPS_WARNING = (
     "the trace has no ProfilerStep markers: each rank's whole trace is treated as one step "
@@ -32,8 +18,26 @@ _NO_STEPS_WARNING = (
 )
 
 
-def _rank_report(trace: Trace, segmentation: StepSegmentation, rank: int) -> RankReport:
-    steps = segmentation.for_rank(rank)
+def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
+    analyses = run_analyses(trace)
+    findings = _diagnose(analyses, capture)
+    warnings = tuple(trace.warnings) + (() if analyses.steps.marked else (_NO_STEPS_WARNING,))
+    return Report(
+        source=_source(trace),
+        steps=_step_stats(analyses),
+        ranks=tuple(_rank_report(analyses, rank) for rank in trace.rank_ids),
+        findings=findings,
+        capture=capture,
+        warnings=warnings,
+    )
+
+
+def _diagnose(analyses: Analyses, capture: CaptureInfo | None) -> tuple[Finding, ...]:
+    return ()
+
+
+def _rank_report(analyses: Analyses, rank: int) -> RankReport:
+    steps = analyses.steps.for_rank(rank)
     return RankReport(
         rank=rank,
         step_ms=tuple(round(step.duration_ms, 4) for step in steps),
@@ -41,8 +45,8 @@ def _rank_report(trace: Trace, segmentation: StepSegmentation, rank: int) -> Ran
     )
 
 
-def _step_stats(segmentation: StepSegmentation) -> StepStats:
-    durations = segmentation.durations_ms
+def _step_stats(analyses: Analyses) -> StepStats:
+    durations = analyses.steps.durations_ms
     median = float(np.median(durations)) if len(durations) else 0.0
     mean = float(durations.mean()) if len(durations) else 0.0
     return StepStats(
@@ -50,7 +54,7 @@ def _step_stats(segmentation: StepSegmentation) -> StepStats:
         median_ms=round(median, 4),
         p90_ms=round(float(np.percentile(durations, 90)), 4) if len(durations) else 0.0,
         cv=round(float(durations.std() / mean), 4) if mean > 0 else 0.0,
-        marked=segmentation.marked,
+        marked=analyses.steps.marked,
     )
 
 
