@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .analysis.bundle import Analyses, run_analyses
-from .report.model import CaptureInfo, Finding, RankReport, Report, Source, StepStats
+from .report.model import CaptureInfo, Finding, KernelRow, OpRow, RankReport, Report, Source, StepStats
 from .trace.model import Trace
 
 _NO_STEPS_WARNING = (
@@ -22,6 +22,11 @@ def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
     analyses = run_analyses(trace)
     findings = _diagnose(analyses, capture)
     warnings = tuple(trace.warnings) + (() if analyses.steps.marked else (_NO_STEPS_WARNING,))
+    if analyses.steps.dropped_tail:
+        warnings += (
+            f"{analyses.steps.dropped_tail} trailing step(s) left out: the trace lacks (some of) the device work "
+            "they launched (the profiler stopped first), as the TensorBoard plugin does",
+        )
     return Report(
         source=_source(trace),
         steps=_step_stats(analyses),
@@ -38,10 +43,38 @@ def _diagnose(analyses: Analyses, capture: CaptureInfo | None) -> tuple[Finding,
 
 def _rank_report(analyses: Analyses, rank: int) -> RankReport:
     steps = analyses.steps.for_rank(rank)
+    breakdown = analyses.breakdown.for_rank(rank) if analyses.breakdown else None
     return RankReport(
         rank=rank,
         step_ms=tuple(round(step.duration_ms, 4) for step in steps),
-        step_breakdown_pct={},
+        step_breakdown_pct={name: round(pct, 2) for name, pct in breakdown.pct.items()} if breakdown else {},
+        top_ops=_top_ops(analyses, rank),
+        top_kernels=_top_kernels(analyses, rank),
+        data_wait_ms_per_step=round(breakdown.data_wait_ms_per_step, 4) if breakdown else None,
+    )
+
+
+_TOP_ROWS = 15
+
+
+def _top_ops(analyses: Analyses, rank: int) -> tuple[OpRow, ...]:
+    """The op table's first rows: by self device time when the rank has device activity, else by self host time."""
+    table = analyses.ops.for_rank(rank) if analyses.ops else None
+    if table is None:
+        return ()
+    return tuple(
+        OpRow(row.name, row.calls, round(row.self_ms, 4), round(row.total_ms, 4), round(row.device_ms, 4), row.input_shapes)
+        for row in table.top(_TOP_ROWS)
+    )
+
+
+def _top_kernels(analyses: Analyses, rank: int) -> tuple[KernelRow, ...]:
+    table = analyses.kernels.for_rank(rank) if analyses.kernels else None
+    if table is None:
+        return ()
+    return tuple(
+        KernelRow(row.name, row.type, row.calls, round(row.total_ms, 4), round(row.mean_us, 3), round(row.share_pct, 2))
+        for row in table.top(_TOP_ROWS)
     )
 
 

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..trace.model import Trace
+from .breakdown import StepBreakdown, step_breakdown
+from .kernels import KernelTable, kernel_table
+from .ops import OpTable, op_table
 from .steps import StepSegmentation, segment_steps
 
 
@@ -19,10 +22,16 @@ class Analyses:
 
     trace: Trace  # kept for user-code locations (Python stacks) only
     steps: StepSegmentation
+    breakdown: StepBreakdown | None = None  # step time in the TensorBoard plugin's categories
+    ops: OpTable | None = None  # per rank and op name: calls, self/total host time, self device time
+    kernels: KernelTable | None = None  # per rank and kernel name, typed COMP / COMM / MEMORY
     results: dict[str, Any] = field(default_factory=dict)  # name -> typed result, for analyses added later
 
 
 def run_analyses(trace: Trace) -> Analyses:
     steps = segment_steps(trace)
     analyses = Analyses(trace=trace, steps=steps)
+    analyses.breakdown = step_breakdown(trace, steps)
+    analyses.ops = op_table(trace)
+    analyses.kernels = kernel_table(trace)
     return analyses

@@ -1,10 +1,28 @@
 """Step segmentation: where each training step starts and ends, per rank.
 
-A step is a ``ProfilerStep#N`` range on the host, extended to the end of the device
-work launched inside it: a step is not over until its kernels are. Without step
-markers (the legacy autograd profiler, an inference trace, a hand-made capture) the
-whole trace of a rank is one step, and ``StepSegmentation.marked`` is False so that
-reports can say so.
+Steps follow the PyTorch Profiler TensorBoard plugin (``StepParser`` in its
+``event_parser.py``), so that step times and the step-time breakdown can be checked
+against it:
+
+- a step is a ``ProfilerStep#N`` range on the host, extended to the end of the device
+  work launched by the runtime calls that lie wholly inside that range: a step is not
+  over until its kernels are;
+- a step starts no earlier than the (extended) end of the step before it, so steps
+  tile the timeline without overlapping; the first step starts no earlier than the end
+  of earlier device work that finishes before the step's own first kernel;
+- trailing steps that launched no device work, or clearly less than the step before
+  them (< 80% of its device events), are dropped: the profiler stopped before their
+  kernels were recorded (``StepSegmentation.dropped_tail`` counts them).
+
+Without step markers (the legacy autograd profiler, an inference trace, a hand-made
+capture) the whole trace of a rank is one step, from the first to the last host op,
+extended to the device work launched inside it; ``StepSegmentation.marked`` is False
+so that reports can say so.
+
+We differ from the plugin on purpose in two places: ``cuda_driver`` calls
+(``cuLaunchKernel``, used by Triton kernels in modern traces) launch device work just
+like ``cuda_runtime`` calls, which the plugin predates; and a rank without markers in a
+trace whose other ranks have them still gets its pseudo-step.
 """
 
 from __future__ import annotations
@@ -13,17 +31,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import Kind, step_number
+from ..trace.kinds import DEVICE_KINDS, HOST_OP_KINDS, LAUNCH_KINDS, Kind, step_number
 from ..trace.model import Trace
+
+_TAIL_RATIO = 0.8  # the plugin drops a last step with fewer than 80% of the previous step's device events
+_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
+_LAUNCH = np.array(sorted(int(k) for k in LAUNCH_KINDS), dtype=np.int8)
+_HOST_SPAN = np.array(sorted(int(k) for k in HOST_OP_KINDS | {Kind.STEP}), dtype=np.int8)
 
 
 @dataclass(frozen=True)
 class Step:
     rank: int
     number: int  # N of ProfilerStep#N; 0 for the whole-trace pseudo-step
-    start_us: float
+    start_us: float  # host start, moved to the end of the previous step when its device work ran later
     host_end_us: float  # end of the ProfilerStep range on the host
     end_us: float  # extended to the end of the device work launched within the step
+    host_start_us: float | None = None  # start of the ProfilerStep range on the host (None: same as start_us)
 
     @property
     def duration_us(self) -> float:
@@ -38,6 +62,7 @@ class Step:
 class StepSegmentation:
     steps: tuple[Step, ...]
     marked: bool  # False: no ProfilerStep markers, each rank's whole trace is one step
+    dropped_tail: int = 0  # trailing steps dropped because their device work was not (fully) recorded
 
     def for_rank(self, rank: int) -> list[Step]:
         return [step for step in self.steps if step.rank == rank]
@@ -47,64 +72,118 @@ class StepSegmentation:
         return np.array([step.duration_ms for step in self.steps], dtype=np.float64)
 
 
+@dataclass(frozen=True)
+class _DeviceWork:
+    """Device events of one rank with their launching call, sorted by launch start."""
+
+    launch_start: np.ndarray
+    launch_end: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    unlaunched_end: np.ndarray  # ends of device events without a known launcher
+
+
 def segment_steps(trace: Trace) -> StepSegmentation:
     """Split every rank's timeline into steps."""
     step_events = np.flatnonzero(trace.kind == Kind.STEP)
-    if len(step_events) == 0:
-        return StepSegmentation(tuple(_whole_trace_step(trace, rank) for rank in trace.rank_ids), marked=False)
+    marked = len(step_events) > 0
     steps: list[Step] = []
-    device_end = _device_end_by_launch(trace)
+    dropped = 0
     for rank in trace.rank_ids:
         on_rank = step_events[trace.rank[step_events] == rank]
+        work = _device_work(trace, rank)
         if len(on_rank) == 0:
-            steps.append(_whole_trace_step(trace, rank))
-            continue
-        on_rank = on_rank[np.argsort(trace.ts[on_rank], kind="stable")]
-        starts = trace.ts[on_rank]
-        host_ends = starts + trace.dur[on_rank]
-        ends = _extend_to_device_work(trace, rank, starts, host_ends, device_end)
-        for index, start, host_end, end in zip(on_rank, starts, host_ends, ends):
-            number = step_number(trace.name_of(index))
-            steps.append(Step(rank, number if number is not None else 0, float(start), float(host_end), float(end)))
-    return StepSegmentation(tuple(steps), marked=True)
+            start, end = _host_span(trace, rank)
+            numbers, starts, host_ends = np.zeros(1, np.int64), np.array([start]), np.array([end])
+        else:
+            on_rank = on_rank[np.argsort(trace.ts[on_rank], kind="stable")]
+            numbers = np.array([step_number(trace.name_of(i)) or 0 for i in on_rank], dtype=np.int64)
+            starts = trace.ts[on_rank]
+            host_ends = starts + trace.dur[on_rank]
+        new_starts, ends, matched = _extend_to_device_work(starts, host_ends, work)
+        keep = _kept_steps(matched) if len(on_rank) else 1
+        dropped += len(starts) - keep
+        for i in range(keep):
+            steps.append(
+                Step(rank, int(numbers[i]), float(new_starts[i]), float(host_ends[i]), float(ends[i]), float(starts[i]))
+            )
+    return StepSegmentation(tuple(steps), marked=marked, dropped_tail=dropped)
 
 
-def _whole_trace_step(trace: Trace, rank: int) -> Step:
-    on_rank = (trace.rank == rank) & (trace.kind != Kind.PYTHON)
+def _host_span(trace: Trace, rank: int) -> tuple[float, float]:
+    """First start and last end of the host ops of a rank (of any event when it has none)."""
+    on_rank = (trace.rank == rank) & np.isin(trace.kind, _HOST_SPAN)
+    if not on_rank.any():
+        on_rank = (trace.rank == rank) & (trace.kind != Kind.PYTHON)
     if not on_rank.any():
         on_rank = trace.rank == rank
-    start = float(trace.ts[on_rank].min())
-    end = float((trace.ts[on_rank] + trace.dur[on_rank]).max())
-    return Step(rank, 0, start, end, end)
+    if not on_rank.any():
+        return 0.0, 0.0
+    return float(trace.ts[on_rank].min()), float((trace.ts[on_rank] + trace.dur[on_rank]).max())
 
 
-def _device_end_by_launch(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rank, launch time, device end) for every device event with a known launcher."""
-    launcher = trace.launcher
-    device = np.flatnonzero(launcher >= 0)
-    launch_ts = trace.ts[launcher[device]]
-    device_end = trace.ts[device] + trace.dur[device]
-    return trace.rank[device], launch_ts, device_end
+def _device_work(trace: Trace, rank: int) -> _DeviceWork:
+    device = np.flatnonzero(np.isin(trace.kind, _DEVICE) & (trace.rank == rank))
+    launcher = trace.launcher[device]
+    launched = launcher >= 0
+    # A device event linked to something other than a launch call (a cuda_sync) has no launcher.
+    launched[launched] = np.isin(trace.kind[launcher[launched]], _LAUNCH)
+    events, calls = device[launched], launcher[launched]
+    order = np.argsort(trace.ts[calls], kind="stable")
+    events, calls = events[order], calls[order]
+    return _DeviceWork(
+        launch_start=trace.ts[calls],
+        launch_end=trace.ts[calls] + trace.dur[calls],
+        start=trace.ts[events],
+        end=trace.ts[events] + trace.dur[events],
+        unlaunched_end=trace.ts[device[~launched]] + trace.dur[device[~launched]],
+    )
 
 
 def _extend_to_device_work(
-    trace: Trace,
-    rank: int,
-    starts: np.ndarray,
-    host_ends: np.ndarray,
-    device_end: tuple[np.ndarray, np.ndarray, np.ndarray],
-) -> np.ndarray:
-    """Each step ends at the later of its host end and the end of the device work it launched."""
-    ranks, launch_ts, ends_of_work = device_end
-    mine = ranks == rank
-    launch_ts, ends_of_work = launch_ts[mine], ends_of_work[mine]
-    ends = host_ends.copy()
-    if len(launch_ts):
-        order = np.argsort(launch_ts, kind="stable")
-        launch_ts, ends_of_work = launch_ts[order], ends_of_work[order]
-        for position, (start, host_end) in enumerate(zip(starts, host_ends)):
-            first = np.searchsorted(launch_ts, start, side="left")
-            last = np.searchsorted(launch_ts, host_end, side="right")
-            if last > first:
-                ends[position] = max(host_end, float(ends_of_work[first:last].max()))
-    return ends
+    starts: np.ndarray, host_ends: np.ndarray, work: _DeviceWork
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, number of device events matched) of each step, as the TensorBoard plugin computes them.
+
+    A launch call belongs to the first step whose host range ends after the call starts,
+    when the call lies wholly inside that range (the plugin's two-way merge).
+    """
+    count = len(starts)
+    step = np.searchsorted(host_ends, work.launch_start, side="right")
+    inside = step < count
+    inside[inside] = (work.launch_start[inside] >= starts[step[inside]]) & (
+        work.launch_end[inside] <= host_ends[step[inside]]
+    )
+    step = step[inside]
+    matched = np.bincount(step, minlength=count)
+    device_min = np.full(count, np.inf)
+    device_max = np.full(count, -np.inf)
+    np.minimum.at(device_min, step, work.start[inside])
+    np.maximum.at(device_max, step, work.end[inside])
+    if matched.sum() == 0:  # no step launched device work: host ranges as they are
+        return starts.copy(), host_ends.copy(), matched
+    previous_end = float(starts[0])
+    if matched[0] > 0:
+        # Device work not launched in any step that ends before step 0's first kernel delays step 0.
+        other_ends = np.concatenate([work.end[~inside], work.unlaunched_end])
+        earlier = other_ends[other_ends < device_min[0]]
+        if len(earlier):
+            previous_end = max(previous_end, float(earlier.max()))
+    new_starts, ends = np.empty(count), np.empty(count)
+    for i in range(count):  # one pass over the steps (not the events): each start depends on the previous end
+        new_starts[i] = max(previous_end, starts[i])
+        ends[i] = max(host_ends[i], device_max[i] if matched[i] else new_starts[i])
+        ends[i] = max(ends[i], new_starts[i])
+        previous_end = ends[i]
+    return new_starts, ends, matched
+
+
+def _kept_steps(matched: np.ndarray) -> int:
+    """How many steps to keep: drop trailing steps whose device work the profiler did not record in full."""
+    if len(matched) <= 1 or matched.sum() == 0:
+        return len(matched)
+    last = int(np.flatnonzero(matched > 0)[-1])
+    keep = last + 1
+    if last > 0 and matched[last - 1] * _TAIL_RATIO > matched[last]:
+        keep = last
+    return keep

@@ -1,0 +1,184 @@
+"""The op table: per rank and op name, calls, self and total host time, and device time.
+
+Host ops are the operator-level host ranges (aten ops, record_function ranges, the
+DataLoader wait, host collectives); ``ProfilerStep#N`` ranges take part in the nesting
+but get no row, and Python frames (``with_stack``) are left out of the nesting.
+
+- ``total_ms``: sum of the op's host durations (nested calls of the same name count
+  twice, as in ``torch.profiler``'s ``key_averages``);
+- ``self_ms``: host duration minus that of its direct child ops on the same thread,
+  like ``self_cpu_time_total``;
+- ``device_ms``: *self* device time, like ``self_device_time_total``: a runtime call
+  carries the External id of the innermost op around it, so each kernel, copy and
+  memset counts for the innermost op that launched it, not for its callers;
+- ``input_shapes``: the op's most frequent ``Input Dims`` (when recorded).
+
+Rows are sorted by device time when the rank has device activity, else by self host time.
+Nesting is found without a Python loop over events: sorted by (thread, start, longer
+first), an op's depth is the number of ops started before it minus those ended by its
+start, and its parent is the nearest earlier op one level up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.kinds import DEVICE_KINDS, HOST_OP_KINDS, Kind
+from ..trace.model import Trace
+
+_ROWS = np.array(sorted(int(k) for k in HOST_OP_KINDS), dtype=np.int8)
+_NESTING = np.array(sorted(int(k) for k in HOST_OP_KINDS | {Kind.STEP}), dtype=np.int8)
+_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
+
+
+@dataclass(frozen=True)
+class OpStats:
+    name: str
+    calls: int
+    self_ms: float  # host time excluding direct child ops
+    total_ms: float  # host time including child ops
+    device_ms: float  # self device time: kernels, copies and memsets this op launched itself
+    input_shapes: str | None  # most frequent 'Input Dims' (JSON), None when not recorded
+
+
+@dataclass(frozen=True)
+class RankOps:
+    rank: int
+    rows: tuple[OpStats, ...]  # sorted by device_ms when sorted_by == "device_ms", else by self_ms
+    sorted_by: str  # "device_ms" | "self_ms"
+
+    def top(self, count: int) -> tuple[OpStats, ...]:
+        return self.rows[:count]
+
+
+@dataclass(frozen=True)
+class OpTable:
+    ranks: tuple[RankOps, ...]
+
+    def for_rank(self, rank: int) -> RankOps | None:
+        return next((item for item in self.ranks if item.rank == rank), None)
+
+
+def op_table(trace: Trace) -> OpTable:
+    """Aggregate host ops by name, per rank."""
+    nesting = np.flatnonzero(np.isin(trace.kind, _NESTING))
+    self_us = np.zeros(len(trace))
+    self_us[nesting] = self_times(trace, nesting)
+    device_us = _device_time_by_op(trace)
+    rows = np.flatnonzero(np.isin(trace.kind, _ROWS))
+    has_device = np.isin(trace.kind, _DEVICE)
+    ranks = []
+    for rank in trace.rank_ids:
+        mine = rows[trace.rank[rows] == rank]
+        sort_key = "device_ms" if has_device[trace.rank == rank].any() else "self_ms"
+        ranks.append(RankOps(rank, _aggregate(trace, mine, self_us[mine], device_us[mine], sort_key), sort_key))
+    return OpTable(tuple(ranks))
+
+
+def self_times(trace: Trace, events: np.ndarray) -> np.ndarray:
+    """Host duration minus the durations of direct children on the same thread, for the given events.
+
+    Zero-length events have no self time and take no part in the nesting.
+    """
+    result = np.zeros(len(events))
+    positive = np.flatnonzero(trace.dur[events] > 0)
+    nested = events[positive]
+    parent = _parents(trace, nested)
+    has_parent = parent >= 0
+    child_us = np.bincount(parent[has_parent], weights=trace.dur[nested][has_parent], minlength=len(nested))
+    result[positive] = np.maximum(trace.dur[nested] - child_us, 0.0)
+    return result
+
+
+def _parents(trace: Trace, events: np.ndarray) -> np.ndarray:
+    """For each event, the position (in ``events``) of its innermost enclosing event on its thread, or -1."""
+    count = len(events)
+    if count == 0:
+        return np.empty(0, dtype=np.int64)
+    thread = _thread_ids(trace, events)
+    start, end = trace.ts[events], trace.ts[events] + trace.dur[events]
+    order = np.lexsort((-end, start, thread))
+    thread, start, end = thread[order], start[order], end[order]
+    first_of_thread = np.searchsorted(thread, thread, side="left")
+    started_before = np.arange(count) - first_of_thread
+    # Ops of the same thread that ended by this op's start (durations are > 0, so all started earlier).
+    depth_ended = _ended_before(thread, start, end) - first_of_thread
+    depth = started_before - depth_ended
+    # Parent: nearest earlier op of the same thread one level up (preorder of a properly nested forest).
+    level_key = (thread * (int(depth.max()) + 2) + depth) * count + np.arange(count)
+    level_order = np.argsort(level_key, kind="stable")
+    wanted = (thread * (int(depth.max()) + 2) + depth - 1) * count + np.arange(count)
+    found = np.searchsorted(level_key[level_order], wanted, side="left") - 1
+    candidate = level_order[np.maximum(found, 0)]
+    ok = (depth > 0) & (found >= 0)
+    ok &= (thread[candidate] == thread) & (depth[candidate] == depth - 1) & (end[candidate] > start)
+    parent_sorted = np.where(ok, candidate, -1)
+    parent = np.full(count, -1, dtype=np.int64)
+    parent[order] = np.where(parent_sorted >= 0, order[np.maximum(parent_sorted, 0)], -1)
+    return parent
+
+
+def _thread_ids(trace: Trace, events: np.ndarray) -> np.ndarray:
+    keys = np.stack([trace.rank[events].astype(np.int64), trace.pid[events], trace.tid[events]], axis=1)
+    return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def _ended_before(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For each event (sorted by thread), how many events of this or an earlier thread end by its start."""
+    count = len(thread)
+    keys_thread = np.concatenate([thread, thread])
+    keys_time = np.concatenate([end, start])
+    is_query = np.concatenate([np.zeros(count, bool), np.ones(count, bool)])
+    order = np.lexsort((is_query, keys_time, keys_thread))  # an end at the same time sorts before a start
+    ends_so_far = np.cumsum(~is_query[order])
+    result = np.empty(count, dtype=np.int64)
+    queries = is_query[order]
+    result[order[queries] - count] = ends_so_far[queries]
+    return result
+
+
+def _device_time_by_op(trace: Trace) -> np.ndarray:
+    """Device microseconds credited to each host op (self device time), indexed by event."""
+    op = trace.op_of_event
+    device = np.flatnonzero(np.isin(trace.kind, _DEVICE) & (op >= 0))
+    return np.bincount(op[device], weights=trace.dur[device], minlength=len(trace))
+
+
+def _aggregate(trace: Trace, ops: np.ndarray, self_us: np.ndarray, device_us: np.ndarray, sort_key: str) -> tuple[OpStats, ...]:
+    if len(ops) == 0:
+        return ()
+    ids, group = np.unique(trace.name[ops], return_inverse=True)
+    calls = np.bincount(group)
+    total = np.bincount(group, weights=trace.dur[ops])
+    self_sum = np.bincount(group, weights=self_us)
+    device_sum = np.bincount(group, weights=device_us)
+    primary = device_sum if sort_key == "device_ms" else self_sum
+    ranked = np.lexsort((-total, -self_sum, -primary))
+    shapes = _common_shapes(trace, ops, group, len(ids))
+    return tuple(
+        OpStats(
+            name=trace.names[int(ids[g])],
+            calls=int(calls[g]),
+            self_ms=float(self_sum[g]) / 1000.0,
+            total_ms=float(total[g]) / 1000.0,
+            device_ms=float(device_sum[g]) / 1000.0,
+            input_shapes=trace.names[int(shapes[g])] if shapes[g] >= 0 else None,
+        )
+        for g in ranked
+    )
+
+
+def _common_shapes(trace: Trace, ops: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray:
+    """The most frequent shapes id of each group, -1 where none was recorded."""
+    best = np.full(groups, -1, dtype=np.int64)
+    with_shapes = trace.shapes[ops] >= 0
+    if not with_shapes.any():
+        return best
+    pairs = np.stack([group[with_shapes], trace.shapes[ops][with_shapes].astype(np.int64)], axis=1)
+    unique_pairs, counts = np.unique(pairs, axis=0, return_counts=True)
+    order = np.lexsort((-counts, unique_pairs[:, 0]))  # by group, most frequent first
+    first = np.flatnonzero(np.diff(unique_pairs[order, 0], prepend=-1) != 0)
+    best[unique_pairs[order[first], 0]] = unique_pairs[order[first], 1]
+    return best

@@ -1,0 +1,146 @@
+"""The op table (against torch's own key_averages) and the kernel table, on real traces."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from skalpel.analysis.kernels import kernel_table
+from skalpel.analysis.ops import op_table, self_times
+from skalpel.trace import Kind, load
+
+from .conftest import corpus
+
+_NW0 = "kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
+
+
+@functools.lru_cache(maxsize=None)
+def _load(relative: str):
+    return load(corpus(relative))
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """A small real CPU training run under torch.profiler: (exported trace path, key_averages by name)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    inputs, labels = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(5):
+            with torch.profiler.record_function("train_step"):
+                loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            prof.step()
+    path = tmp_path_factory.mktemp("ops") / "trace.json"
+    prof.export_chrome_trace(str(path))
+    return path, {event.key: event for event in prof.key_averages()}
+
+
+def test_op_table_agrees_with_key_averages(profiled):
+    path, averages = profiled
+    table = op_table(load(path)).ranks[0]
+    assert table.sorted_by == "self_ms"  # CPU-only run
+    ours = {row.name: row for row in table.rows}
+    top = sorted(averages.values(), key=lambda event: -event.self_cpu_time_total)[:10]
+    assert any(event.key == "aten::addmm" for event in top)
+    for event in top:
+        row = ours[event.key]
+        assert row.calls == event.count, event.key
+        assert row.self_ms * 1000 == pytest.approx(event.self_cpu_time_total, rel=0.01, abs=2.0), event.key
+        assert row.total_ms * 1000 == pytest.approx(event.cpu_time_total, rel=0.01, abs=2.0), event.key
+    addmm = ours["aten::addmm"]
+    assert addmm.input_shapes is not None and "[32,64]" in addmm.input_shapes.replace(" ", "")
+
+
+def test_rows_sorted_by_self_time_without_device():
+    table = op_table(_load("hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")).ranks[0]
+    assert table.sorted_by == "self_ms"
+    assert table.rows[0].name == "gloo:all_reduce"
+    assert table.rows[0].calls == 10
+    self_ms = [row.self_ms for row in table.rows]
+    assert self_ms == sorted(self_ms, reverse=True)
+    assert all(row.device_ms == 0 for row in table.rows)
+
+
+@pytest.mark.slow
+def test_device_time_rolls_up_to_the_innermost_op():
+    trace = _load(_NW0)
+    table = op_table(trace).ranks[0]
+    assert table.sorted_by == "device_ms"
+    device_ms = [row.device_ms for row in table.rows]
+    assert device_ms == sorted(device_ms, reverse=True)
+    device = np.isin(trace.kind, [Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET])
+    attributed = device & (trace.op_of_event >= 0)
+    assert attributed.sum() > 0.99 * device.sum()
+    assert sum(device_ms) == pytest.approx(trace.dur[attributed].sum() / 1000, rel=1e-9)
+    # Self device time: wrapper ops launch nothing themselves, the cudnn op underneath does.
+    rows = {row.name: row for row in table.rows}
+    assert table.rows[0].name.startswith("aten::cudnn_convolution")
+    assert rows["aten::convolution"].device_ms == 0
+    assert all(row.self_ms <= row.total_ms + 1e-9 for row in table.rows)
+
+
+@pytest.mark.slow
+def test_self_time_matches_a_plain_stack_walk():
+    trace = _load(_NW0)
+    events = np.flatnonzero(np.isin(trace.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER, Kind.STEP]))
+    expected = _stack_walk_self_times(trace, events)
+    np.testing.assert_allclose(self_times(trace, events), expected, atol=1e-6)
+
+
+def _stack_walk_self_times(trace, events: np.ndarray) -> np.ndarray:
+    """Reference: the textbook per-thread stack walk (a Python loop; fine on one small trace)."""
+    result = trace.dur[events].astype(float).copy()
+    by_thread: dict[tuple, list[int]] = {}
+    for position, index in enumerate(events):
+        by_thread.setdefault((trace.rank[index], trace.pid[index], trace.tid[index]), []).append(position)
+    for positions in by_thread.values():
+        positions.sort(key=lambda p: (trace.ts[events[p]], -trace.dur[events[p]]))
+        stack: list[int] = []
+        for position in positions:
+            index = events[position]
+            if trace.dur[index] <= 0:
+                result[position] = 0.0
+                continue
+            while stack and trace.ts[events[stack[-1]]] + trace.dur[events[stack[-1]]] <= trace.ts[index]:
+                stack.pop()
+            if stack:
+                result[stack[-1]] -= trace.dur[index]
+            stack.append(position)
+    return np.maximum(result, 0.0)
+
+
+@pytest.mark.slow
+def test_kernel_table_types_and_shares():
+    trace = _load(_NW0)
+    table = kernel_table(trace).ranks[0]
+    assert sum(row.share_pct for row in table.rows) == pytest.approx(100.0)
+    totals = [row.total_ms for row in table.rows]
+    assert totals == sorted(totals, reverse=True)
+    types = {row.type for row in table.rows}
+    assert types == {"COMP", "MEMORY"}
+    memory = [row for row in table.rows if row.type == "MEMORY"]
+    assert all(row.name.lower().startswith(("memcpy", "memset")) for row in memory)
+    assert sum(row.calls for row in table.rows) == int(np.isin(trace.kind, [Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET]).sum())
+    top = table.rows[0]
+    assert top.mean_us == pytest.approx(top.total_ms * 1000 / top.calls)
+    assert table.ms_by_type["COMP"] + table.ms_by_type["MEMORY"] == pytest.approx(table.device_ms)
+
+
+def test_collective_kernels_are_comm():
+    table = kernel_table(_load("hta/trace_filter/sampled_rank-0.json.gz")).ranks[0]
+    comm = [row for row in table.rows if row.type == "COMM"]
+    assert comm and all("nccl" in row.name.lower() for row in comm)
+    assert table.ms_by_type["COMM"] > 0
+
+
+def test_cpu_only_trace_has_no_kernel_table():
+    trace = _load("hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
+    assert kernel_table(trace).ranks == ()
