@@ -116,17 +116,24 @@ def _role_of_events(trace: Trace, options: BreakdownOptions) -> np.ndarray:
 def _refine_by_name(trace: Trace, roles: np.ndarray, options: BreakdownOptions) -> None:
     """Apply the plugin's name rules to host ranges: which count as DataLoader, which as Communication."""
     host = np.flatnonzero(np.isin(trace.kind, [Kind.DATALOADER, Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.COMM_OP]))
-    ids, inverse = np.unique(trace.name[host], return_inverse=True)
-    names = [trace.names[i] for i in ids]
-    loader = np.array([_is_data_wait(name) for name in names], dtype=bool)
+    host_names = trace.name[host]
+    ids = np.flatnonzero(np.bincount(host_names, minlength=len(trace.names)))  # the names used, without a sort
+    loader = _name_flags(trace, ids, _is_data_wait)[host_names]
     new_role = roles[host].copy()
-    new_role[loader[inverse]] = CATEGORIES.index("dataloader")
-    new_role[(~loader[inverse]) & (trace.kind[host] == Kind.DATALOADER)] = CATEGORIES.index("cpu_exec")
+    new_role[loader] = CATEGORIES.index("dataloader")
+    new_role[(~loader) & (trace.kind[host] == Kind.DATALOADER)] = CATEGORIES.index("cpu_exec")
     if options.plugin_quirks:
-        comm = np.array([name in _PLUGIN_COMM_OPS for name in names], dtype=bool)[inverse]
+        comm = _name_flags(trace, ids, _PLUGIN_COMM_OPS.__contains__)[host_names]
         new_role[trace.kind[host] == Kind.COMM_OP] = CATEGORIES.index("cpu_exec")
         new_role[comm] = CATEGORIES.index("communication")
     roles[host] = new_role
+
+
+def _name_flags(trace: Trace, ids: np.ndarray, test) -> np.ndarray:
+    """A boolean per interned name: ``test(name)`` for the given ids, False for the others."""
+    flags = np.zeros(len(trace.names), dtype=bool)
+    flags[ids] = [bool(test(trace.names[i])) for i in ids]
+    return flags
 
 
 def _is_data_wait(name: str) -> bool:
@@ -182,22 +189,34 @@ def _claim(
 
     The timeline is cut at every boundary of every category's merged ranges and of the
     steps; each elementary segment goes to the first category that covers it (``other``
-    when none does) and to the step that contains it. Steps must not overlap.
+    when none does) and to the step that contains it. Steps must not overlap. Coverage
+    is a running sum of +1 at each range start and -1 at its end: no search per segment.
     """
     other = CATEGORIES.index("other")
     merged = [_merge(starts[roles == c], ends[roles == c]) for c in range(other)]
-    points = np.unique(np.concatenate([step_start, step_end] + [np.concatenate(m) for m in merged]))
-    points = points[(points >= step_start.min()) & (points <= step_end.max())]
-    seg_start, seg_len = points[:-1], np.diff(points)
-    category = np.full(len(seg_start), other, dtype=np.int64)
+    pieces = [step_start, step_end] + [part for pair in merged for part in pair]
+    points, position = np.unique(np.concatenate(pieces), return_inverse=True)
+    bounds = np.cumsum([0] + [len(piece) for piece in pieces])
+    slices = [position[bounds[i] : bounds[i + 1]] for i in range(len(pieces))]
+    seg_len = np.diff(points)
+    category = np.full(len(seg_len), other, dtype=np.int64)
     for index in range(other - 1, -1, -1):  # lowest priority first, so higher priorities overwrite
-        category[_covered(seg_start, *merged[index])] = index
-    step = np.searchsorted(step_start, seg_start, side="right") - 1
+        category[_running_sum(slices[2 + 2 * index], slices[3 + 2 * index], len(points)) > 0] = index
+    # Label each segment with its step number + 1 (0 outside every step); touching steps add up right.
+    labels = np.arange(1, len(step_start) + 1, dtype=np.float64)
+    step = np.rint(_running_sum(slices[0], slices[1], len(points), labels)).astype(np.int64) - 1
     inside = step >= 0
-    inside[inside] = seg_start[inside] < step_end[step[inside]]
     cells = step[inside] * len(CATEGORIES) + category[inside]
     sums = np.bincount(cells, weights=seg_len[inside], minlength=len(step_start) * len(CATEGORIES))
     return sums.reshape(len(step_start), len(CATEGORIES))
+
+
+def _running_sum(
+    opens: np.ndarray, closes: np.ndarray, points: int, values: np.ndarray | None = None
+) -> np.ndarray:
+    """Per elementary segment (between consecutive points), the sum of the values of the ranges covering it."""
+    delta = np.bincount(opens, weights=values, minlength=points) - np.bincount(closes, weights=values, minlength=points)
+    return np.cumsum(delta)[:-1]
 
 
 def _merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -212,13 +231,3 @@ def _merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
     first = np.flatnonzero(new_group)
     last = np.append(first[1:] - 1, len(starts) - 1)
     return starts[first], ends[last]
-
-
-def _covered(points: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Which points lie inside one of the disjoint sorted ranges [start, end)."""
-    if len(starts) == 0:
-        return np.zeros(len(points), dtype=bool)
-    index = np.searchsorted(starts, points, side="right") - 1
-    hit = index >= 0
-    hit[hit] = ends[index[hit]] > points[hit]
-    return hit

@@ -97,11 +97,11 @@ def _parents(trace: Trace, events: np.ndarray) -> np.ndarray:
     count = len(events)
     if count == 0:
         return np.empty(0, dtype=np.int64)
-    thread = _thread_ids(trace, events)
     start, end = trace.ts[events], trace.ts[events] + trace.dur[events]
-    order = np.lexsort((-end, start, thread))
-    thread, start, end = thread[order], start[order], end[order]
-    first_of_thread = np.searchsorted(thread, thread, side="left")
+    rank, pid, tid = trace.rank[events], trace.pid[events], trace.tid[events]
+    order = np.lexsort((-end, start, tid, pid, rank))
+    start, end = start[order], end[order]
+    thread, first_of_thread = _thread_runs(rank[order], pid[order], tid[order])
     started_before = np.arange(count) - first_of_thread
     # Ops of the same thread that ended by this op's start (durations are > 0, so all started earlier).
     depth_ended = _ended_before(thread, start, end) - first_of_thread
@@ -120,9 +120,14 @@ def _parents(trace: Trace, events: np.ndarray) -> np.ndarray:
     return parent
 
 
-def _thread_ids(trace: Trace, events: np.ndarray) -> np.ndarray:
-    keys = np.stack([trace.rank[events].astype(np.int64), trace.pid[events], trace.tid[events]], axis=1)
-    return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+def _thread_runs(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """Number the runs of equal (rank, pid, tid) in arrays sorted by them (0, 0, 1, 1, 1, 2...),
+    and give each element the position where its run starts."""
+    change = np.zeros(len(rank), dtype=bool)
+    change[1:] = (rank[1:] != rank[:-1]) | (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
+    thread = np.cumsum(change)
+    run_start = np.flatnonzero(np.concatenate([[True], change[1:]]))
+    return thread, run_start[thread]
 
 
 def _ended_before(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -149,7 +154,12 @@ def _device_time_by_op(trace: Trace) -> np.ndarray:
 def _aggregate(trace: Trace, ops: np.ndarray, self_us: np.ndarray, device_us: np.ndarray, sort_key: str) -> tuple[OpStats, ...]:
     if len(ops) == 0:
         return ()
-    ids, group = np.unique(trace.name[ops], return_inverse=True)
+    # Group by name id with bincount (no sort): ids are small, dense integers into trace.names.
+    per_name = np.bincount(trace.name[ops], minlength=len(trace.names))
+    ids = np.flatnonzero(per_name)
+    group_of_name = np.zeros(len(trace.names), dtype=np.int64)
+    group_of_name[ids] = np.arange(len(ids))
+    group = group_of_name[trace.name[ops]]
     calls = np.bincount(group)
     total = np.bincount(group, weights=trace.dur[ops])
     self_sum = np.bincount(group, weights=self_us)
@@ -176,9 +186,11 @@ def _common_shapes(trace: Trace, ops: np.ndarray, group: np.ndarray, groups: int
     with_shapes = trace.shapes[ops] >= 0
     if not with_shapes.any():
         return best
-    pairs = np.stack([group[with_shapes], trace.shapes[ops][with_shapes].astype(np.int64)], axis=1)
-    unique_pairs, counts = np.unique(pairs, axis=0, return_counts=True)
-    order = np.lexsort((-counts, unique_pairs[:, 0]))  # by group, most frequent first
-    first = np.flatnonzero(np.diff(unique_pairs[order, 0], prepend=-1) != 0)
-    best[unique_pairs[order[first], 0]] = unique_pairs[order[first], 1]
+    shapes = trace.shapes[ops][with_shapes].astype(np.int64)
+    span = int(shapes.max()) + 1
+    pairs, counts = np.unique(group[with_shapes].astype(np.int64) * span + shapes, return_counts=True)
+    pair_group, pair_shapes = pairs // span, pairs % span
+    order = np.lexsort((-counts, pair_group))  # by group, most frequent first
+    first = order[np.flatnonzero(np.diff(pair_group[order], prepend=-1) != 0)]
+    best[pair_group[first]] = pair_shapes[first]
     return best
