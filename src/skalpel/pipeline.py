@@ -9,7 +9,18 @@ from __future__ import annotations
 import numpy as np
 
 from .analysis.bundle import Analyses, run_analyses
-from .report.model import CaptureInfo, Finding, KernelRow, OpRow, RankReport, Report, Source, StepStats
+from .report.model import (
+    CaptureInfo,
+    Finding,
+    GpuSummary,
+    KernelRow,
+    MemorySummary,
+    OpRow,
+    RankReport,
+    Report,
+    Source,
+    StepStats,
+)
 from .trace.model import Trace
 
 _NO_STEPS_WARNING = (
@@ -51,7 +62,56 @@ def _rank_report(analyses: Analyses, rank: int) -> RankReport:
         top_ops=_top_ops(analyses, rank),
         top_kernels=_top_kernels(analyses, rank),
         data_wait_ms_per_step=round(breakdown.data_wait_ms_per_step, 4) if breakdown else None,
+        gpu=_gpu_summary(analyses, rank),
+        memory=_memory_summary(analyses, rank),
+        extra=_extra(analyses, rank),
     )
+
+
+def _gpu_summary(analyses: Analyses, rank: int) -> GpuSummary | None:
+    gpu = analyses.gpu_time.for_rank(rank) if analyses.gpu_time else None
+    if gpu is None:
+        return None
+    overlap = gpu.comm_overlap_pct
+    return GpuSummary(
+        idle_pct=round(gpu.idle_pct, 2),
+        compute_pct=round(gpu.compute_pct, 2),
+        non_compute_pct=round(gpu.non_compute_pct, 2),
+        comm_overlap_pct=round(overlap, 2) if overlap is not None else None,
+        idle_breakdown_pct={name: round(pct, 2) for name, pct in gpu.idle_breakdown_pct.items()},
+    )
+
+
+def _memory_summary(analyses: Analyses, rank: int) -> MemorySummary | None:
+    device = analyses.memory.main_device(rank) if analyses.memory else None
+    if device is None:
+        return None
+    growth = device.growth_bytes_per_step
+    return MemorySummary(
+        peak_bytes=device.peak_bytes,
+        growth_bytes_per_step=round(growth, 1) if growth is not None else None,
+        device=device.device,
+        peak_ts_ms=round(device.peak_ts_us / 1000.0, 4),
+        curve=tuple((round(ts / 1000.0, 4), value) for ts, value in device.curve),
+    )
+
+
+def _extra(analyses: Analyses, rank: int) -> dict:
+    """Further per-rank analyses as plain dicts of numbers."""
+    extra: dict = {}
+    launch = analyses.launches.for_rank(rank) if analyses.launches else None
+    if launch is not None:
+        extra["launch"] = _rounded(launch.to_dict())
+    sync = analyses.syncs.for_rank(rank) if analyses.syncs else None
+    if sync is not None:
+        extra["syncs"] = _rounded(sync.to_dict())
+    if analyses.compile is not None and analyses.compile.used:
+        extra["compile"] = _rounded(analyses.compile.to_dict())
+    return extra
+
+
+def _rounded(values: dict) -> dict:
+    return {key: round(value, 4) if isinstance(value, float) else value for key, value in values.items()}
 
 
 _TOP_ROWS = 15

@@ -7,9 +7,14 @@ from typing import Any
 
 from ..trace.model import Trace
 from .breakdown import StepBreakdown, step_breakdown
+from .compile import CompileResult, compile_events
+from .gpu_time import GpuTimeResult, gpu_time
 from .kernels import KernelTable, kernel_table
+from .launches import LaunchResult, launches
+from .memory import MemoryResult, memory
 from .ops import OpTable, op_table
 from .steps import StepSegmentation, segment_steps
+from .syncs import SyncResult, syncs
 
 
 @dataclass
@@ -25,6 +30,11 @@ class Analyses:
     breakdown: StepBreakdown | None = None  # step time in the TensorBoard plugin's categories
     ops: OpTable | None = None  # per rank and op name: calls, self/total host time, self device time
     kernels: KernelTable | None = None  # per rank and kernel name, typed COMP / COMM / MEMORY
+    gpu_time: GpuTimeResult | None = None  # HTA temporal/idle breakdown and comm overlap; None without device
+    launches: LaunchResult | None = None  # launch delays, tiny kernels, kernels and ops per step
+    syncs: SyncResult | None = None  # host-device synchronisations and pageable copies
+    memory: MemoryResult | None = None  # allocated-memory curves; None without [memory] events
+    compile: CompileResult | None = None  # torch.compile regions, compilations, Triton kernels
     results: dict[str, Any] = field(default_factory=dict)  # name -> typed result, for analyses added later
 
 
@@ -34,4 +44,9 @@ def run_analyses(trace: Trace) -> Analyses:
     analyses.breakdown = step_breakdown(trace, steps)
     analyses.ops = op_table(trace)
     analyses.kernels = kernel_table(trace)
+    analyses.gpu_time = gpu_time(trace)
+    analyses.launches = launches(trace, steps)
+    analyses.syncs = syncs(trace, steps)
+    analyses.memory = memory(trace, steps)
+    analyses.compile = compile_events(trace, steps)
     return analyses

@@ -1,0 +1,63 @@
+"""Interval arithmetic on numpy arrays: unions, lengths, intersections.
+
+Every function is vectorised (sort + ``np.maximum.accumulate``), so it stays fast on
+millions of intervals. Intervals are half-open ``[start, end)``; touching intervals
+merge, as in HTA's ``merge_kernel_intervals`` (a new group starts only when
+``start > running max(end)``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint, sorted intervals covering the same time as the input."""
+    starts = np.asarray(starts, dtype=np.float64)
+    ends = np.asarray(ends, dtype=np.float64)
+    if len(starts) == 0:
+        return starts.copy(), ends.copy()
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    running_end = np.maximum.accumulate(ends)
+    new_group = np.empty(len(starts), dtype=bool)
+    new_group[0] = True
+    new_group[1:] = starts[1:] > running_end[:-1]
+    first = np.flatnonzero(new_group)
+    last = np.append(first[1:] - 1, len(starts) - 1)
+    return starts[first], running_end[last]
+
+
+def length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total time covered by the intervals (overlaps counted once)."""
+    merged_starts, merged_ends = union(starts, ends)
+    return float((merged_ends - merged_starts).sum())
+
+
+def intersection_length(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """Time covered by both interval sets: |A| + |B| - |A or B|."""
+    both = (np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+    return length(*a) + length(*b) - length(*both)
+
+
+def outermost(starts: np.ndarray, ends: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Mask of the intervals not nested in (or overlapping) an earlier interval of the same group.
+
+    Used for host ranges on one thread, which nest properly: keeps the outer ``aten::item``
+    and drops the ``aten::_local_scalar_dense`` inside it.
+    """
+    starts = np.asarray(starts, dtype=np.float64)
+    ends = np.asarray(ends, dtype=np.float64)
+    result = np.zeros(len(starts), dtype=bool)
+    if len(starts) == 0:
+        return result
+    order = np.lexsort((starts - ends, starts, groups))  # by group, start, longest first
+    sorted_groups = groups[order]
+    group_index = np.concatenate([[0], np.cumsum(sorted_groups[1:] != sorted_groups[:-1])])
+    offset = group_index * (float(ends.max() - starts.min()) + 1.0)  # keeps groups apart on one time axis
+    shifted_starts = starts[order] + offset
+    running_end = np.maximum.accumulate(ends[order] + offset)
+    outer = np.ones(len(starts), dtype=bool)
+    outer[1:] = shifted_starts[1:] >= running_end[:-1]
+    result[order] = outer
+    return result

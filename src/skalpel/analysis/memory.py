@@ -1,0 +1,154 @@
+"""The memory curve from ``[memory]`` events: allocated bytes over time, peak, growth per step.
+
+Per (rank, device). Allocated bytes come from the allocator's ``Total Allocated`` counter
+when the trace has it (torch >= 1.10 writes it); older traces only have each event's
+signed ``Bytes``, so the curve is their running sum, lifted so it never dips below 0
+(``absolute`` False: a lower bound, as memory allocated before profiling started is unknown).
+
+*Growth per step* is the median of the per-step changes of allocated memory, measured at
+each step's end (and at the first step's start), so one large step does not make a leak.
+The *largest allocation* names the host op enclosing that ``[memory]`` event on the same
+thread, with its event index for the Python stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.kinds import Kind
+from ..trace.model import Trace
+from .steps import StepSegmentation
+
+_HOST_OPS = np.array([Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.COMM_OP, Kind.DATALOADER], dtype=np.int8)
+_DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda"}
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    max_points: int = 2000  # downsampled curve length; each point keeps the maximum of its bucket
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    rank: int
+    device: str  # "cuda:0", "cpu", "device7:0"
+    events: int
+    absolute: bool  # True: from Total Allocated; False: running sum of Bytes from 0
+    peak_bytes: int
+    peak_ts_us: float
+    start_bytes: int
+    end_bytes: int
+    growth_bytes_per_step: float | None  # None with fewer than two marked steps
+    step_end_bytes: tuple[int, ...]  # allocated at the first step's start, then at each step's end
+    largest_alloc_bytes: int
+    largest_alloc_op: str | None  # name of the host op enclosing the largest allocation
+    largest_alloc_op_event: int  # its event index (-1 when none encloses it)
+    curve: tuple[tuple[float, int], ...]  # (us from trace origin, allocated bytes), downsampled
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    devices: tuple[DeviceMemory, ...]
+    options: MemoryOptions
+
+    def for_rank(self, rank: int) -> list[DeviceMemory]:
+        return [device for device in self.devices if device.rank == rank]
+
+    def main_device(self, rank: int) -> DeviceMemory | None:
+        """The accelerator with the highest peak on this rank, else the host."""
+        devices = sorted(self.for_rank(rank), key=lambda d: (d.device != "cpu", d.peak_bytes))
+        return devices[-1] if devices else None
+
+
+def memory(trace: Trace, steps: StepSegmentation, *, options: MemoryOptions = MemoryOptions()) -> MemoryResult | None:
+    """Memory curves per (rank, device); None when the trace has no ``[memory]`` events."""
+    events = trace.memory
+    if len(events) == 0:
+        return None
+    keys = np.stack([events.rank.astype(np.int64), events.device_type.astype(np.int64), events.device_id.astype(np.int64)], axis=1)
+    unique_keys = np.unique(keys, axis=0)
+    devices = []
+    for rank, device_type, device_id in unique_keys:
+        rows = np.flatnonzero((keys == (rank, device_type, device_id)).all(axis=1))
+        rows = rows[np.argsort(events.ts[rows], kind="stable")]
+        devices.append(_device_memory(trace, int(rank), int(device_type), int(device_id), rows, steps, options))
+    return MemoryResult(devices=tuple(devices), options=options)
+
+
+def _device_memory(
+    trace: Trace, rank: int, device_type: int, device_id: int, rows: np.ndarray, steps: StepSegmentation, options: MemoryOptions
+) -> DeviceMemory:
+    events = trace.memory
+    ts = events.ts[rows]
+    totals = events.total_allocated[rows]
+    absolute = bool((totals >= 0).all())
+    allocated = totals if absolute else _running_sum(events.nbytes[rows])
+    peak = int(np.argmax(allocated))
+    boundaries = _step_boundaries(steps, rank)
+    at_boundaries = _value_at(ts, allocated, boundaries)
+    deltas = np.diff(at_boundaries)
+    largest = rows[int(np.argmax(events.nbytes[rows]))]
+    op = _enclosing_op(trace, rank, int(events.tid[largest]), float(events.ts[largest]))
+    name = _DEVICE_TYPE_NAMES.get(device_type, f"device{device_type}")
+    return DeviceMemory(
+        rank=rank,
+        device=name if device_type == 0 else f"{name}:{device_id}",
+        events=len(rows),
+        absolute=absolute,
+        peak_bytes=int(allocated[peak]),
+        peak_ts_us=float(ts[peak]),
+        start_bytes=int(allocated[0]),
+        end_bytes=int(allocated[-1]),
+        growth_bytes_per_step=float(np.median(deltas)) if len(deltas) >= 2 else None,
+        step_end_bytes=tuple(int(v) for v in at_boundaries),
+        largest_alloc_bytes=int(events.nbytes[largest]),
+        largest_alloc_op=trace.name_of(op) if op >= 0 else None,
+        largest_alloc_op_event=op,
+        curve=_downsample(ts, allocated, options.max_points),
+    )
+
+
+def _running_sum(nbytes: np.ndarray) -> np.ndarray:
+    """Allocated bytes from signed Bytes alone: a lower bound, lifted so that it never goes below 0.
+
+    A dip below 0 means memory allocated before profiling started was freed; at least that
+    much was in use at the start.
+    """
+    total = np.cumsum(nbytes)
+    return total - min(int(total.min()), 0)
+
+
+def _step_boundaries(steps: StepSegmentation, rank: int) -> np.ndarray:
+    if not steps.marked:
+        return np.zeros(0)
+    rank_steps = sorted(steps.for_rank(rank), key=lambda step: step.start_us)
+    if not rank_steps:
+        return np.zeros(0)
+    return np.array([rank_steps[0].start_us] + [step.end_us for step in rank_steps])
+
+
+def _value_at(ts: np.ndarray, values: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """The allocated value in force at each time (the last event at or before it; the first value before any)."""
+    position = np.searchsorted(ts, times, side="right") - 1
+    return values[np.maximum(position, 0)]
+
+
+def _enclosing_op(trace: Trace, rank: int, tid: int, at_us: float) -> int:
+    """The innermost host op on (rank, tid) running at ``at_us``; -1 when none."""
+    candidates = np.flatnonzero((trace.tid == tid) & (trace.rank == rank) & np.isin(trace.kind, _HOST_OPS))
+    inside = candidates[(trace.ts[candidates] <= at_us) & (trace.ts[candidates] + trace.dur[candidates] >= at_us)]
+    if len(inside) == 0:
+        return -1
+    return int(inside[np.lexsort((trace.dur[inside], -trace.ts[inside]))[0]])  # latest start, then shortest
+
+
+def _downsample(ts: np.ndarray, values: np.ndarray, max_points: int) -> tuple[tuple[float, int], ...]:
+    """At most ``max_points`` points; each bucket of consecutive events keeps its maximum, so the peak survives."""
+    if len(ts) > max_points:
+        starts = np.linspace(0, len(ts), max_points, endpoint=False).astype(np.int64)
+        starts = np.unique(starts)
+        peaks = np.maximum.reduceat(values, starts)
+        ts, values = ts[starts], peaks
+    return tuple((round(float(t), 3), int(v)) for t, v in zip(ts, values))

@@ -1,0 +1,103 @@
+"""torch.compile events: compiled regions, compile ids, recompilation, Triton kernels."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from skalpel.analysis.compile import compile_events
+from skalpel.analysis.steps import segment_steps
+from skalpel.pipeline import build_report
+from skalpel.trace.loader import load
+
+from .conftest import corpus
+
+
+def _compile(relative: str):
+    trace = load([corpus(relative)])
+    return trace, compile_events(trace, segment_steps(trace))
+
+
+def test_triton_example():
+    _, result = _compile("hta/triton_example/triton_example.json.gz")
+    assert result.regions == 1
+    assert result.compile_ids == ("0/0",)
+    assert result.recompiles == 0
+    assert result.cache_lookups == 1
+    assert result.triton_kernels == 1 and result.triton_share_pct == 100.0
+    assert result.compilations == 0  # compiled before profiling started
+
+
+def test_region_id_shows_an_earlier_recompilation():
+    """vLLM on B200 runs `Torch-Compiled Region: 0/1`: frame 0 was compiled a second time."""
+    _, result = _compile("extra/AMD-AGI__TraceLens/tests/traces/b200/eager_trace.json.gz")
+    assert result.compile_ids == ("0/1",)
+    assert result.frames == 1 and result.recompiles == 1
+
+
+def test_triton_heavy_trace():
+    trace, result = _compile("extra/AMD-AGI__TraceLens/tests/traces/inference/xdit_sd_3.5/profile_trace_rank_0.json.gz")
+    assert result.regions == 4 and result.compile_ids == ("0/0",)
+    assert result.triton_kernel_names == 26
+    assert result.triton_kernels == 856 + 608 + 612  # triton_poi_ + triton_red_ + triton_per_ launches
+    assert 0 < result.triton_share_pct < 100
+
+
+def test_aot_autograd_functions_without_dynamo():
+    _, result = _compile("hta/trace_diff/test/test.json.gz")
+    assert result.compiled_functions > 0 and result.compiled_function_ms > 0
+    assert result.regions == 0 and result.compile_ids == ()
+
+
+def test_no_compile_in_an_eager_trace():
+    _, result = _compile("hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
+    assert not result.used
+
+
+@pytest.fixture(scope="module")
+def recompiling_run(tmp_path_factory):
+    """A real run: torch.compile (aot_eager, no C++ compiler needed), recompiling at step 3 on a new shape."""
+    torch = pytest.importorskip("torch")
+    path = tmp_path_factory.mktemp("compile") / "trace.json"
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+
+    def function(x):
+        return torch.sin(x) + torch.cos(x) * 2
+
+    compiled = torch.compile(function, backend="aot_eager", dynamic=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Profiler won't be using warmup": compiling in step 1 is the point
+        schedule = torch.profiler.schedule(wait=0, warmup=0, active=4, repeat=1)
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            schedule=schedule,
+            on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
+        ) as prof:
+            for step in range(5):
+                compiled(torch.randn(8 if step < 2 else 16))
+                prof.step()
+    torch._dynamo.reset()
+    return load([path])
+
+
+@pytest.mark.slow
+def test_recompilation_in_steady_state(recompiling_run):
+    trace = recompiling_run
+    result = compile_events(trace, segment_steps(trace))
+    assert result.compile_ids == ("0/0", "0/1")
+    assert result.frames == 1 and result.recompiles == 1
+    assert result.compilations == 2
+    assert result.compilations_after_first_step == 1
+    assert [trace.name_of(i) for i in result.compile_events] == ["dynamo", "dynamo"]
+    assert result.compile_ms > 0
+    assert result.regions >= 3 and result.cache_lookups >= 3
+
+
+@pytest.mark.slow
+def test_compile_summary_in_report(recompiling_run):
+    extra = build_report(recompiling_run).ranks[0].extra
+    assert extra["compile"]["recompiles"] == 1
+    assert extra["compile"]["compilations_after_first_step"] == 1
+    assert all(isinstance(value, (int, float)) for value in extra["compile"].values())
