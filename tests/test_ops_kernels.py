@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from skalpel.analysis.kernels import kernel_table
-from skalpel.analysis.ops import op_table, self_times
+from skalpel.analysis.ops import _NESTING, _enclosing_ops, op_table, self_times
 from skalpel.trace import Kind, load
 
 from .conftest import corpus
@@ -85,6 +85,25 @@ def test_device_time_rolls_up_to_the_innermost_op():
     assert table.rows[0].name.startswith("aten::cudnn_convolution")
     assert rows["aten::convolution"].device_ms == 0
     assert all(row.self_ms <= row.total_ms + 1e-9 for row in table.rows)
+
+
+def test_device_time_found_by_nesting_when_external_ids_do_not_link():
+    """HTA's sampled traces rewrite the runtime's External id; the enclosing op on the thread stands in."""
+    trace = _load("hta/trace_filter/sampled_rank-0.json.gz")
+    launches = trace.kind == Kind.RUNTIME
+    assert (trace.op_of_event[launches] < 0).all()  # the External id link is broken in this file
+    table = op_table(trace).ranks[0]
+    device = np.isin(trace.kind, [Kind.KERNEL, Kind.COMM_KERNEL, Kind.MEMCPY, Kind.MEMSET])
+    assert sum(row.device_ms for row in table.rows) == pytest.approx(trace.dur[device].sum() / 1000, rel=1e-9)
+    assert table.rows[0].name.startswith("nccl:")
+
+
+@pytest.mark.slow
+def test_nesting_fallback_agrees_with_external_ids():
+    trace = _load(_NW0)
+    calls = np.unique(trace.launcher[trace.launcher >= 0])
+    nesting = np.flatnonzero(np.isin(trace.kind, _NESTING))
+    np.testing.assert_array_equal(_enclosing_ops(trace, nesting, calls), trace.op_of_event[calls])
 
 
 @pytest.mark.slow

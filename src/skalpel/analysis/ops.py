@@ -66,7 +66,7 @@ def op_table(trace: Trace) -> OpTable:
     nesting = np.flatnonzero(np.isin(trace.kind, _NESTING))
     self_us = np.zeros(len(trace))
     self_us[nesting] = self_times(trace, nesting)
-    device_us = _device_time_by_op(trace)
+    device_us = _device_time_by_op(trace, nesting)
     rows = np.flatnonzero(np.isin(trace.kind, _ROWS))
     has_device = np.isin(trace.kind, _DEVICE)
     ranks = []
@@ -144,11 +144,36 @@ def _ended_before(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.
     return result
 
 
-def _device_time_by_op(trace: Trace) -> np.ndarray:
-    """Device microseconds credited to each host op (self device time), indexed by event."""
-    op = trace.op_of_event
-    device = np.flatnonzero(np.isin(trace.kind, _DEVICE) & (op >= 0))
-    return np.bincount(op[device], weights=trace.dur[device], minlength=len(trace))
+def _device_time_by_op(trace: Trace, nesting: np.ndarray) -> np.ndarray:
+    """Device microseconds credited to each host op (self device time), indexed by event.
+
+    The op comes from the launch call's External id (``trace.op_of_event``). Some traces
+    break that link (HTA's sampled traces rewrite the runtime's External id to its
+    correlation id); there the launch call's innermost enclosing host op on its thread
+    stands in, which is the op Kineto would have named.
+    """
+    device = np.flatnonzero(np.isin(trace.kind, _DEVICE))
+    op = trace.op_of_event[device]
+    launcher = trace.launcher[device]
+    missing = (op < 0) & (launcher >= 0)
+    if missing.any():
+        calls = np.unique(launcher[missing])
+        enclosing = _enclosing_ops(trace, nesting, calls)
+        op[missing] = enclosing[np.searchsorted(calls, launcher[missing])]
+    linked = op >= 0
+    return np.bincount(op[linked], weights=trace.dur[device[linked]], minlength=len(trace))
+
+
+def _enclosing_ops(trace: Trace, nesting: np.ndarray, calls: np.ndarray) -> np.ndarray:
+    """For each launch call (of positive length), the innermost host op around it on its thread, or -1."""
+    positive = calls[trace.dur[calls] > 0]
+    events = np.concatenate([nesting[trace.dur[nesting] > 0], positive])
+    parent = _parents(trace, events)[len(events) - len(positive) :]
+    found = np.where(parent >= 0, events[np.maximum(parent, 0)], -1)
+    found[(found >= 0) & ~np.isin(trace.kind[np.maximum(found, 0)], _ROWS)] = -1  # a ProfilerStep is no op
+    result = np.full(len(calls), -1, dtype=np.int64)
+    result[trace.dur[calls] > 0] = found
+    return result
 
 
 def _aggregate(trace: Trace, ops: np.ndarray, self_us: np.ndarray, device_us: np.ndarray, sort_key: str) -> tuple[OpStats, ...]:
