@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"skalpel {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_analyze(commands)
+    _add_run(commands)
+    _add_demo(commands)
     return parser
 
 
@@ -56,6 +58,51 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         _write(Path(args.json), report.to_json())
         terminal.print_written([Path(args.json)])
     return 0
+
+
+def _add_run(commands: argparse._SubParsersAction) -> None:
+    from .capture.command import add_capture_options
+
+    parser = commands.add_parser(
+        "run",
+        help="run a training script under the profiler, unchanged, and diagnose it",
+        description="Run SCRIPT (or -m MODULE) in-process as python would, find its steps (optimizer.step() or "
+        "DataLoader iterations), record them with torch.profiler, and write a run folder with the trace, "
+        "a flame graph and the summary. Options go before SCRIPT; everything after it is the script's.",
+    )
+    parser.add_argument("-m", dest="module", action="store_true", help="TARGET is a module, as in python -m")
+    add_capture_options(parser)
+    parser.add_argument("target", nargs="?", metavar="SCRIPT", help="the script (or module with -m)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
+    parser.set_defaults(handler=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .capture.command import execute, script_target
+
+    return execute(script_target(args), args)
+
+
+def _add_demo(commands: argparse._SubParsersAction) -> None:
+    from .capture.command import add_capture_options
+
+    parser = commands.add_parser(
+        "demo",
+        help="profile a built-in small training job whose DataLoader is the bottleneck",
+        description="Train a small CNN on synthetic images with a deliberately slow DataLoader, under "
+        "`skalpel run`, and print the diagnosis. No download.",
+    )
+    add_capture_options(parser, repeat=2)
+    parser.add_argument("--steps", type=int, default=18, help="training steps the demo runs (18)")
+    parser.set_defaults(handler=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .capture.command import execute
+    from .capture.runner import Target
+
+    args.name = args.name or "demo"
+    return execute(Target("skalpel.demo", ("--steps", str(args.steps)), module=True), args)
 
 
 def _write(path: Path, content: bytes | str) -> None:

@@ -1,0 +1,92 @@
+"""What ``skalpel run`` and ``skalpel demo`` do once their arguments are parsed.
+
+Run the target under the profiler, print the summary and every file written, then
+show the script's own error (if any) and hand its exit status back to the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+from ..errors import SkalpelError
+from .runner import RunResult, Target, run
+from .settings import CaptureSettings
+
+_OWN_FRAMES = ("runpy.py", "<frozen runpy>", "skalpel/capture/runner.py", "skalpel\\capture\\runner.py")
+
+
+def add_capture_options(parser: argparse.ArgumentParser, *, repeat: int = 1) -> None:
+    parser.add_argument("--out", metavar="DIR", help="run folder (default ./skalpel-runs/<time>-<name>)")
+    parser.add_argument("--name", help="name in the run folder's name (default: the script's name)")
+    parser.add_argument("--wait", type=int, default=1, metavar="N", help="un-profiled steps before each window (1)")
+    parser.add_argument("--warmup", type=int, default=2, metavar="N", help="profiler warm-up steps, not recorded (2)")
+    parser.add_argument("--active", type=int, default=5, metavar="N", help="recorded steps per window (5)")
+    parser.add_argument(
+        "--repeat", type=int, default=repeat, metavar="N",
+        help=f"capture windows; with 2 or more the spread of their medians is reported as noise ({repeat})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--stop-after-capture", action="store_true", help="end the script once the steps are recorded"
+    )
+
+
+def execute(target: Target, args: argparse.Namespace) -> int:
+    """Profile ``target`` with the options in ``args``; returns the exit status to use."""
+    from ..report import terminal
+
+    settings = CaptureSettings(wait=args.wait, warmup=args.warmup, active=args.active, repeat=args.repeat)
+    windows = f", {settings.repeat} windows" if settings.repeat > 1 else ""
+    print(
+        f"skalpel: profiling {target.name}: {settings.wait} wait + {settings.warmup} warm-up + "
+        f"{settings.active} active steps{windows}",
+        file=sys.stderr,
+    )
+    if getattr(args, "nproc", 1) > 1:
+        return _execute_ranks(target, args)
+    out = Path(args.out) if args.out else None
+    result = run(target, settings, out=out, name=args.name, stop_after_capture=args.stop_after_capture)
+    if result.report is not None:
+        terminal.print_report(result.report)
+        terminal.print_written(result.written)
+    if result.error is not None:
+        _show_error(result)
+    if result.report is None and result.written:
+        print(f"skalpel: wrote {result.written[0]} (rank 0 writes the merged report)", file=sys.stderr)
+    elif result.report is None:
+        print(f"skalpel: {target.name} ended before any step was recorded; nothing to analyse", file=sys.stderr)
+    return result.exit_status
+
+
+def _execute_ranks(target: Target, args: argparse.Namespace) -> int:
+    """``--nproc N``: every rank through torch.distributed.run, then one merged report."""
+    from ..report import terminal
+    from .distributed import launch_and_merge
+
+    status, report, written = launch_and_merge(target, args)
+    if report is None:
+        print(f"skalpel: no rank of {target.name} recorded a step (exit status {status}); nothing to analyse",
+              file=sys.stderr)  # fmt: skip
+        return status or 1
+    terminal.print_report(report)
+    terminal.print_written(written)
+    return status
+
+
+def _show_error(result: RunResult) -> None:
+    error = result.error
+    assert error is not None
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.endswith(_OWN_FRAMES):
+        tb = tb.tb_next
+    print(f"skalpel: the script stopped with {type(error).__name__} (exit status {result.exit_status}):",
+          file=sys.stderr)  # fmt: skip
+    traceback.print_exception(type(error), error, tb, file=sys.stderr)
+
+
+def script_target(args: argparse.Namespace) -> Target:
+    if not args.target:
+        raise SkalpelError("give a script to run (skalpel run train.py [ARGS]) or a module (skalpel run -m MODULE)")
+    return Target(args.target, tuple(args.args), module=args.module)

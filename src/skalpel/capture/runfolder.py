@@ -1,0 +1,80 @@
+"""The run folder: one folder per capture, holding the trace and everything derived from it.
+
+``skalpel-runs/2026-12-02T11-30-05-train/`` by default. The folder is created (and
+checked for writing) before the script runs, so a bad ``--out`` fails at once.
+Every derived output is written by ``write_outputs``; a new output is one more line there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Iterable
+
+from ..errors import SkalpelError
+from ..report.model import Report
+from ..trace.model import Trace
+
+DEFAULT_PARENT = "skalpel-runs"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def trace_file_name(rank: int) -> str:
+    return f"trace-rank{rank}.json.gz"
+
+
+def default_folder(name: str, *, parent: Path | None = None, now: float | None = None) -> Path:
+    """``./skalpel-runs/<YYYY-MM-DDTHH-MM-SS>-<name>``."""
+    stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.localtime(now))
+    safe = _UNSAFE.sub("_", name).strip("._") or "run"
+    return (parent or Path(DEFAULT_PARENT)) / f"{stamp}-{safe}"
+
+
+def prepare(folder: Path) -> Path:
+    """Create ``folder`` and prove it can be written; a SkalpelError (one line) if not."""
+    probe = folder / f".skalpel-write-test-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise SkalpelError(f"cannot write to the output folder {folder}: {reason}") from None
+    return folder
+
+
+def write_outputs(report: Report, trace: Trace, folder: Path, *, traces: Iterable[Path] = ()) -> list[Path]:
+    """Write every derived output of a capture into ``folder``; return all files of the run.
+
+    ``traces`` are the trace files already in the folder (written by the profiler);
+    they head the returned list so the caller can print every file of the run.
+    """
+    from ..report import flamegraph, html, terminal
+
+    written = [Path(path) for path in traces]
+    rank = trace.rank_ids[0] if trace.ranks else 0
+    outputs: list[tuple[str, str | bytes]] = [
+        ("flamegraph.svg", flamegraph.render_svg(trace, rank=rank)),
+        ("flamegraph.speedscope.json", flamegraph.render_speedscope(trace, rank=rank)),
+        ("report.json", report.to_json()),
+        ("report.html", html.render(report, flame=html.flame_from_trace(trace, rank=rank))),
+    ]
+    for name, content in outputs:
+        written.append(_write(folder / name, content))
+    summary = folder / "summary.txt"
+    listing = "\n".join(f"wrote {path}" for path in [*written, summary])
+    written.append(_write(summary, terminal.render_text(report) + listing + "\n"))
+    return written
+
+
+def _write(path: Path, content: str | bytes) -> Path:
+    try:
+        if isinstance(content, str):
+            path.write_text(content, encoding="utf-8")
+        else:
+            path.write_bytes(content)
+    except OSError as error:
+        raise SkalpelError(f"cannot write {path}: {error.strerror or error}") from None
+    return path

@@ -1,0 +1,231 @@
+"""``skalpel run``: run an unchanged script in-process, as ``python SCRIPT`` would, and profile it.
+
+Step boundaries are found without the user's help (``capture/steps.py``); a script
+that opens its own ``skalpel.profile()`` keeps its own steps. Once every window is
+recorded the profiler is gone and the script runs on to its end, unless
+``stop_after_capture``. Whatever happens to the script (an exception, Ctrl-C,
+``sys.exit``), the trace recorded so far is analysed and the exit status is kept.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import runpy
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import SkalpelError
+from ..report.model import Report
+from . import distributed, session
+from .session import ProfileRun
+from .settings import CaptureSettings
+from .steps import StepDetector
+
+
+@dataclass(frozen=True)
+class Target:
+    """A script path or a module name (``-m``), and the arguments it is given."""
+
+    name: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.name.rsplit(".", 1)[-1] if self.module else Path(self.name).stem
+
+
+@dataclass
+class RunResult:
+    exit_status: int
+    report: Report | None
+    written: list[Path] = field(default_factory=list)
+    error: BaseException | None = None  # the script's own exception, to show to the user
+    folder: Path | None = None
+
+
+class CaptureComplete(BaseException):
+    """Raised at a step boundary to stop the script once capture is done (--stop-after-capture).
+
+    A BaseException, so that a script's ``except Exception`` does not swallow it.
+    """
+
+
+def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, name: str | None = None,
+        stop_after_capture: bool = False) -> RunResult:  # fmt: skip
+    """Run ``target`` under the profiler; the report is None when nothing was recorded."""
+    code_path = check_target(target)
+    label = name or target.label
+    folder = distributed.run_folder(out, label)  # one folder for every rank of a job
+    capture = _Capture(ProfileRun(settings, out=folder, name=label, auto=True), stop_after_capture)
+    error: BaseException | None = None
+    status = 0
+    with capture.installed(), _as_main(target, code_path):
+        try:
+            if target.module:
+                runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(str(code_path), run_name="__main__")
+        except CaptureComplete:
+            pass
+        except SystemExit as exit_:
+            status = _exit_status(exit_)
+        except KeyboardInterrupt as interrupt:
+            status, error = 130, interrupt
+        except BaseException as raised:  # noqa: BLE001 - the script's error is shown, not ours to judge
+            status, error = 1, raised
+    chosen = capture.result_run
+    chosen.script = target.name
+    chosen.exit_status = status
+    chosen.stop()
+    if not chosen.trace_paths:
+        if error is None and status == 0:
+            raise SkalpelError(capture.why_nothing(target))
+        return RunResult(status, None, error=error, folder=folder)
+    written = chosen.written if chosen.written else chosen.finish()
+    if not distributed.writes_report():  # rank 0 (or the --nproc launcher) writes the merged report
+        return RunResult(status, None, written, error=error, folder=chosen.folder)
+    return RunResult(status, chosen.report(), written, error=error, folder=chosen.folder)
+
+
+def check_target(target: Target) -> Path:
+    """The file that will run; a one-line SkalpelError when it is missing or does not compile."""
+    if target.module:
+        sys.path.insert(0, str(Path.cwd()))  # as python -m does
+        try:
+            spec = importlib.util.find_spec(target.name)
+        except (ImportError, ValueError) as error:
+            raise SkalpelError(f"cannot find module {target.name!r}: {error}") from None
+        finally:
+            del sys.path[0]
+        if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+            raise SkalpelError(f"no module named {target.name!r} (on sys.path, from {Path.cwd()})")
+        if spec.submodule_search_locations is not None:  # a package: python -m runs its __main__
+            main = Path(spec.origin).with_name("__main__.py")
+            if not main.is_file():
+                raise SkalpelError(f"{target.name!r} is a package without __main__.py; it cannot be run with -m")
+            path = main
+        else:
+            path = Path(spec.origin)
+    else:
+        path = Path(target.name)
+        if not path.exists():
+            raise SkalpelError(f"no such script: {target.name}")
+        if not path.is_file():
+            raise SkalpelError(f"not a script file: {target.name}")
+    if path.suffix == ".py":
+        _compile(path)
+    return path
+
+
+def _compile(path: Path) -> None:
+    try:
+        source = path.read_bytes()
+    except OSError as error:
+        raise SkalpelError(f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        compile(source, str(path), "exec")
+    except SyntaxError as error:
+        raise SkalpelError(f"syntax error in {path}, line {error.lineno}: {error.msg}") from None
+    except ValueError as error:  # null bytes
+        raise SkalpelError(f"cannot compile {path}: {error}") from None
+
+
+def _exit_status(exit_: SystemExit) -> int:
+    code = exit_.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+class _Capture:
+    """Drives skalpel's own session from detected boundaries, until a user's session takes over."""
+
+    def __init__(self, own: ProfileRun, stop_after_capture: bool) -> None:
+        self.own = own
+        self.user: ProfileRun | None = None
+        self.stop_after_capture = stop_after_capture
+        self.detector = StepDetector(self._boundary)
+
+    @property
+    def result_run(self) -> ProfileRun:
+        return self.user or self.own
+
+    def _boundary(self) -> None:
+        own = self.own
+        if not _started(own):
+            own.start()
+            return
+        own.step()
+        if own.capture_complete:
+            self.detector.uninstall()
+            if self.stop_after_capture:
+                raise CaptureComplete
+
+    def _adopt(self, user: ProfileRun) -> Path | None:
+        """A script's own skalpel.profile() session: it keeps its steps, we stand down."""
+        self.detector.uninstall()
+        if _started(self.own):
+            self.own.discard()
+        self.user = user
+        return self.own.folder
+
+    def why_nothing(self, target: Target) -> str:
+        if self.user is not None:
+            return f"{target.name} opened skalpel.profile() but recorded no step (call run.step() once per iteration)"
+        count = self.detector.boundaries
+        if count == 0 and not self.detector.saw_loader:
+            return (
+                f"no step boundary found in {target.name}: skalpel looks for optimizer.step() calls and "
+                "DataLoader iterations; mark steps yourself with `with skalpel.profile() as run:` and "
+                "`run.step()` once per iteration"
+            )
+        if count == 0:
+            return f"zero steps ran in {target.name}: its DataLoader yielded no batch and no optimizer step was taken"
+        settings = self.own.settings
+        return (
+            f"no step was recorded: {target.name} ran {count} step(s), and recording starts at step "
+            f"{settings.wait + settings.warmup + 2} (after {settings.wait + settings.warmup} un-profiled steps); "
+            "run more steps or lower --warmup"
+        )
+
+    def installed(self) -> _Installed:
+        return _Installed(self)
+
+
+class _Installed:
+    def __init__(self, capture: _Capture) -> None:
+        self.capture = capture
+
+    def __enter__(self) -> None:
+        self.capture.detector.install()
+        session._listener = self.capture._adopt
+
+    def __exit__(self, *exc: object) -> None:
+        session._listener = None
+        self.capture.detector.uninstall()
+
+
+def _started(run: ProfileRun) -> bool:
+    return run._prof is not None
+
+
+class _as_main:
+    """``sys.argv``, ``sys.path[0]`` as ``python SCRIPT`` (or ``python -m MODULE``) sets them; restored after."""
+
+    def __init__(self, target: Target, path: Path) -> None:
+        self.argv = [str(path) if target.module else target.name, *target.args]
+        self.path0 = str(Path.cwd()) if target.module else str(path.resolve().parent)
+
+    def __enter__(self) -> None:
+        self.saved_argv, self.saved_path = sys.argv, list(sys.path)
+        sys.argv = list(self.argv)
+        sys.path[:1] = [self.path0]  # python puts the script's folder (with -m: the current one) first
+
+    def __exit__(self, *exc: object) -> None:
+        sys.argv = self.saved_argv
+        sys.path[:] = self.saved_path

@@ -1,0 +1,314 @@
+"""``skalpel.profile()``: a torch.profiler session with the expert defaults, timed by skalpel.
+
+::
+
+    with skalpel.profile() as run:
+        for batch in loader:
+            train_step(batch)
+            run.step()
+    print(run.report().steps)
+
+skalpel times every step itself (``perf_counter`` at the step boundaries): the steps
+the profiler does not record (wait and warm-up) are the baseline for the profiler's
+overhead, and with ``repeat >= 2`` the spread between the recorded windows' medians
+is the measurement noise. The first window's trace is written to the run folder;
+later windows serve the noise estimate only. Leaving the block early still yields the
+trace of what was recorded.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerAction
+
+from ..errors import SkalpelError
+from ..report.model import CaptureInfo, Report
+from . import distributed, runfolder
+from .settings import ACTIVE, CaptureSettings, profiler_kwargs, torch_schedule
+
+NOISE_NOTE_PCT = 20.0
+_RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+
+# Set by `skalpel run` while a script runs: a user's own skalpel.profile() session takes over
+# the step boundaries; the listener is told and returns the run folder the session should use.
+_listener: Callable[[ProfileRun], Path | None] | None = None
+
+
+def profile(
+    *,
+    wait: int = 1,
+    warmup: int = 2,
+    active: int = 5,
+    repeat: int = 1,
+    out: str | Path | None = None,
+    name: str | None = None,
+    record_shapes: bool = True,
+    profile_memory: bool = True,
+    with_stack: bool = True,
+    with_flops: bool = False,
+    with_modules: bool = False,
+    cuda: bool | None = None,
+    write: bool = True,
+) -> ProfileRun:
+    """Profile a loop: call ``run.step()`` once per iteration inside ``with skalpel.profile() as run``.
+
+    ``out`` is the run folder (default ``./skalpel-runs/<time>-<name>``); ``write=False``
+    keeps everything but the trace out of it. Every torch.profiler setting can be overridden.
+    """
+    settings = CaptureSettings(
+        wait=wait, warmup=warmup, active=active, repeat=repeat, record_shapes=record_shapes,
+        profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops,
+        with_modules=with_modules, cuda=cuda,
+    )  # fmt: skip
+    return ProfileRun(settings, out=Path(out) if out is not None else None, name=name, write=write)
+
+
+class ProfileRun:
+    """One capture: the torch.profiler session, skalpel's step clock, and the outputs."""
+
+    def __init__(self, settings: CaptureSettings, *, out: Path | None = None, name: str | None = None,
+                 write: bool = True, auto: bool = False) -> None:  # fmt: skip
+        self.settings = settings
+        self.name = name or _default_name()
+        self.folder: Path | None = out
+        self.write = write
+        self.auto = auto  # True when `skalpel run` drives the steps
+        self.trace_paths: list[Path] = []
+        self.written: list[Path] = []
+        self.windows_done = 0
+        self.exit_status: int | None = None
+        self.script: str | None = None
+        self._intervals: list[tuple[int, float]] = []  # (profiler step, seconds)
+        self._prof: Any = None
+        self._last = 0.0
+        self._stopped = False
+        self._report: Report | None = None
+        self._tagged_window = -1
+        self._discarded = False
+
+    # -- the session -------------------------------------------------------------------------
+    def start(self) -> ProfileRun:
+        if self._prof is not None:
+            raise SkalpelError("this skalpel.profile() session was already started")
+        if not self.auto and _listener is not None:
+            given = _listener(self)
+            self.folder = self.folder or given
+        self.folder = distributed.run_folder(self.folder, self.name)  # one folder for every rank of a job
+        self._prof = torch.profiler.profile(
+            schedule=torch_schedule(self.settings), on_trace_ready=self._on_trace_ready, **profiler_kwargs(self.settings)
+        )
+        with _quiet():
+            self._prof.start()
+        self._last = time.perf_counter()
+        return self
+
+    def step(self) -> None:
+        """Mark the end of one iteration."""
+        now = time.perf_counter()
+        if self._prof is None:
+            raise SkalpelError("run.step() called outside the `with skalpel.profile() as run:` block")
+        if self._stopped:
+            return
+        self._intervals.append((self._prof.step_num, now - self._last))
+        with _quiet():
+            self._prof.step()
+        self._tag_trace()
+        if self.windows_done >= self.settings.repeat:
+            self._stop_profiler()
+        self._last = time.perf_counter()
+
+    @property
+    def capture_complete(self) -> bool:
+        return self.windows_done >= self.settings.repeat
+
+    @property
+    def steps_done(self) -> int:
+        return len(self._intervals)
+
+    def stop(self) -> None:
+        """Stop the profiler; what was recorded so far is saved (idempotent)."""
+        if self._prof is not None:
+            self._stop_profiler()
+
+    def discard(self) -> None:
+        """Stop without keeping anything (a script's own session replaces this one)."""
+        self._discarded = True
+        self.stop()
+        for path in self.trace_paths:
+            path.unlink(missing_ok=True)
+        self.trace_paths = []
+
+    def __enter__(self) -> ProfileRun:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop()
+        if self.write and self.trace_paths and self._report is None:
+            try:
+                self.finish()
+            except SkalpelError:
+                if exc_type is None:
+                    raise
+
+    def _stop_profiler(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        with _quiet():
+            self._prof.stop()
+
+    def _tag_trace(self) -> None:
+        # Header keys must be added while the profiler records; once per window.
+        phase = self.settings.phase(self._prof.step_num)
+        if self._prof.current_action in _RECORDING and phase is not None and phase[0] != self._tagged_window:
+            self._tagged_window = phase[0]
+            self._prof.add_metadata("skalpel_torch_version", torch.__version__)
+            self._prof.add_metadata("skalpel_run", distributed.run_id(self.folder) if self.folder else self.name)
+
+    def _on_trace_ready(self, prof: Any) -> None:
+        window = self.windows_done
+        self.windows_done += 1
+        if window > 0 or self._discarded:
+            return  # later windows give the noise estimate; the report and files come from the first
+        assert self.folder is not None
+        path = self.folder / runfolder.trace_file_name(_rank())
+        try:
+            distributed.atomic_export(prof, path)
+        except OSError as error:
+            raise SkalpelError(f"cannot write {path}: {error.strerror or error}") from None
+        self.trace_paths.append(path)
+
+    # -- the results -------------------------------------------------------------------------
+    def capture_info(self) -> CaptureInfo:
+        timing = step_timing(self._intervals, self.settings)
+        return CaptureInfo(
+            warmup_steps=self.settings.wait + self.settings.warmup,
+            active_steps=self.settings.active,
+            repeats=self.settings.repeat,
+            script=self.script,
+            exit_status=self.exit_status,
+            **timing,
+        )
+
+    def finish(self) -> list[Path]:
+        """Analyse the recorded trace and write the run folder; returns every file of the run."""
+        from ..pipeline import build_report
+        from ..trace.loader import load
+
+        self.stop()
+        if not self.trace_paths:
+            raise SkalpelError(_nothing_recorded(self.steps_done, self.settings))
+        if not distributed.writes_report():
+            self.written = list(self.trace_paths)  # rank 0 (or the --nproc launcher) merges every rank's trace
+            return self.written
+        paths, missing = distributed.rank_traces(self.folder, self.trace_paths)
+        trace = load(paths)
+        if missing:
+            trace.warnings.append(missing)
+        report = with_noise_note(build_report(trace, capture=self.capture_info()))
+        self._report = report
+        assert self.folder is not None
+        if self.write:
+            self.written = runfolder.write_outputs(report, trace, self.folder, traces=paths)
+        else:
+            self.written = list(self.trace_paths)
+        return self.written
+
+    def report(self) -> Report:
+        """The skalpel Report of the recorded steps (analysed once, on first use)."""
+        if self._report is None:
+            self.finish()
+        if self._report is None:  # a rank that leaves the merged report to rank 0: its own trace only
+            from ..pipeline import build_report
+            from ..trace.loader import load
+
+            self._report = build_report(load(self.trace_paths), capture=self.capture_info())
+        assert self._report is not None
+        return self._report
+
+
+def step_timing(intervals: list[tuple[int, float]], settings: CaptureSettings) -> dict[str, Any]:
+    """Overhead and noise from skalpel's own step clock (CaptureInfo fields)."""
+    baseline: list[float] = []
+    windows: dict[int, list[float]] = {}
+    for step, seconds in intervals:
+        phase = settings.phase(step)
+        if phase is None:
+            continue
+        window, kind = phase
+        if kind == ACTIVE:
+            windows.setdefault(window, []).append(seconds * 1000.0)
+        else:
+            baseline.append(seconds * 1000.0)
+    medians = tuple(round(float(np.median(values)), 4) for _, values in sorted(windows.items()))
+    profiled = [value for values in windows.values() for value in values]
+    unprofiled_ms = float(np.median(baseline)) if baseline else None
+    profiled_ms = float(np.median(profiled)) if profiled else None
+    overhead = None
+    if unprofiled_ms and profiled_ms is not None:
+        overhead = round((profiled_ms / unprofiled_ms - 1.0) * 100.0, 2)
+    noise = None
+    if len(medians) >= 2 and min(medians) > 0:
+        noise = round((max(medians) - min(medians)) / float(np.mean(medians)) * 100.0, 2)
+    return {
+        "overhead_pct": overhead,
+        "noise_pct": noise,
+        "unprofiled_step_ms": round(unprofiled_ms, 4) if unprofiled_ms is not None else None,
+        "profiled_step_ms": round(profiled_ms, 4) if profiled_ms is not None else None,
+        "window_medians_ms": medians,
+    }
+
+
+def with_noise_note(report: Report) -> Report:
+    """Add the noise advice as a note, unless a `noisy_measurement` finding already gives it."""
+    capture = report.capture
+    if capture is None or capture.noise_pct is None or capture.noise_pct <= NOISE_NOTE_PCT:
+        return report
+    if any(finding.id == "noisy_measurement" for finding in report.findings):
+        return report
+    import dataclasses
+
+    note = (
+        f"noisy measurement: the recorded windows' median step times differ by {capture.noise_pct:.0f}% "
+        "(fix the seed, call torch.set_num_threads(1), stop other loads on the machine, then capture again)"
+    )
+    return dataclasses.replace(report, warnings=report.warnings + (note,))
+
+
+def _nothing_recorded(steps: int, settings: CaptureSettings) -> str:
+    first = settings.wait + settings.warmup + 1
+    if steps == 0:
+        return "zero steps ran: run.step() was never called (call it once per training iteration)"
+    return (
+        f"no step was recorded: only {steps} step(s) ran, and recording starts at step {first} "
+        f"(after {settings.wait} wait and {settings.warmup} warm-up steps); run more steps or lower them"
+    )
+
+
+def _default_name() -> str:
+    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else ""
+    return script or "profile"
+
+
+def _rank() -> int:
+    group = torch.distributed
+    if group.is_available() and group.is_initialized():
+        return int(group.get_rank())
+    current = distributed.job()
+    return current.rank if current is not None else 0
+
+
+class _quiet(warnings.catch_warnings):
+    """Silence torch.profiler's warnings about its own cycles and unknown-size blocks."""
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        warnings.filterwarnings("ignore", message=".*won't be using warmup.*")

@@ -1,0 +1,221 @@
+"""skalpel.profile() in-process, the step clock, and `skalpel run` options and bad input (via cli.main)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import skalpel
+from skalpel.capture.session import step_timing
+from skalpel.capture.settings import CaptureSettings
+from skalpel.cli import main
+from skalpel.errors import SkalpelError
+
+torch.set_num_threads(1)
+
+
+def _loop(run, steps: int, *, stop_at: int | None = None) -> None:
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(steps):
+        if step == stop_at:
+            break
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        run.step()
+
+
+def _step_names(path: Path) -> list[str]:
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    return [event["name"] for event in events if event.get("name", "").startswith("ProfilerStep#")]
+
+
+def test_profile_records_the_active_steps_and_measures_overhead(tmp_path: Path) -> None:
+    with skalpel.profile(warmup=1, active=3, out=tmp_path / "run", name="unit") as run:
+        _loop(run, 8)
+    assert run.trace_paths == [tmp_path / "run" / "trace-rank0.json.gz"]
+    assert len(_step_names(run.trace_paths[0])) == 3
+    report = run.report()
+    assert report.steps.count == 3
+    capture = report.capture
+    assert capture is not None and capture.active_steps == 3 and capture.warmup_steps == 2
+    assert capture.overhead_pct is not None and capture.unprofiled_step_ms > 0
+    assert {path.name for path in run.written} >= {"flamegraph.svg", "summary.txt", "report.json"}
+
+
+def test_leaving_early_still_yields_what_was_recorded(tmp_path: Path) -> None:
+    with skalpel.profile(warmup=1, active=5, out=tmp_path) as run:
+        _loop(run, 20, stop_at=4)  # steps 0 (wait) and 1 (warm-up) un-profiled; 2 and 3 recorded
+    assert 2 <= run.report().steps.count <= 3
+
+
+def test_no_recorded_step_is_a_clear_error(tmp_path: Path) -> None:
+    with skalpel.profile(out=tmp_path) as run:
+        _loop(run, 2)
+    with pytest.raises(SkalpelError, match="only 2 step"):
+        run.report()
+
+
+def test_repeat_two_records_two_windows_and_reports_noise(tmp_path: Path) -> None:
+    with skalpel.profile(wait=0, warmup=1, active=2, repeat=2, out=tmp_path, write=False) as run:
+        _loop(run, 10)
+    capture = run.report().capture
+    assert len(capture.window_medians_ms) == 2
+    assert capture.noise_pct is not None and capture.noise_pct >= 0
+    assert len(run.trace_paths) == 1  # the report comes from the first window
+
+
+def test_step_timing_overhead_and_noise() -> None:
+    settings = CaptureSettings(wait=1, warmup=1, active=2, repeat=2)
+    # steps: 0 wait, 1 warm-up, 2-3 active (window 0); 4 wait, 5 warm-up, 6-7 active (window 1); 8 after
+    seconds = [0.010, 0.010, 0.012, 0.012, 0.010, 0.010, 0.018, 0.018, 0.5]
+    timing = step_timing(list(enumerate(seconds)), settings)
+    assert timing["unprofiled_step_ms"] == pytest.approx(10.0)
+    assert timing["window_medians_ms"] == (12.0, 18.0)
+    assert timing["overhead_pct"] == pytest.approx(50.0)  # median of 12, 12, 18, 18 is 15
+    assert timing["noise_pct"] == pytest.approx(40.0)  # (18 - 12) / 15
+
+
+def test_settings_reject_nonsense() -> None:
+    with pytest.raises(SkalpelError, match="active must be at least 1"):
+        CaptureSettings(active=0)
+
+
+# ---- skalpel run in-process (cli.main), bad input ------------------------------------------
+
+TRAIN = """
+import torch
+torch.set_num_threads(1)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.utils.data.TensorDataset(torch.randn(STEPS * 2, 4), torch.randn(STEPS * 2, 1))
+for x, y in torch.utils.data.DataLoader(data, batch_size=2):
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+print("reached the end")
+"""
+
+
+def _write(path: Path, source: str) -> Path:
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    status = main(["run", *args])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def _one_line_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("skalpel: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_missing_script(tmp_path: Path, capsys) -> None:
+    status, _, err = _run(capsys, str(tmp_path / "nope.py"))
+    assert status == 2 and "no such script" in _one_line_error(err)
+
+
+def test_syntax_error(tmp_path: Path, capsys) -> None:
+    script = _write(tmp_path / "bad.py", "x = 1\ndef broken(:\n")
+    status, _, err = _run(capsys, str(script))
+    assert status == 2 and "syntax error in" in _one_line_error(err) and "line 2" in err
+
+
+def test_no_step_boundary_says_how_to_mark_steps(tmp_path: Path, capsys) -> None:
+    script = _write(tmp_path / "idle.py", "import torch\nprint(torch.ones(2).sum())\n")
+    status, _, err = _run(capsys, "--out", str(tmp_path / "run"), str(script))
+    line = _one_line_error(err)
+    assert status == 2 and "no step boundary found" in line and "run.step()" in line
+
+
+def test_zero_steps(tmp_path: Path, capsys) -> None:
+    script = _write(tmp_path / "empty.py", "STEPS = 0\n" + TRAIN)
+    status, _, err = _run(capsys, "--out", str(tmp_path / "run"), str(script))
+    assert status == 2 and "zero steps ran" in _one_line_error(err)
+
+
+def test_too_few_steps(tmp_path: Path, capsys) -> None:
+    script = _write(tmp_path / "short.py", "STEPS = 3\n" + TRAIN)
+    status, _, err = _run(capsys, "--out", str(tmp_path / "run"), str(script))
+    assert status == 2 and "no step was recorded" in _one_line_error(err)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_output_folder(tmp_path: Path, capsys) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    script = _write(tmp_path / "train.py", "STEPS = 12\n" + TRAIN)
+    status, out, err = _run(capsys, "--out", str(locked / "run"), str(script))
+    assert status == 2 and "cannot write to the output folder" in _one_line_error(err)
+    assert "reached the end" not in out  # checked before the script runs
+
+
+def test_output_folder_that_is_a_file(tmp_path: Path, capsys) -> None:
+    blocker = tmp_path / "taken"
+    blocker.write_text("a file, not a folder")
+    script = _write(tmp_path / "train.py", "STEPS = 12\n" + TRAIN)
+    status, out, err = _run(capsys, "--out", str(blocker / "run"), str(script))
+    assert status == 2 and "cannot write to the output folder" in _one_line_error(err)
+    assert "reached the end" not in out
+
+
+def test_module_and_stop_after_capture(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "trainmod.py", "STEPS = 40\n" + TRAIN)
+    status, out, _ = _run(capsys, "--warmup", "1", "--active", "2", "--stop-after-capture", "-m", "trainmod")
+    assert status == 0
+    assert "reached the end" not in out and "2 steps: median" in out
+    folders = list((tmp_path / "skalpel-runs").iterdir())
+    assert len(folders) == 1 and folders[0].name.endswith("-trainmod")
+    assert (folders[0] / "trace-rank0.json.gz").is_file()
+
+
+def test_script_with_its_own_profile_keeps_its_steps(tmp_path: Path, capsys) -> None:
+    script = _write(
+        tmp_path / "own.py",
+        """
+        import skalpel, torch
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with skalpel.profile(wait=0, warmup=1, active=4) as run:
+            for _ in range(12):
+                optimizer.zero_grad()
+                model(torch.randn(2, 4)).sum().backward()
+                optimizer.step()
+                run.step()
+        """,
+    )
+    out = tmp_path / "run"
+    status, stdout, _ = _run(capsys, "--out", str(out), str(script))
+    assert status == 0
+    assert "4 steps: median" in stdout  # the script's own settings, not skalpel run's 5 active steps
+    assert len(_step_names(out / "trace-rank0.json.gz")) == 4
+
+
+def test_sys_exit_code_is_kept(tmp_path: Path, capsys) -> None:
+    script = _write(tmp_path / "exits.py", "STEPS = 12\n" + TRAIN + "\nraise SystemExit(3)\n")
+    status, out, err = _run(capsys, "--out", str(tmp_path / "run"), "--warmup", "1", "--active", "2", str(script))
+    assert status == 3 and "reached the end" in out
+    assert (tmp_path / "run" / "summary.txt").is_file() and "Traceback" not in err
+
+
+def test_script_raising_mid_window_keeps_the_steps_recorded_so_far(tmp_path: Path, capsys) -> None:
+    source = TRAIN.replace("    optimizer.step()", "    optimizer.step()\n    if len(done) == 6: raise ValueError('bad batch')\n    done.append(1)")
+    script = _write(tmp_path / "fails.py", "STEPS = 30\ndone = []\n" + source)
+    status, out, err = _run(capsys, "--out", str(tmp_path / "run"), "--warmup", "1", "--active", "10", str(script))
+    assert status == 1 and "ValueError: bad batch" in err
+    assert "fails.py" in err and "steps: median" in out
+    steps = _step_names(tmp_path / "run" / "trace-rank0.json.gz")
+    assert 1 <= len(steps) < 10
