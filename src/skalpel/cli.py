@@ -40,6 +40,7 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", nargs="?", const="-", metavar="FILE", help="write the skalpel.report/1 JSON to FILE (or stdout)"
     )
+    parser.add_argument("--html", metavar="FILE", help="write the self-contained HTML report to FILE")
     parser.set_defaults(handler=_cmd_analyze)
 
 
@@ -48,16 +49,75 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .report import terminal
     from .report.progress import load_progress
 
+    html_page = None
     with load_progress() as on_progress:
-        report = analyze(args.paths, on_progress=on_progress)
+        if args.html:  # the flame graph needs the trace, not only the report
+            from .pipeline import build_report
+            from .report import html
+            from .trace.loader import load
+
+            trace = load(args.paths, on_progress=on_progress)
+            report = build_report(trace)
+            rank = trace.rank_ids[0] if trace.ranks else 0
+            html_page = html.render(report, flame=html.flame_from_trace(trace, rank=rank))
+        else:
+            report = analyze(args.paths, on_progress=on_progress)
+    if html_page is not None:
+        _write(Path(args.html), html_page)
     if args.json == "-":
         sys.stdout.buffer.write(report.to_json() + b"\n")
         return 0
     terminal.print_report(report)
     if args.json:
         _write(Path(args.json), report.to_json())
-        terminal.print_written([Path(args.json)])
+    terminal.print_written([Path(p) for p in (args.json, args.html) if p])
     return 0
+
+
+def _add_diff(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "diff",
+        help="what changed between two runs, with the noise taken into account",
+        description="Compare two runs (run folders, trace files or folders, or report.json files): the change "
+        "in median step time against the noise of each side, per category, per op, and the findings that "
+        "appeared or disappeared.",
+    )
+    parser.add_argument("before", metavar="BEFORE", help="run folder, trace file/folder or report.json")
+    parser.add_argument("after", metavar="AFTER", help="run folder, trace file/folder or report.json")
+    parser.add_argument("--json", nargs="?", const="-", metavar="FILE", help="write the skalpel.diff/1 JSON to FILE (or stdout)")
+    parser.add_argument("--html", metavar="FILE", help="write the comparison as a self-contained HTML page")
+    parser.add_argument(
+        "--fail-if-slower", type=float, metavar="PCT",
+        help="exit with status 1 when AFTER is slower by more than PCT percent and outside the noise (a CI gate)",
+    )  # fmt: skip
+    parser.set_defaults(handler=_cmd_diff)
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from .report import diff_render
+    from .report.diff import diff_reports, load_side
+
+    before = load_side(args.before, which="BEFORE")
+    after = load_side(args.after, which="AFTER")
+    result = diff_reports(before, after, labels=(_short_label(args.before), _short_label(args.after)))
+    if args.html:
+        _write(Path(args.html), diff_render.render_html(result))
+    if args.json == "-":
+        sys.stdout.buffer.write(diff_render.to_json(result) + b"\n")
+    else:
+        diff_render.print_diff(result)
+        if args.json:
+            _write(Path(args.json), diff_render.to_json(result))
+    gate = args.fail_if_slower is not None and result.slower_than(args.fail_if_slower)
+    if gate:
+        print(f"skalpel: slower by {result.step.change_pct:.1f}% (> {args.fail_if_slower:g}%, outside the noise)",
+              file=sys.stderr)  # fmt: skip
+    return 1 if gate else 0
+
+
+def _short_label(path: str) -> str:
+    parts = Path(path).parts
+    return str(Path(*parts[-2:])) if len(parts) > 2 else path
 
 
 def _add_run(commands: argparse._SubParsersAction) -> None:

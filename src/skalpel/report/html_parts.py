@@ -1,0 +1,312 @@
+"""The sections of the HTML report, one function each, all returning escaped markup.
+
+A section with nothing to show says so ("not available: why") rather than vanishing, so
+a reader knows whether an analysis found nothing or never ran.
+"""
+
+from __future__ import annotations
+
+import statistics
+from html import escape
+from typing import Any, Iterable, Sequence
+
+from . import html_svg as svg
+from .model import Finding, RankReport, Report
+from .terminal import sorted_findings
+
+TABLE_ROWS = 50
+DETAIL_RANKS = 8
+CURVE_POINTS = 1200
+EXTRA_ROWS = 20
+
+
+def na(why: str) -> str:
+    return f'<p class="na">not available: {escape(why)}</p>'
+
+
+def section(anchor: str, title: str, body: str) -> str:
+    return f'<section id="{anchor}"><h2>{escape(title)}</h2>{body}</section>'
+
+
+def fmt_bytes(value: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
+def short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(short(v) for v in list(value)[:6]) + (", …]" if len(value) > 6 else "]")
+    return str(value)
+
+
+def num(value: float | int | None, text: str | None = None) -> str:
+    if value is None:
+        return '<td class="num" data-v="">–</td>'
+    return f'<td class="num" data-v="{value}">{escape(text if text is not None else short(value))}</td>'
+
+
+def name_cell(value: object) -> str:
+    return f'<td class="name mono">{escape(str(value))}</td>'
+
+
+def table(headers: Sequence[tuple[str, bool]], rows: Iterable[str], *, sortable: bool = True) -> str:
+    head = "".join(f'<th class="{"num" if numeric else ""}" scope="col">{escape(h)}</th>' for h, numeric in headers)
+    klass = ' class="sortable"' if sortable else ""
+    markup = f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return f'<div class="scroll">{markup}</div>'
+
+
+def header(report: Report, title: str | None) -> str:
+    source = report.source
+    facts = [f"device: {source.device or 'unknown'}", f"ranks: {len(report.ranks)}",
+             f"torch: {source.torch_version or 'not recorded'}"]  # fmt: skip
+    paths = ", ".join(source.paths[:4]) + (f" and {len(source.paths) - 4} more" if len(source.paths) > 4 else "")
+    pills = "".join(f'<span class="pill">{escape(fact)}</span>' for fact in facts)
+    return (f"<header><h1>{escape(title or 'skalpel report')}</h1><div>{pills}</div>"
+            f'<p class="meta mono">{escape(paths)}</p></header>')  # fmt: skip
+
+
+def verdict(report: Report) -> str:
+    findings = sorted_findings(report.findings)
+    serious = [f for f in findings if f.severity != "info"]
+    infos = [f for f in findings if f.severity == "info"]
+    body = "".join(_finding(f) for f in serious)
+    if infos:
+        body += (f"<details><summary>{len(infos)} more finding{'s' if len(infos) > 1 else ''} for information</summary>"
+                 + "".join(_finding(f) for f in infos) + "</details>")  # fmt: skip
+    if not serious:
+        body = f'<div class="verdict-ok"><strong>No bottleneck found.</strong> {escape(_numbers(report))}</div>' + body
+    return section("verdict", "Verdict", body)
+
+
+def _numbers(report: Report) -> str:
+    steps = report.steps
+    text = f"{steps.count} steps, median {steps.median_ms:.2f} ms (p90 {steps.p90_ms:.2f} ms, cv {steps.cv:.2f})"
+    rank = report.ranks[0] if report.ranks else None
+    if rank and rank.step_breakdown_pct:
+        top = sorted(rank.step_breakdown_pct.items(), key=lambda item: -item[1])[:3]
+        text += "; step time: " + ", ".join(f"{name} {value:.1f}%" for name, value in top)
+    if rank and rank.gpu:
+        text += f"; GPU idle {rank.gpu.idle_pct:.1f}%"
+    return text + "."
+
+
+def _finding(finding: Finding) -> str:
+    severity = finding.severity if finding.severity in ("critical", "warning", "info") else "info"
+    rows = []
+    if finding.evidence:
+        evidence = ", ".join(f"{key} = {short(value)}" for key, value in finding.evidence.items())
+        rows.append(("evidence", f'<span class="mono">{escape(evidence)}</span>'))
+    if finding.locations:
+        rows.append(("where", "<br>".join(f"<code>{escape(loc)}</code>" for loc in finding.locations[:5])))
+    if finding.fix:
+        rows.append(("fix", escape(finding.fix)))
+    if finding.rank is not None:
+        rows.append(("rank", str(int(finding.rank))))
+    details = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in rows)
+    return (f'<div class="finding {severity}"><span class="sev">{severity}</span><span class="title">'
+            f'{escape(finding.title)}</span><span class="fid">[{escape(finding.id)}]</span><dl>{details}</dl></div>')  # fmt: skip
+
+
+def steps(report: Report) -> str:
+    series = [(f"rank {r.rank}", r.step_ms) for r in report.ranks[:DETAIL_RANKS] if r.step_ms]
+    if not series:
+        return section("steps", "Step time per step", na("no steps were found in the trace"))
+    note = "" if report.steps.marked else '<p class="note">No ProfilerStep markers: each rank is one pseudo-step.</p>'
+    return section("steps", "Step time per step", note + svg.step_bars(series, label="step time per step"))
+
+
+def breakdown(report: Report) -> str:
+    rows = [(f"rank {r.rank}", r.step_breakdown_pct) for r in report.ranks if r.step_breakdown_pct]
+    if not rows:
+        return section("breakdown", "Step time breakdown", na("the step-time breakdown was not computed for this trace"))
+    waits = [f"rank {r.rank}: {r.data_wait_ms_per_step:.2f} ms/step" for r in report.ranks if r.data_wait_ms_per_step]
+    note = f'<p class="note">Waiting for data: {escape("; ".join(waits))}</p>' if waits else ""
+    chart = svg.stacked_bars(rows, unit="%", scale_max=max(100.0, max(sum(p.values()) for _, p in rows)),
+                             label="step time breakdown per rank")  # fmt: skip
+    return section("breakdown", "Step time breakdown", chart + note)
+
+
+def gpu(report: Report) -> str:
+    ranks = [r for r in report.ranks if r.gpu is not None]
+    if not ranks:
+        why = "CPU-only trace: no device activity" if (report.source.device or "cpu") == "cpu" else (
+            "the GPU time breakdown was not computed for this trace")  # fmt: skip
+        return section("gpu", "GPU time and idle breakdown", na(why))
+    usage = [(f"rank {r.rank}", {"compute": r.gpu.compute_pct, "non_compute": r.gpu.non_compute_pct,
+                                 "idle": r.gpu.idle_pct}) for r in ranks if r.gpu]  # fmt: skip
+    idle = [(f"rank {r.rank}", r.gpu.idle_breakdown_pct) for r in ranks if r.gpu and r.gpu.idle_breakdown_pct]
+    body = "<h3>Device time</h3>" + svg.stacked_bars(usage, scale_max=100.0, label="GPU time per rank")
+    body += ("<h3>Why the GPU is idle (share of idle time)</h3>" + svg.stacked_bars(idle, scale_max=100.0, label="GPU idle breakdown")
+             if idle else na("no idle-time breakdown"))  # fmt: skip
+    overlaps = [f"rank {r.rank}: {r.gpu.comm_overlap_pct:.1f}%" for r in ranks if r.gpu and r.gpu.comm_overlap_pct is not None]
+    if overlaps:
+        body += f'<p class="note">Communication overlapped with compute: {escape("; ".join(overlaps))}</p>'
+    return section("gpu", "GPU time and idle breakdown", body)
+
+
+def tables(report: Report) -> str:
+    if not report.ranks:
+        return section("ops", "Top ops and kernels", na("no ranks in the trace"))
+    body = []
+    for i, rank in enumerate(report.ranks[:DETAIL_RANKS]):
+        device = report.has_device or any(row.device_ms > 0 for row in rank.top_ops)
+        inner = _ops_table(rank, device) + _kernels_table(rank)
+        if len(report.ranks) == 1:
+            body.append(inner)
+        else:
+            body.append(f"<details{' open' if i == 0 else ''}><summary>rank {rank.rank}</summary>{inner}</details>")
+    if len(report.ranks) > DETAIL_RANKS:
+        body.append(f'<p class="note">Tables shown for the first {DETAIL_RANKS} of {len(report.ranks)} ranks.</p>')
+    return section("ops", "Top ops and kernels", "".join(body))
+
+
+def _ops_table(rank: RankReport, device: bool) -> str:
+    if not rank.top_ops:
+        return "<h3>Top ops</h3>" + na("the op table was not computed for this trace")
+    headers = [("op", False), ("calls", True), ("self CPU ms", True), ("total CPU ms", True)]
+    headers += [("device ms", True)] if device else []
+    headers += [("input shapes", False)]
+    rows = []
+    for row in rank.top_ops[:TABLE_ROWS]:
+        cells = [name_cell(row.name), num(row.calls), num(row.self_ms, f"{row.self_ms:.3f}"),
+                 num(row.total_ms, f"{row.total_ms:.3f}")]  # fmt: skip
+        cells += [num(row.device_ms, f"{row.device_ms:.3f}")] if device else []
+        cells.append(name_cell(row.input_shapes or ""))
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    more = f'<p class="note">{len(rank.top_ops) - TABLE_ROWS} more not shown.</p>' if len(rank.top_ops) > TABLE_ROWS else ""
+    return "<h3>Top ops (click a header to sort)</h3>" + table(headers, rows) + more
+
+
+def _kernels_table(rank: RankReport) -> str:
+    if not rank.top_kernels:
+        return "<h3>Top kernels</h3>" + na("no device kernels on this rank, or the kernel table was not computed")
+    headers = [("kernel", False), ("type", False), ("calls", True), ("total ms", True), ("mean µs", True), ("share %", True)]
+    rows = [
+        "<tr>" + name_cell(row.name) + f"<td>{escape(row.type)}</td>" + num(row.calls)
+        + num(row.total_ms, f"{row.total_ms:.3f}") + num(row.mean_us, f"{row.mean_us:.1f}")
+        + num(row.share_pct, f"{row.share_pct:.1f}") + "</tr>"
+        for row in rank.top_kernels[:TABLE_ROWS]
+    ]  # fmt: skip
+    return "<h3>Top kernels</h3>" + table(headers, rows)
+
+
+def downsample_max(points: Sequence[Sequence[float]], limit: int = CURVE_POINTS) -> list[tuple[float, float]]:
+    """At most ``limit`` points, keeping each bucket's highest point so the peak survives."""
+    if len(points) <= limit:
+        return [(float(p[0]), float(p[1])) for p in points]
+    size = len(points) / limit
+    out = []
+    for i in range(limit):
+        bucket = points[int(i * size): int((i + 1) * size)] or [points[-1]]
+        best = max(bucket, key=lambda p: p[1])
+        out.append((float(best[0]), float(best[1])))
+    return out
+
+
+def _byte_unit(top: float) -> tuple[str, int]:
+    return next(((unit, size) for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if top >= size), ("B", 1))
+
+
+def memory(report: Report) -> str:
+    ranks = [r for r in report.ranks if r.memory is not None]
+    if not ranks:
+        return section("memory", "Memory", na("the trace has no memory events (profile_memory=True records them)"))
+    body = []
+    for rank in ranks[:4]:
+        mem = rank.memory
+        assert mem is not None
+        growth = ("not measured" if mem.growth_bytes_per_step is None
+                  else f"{fmt_bytes(mem.growth_bytes_per_step)} per step")  # fmt: skip
+        body.append(f"<h3>rank {rank.rank} ({escape(mem.device)}): peak {fmt_bytes(mem.peak_bytes)}, growth {escape(growth)}</h3>")
+        if len(mem.curve) >= 2:
+            unit, size = _byte_unit(max(mem.peak_bytes, max(p[1] for p in mem.curve)))
+            points = [(x, y / size) for x, y in downsample_max(mem.curve)]
+            peak = (mem.peak_ts_ms, mem.peak_bytes / size) if mem.peak_ts_ms is not None else None
+            body.append(svg.line_curve(points, peak=peak, y_fmt=lambda v, unit=unit: f"{v:.4g} {unit}",
+                                       x_label="time from trace start (ms)", label="allocated memory over time"))  # fmt: skip
+        else:
+            body.append(na("no memory curve recorded"))
+    return section("memory", "Memory", "".join(body))
+
+
+def ranks(report: Report) -> str:
+    if len(report.ranks) < 2:
+        return ""
+    categories = sorted({c for r in report.ranks for c in r.step_breakdown_pct})
+    headers = [("rank", True), ("median step ms", True), ("GPU idle %", True), ("peak memory", True)]
+    headers += [(f"{c} %", True) for c in categories]
+    rows = []
+    for r in report.ranks:
+        median = statistics.median(r.step_ms) if r.step_ms else None
+        peak = r.memory.peak_bytes if r.memory else None
+        cells = [num(r.rank), num(median, f"{median:.2f}" if median is not None else None),
+                 num(r.gpu.idle_pct if r.gpu else None), num(peak, fmt_bytes(peak) if peak is not None else None)]  # fmt: skip
+        cells += [num(r.step_breakdown_pct.get(c), f"{r.step_breakdown_pct.get(c, 0):.1f}") for c in categories]
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    medians = [(f"rank {r.rank}", {"median step ms": statistics.median(r.step_ms)})
+               for r in report.ranks if r.step_ms]  # fmt: skip
+    chart = svg.stacked_bars(medians, unit=" ms", label="median step time per rank") if medians else ""
+    return section("ranks", "Per-rank comparison", chart + table(headers, rows))
+
+
+def extras(report: Report) -> str:
+    blocks = []
+    for rank in report.ranks[:DETAIL_RANKS]:
+        for name, value in rank.extra.items():
+            if value:
+                blocks.append(f"<h3>{escape(name)} (rank {rank.rank})</h3>" + kv_table(value))
+    return section("more", "More analyses", "".join(blocks)) if blocks else ""
+
+
+def kv_table(value: Any, depth: int = 0) -> str:
+    """A generic view of an analysis result: dicts as key/value rows, lists of dicts as tables."""
+    if isinstance(value, dict):
+        rows = [f"<tr><td>{escape(str(k))}</td><td>{kv_table(v, depth + 1) if depth < 2 else escape(short(v))}</td></tr>"
+                for k, v in list(value.items())[:EXTRA_ROWS * 2]]  # fmt: skip
+        return f'<table class="kv">{"".join(rows)}</table>'
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) for v in value):
+        keys = list(dict.fromkeys(k for item in value[:EXTRA_ROWS] for k in item))
+        rows = ["<tr>" + "".join(
+            num(v) if isinstance(v := item.get(k), (int, float)) and not isinstance(v, bool) else name_cell(short(v) if v is not None else "")
+            for k in keys) + "</tr>" for item in value[:EXTRA_ROWS]]  # fmt: skip
+        more = f'<p class="note">{len(value) - EXTRA_ROWS} more rows not shown.</p>' if len(value) > EXTRA_ROWS else ""
+        return table([(k, False) for k in keys], rows) + more
+    return f'<span class="mono">{escape(short(value))}</span>'
+
+
+def capture(report: Report) -> str:
+    c = report.capture
+    source = report.source
+    facts: list[tuple[str, str]] = [("torch version", source.torch_version or "not recorded in the trace"),
+                                    ("device", source.device or "unknown"), ("world size", str(source.world_size or 1))]  # fmt: skip
+    facts.append(("steps analysed", f"{report.steps.count}" + ("" if report.steps.marked else " (pseudo-steps)")))
+    if c is None:
+        body = na("the trace was loaded from disk, not captured by skalpel: no warm-up, overhead or noise measurements")
+    else:
+        facts += [("warm-up steps", str(c.warmup_steps)), ("active steps", str(c.active_steps)),
+                  ("capture windows", str(c.repeats))]  # fmt: skip
+        facts.append(("profiler overhead", "not measured" if c.overhead_pct is None else f"{c.overhead_pct:+.1f}%"))
+        facts.append(("noise between windows", "not measured" if c.noise_pct is None else f"{c.noise_pct:.1f}%"))
+        if c.unprofiled_step_ms is not None and c.profiled_step_ms is not None:
+            facts.append(("step unprofiled / profiled", f"{c.unprofiled_step_ms:.2f} / {c.profiled_step_ms:.2f} ms"))
+        if c.window_medians_ms:
+            facts.append(("window medians", ", ".join(f"{v:.2f} ms" for v in c.window_medians_ms)))
+        if c.script:
+            facts.append(("script", c.script))
+        if c.exit_status is not None:
+            facts.append(("exit status", str(c.exit_status)))
+        body = ""
+    rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in facts)
+    return section("capture", "Capture facts", f'<table class="kv">{rows}</table>{body}')
+
+
+def warnings(report: Report) -> str:
+    if not report.warnings:
+        return ""
+    items = "".join(f"<li>{escape(w)}</li>" for w in report.warnings[:50])
+    return section("warnings", "Notes on the trace", f"<ul>{items}</ul>")

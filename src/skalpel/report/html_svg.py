@@ -1,0 +1,165 @@
+"""Hand-written inline SVG charts for the HTML report: stacked bars, step bars, a line curve.
+
+Each function returns one ``<svg class="chart">`` string with every label escaped. Hover
+details live in ``data-tip`` attributes (shown by the page's small script) and in
+``<title>`` children, so the charts still explain themselves with scripts off.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from html import escape
+from typing import Callable, Mapping, Sequence
+
+PALETTE = {
+    "kernel": "#4e79a7", "memcpy": "#f28e2b", "memset": "#edc948", "communication": "#b07aa1",
+    "runtime": "#ff9da7", "dataloader": "#e15759", "cpu_exec": "#76b7b2", "other": "#bab0ac",
+    "host_wait": "#e15759", "kernel_wait": "#f28e2b", "idle": "#e15759", "compute": "#4e79a7",
+    "non_compute": "#f28e2b",
+}  # fmt: skip
+_EXTRA = ("#59a14f", "#9c755f", "#af7aa1", "#86bcb6", "#d37295", "#8cd17d", "#499894", "#79706e")
+WIDTH = 900
+
+
+def color(name: str, index: int = 0) -> str:
+    return PALETTE.get(name, _EXTRA[index % len(_EXTRA)])
+
+
+def _tip(text: str) -> str:
+    return f' data-tip="{escape(text)}"'
+
+
+def stacked_bars(rows: Sequence[tuple[str, Mapping[str, float]]], *, unit: str = "%",
+                 scale_max: float | None = None, label: str = "") -> str:  # fmt: skip
+    """One horizontal stacked bar per row (e.g. per rank), segments in the mapping's order."""
+    names: list[str] = []
+    for _, parts in rows:
+        names += [name for name in parts if name not in names]
+    total = scale_max or max((sum(max(v, 0) for v in parts.values()) for _, parts in rows), default=1) or 1
+    left, bar_h, gap = 90, 26, 10
+    plot_w = WIDTH - left - 20
+    legend_h = 24 * math.ceil(len(names) / 6)
+    height = legend_h + len(rows) * (bar_h + gap) + 10
+    out = [_open(height, label)]
+    out += _legend(names, 0)
+    for i, (row_label, parts) in enumerate(rows):
+        y = legend_h + i * (bar_h + gap)
+        out.append(f'<text x="{left - 8}" y="{y + bar_h * 0.68:.1f}" text-anchor="end">{escape(row_label)}</text>')
+        x = float(left)
+        for name, value in parts.items():
+            w = max(value, 0) / total * plot_w
+            if w <= 0:
+                continue
+            tip = f"{row_label} · {name}: {value:.1f}{unit}"
+            out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{color(name, names.index(name))}"'
+                       f'{_tip(tip)}><title>{escape(tip)}</title></rect>')  # fmt: skip
+            if w > 38:
+                out.append(f'<text class="in" x="{x + w / 2:.1f}" y="{y + bar_h * 0.68:.1f}" text-anchor="middle">'
+                           f"{value:.0f}{escape(unit)}</text>")  # fmt: skip
+            x += w
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _legend(names: Sequence[str], y: int) -> list[str]:
+    out = []
+    for i, name in enumerate(names):
+        x, row = 90 + (i % 6) * 130, y + 24 * (i // 6)
+        out.append(f'<rect x="{x}" y="{row + 4}" width="12" height="12" fill="{color(name, i)}"/>'
+                   f'<text x="{x + 17}" y="{row + 15}">{escape(name)}</text>')  # fmt: skip
+    return out
+
+
+def _open(height: float, label: str) -> str:
+    return (f'<svg class="chart" role="img" aria-label="{escape(label)}" viewBox="0 0 {WIDTH} {height:.0f}" '
+            f'width="100%" preserveAspectRatio="xMinYMin meet" xmlns="http://www.w3.org/2000/svg">')  # fmt: skip
+
+
+def nice_ticks(top: float, count: int = 5) -> list[float]:
+    if top <= 0:
+        return [0.0]
+    raw = top / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    return [i * step for i in range(int(top / step) + 2) if i * step <= top * 1.0001 or i == 1]
+
+
+def step_bars(series: Sequence[tuple[str, Sequence[float]]], *, label: str = "step time") -> str:
+    """Step time per step (ms), one bar per step and rank, with the median as a dashed line."""
+    series = [(name, list(values)) for name, values in series if len(values)]
+    n = max((len(values) for _, values in series), default=0)
+    top = max((max(values) for _, values in series), default=1.0) * 1.1 or 1.0
+    left, bottom, height = 70, 34, 260
+    plot_w, plot_h = WIDTH - left - 20, height - bottom - 24
+    slot = plot_w / max(n, 1)
+    bar_w = max(slot * 0.8 / max(len(series), 1), 0.5)
+    out = [_open(height + (24 if len(series) > 1 else 0), label)]
+    out += _y_axis(top, left, plot_w, plot_h, 10, lambda v: f"{v:g} ms")
+    for k, (name, values) in enumerate(series):
+        fill = _EXTRA[k % len(_EXTRA)] if len(series) > 1 else PALETTE["kernel"]
+        for i, value in enumerate(values):
+            h = value / top * plot_h
+            x = left + i * slot + slot * 0.1 + k * bar_w
+            tip = f"{name} step {i}: {value:.2f} ms"
+            out.append(f'<rect x="{x:.1f}" y="{10 + plot_h - h:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
+                       f'fill="{fill}"{_tip(tip)}><title>{escape(tip)}</title></rect>')  # fmt: skip
+    median = statistics.median(v for _, values in series for v in values) if n else 0.0
+    y = 10 + plot_h - median / top * plot_h
+    out.append(f'<line class="median" x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}"/>'
+               f'<text x="{left + plot_w}" y="{y - 4:.1f}" text-anchor="end">median {median:.2f} ms</text>')  # fmt: skip
+    step_every = max(1, math.ceil(n / 20))
+    for i in range(0, n, step_every):
+        out.append(f'<text x="{left + (i + 0.5) * slot:.1f}" y="{plot_h + 28}" text-anchor="middle">{i}</text>')
+    out.append(f'<text x="{left + plot_w / 2}" y="{plot_h + 46}" text-anchor="middle" class="axis">step</text>')
+    if len(series) > 1:
+        out += [f'<rect x="{90 + k * 120}" y="{height + 4}" width="12" height="12" fill="{_EXTRA[k % len(_EXTRA)]}"/>'
+                f'<text x="{107 + k * 120}" y="{height + 15}">{escape(name)}</text>' for k, (name, _) in enumerate(series)]  # fmt: skip
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _y_axis(top: float, left: float, plot_w: float, plot_h: float, y0: float, fmt: Callable[[float], str]) -> list[str]:
+    out = []
+    for tick in nice_ticks(top):
+        y = y0 + plot_h - tick / top * plot_h
+        out.append(f'<line class="grid" x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}"/>'
+                   f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(fmt(tick))}</text>')  # fmt: skip
+    return out
+
+
+def line_curve(points: Sequence[tuple[float, float]], *, peak: tuple[float, float] | None,
+               y_fmt: Callable[[float], str], x_label: str, label: str = "curve") -> str:  # fmt: skip
+    """A filled line over time (x ascending) with the peak marked."""
+    xs = [p[0] for p in points]
+    x0, x1 = min(xs), max(xs)
+    top = max(p[1] for p in points) * 1.1 or 1.0
+    left, height = 90, 280
+    plot_w, plot_h = WIDTH - left - 20, height - 60
+
+    def px(x: float) -> float:
+        return left + (x - x0) / ((x1 - x0) or 1) * plot_w
+
+    def py(y: float) -> float:
+        return 10 + plot_h - y / top * plot_h
+
+    out = [_open(height, label)]
+    out += _y_axis(top, left, plot_w, plot_h, 10, y_fmt)
+    line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
+    area = f"{px(x0):.1f},{py(0):.1f} {line} {px(x1):.1f},{py(0):.1f}"
+    out.append(f'<polygon class="area" points="{area}"/><polyline class="line" points="{line}"/>')
+    if peak is not None:
+        cx, cy = px(min(max(peak[0], x0), x1)), py(peak[1])
+        tip = f"peak {y_fmt(peak[1])} at {peak[0]:.1f} ms"
+        out.append(f'<circle class="peak" cx="{cx:.1f}" cy="{cy:.1f}" r="5"{_tip(tip)}><title>{escape(tip)}</title></circle>'
+                   f'<text x="{min(cx + 8, left + plot_w - 150):.1f}" y="{max(cy - 8, 12):.1f}" class="peaklabel">'
+                   f"{escape(tip)}</text>")  # fmt: skip
+    ticks = nice_ticks(x1 - x0 or 1, 8)
+    spacing = ticks[1] - ticks[0] if len(ticks) > 1 else 1.0
+    tick = math.ceil(x0 / spacing) * spacing
+    while tick <= x1:
+        out.append(f'<text x="{px(tick):.1f}" y="{plot_h + 28}" text-anchor="middle">{tick:g}</text>')
+        tick += spacing
+    out.append(f'<text x="{left + plot_w / 2}" y="{plot_h + 46}" text-anchor="middle" class="axis">{escape(x_label)}</text>')
+    out.append("</svg>")
+    return "".join(out)

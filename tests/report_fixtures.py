@@ -1,0 +1,137 @@
+"""Test data for the report renderers: a hand-filled Report with every section present, a
+tiny Kineto trace written on the spot, and a headless-Chromium runner.
+
+The hand-filled Report exercises every field the renderers draw (the analyses fill them on
+real traces too; see the corpus tests). Strings from "the trace" carry markup, so any
+escaping slip shows up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+from skalpel.report.model import (
+    CaptureInfo, Finding, GpuSummary, KernelRow, MemorySummary, OpRow, RankReport, Report, Source, StepStats,
+)  # fmt: skip
+
+EVIL = "<img src=x onerror=alert(1)>"
+EVIL_TITLE = "<img src=x onerror=\"document.title='pwned'\">"
+EVIL_SCRIPT = "</script><script>document.title='pwned'</script><!--"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _rank(rank: int, *, slow: float = 1.0, ops: int = 60, curve: int = 3000) -> RankReport:
+    points = tuple((i * 0.5, int(2**30 + 2**28 * math.sin(i / 50) + i * 2**18)) for i in range(curve))
+    peak = max(points, key=lambda p: p[1]) if points else (0.0, 0)
+    names = [EVIL, EVIL_TITLE, EVIL_SCRIPT]
+    return RankReport(
+        rank=rank,
+        step_ms=tuple(100 * slow + 5 * math.sin(i) for i in range(12)),
+        step_breakdown_pct={"kernel": 55.5, "memcpy": 1.1, "memset": 0.1, "communication": 0.0, "runtime": 1.6,
+                            "dataloader": 33.4, "cpu_exec": 7.7, "other": 0.6},  # fmt: skip
+        gpu=GpuSummary(44.5, 50.0, 5.5, 12.0 if rank else None, {"host_wait": 80.0, "kernel_wait": 15.0, "other": 5.0}),
+        memory=MemorySummary(peak[1], 1.5 * 2**20, f"cuda:{rank}", peak[0], points),
+        top_ops=tuple(OpRow(names[i] if i < 3 else f"aten::op{i}", 10 * i + 1, 1.5 * i, 3.0 * i, 2.0 * (ops - i), "[[32, 3]]")
+                      for i in range(ops)),  # fmt: skip
+        top_kernels=tuple(KernelRow(names[i % 3] if i < 3 else f"volta_sgemm_{i}", "COMP", 5 + i, 10.0 - i * 0.1, 12.5, 3.3)
+                          for i in range(30)),  # fmt: skip
+        data_wait_ms_per_step=59.3,
+        extra={"launch": {"median_delay_us": 12.3, "tiny_kernels": 1200},
+               "syncs": {"count": 3, "events": [{"name": EVIL, "ms": 1.2, "location": "train.py:42"}]}},  # fmt: skip
+    )
+
+
+def full_report(*, ranks: int = 2, ops: int = 60, curve: int = 3000, findings: bool = True) -> Report:
+    found = (
+        Finding("gpu_idle", "warning", "GPU idle 44% of the step", {"idle_pct": 44.5}, ("train.py:50 in step",), "overlap"),
+        Finding("dataloader_bound", "critical", f"Waiting for data: 33.4% of each step {EVIL}",
+                {"dataloader_pct": 33.4, "ms_per_step": 59.3, "name": EVIL_SCRIPT}, ("train.py:42 in train_step", EVIL_TITLE),
+                f"DataLoader(num_workers=4, pin_memory=True) {EVIL}"),
+        Finding("no_warmup", "info", "No warm-up before recording", {}, (), "add warm-up steps"),
+    )  # fmt: skip
+    return Report(
+        source=Source((f"/tmp/{EVIL}.json",), "2.13.0", "Tesla V100", ranks),
+        steps=StepStats(12 * ranks, 100.0, 104.0, 0.03),
+        ranks=tuple(_rank(r, slow=1 + r / 10, ops=ops, curve=curve) for r in range(ranks)),
+        findings=found if findings else (),
+        capture=CaptureInfo(5, 10, 3.2, 1.8, 2, "train.py", 0, 95.0, 98.0, (99.0, 101.0)),
+        warnings=(f"a warning {EVIL}",),
+    )
+
+
+def flame_tree(depth: int = 5, fan: int = 3, name: str = "root") -> dict:
+    if depth == 0:
+        return {"name": name, "value": 1.0, "children": []}
+    kids = [flame_tree(depth - 1, fan, f"train.py({10 + i}): fn{i}") for i in range(fan)]
+    kids.append({"name": EVIL_TITLE, "value": 0.5, "children": []})
+    return {"name": name, "value": sum(k["value"] for k in kids) + 0.2, "children": kids, "unit": "ms"}
+
+
+def tiny_kineto(path: Path, op_name: str = EVIL) -> Path:
+    """A two-step CPU trace in the Kineto JSON format whose main op is named ``op_name``."""
+    events = []
+    for step, start in ((1, 1000), (2, 2000)):
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": start, "dur": 1000, "args": {}},
+            {"ph": "X", "cat": "python_function", "name": f"train.py(42): {op_name}", "pid": 1, "tid": 1, "ts": start + 50, "dur": 900, "args": {}},
+            {"ph": "X", "cat": "cpu_op", "name": op_name, "pid": 1, "tid": 1, "ts": start + 100, "dur": 300, "args": {"Input Dims": [[2, 2]]}},
+            {"ph": "X", "cat": "cpu_op", "name": EVIL_TITLE, "pid": 1, "tid": 1, "ts": start + 500, "dur": 200, "args": {}},
+        ]  # fmt: skip
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+def chromium(page: Path, *args: str, tmp: Path) -> subprocess.CompletedProcess:
+    """Run headless Chromium on ``page`` (a file on disk) with console messages logged to stderr."""
+    assert CHROMIUM is not None
+    command = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp / 'chromium-profile'}", "--enable-logging=stderr", "--v=0", *args, page.resolve().as_uri(),
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def console_messages(stderr: str) -> list[str]:
+    """Console output of the page (errors, CSP violations, logs): our page writes none."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+class DomSummary(HTMLParser):
+    """Counts what the tests look at in a dumped DOM: SVG charts and their shapes, tags, title."""
+
+    SHAPES = {"rect", "polyline", "polygon", "circle", "line", "path"}
+
+    def __init__(self, markup: str) -> None:
+        super().__init__()
+        self.svgs: list[dict] = []  # {"id", "class", "shapes"}
+        self.tags: dict[str, int] = {}
+        self.title = ""
+        self._in_title = False
+        self._open_svg: list[dict] = []
+        self.text: list[str] = []
+        self.feed(markup)
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+        attributes = dict(attrs)
+        if tag == "svg":
+            self._open_svg.append({"id": attributes.get("id"), "class": attributes.get("class", ""), "shapes": 0})
+        elif tag in self.SHAPES and self._open_svg:
+            self._open_svg[-1]["shapes"] += 1
+        self._in_title = tag == "title" and not self._open_svg
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "svg" and self._open_svg:
+            self.svgs.append(self._open_svg.pop())
+        self._in_title = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title += data
+        self.text.append(data)

@@ -1,0 +1,206 @@
+"""The self-contained HTML report: content, escaping, size bounds, and a real headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from skalpel.api import analyze
+from skalpel.cli import main
+from skalpel.report import html
+from skalpel.report.model import RankReport, Report, Source, StepStats
+from tests.conftest import corpus
+from tests.report_fixtures import (
+    CHROMIUM, EVIL, EVIL_SCRIPT, EVIL_TITLE, DomSummary, chromium, console_messages, flame_tree, full_report, tiny_kineto,
+)  # fmt: skip
+
+RESNET_NW0 = "kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+SECTIONS = ("Verdict", "Step time per step", "Step time breakdown", "GPU time and idle breakdown", "Top ops and kernels",
+            "Memory", "Flame graph", "Per-rank comparison", "More analyses", "Capture facts", "Notes on the trace")  # fmt: skip
+
+
+def _keep(path: Path, name: str) -> None:
+    """Copy a screenshot to $SKALPEL_SCREENSHOTS (when set) so a person can look at it."""
+    target = os.environ.get("SKALPEL_SCREENSHOTS")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(target) / name)
+
+
+def test_full_report_has_every_section_in_order_verdict_first() -> None:
+    page = html.render(full_report(), flame=flame_tree())
+    headings = re.findall(r"<h2>([^<]+)</h2>", page)
+    assert headings[: len(SECTIONS)] == list(SECTIONS)
+    verdict = page.index("<h2>Verdict</h2>")
+    # most severe first: the critical finding precedes the warning and the info
+    assert verdict < page.index("dataloader_bound") < page.index("[gpu_idle]") < page.index("[no_warmup]")
+    assert "not available" not in page
+
+
+def test_trace_strings_are_escaped_everywhere() -> None:
+    page = html.render(full_report(), flame=flame_tree())
+    assert "<img" not in page
+    assert "onerror=alert(1)&gt;" in page  # shown as text
+    # only our two script elements: the code and the JSON data of the flame graph
+    assert page.count("<script") == 2
+    assert page.count("</script>") == 2
+    assert "<!--" not in page
+
+
+def test_script_json_cannot_close_the_script_element() -> None:
+    text = html.script_json({"name": EVIL_SCRIPT + "&\u2028"})
+    assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
+    import json
+
+    assert json.loads(text)["name"] == EVIL_SCRIPT + "&\u2028"
+
+
+def test_csp_allows_only_the_pages_own_script() -> None:
+    page = html.render(full_report(), flame=flame_tree())
+    script = re.search(r"<script>(.*?)</script>", page, re.S).group(1)
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    assert f"script-src 'sha256-{digest}'" in page
+    assert "default-src 'none'" in page
+    assert not re.search(r"(src|href)=\"(https?:)?//", page)  # nothing fetched at view time
+
+
+def test_empty_report_says_what_is_missing() -> None:
+    report = Report(Source(("t.json",), None, "cpu", 1), StepStats(1, 5.0, 5.0, 0.0, marked=False),
+                    (RankReport(0, (5.0,), {}),))  # fmt: skip
+    page = html.render(report)
+    for why in ("the step-time breakdown was not computed", "CPU-only trace", "the op table was not computed",
+                "the trace has no memory events", "the trace has no Python call stacks", "the trace was loaded from disk"):  # fmt: skip
+        assert f"not available: {why}" in page, why
+    assert "No bottleneck found" in page and "1 steps, median 5.00 ms" in page
+    assert "Per-rank comparison" not in page
+
+
+@pytest.mark.slow
+def test_page_stays_small_for_a_huge_report() -> None:
+    report = full_report(ranks=16, ops=2000, curve=100_000)
+    big_flame = flame_tree(depth=7, fan=5)  # ~100k frames
+    page = html.render(report, flame=big_flame)
+    assert len(page.encode()) < 5 * 2**20
+    assert page.count('<td class="name mono">aten::op') <= html.parts.TABLE_ROWS * html.parts.DETAIL_RANKS
+
+
+def test_prune_flame_keeps_the_biggest_frames() -> None:
+    tree = {"name": "all", "value": 100.0, "children": [
+        {"name": "big", "value": 90.0, "children": []}, {"name": "tiny", "value": 0.001, "children": []}]}  # fmt: skip
+    pruned = html.prune_flame(tree)
+    assert [c["name"] for c in pruned["children"]] == ["big"]
+    big = flame_tree(depth=6, fan=5)
+    assert _count(big) > 10_000
+    pruned = html.prune_flame(big, max_nodes=100)
+    assert _count(pruned) <= 100 and pruned["value"] == big["value"]
+
+
+def _count(node: dict) -> int:
+    return 1 + sum(_count(child) for child in node["children"])
+
+
+@pytest.mark.slow
+def test_analyze_html_on_a_real_trace(tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    assert main(["analyze", str(corpus(RESNET_NW0)), "--html", str(out), "--json", str(tmp_path / "r.json")]) == 0
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and len(page.encode()) < 5 * 2**20
+    assert 'id="flame-data"' in page  # the trace has Python stacks
+    assert "aten::cudnn_convolution" in page
+
+
+@needs_browser
+@pytest.mark.slow
+def test_browser_renders_every_chart_without_console_errors(tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    page.write_text(html.render(full_report(), flame=flame_tree()))
+    dumped = chromium(page, "--dump-dom", tmp=tmp_path)
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    assert console_messages(dumped.stderr) == []
+    dom = DomSummary(dumped.stdout)
+    charts = [svg for svg in dom.svgs if "chart" in svg["class"]]
+    assert len(charts) >= 7  # steps, breakdown, 2 GPU, 2 memory, flame, per-rank
+    assert all(svg["shapes"] > 0 for svg in charts), charts
+    flame = next(svg for svg in charts if svg["id"] == "flame")
+    assert flame["shapes"] > 50  # drawn by the page's script from the embedded tree
+    assert dom.title == "skalpel report"
+    assert "img" not in dom.tags
+    text = "".join(dom.text)
+    assert EVIL in text and EVIL_TITLE in text
+
+    shot = tmp_path / "report.png"
+    taken = chromium(page, f"--screenshot={shot}", "--window-size=1280,2000", tmp=tmp_path)
+    assert taken.returncode == 0 and shot.stat().st_size > 20_000
+    _keep(shot, "full_report.png")
+
+
+@needs_browser
+@pytest.mark.slow
+def test_browser_sorts_tables_and_zooms_the_flame_graph(tmp_path: Path) -> None:
+    # A copy of the page with the CSP removed and a driver script appended that clicks like a user.
+    markup = html.render(full_report(ranks=1), flame=flame_tree())
+    markup = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", markup)
+    driver = """<script>
+      var th = document.querySelectorAll('table.sortable')[0].tHead.rows[0].cells[1];
+      th.click();
+      var first = document.querySelectorAll('table.sortable')[0].tBodies[0].rows[0].cells[1].textContent;
+      th.click();
+      var firstAsc = document.querySelectorAll('table.sortable')[0].tBodies[0].rows[0].cells[1].textContent;
+      var before = document.querySelectorAll('#flame rect').length;
+      var target = document.querySelectorAll('#flame rect')[1];
+      target.dispatchEvent(new MouseEvent('click', {bubbles: true}));
+      var zoomed = document.querySelectorAll('#flame rect')[1].getAttribute('width');
+      document.body.setAttribute('data-result', [first, firstAsc, before, zoomed].join('|'));
+    </script></body>"""
+    page = tmp_path / "driven.html"
+    page.write_text(markup.replace("</body>", driver))
+    dumped = chromium(page, "--dump-dom", tmp=tmp_path)
+    assert console_messages(dumped.stderr) == []
+    first, first_asc, before, zoomed = re.search(r'data-result="([^"]*)"', dumped.stdout).group(1).split("|")
+    assert (int(first), int(first_asc)) == (491, 1)  # calls column (50 rows shown): descending, then ascending
+    assert int(before) > 50
+    assert float(zoomed) == pytest.approx(1060, abs=1)  # the clicked frame now fills the width
+
+
+@needs_browser
+@pytest.mark.slow
+def test_browser_shows_a_malicious_op_name_as_text(tmp_path: Path) -> None:
+    trace = tiny_kineto(tmp_path / "evil.json")
+    page = tmp_path / "evil.html"
+    assert main(["analyze", str(trace), "--html", str(page)]) == 0
+    report = analyze(trace)
+    assert EVIL in {row.name for row in report.ranks[0].top_ops}  # the op really reaches the tables
+    dumped = chromium(page, "--dump-dom", tmp=tmp_path)
+    assert console_messages(dumped.stderr) == []  # a running handler or a blocked one would log here
+    dom = DomSummary(dumped.stdout)
+    assert dom.title == "skalpel report"  # EVIL_TITLE's handler did not run
+    assert "img" not in dom.tags
+    text = "".join(dom.text)
+    assert EVIL in text and EVIL_TITLE in text
+
+
+@needs_browser
+@pytest.mark.slow
+def test_browser_opens_a_real_trace_report_verdict_first(tmp_path: Path) -> None:
+    page = tmp_path / "resnet.html"
+    assert main(["analyze", str(corpus(RESNET_NW0)), "--html", str(page), "--json", str(tmp_path / "r.json")]) == 0
+    dumped = chromium(page, "--dump-dom", tmp=tmp_path)
+    assert console_messages(dumped.stderr) == []
+    dom = DomSummary(dumped.stdout)
+    assert all(svg["shapes"] > 0 for svg in dom.svgs if "chart" in svg["class"])
+    assert re.findall(r"<h2>([^<]+)</h2>", dumped.stdout)[0] == "Verdict"
+    report = Report.from_json((tmp_path / "r.json").read_bytes())
+    assert "dataloader_bound" in {f.id for f in report.findings}
+    verdict = dumped.stdout[dumped.stdout.index("<h2>Verdict</h2>"):dumped.stdout.index("<h2>Step time per step")]
+    assert verdict.index("[dataloader_bound]") == min(verdict.index(f"[{f.id}]") for f in report.findings)
+    shot = tmp_path / "resnet.png"
+    chromium(page, f"--screenshot={shot}", "--window-size=1280,2400", tmp=tmp_path)
+    assert shot.stat().st_size > 20_000
+    _keep(shot, "resnet_nw0.png")
