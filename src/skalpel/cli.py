@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"skalpel {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_analyze(commands)
+    _add_diff(commands)
     _add_run(commands)
     _add_demo(commands)
     return parser
