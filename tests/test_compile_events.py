@@ -36,6 +36,7 @@ def test_region_id_shows_an_earlier_recompilation():
     assert result.frames == 1 and result.recompiles == 1
 
 
+@pytest.mark.slow
 def test_triton_heavy_trace():
     trace, result = _compile("extra/AMD-AGI__TraceLens/tests/traces/inference/xdit_sd_3.5/profile_trace_rank_0.json.gz")
     assert result.regions == 4 and result.compile_ids == ("0/0",)

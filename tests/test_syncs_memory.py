@@ -82,6 +82,7 @@ def test_cpu_only_trace_has_no_syncs_and_no_memory():
     assert memory(trace, steps) is None
 
 
+@pytest.mark.slow
 def test_memory_curve_with_total_allocated():
     trace, steps = _analyse("hta/df_index_resolver/df_index_resolver.json.gz")
     result = memory(trace, steps)

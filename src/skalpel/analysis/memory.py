@@ -67,13 +67,17 @@ def memory(trace: Trace, steps: StepSegmentation, *, options: MemoryOptions = Me
     events = trace.memory
     if len(events) == 0:
         return None
-    keys = np.stack([events.rank.astype(np.int64), events.device_type.astype(np.int64), events.device_id.astype(np.int64)], axis=1)
-    unique_keys = np.unique(keys, axis=0)
+    # one int64 key per (rank, device type, device id); rows sorted by key, then time
+    key = events.rank.astype(np.int64) << 32
+    key |= (events.device_type.astype(np.int64) & 0xFF) << 16
+    key |= events.device_id.astype(np.int64) & 0xFFFF
+    order = np.lexsort((events.ts, key))
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
     devices = []
-    for rank, device_type, device_id in unique_keys:
-        rows = np.flatnonzero((keys == (rank, device_type, device_id)).all(axis=1))
-        rows = rows[np.argsort(events.ts[rows], kind="stable")]
-        devices.append(_device_memory(trace, int(rank), int(device_type), int(device_id), rows, steps, options))
+    for rows in np.split(order, bounds):
+        first = rows[0]
+        device = int(events.device_id[first])
+        devices.append(_device_memory(trace, int(events.rank[first]), int(events.device_type[first]), device, rows, steps, options))
     return MemoryResult(devices=tuple(devices), options=options)
 
 
