@@ -5,34 +5,39 @@ Accepts ``.json`` and ``.json.gz`` files and folders of them (what
 torch 1.8 to today loads: old and new category names, string or integer pids and
 tids, nanosecond-era fractional timestamps, flows named ``ac2g`` or ``async``,
 CUDA, ROCm, MTIA and CPU-only traces.
+
+A complete document is cut into batches by ``fastsplit`` (checked by parsing) and
+each batch is decoded by ``events`` and turned into columns by ``columns``; a cut-off
+or damaged document goes through the exact scanner of ``jsonscan`` instead, which
+recovers every whole event. Only one batch of decoded events is alive at a time.
 """
 
 from __future__ import annotations
 
 import ast
-import gzip
 import re
-import zlib
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
-import orjson
 
 from ..errors import TraceError
-from .jsonscan import NotATraceError, iter_event_batches, split_document
-from .kinds import DEVICE_KINDS, Kind, classify
+from .columns import ColumnBuilder
+from .events import BatchSyntaxError, decode_events
+from .fastsplit import Layout, guess_layout, next_cut
+from .jsonscan import NotATraceError, iter_batch_ranges, split_document
 from .model import MemoryEvents, RankInfo, Trace
+from .source import describe_foreign, read_source
 
 ProgressCallback = Callable[[int, int], None]
-"""Called with (bytes done, bytes total) while loading."""
+"""Called with (work done, total work) while loading, in bytes of the files on disk, over all files."""
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 _SKALPEL_OUTPUTS = ("report.json", "flamegraph.speedscope.json", "summary.json")
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
-_KEPT_ARG_KINDS = frozenset({Kind.COMM_OP, Kind.COMM_KERNEL, Kind.DEVICE_SYNC, Kind.MEMCPY})
+_GUNZIP_SHARE = 0.3  # of a .gz file's progress: decompressing; the rest is parsing
+_CUT_RETRIES = 4
 
 
 def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -64,26 +69,32 @@ def load(paths: str | Path | Iterable[str | Path], *, on_progress: ProgressCallb
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files = find_trace_files(paths)
-    parsed = [_parse_file(path, on_progress) for path in files]
+    progress = _Progress(files, on_progress)
+    parsed = [_parse_file(path, progress.of_file(index)) for index, path in enumerate(files)]
     parsed = _drop_duplicate_ranks(parsed)
     return _assemble(parsed)
 
 
-def read_bytes(path: Path) -> tuple[bytes, bool]:
-    """The file's bytes, gunzipped when needed; the flag is True when a gzip stream was cut short."""
-    raw = path.read_bytes()
-    if raw[:2] != b"\x1f\x8b":
-        return raw, False
+class _Progress:
+    """Maps each file's progress (a fraction) onto bytes on disk over all files."""
+
+    def __init__(self, files: list[Path], callback: ProgressCallback | None) -> None:
+        self.callback = callback
+        self.sizes = [_size_on_disk(path) for path in files]
+        self.total = max(sum(self.sizes), 1)
+
+    def of_file(self, index: int) -> Callable[[float], None]:
+        base, size, callback, total = sum(self.sizes[:index]), self.sizes[index], self.callback, self.total
+        if callback is None:
+            return lambda fraction: None
+        return lambda fraction: callback(base + int(size * min(max(fraction, 0.0), 1.0)), total)
+
+
+def _size_on_disk(path: Path) -> int:
     try:
-        return gzip.decompress(raw), False
-    except (EOFError, gzip.BadGzipFile, zlib.error):
-        # A truncated stream: keep whatever decompresses.
-        decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16)
-        try:
-            data = decompressor.decompress(raw)
-        except zlib.error as error:
-            raise TraceError(f"{path}: corrupt gzip data ({error})") from None
-        return data, True
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 @dataclass
@@ -91,200 +102,132 @@ class _FileColumns:
     path: Path
     info: RankInfo
     names: list[str]
-    columns: dict[str, array]
-    memory: dict[str, array]
+    columns: dict[str, np.ndarray]
+    memory: dict[str, np.ndarray]
     extra: dict[int, dict]
     warnings: list[str]
 
 
-def _parse_file(path: Path, on_progress: ProgressCallback | None) -> _FileColumns:
-    data, gzip_truncated = read_bytes(path)
-    try:
-        document = split_document(data)
-    except NotATraceError as error:
-        raise TraceError(f"{path}: {error}") from None
-    header = document.header
-    builder = _ColumnBuilder()
-    for batch in iter_event_batches(data, document.event_spans):
-        builder.add_events(batch)
-        if on_progress is not None:
-            on_progress(len(batch), len(document.event_spans))
-    builder.resolve_flow_correlations()
-    warnings = list(builder.warnings)
-    truncated = document.truncated or gzip_truncated
-    if truncated:
-        kept = len(document.event_spans)
-        share = 100.0 * document.recovered_bytes / max(document.total_bytes, 1)
-        warnings.append(
-            f"{path.name}: the file is cut off (a killed process?); recovered {kept:,} events "
-            f"from the first {share:.0f}% of it"
+@dataclass
+class _Outcome:
+    header: dict
+    truncated: bool = False
+    recovered_bytes: int = 0
+    repaired: int = 0  # batches or events whose invalid UTF-8 bytes were replaced
+
+
+def _parse_file(path: Path, report: Callable[[float], None]) -> _FileColumns:
+    share = _GUNZIP_SHARE if path.name.endswith(".gz") else 0.0
+    data, gzip_truncated = read_source(path, lambda fraction: report(share * fraction))
+    foreign = describe_foreign(data)
+    if foreign is not None:
+        raise TraceError(f"{path}: {foreign}")
+    builder = ColumnBuilder()
+    outcome = _read_events(data, builder, path, lambda fraction: report(share + (1 - share) * fraction))
+    truncated = outcome.truncated or gzip_truncated
+    warnings = _warnings(path, builder, outcome, truncated, len(data))
+    if builder.count == 0 and builder.seen and not builder.phased:
+        raise TraceError(
+            f"{path}: JSON of another shape: its {builder.seen:,} objects have no 'ph' field, so they are not trace events"
         )
     if builder.count == 0 and not truncated:
         raise TraceError(f"{path}: the trace holds no events")
     if builder.count == 0:
         raise TraceError(f"{path}: the file is cut off before its first complete event")
     del data
-    info = _rank_info(path, header, truncated, builder.count)
-    return _FileColumns(path, info, builder.names, builder.columns, builder.memory, builder.extra, warnings)
+    columns, memory = builder.finish()
+    info = _rank_info(path, outcome.header, truncated, builder.count)
+    return _FileColumns(path, info, builder.names, columns, memory, builder.extra, warnings)
 
 
-class _ColumnBuilder:
-    """Accumulates one file's events into typed arrays, interning names as it goes."""
+def _warnings(path: Path, builder: ColumnBuilder, outcome: _Outcome, truncated: bool, size: int) -> list[str]:
+    warnings = []
+    if builder.skipped:
+        warnings.append(f"{path.name}: skipped {builder.skipped:,} malformed events (missing fields or negative durations)")
+    if outcome.repaired:
+        warnings.append(f"{path.name}: some strings held bytes that are not UTF-8; they were replaced with U+FFFD")
+    if truncated:
+        share = 100.0 * (outcome.recovered_bytes or size) / max(size, 1)
+        warnings.append(
+            f"{path.name}: the file is cut off (a killed process?); recovered {builder.count:,} events "
+            f"from the first {share:.0f}% of it"
+        )
+    return warnings
 
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self._ids: dict[str, int] = {}
-        self.columns = {
-            "ts": array("d"), "dur": array("d"), "kind": array("b"), "name": array("i"),
-            "pid": array("q"), "tid": array("q"), "device": array("i"), "stream": array("q"),
-            "correlation": array("q"), "external_id": array("q"), "stack": array("i"),
-            "shapes": array("i"), "nbytes": array("q"),
-        }  # fmt: skip
-        self.memory = {
-            "ts": array("d"), "nbytes": array("q"), "total_allocated": array("q"),
-            "total_reserved": array("q"), "device_type": array("b"), "device_id": array("h"),
-            "tid": array("q"),
-        }  # fmt: skip
-        self.extra: dict[int, dict] = {}
-        self.warnings: list[str] = []
-        self._flow_ends: dict[tuple[int, int, float], int] = {}
-        self._uncorrelated_device: list[int] = []
-        self._skipped = 0
 
-    @property
-    def count(self) -> int:
-        return len(self.columns["ts"])
+def _read_events(data: bytes | bytearray, builder: ColumnBuilder, path: Path, report: Callable[[float], None]) -> _Outcome:
+    """Fast path for complete documents; the exact scanner for the rest (or from where a batch failed)."""
+    layout = guess_layout(data)
+    resume_at = 0
+    if layout is not None:
+        outcome = _Outcome(layout.header, recovered_bytes=len(data))
+        resume_at = _read_guessed(data, layout, builder, outcome, report)
+        if resume_at is None:
+            return outcome
+    try:
+        document = split_document(data)
+    except NotATraceError as error:
+        raise TraceError(f"{path}: {error}") from None
+    outcome = _Outcome(document.header, document.truncated, document.recovered_bytes)
+    spans = document.event_spans
+    if resume_at:
+        spans = spans[spans[:, 0] >= resume_at]
+    for first, last in iter_batch_ranges(spans):
+        start, end = int(spans[first, 0]), int(spans[last - 1, 1])
+        if not _decode_into(builder, data, start, end, outcome):
+            for one_start, one_end in spans[first:last].tolist():
+                if not _decode_into(builder, data, one_start, one_end, outcome):
+                    builder.skipped += 1
+        report(end / max(len(data), 1))
+    return outcome
 
-    def intern(self, text: str) -> int:
-        index = self._ids.get(text)
-        if index is None:
-            index = self._ids[text] = len(self.names)
-            self.names.append(text)
-        return index
 
-    def add_events(self, events: list) -> None:
-        for event in events:
-            if not isinstance(event, dict):
-                self._skipped += 1
-                continue
-            phase = event.get("ph")
-            if phase == "X":
-                self._add_range(event)
-            elif phase in ("i", "I"):
-                self._add_instant(event)
-            elif phase == "f" and event.get("cat") in ("ac2g", "async"):
-                self._add_flow_end(event)
-            # metadata (M), flow starts, counters and other phases carry nothing we analyse
-
-    def _add_range(self, event: dict) -> None:
-        columns = self.columns
-        name = event.get("name")
-        ts, dur = event.get("ts"), event.get("dur", 0)
-        if not isinstance(name, str) or not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
-            self._skipped += 1
-            return
-        if dur < 0:
-            self._skipped += 1
-            return
-        category = event.get("cat")
-        if category == "Trace":
-            return  # the profiler's own span markers
-        kind = classify(category, name, "X")
-        args = event.get("args")
-        if not isinstance(args, dict):
-            args = {}
-        index = self.count
-        columns["ts"].append(ts)
-        columns["dur"].append(dur)
-        columns["kind"].append(kind)
-        columns["name"].append(self.intern(name))
-        pid, tid = _as_int(event.get("pid"), self), _as_int(event.get("tid"), self)
-        columns["pid"].append(pid)
-        columns["tid"].append(tid)
-        correlation = _int_arg(args, "correlation")
-        external = _int_arg(args, "External id") or _int_arg(args, "external id")
-        if kind in DEVICE_KINDS or kind is Kind.DEVICE_SYNC or kind is Kind.GPU_ANNOTATION:
-            columns["device"].append(_int_arg(args, "device", pid))
-            columns["stream"].append(_int_arg(args, "stream", tid))
-            if correlation == 0 and kind in DEVICE_KINDS:
-                self._uncorrelated_device.append(index)
+def _read_guessed(data, layout: Layout, builder: ColumnBuilder, outcome: _Outcome, report) -> int | None:
+    """Decode the batches ``fastsplit`` guesses; the offset to go on from exactly when one fails, else None."""
+    start = layout.start
+    while start < layout.stop:
+        end, next_start = next_cut(data, start, layout.stop)
+        for _ in range(_CUT_RETRIES):
+            if _decode_into(builder, data, start, end, outcome):
+                break
+            if end >= layout.stop:
+                return start
+            end, next_start = next_cut(data, end, layout.stop, at_least=1)  # a cut inside an event: go further
         else:
-            columns["device"].append(-1)
-            columns["stream"].append(-1)
-        columns["correlation"].append(correlation)
-        columns["external_id"].append(external)
-        stack = args.get("Call stack")
-        columns["stack"].append(self.intern(stack) if isinstance(stack, str) and stack else -1)
-        dims = args.get("Input Dims")
-        columns["shapes"].append(self.intern(orjson.dumps(dims).decode()) if dims else -1)
-        moved = args.get("bytes", 0) if kind in (Kind.MEMCPY, Kind.MEMSET) else 0
-        columns["nbytes"].append(moved if isinstance(moved, int) else 0)
-        if kind in _KEPT_ARG_KINDS:
-            self.extra[index] = {key: value for key, value in args.items() if key != "Call stack"}
-
-    def _add_instant(self, event: dict) -> None:
-        if event.get("name") != "[memory]":
-            return
-        args = event.get("args")
-        ts = event.get("ts")
-        if not isinstance(args, dict) or not isinstance(ts, (int, float)):
-            self._skipped += 1
-            return
-        memory = self.memory
-        memory["ts"].append(ts)
-        memory["nbytes"].append(_int_arg(args, "Bytes"))
-        memory["total_allocated"].append(_int_arg(args, "Total Allocated", -1))
-        memory["total_reserved"].append(_int_arg(args, "Total Reserved", -1))
-        memory["device_type"].append(max(-128, min(127, _int_arg(args, "Device Type"))))
-        memory["device_id"].append(max(-32768, min(32767, _int_arg(args, "Device Id", -1))))
-        memory["tid"].append(_as_int(event.get("tid"), self))
-
-    def _add_flow_end(self, event: dict) -> None:
-        flow_id, ts = event.get("id"), event.get("ts")
-        if isinstance(flow_id, int) and isinstance(ts, (int, float)):
-            key = (_as_int(event.get("pid"), self), _as_int(event.get("tid"), self), float(ts))
-            self._flow_ends[key] = flow_id
-
-    def resolve_flow_correlations(self) -> None:
-        """Give device events without a 'correlation' arg the id of the flow that ends on them."""
-        columns = self.columns
-        for index in self._uncorrelated_device:
-            key = (columns["pid"][index], columns["tid"][index], columns["ts"][index])
-            flow_id = self._flow_ends.get(key)
-            if flow_id is not None:
-                columns["correlation"][index] = flow_id
-        if self._skipped:
-            self.warnings.append(f"skipped {self._skipped:,} malformed events (missing fields or negative durations)")
+            return start
+        report(end / max(len(data), 1))
+        start = next_start
+    return None
 
 
-def _int_arg(args: dict, key: str, default: int = 0) -> int:
-    value = args.get(key, default)
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value == value:
-        return int(value)
-    if isinstance(value, str):
+def _decode_into(builder: ColumnBuilder, data, start: int, end: int, outcome: _Outcome) -> bool:
+    """Decode data[start:end] (a run of events) into the builder; False when it is not valid JSON."""
+    buffer = bytearray(b"[")
+    buffer += memoryview(data)[start:end]
+    buffer += b"]"
+    try:
+        events, not_events = decode_events(buffer)
+    except BatchSyntaxError:
+        repaired = _repair_utf8(buffer)
+        if repaired is None:
+            return False
         try:
-            return int(value, 0)
-        except ValueError:
-            return default
-    return default
+            events, not_events = decode_events(repaired)
+        except BatchSyntaxError:
+            return False
+        outcome.repaired += 1
+    builder.skipped += not_events
+    builder.add(events)
+    return True
 
 
-def _as_int(value: object, builder: _ColumnBuilder) -> int:
-    """Pids and tids are integers, numeric strings, or labels such as 'stream 7' or 'Spans'."""
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        if value.isdigit():
-            return int(value)
-        tail = value.rsplit(" ", 1)[-1]
-        if tail.isdigit():
-            return int(tail)
-        return -1 - builder.intern(value)
-    return 0
+def _repair_utf8(buffer: bytearray) -> bytes | None:
+    """The buffer with invalid UTF-8 replaced by U+FFFD, or None when it was valid UTF-8."""
+    try:
+        buffer.decode("utf-8")
+    except UnicodeDecodeError:
+        return buffer.decode("utf-8", "replace").encode("utf-8")
+    return None
 
 
 def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInfo:
@@ -318,7 +261,9 @@ def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInf
         device_names=tuple(str(d.get("name", "")) for d in devices),
         device_properties=devices,
         versions=versions,
-        job=str(header.get("trace_id") or header.get("skalpel_run") or "") or None,
+        # Kineto's trace_id is drawn per process (every rank of one job has its own), so it
+        # cannot tell runs apart; skalpel's capture writes one run id shared by all ranks.
+        job=str(header.get("skalpel_run") or "") or None,
         truncated=truncated,
         event_count=count,
     )
@@ -375,43 +320,34 @@ def _assemble(parsed: list[_FileColumns]) -> Trace:
     offset = 0
     for item in parsed:
         remap = np.array([_intern(text, names, ids) for text in item.names], dtype=np.int32)
-        for key, values in item.columns.items():
-            column = np.frombuffer(values, dtype=values.typecode) if len(values) else np.zeros(0, values.typecode)
-            if key in ("name", "stack", "shapes"):
-                column = np.where(column >= 0, remap[np.maximum(column, 0)] if len(remap) else column, -1)
+        for key, column in item.columns.items():
+            if key in ("name", "stack", "shapes") and len(remap):
+                column = np.where(column >= 0, remap[np.maximum(column, 0)], -1).astype(np.int32)
             pieces[key].append(column)
-        for key, values in item.memory.items():
-            memory_pieces[key].append(np.frombuffer(values, dtype=values.typecode) if len(values) else np.zeros(0, values.typecode))
+        for key, column in item.memory.items():
+            memory_pieces[key].append(column)
         memory_ranks.append(np.full(len(item.memory["ts"]), item.info.rank, dtype=np.int32))
         ranks.append(np.full(len(item.columns["ts"]), item.info.rank, dtype=np.int32))
         extra.update({index + offset: args for index, args in item.extra.items()})
         warnings.extend(item.warnings)
         offset += len(item.columns["ts"])
-    columns = {key: np.concatenate(values) for key, values in pieces.items()}
-    memory_columns = {key: np.concatenate(values) for key, values in memory_pieces.items()}
+    columns = {key: _join(values) for key, values in pieces.items()}
+    memory_columns = {key: _join(values) for key, values in memory_pieces.items()}
     origin = float(columns["ts"].min()) if len(columns["ts"]) else 0.0
-    columns["ts"] = columns["ts"] - origin
+    columns["ts"] -= origin
     memory_columns["ts"] = memory_columns["ts"] - origin
     memory = MemoryEvents(rank=np.concatenate(memory_ranks), **memory_columns)
     return Trace(
         names=names,
-        ts=columns["ts"],
-        dur=columns["dur"].astype(np.float64),
-        kind=columns["kind"].astype(np.int8),
-        name=columns["name"].astype(np.int32),
         rank=np.concatenate(ranks),
-        pid=columns["pid"],
-        tid=columns["tid"],
-        device=columns["device"].astype(np.int32),
-        stream=columns["stream"],
-        correlation=columns["correlation"],
-        external_id=columns["external_id"],
-        stack=columns["stack"].astype(np.int32),
-        shapes=columns["shapes"].astype(np.int32),
-        nbytes=columns["nbytes"],
         memory=memory,
         ranks=tuple(item.info for item in parsed),
         origin_us=origin,
         extra=extra,
         warnings=warnings,
+        **columns,
     )
+
+
+def _join(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)

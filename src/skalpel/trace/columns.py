@@ -1,0 +1,246 @@
+"""Turn batches of decoded events into numpy columns, a whole batch at a time.
+
+Each field becomes a column with one list comprehension and one numpy conversion;
+per-event Python work is limited to dict look-ups (interned names, a cache of the
+kind of each (category, name) pair). Irregular values (string pids, numeric
+strings, nulls) take a slower per-value path only in the batches that have them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+
+from .events import MISSING, Event, decode_args, decode_memory_args, full_args
+from .kinds import DEVICE_KINDS, Kind, classify
+
+_KEPT_ARG_KINDS = np.array([Kind.COMM_OP, Kind.COMM_KERNEL, Kind.DEVICE_SYNC, Kind.MEMCPY], np.int8)
+_DEVICE_KINDS = np.array(sorted(DEVICE_KINDS), np.int8)
+_ON_DEVICE = np.array(sorted(DEVICE_KINDS | {Kind.DEVICE_SYNC, Kind.GPU_ANNOTATION}), np.int8)
+_MOVES_BYTES = np.array([Kind.MEMCPY, Kind.MEMSET], np.int8)
+_FLOW_CATEGORIES = ("ac2g", "async")
+COLUMNS = ("ts", "dur", "kind", "name", "pid", "tid", "device", "stream", "correlation", "external_id",
+           "stack", "shapes", "nbytes")  # fmt: skip
+MEMORY_COLUMNS = ("ts", "nbytes", "total_allocated", "total_reserved", "device_type", "device_id", "tid")
+
+
+class Interner(dict):
+    """str -> id, adding unseen strings to ``names`` (looked up at C speed, filled on a miss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __missing__(self, text: str) -> int:
+        index = self[text] = len(self.names)
+        self.names.append(text)
+        return index
+
+
+class _KindCache(dict):
+    """(category id << 32 | name id) -> Kind value, classifying each pair once."""
+
+    def __init__(self, names: list[str], categories: list) -> None:
+        super().__init__()
+        self.names, self.categories = names, categories
+
+    def __missing__(self, key: int) -> int:
+        kind = self[key] = int(classify(self.categories[key >> 32], self.names[key & 0xFFFFFFFF], "X"))
+        return kind
+
+    def of(self, category_ids: list[int], name_ids: np.ndarray) -> np.ndarray:
+        keys = (np.array(category_ids, np.int64) << 32) | name_ids
+        unique, inverse = np.unique(keys, return_inverse=True)
+        return np.array([self[key] for key in unique.tolist()], np.int8)[inverse]
+
+
+class _ShapeIds(dict):
+    """Raw 'Input Dims' JSON bytes -> id of its compact JSON text in the interner (-1 when empty)."""
+
+    def __init__(self, interner: Interner) -> None:
+        super().__init__()
+        self.interner = interner
+
+    def __missing__(self, raw: bytes) -> int:
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            value = None
+        index = self[raw] = self.interner[orjson.dumps(value).decode()] if value else -1
+        return index
+
+
+class ColumnBuilder:
+    """Accumulates one file's events into numpy columns, interning names as it goes."""
+
+    def __init__(self) -> None:
+        self.interner = Interner()
+        self._categories = Interner()
+        self._kinds = _KindCache(self.interner.names, self._categories.names)
+        self._shapes = _ShapeIds(self.interner)
+        self._parts: dict[str, list[np.ndarray]] = {key: [] for key in COLUMNS}
+        self._memory_parts: dict[str, list[np.ndarray]] = {key: [] for key in MEMORY_COLUMNS}
+        self.extra: dict[int, dict] = {}
+        self.count = 0
+        self.skipped = 0
+        self.seen = 0  # objects decoded from the events array
+        self.phased = False  # whether any of them had a 'ph' (phase), as every trace event does
+        self._flow_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._uncorrelated: list[np.ndarray] = []
+
+    @property
+    def names(self) -> list[str]:
+        return self.interner.names
+
+    def add(self, events: list[Event]) -> None:
+        self.seen += len(events)
+        if not self.phased:
+            self.phased = any(e.ph is not None for e in events)
+        self._add_ranges([e for e in events if e.ph == "X" and e.cat != "Trace"])  # Trace: the profiler's own spans
+        memory = [e for e in events if e.name == "[memory]" and e.ph in ("i", "I")]
+        if memory:
+            self._add_memory(memory)
+        flows = [e for e in events if e.ph == "f" and e.cat in _FLOW_CATEGORIES]
+        if flows:
+            self._add_flow_ends(flows)
+
+    def _add_ranges(self, events: list[Event]) -> None:
+        ts = _floats([e.ts for e in events])
+        dur = _floats([e.dur for e in events])
+        names = [e.name for e in events]
+        valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0)
+        if not valid.all() or None in names:
+            valid &= np.array([name is not None for name in names], bool)
+            self.skipped += len(events) - int(valid.sum())
+            events = [e for e, ok in zip(events, valid.tolist()) if ok]
+            ts, dur, names = ts[valid], dur[valid], [e.name for e in events]
+        if not events:
+            return
+        interner, categories = self.interner, self._categories
+        name = np.fromiter([interner[text] for text in names], np.int32, len(names))
+        kind = self._kinds.of([categories[e.cat] for e in events], name)
+        pid = self._ids([e.pid for e in events])
+        tid = self._ids([e.tid for e in events])
+        args = decode_args([e.args for e in events])
+        correlation = _ints([a.correlation for a in args], 0)
+        external = _ints([a.external for a in args], 0)
+        if not external.all():
+            external = np.where(external != 0, external, _ints([a.external_lower for a in args], 0))
+        on_device = np.isin(kind, _ON_DEVICE)
+        device = _ints([a.device for a in args], MISSING)
+        stream = _ints([a.stream for a in args], MISSING)
+        shapes = self._shapes
+        columns = {
+            "ts": ts, "dur": dur, "kind": kind, "name": name, "pid": pid, "tid": tid,
+            "device": np.where(on_device, np.where(device == MISSING, pid, device), -1),
+            "stream": np.where(on_device, np.where(stream == MISSING, tid, stream), -1),
+            "correlation": correlation, "external_id": external,
+            "stack": np.fromiter([interner[a.stack] if a.stack else -1 for a in args], np.int32, len(args)),
+            "shapes": np.fromiter([shapes[bytes(a.dims)] if a.dims else -1 for a in args], np.int32, len(args)),
+            "nbytes": np.where(np.isin(kind, _MOVES_BYTES), _ints([a.nbytes for a in args], 0), 0),
+        }  # fmt: skip
+        for key, values in columns.items():
+            self._parts[key].append(values)
+        kept = np.flatnonzero(np.isin(kind, _KEPT_ARG_KINDS)).tolist()
+        if kept:
+            whole = full_args([events[index].args for index in kept])
+            self.extra.update(zip([self.count + index for index in kept], whole))
+        uncorrelated = np.flatnonzero(np.isin(kind, _DEVICE_KINDS) & (correlation == 0))
+        if len(uncorrelated):
+            self._uncorrelated.append(uncorrelated + self.count)
+        self.count += len(events)
+
+    def _add_memory(self, events: list[Event]) -> None:
+        events = [e for e in events if e.args and e.ts is not None]
+        if not events:
+            return
+        args = decode_memory_args([e.args for e in events])
+        parts = self._memory_parts
+        parts["ts"].append(_floats([e.ts for e in events]))
+        parts["nbytes"].append(_ints([a.nbytes for a in args], 0))
+        parts["total_allocated"].append(_ints([a.total_allocated for a in args], -1))
+        parts["total_reserved"].append(_ints([a.total_reserved for a in args], -1))
+        parts["device_type"].append(np.clip(_ints([a.device_type for a in args], 0), -128, 127).astype(np.int8))
+        parts["device_id"].append(np.clip(_ints([a.device_id for a in args], -1), -32768, 32767).astype(np.int16))
+        parts["tid"].append(self._ids([e.tid for e in events]))
+
+    def _add_flow_ends(self, events: list[Event]) -> None:
+        ts = _floats([e.ts for e in events])
+        ids = _ints([e.id for e in events], 0)
+        keep = np.isfinite(ts) & (ids != 0)
+        pid, tid = self._ids([e.pid for e in events]), self._ids([e.tid for e in events])
+        self._flow_parts.append((pid[keep], tid[keep], ts[keep], ids[keep]))
+
+    def _ids(self, values: list) -> np.ndarray:
+        """Pids and tids: integers, numeric strings, or labels such as 'stream 7' or 'Spans'."""
+        try:
+            return np.fromiter(values, np.int64, len(values))
+        except (TypeError, ValueError, OverflowError):
+            return np.array([self._id(value) for value in values], np.int64)
+
+    def _id(self, value: object) -> int:
+        if isinstance(value, int) and -(2**63) <= value < 2**63:
+            return value
+        if isinstance(value, str):
+            if value.isdigit():
+                return _clamp(int(value))
+            tail = value.rsplit(" ", 1)[-1]
+            if tail.isdigit():
+                return _clamp(int(tail))
+            return -1 - self.interner[value]
+        return 0
+
+    def finish(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The columns, with device events that lack a 'correlation' arg linked through their flow."""
+        columns = {key: _concat(parts, key) for key, parts in self._parts.items()}
+        memory = {key: _concat(parts, key, memory=True) for key, parts in self._memory_parts.items()}
+        if self._uncorrelated and self._flow_parts:
+            pid, tid, ts, ids = (np.concatenate(part).tolist() for part in zip(*self._flow_parts))
+            flow_ends = dict(zip(zip(pid, tid, ts), ids))
+            indices = np.concatenate(self._uncorrelated)
+            keys = zip(columns["pid"][indices].tolist(), columns["tid"][indices].tolist(), columns["ts"][indices].tolist())
+            columns["correlation"][indices] = np.array([flow_ends.get(key, 0) for key in keys], np.int64)
+        return columns, memory
+
+
+_DTYPES = {"ts": np.float64, "dur": np.float64, "kind": np.int8, "name": np.int32, "stack": np.int32,
+           "shapes": np.int32, "device": np.int32}  # fmt: skip
+_MEMORY_DTYPES = {"ts": np.float64, "device_type": np.int8, "device_id": np.int16}
+
+
+def _concat(parts: list[np.ndarray], key: str, *, memory: bool = False) -> np.ndarray:
+    dtype = (_MEMORY_DTYPES if memory else _DTYPES).get(key, np.int64)
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
+def _floats(values: list) -> np.ndarray:
+    """Floats at C speed; nulls become NaN."""
+    try:
+        return np.fromiter(values, np.float64, len(values))
+    except (TypeError, ValueError):
+        return np.array(values, np.float64)
+
+
+def _ints(values: list, default: int) -> np.ndarray:
+    """Integer args: ints at C speed; floats, numeric strings and nulls one by one."""
+    try:
+        return np.fromiter(values, np.int64, len(values))
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_int_value(value, default) for value in values], np.int64)
+
+
+def _int_value(value: object, default: int) -> int:
+    if isinstance(value, int):
+        return _clamp(value)
+    if isinstance(value, float) and value == value and abs(value) < 9e18:
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return _clamp(int(value, 0))
+        except ValueError:
+            return default
+    return default
+
+
+def _clamp(value: int) -> int:
+    return max(-(2**63), min(2**63 - 1, value))
