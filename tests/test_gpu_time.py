@@ -255,3 +255,23 @@ def test_cases_hta_failed_on_do_not_fail_here(case):
     for gpu in result.ranks.values():
         assert gpu is not None
         assert gpu.idle_pct + gpu.compute_pct + gpu.non_compute_pct == pytest.approx(100.0)
+
+
+def test_gpu_annotations_with_a_stream_are_not_device_work():
+    """Newer traces put ProfilerStep copies on the GPU timeline with a stream; they are neither work nor the step start.
+
+    HTA would count them as compute and take the last one's (late, device-side) start as the
+    last step's start; HTA 0.6.1 cannot load this trace, so the difference is pinned on our side.
+    """
+    trace = load([corpus("extra/AMD-AGI__TraceLens/tests/traces/mi300/resnet_act_checkpoint.json.gz")])
+    annotations = np.flatnonzero((trace.kind == Kind.GPU_ANNOTATION) & (trace.stream >= 0))
+    assert len(annotations) > 0
+    device = np.flatnonzero(np.isin(trace.kind, [Kind.KERNEL, Kind.COMM_KERNEL, Kind.MEMCPY, Kind.MEMSET]))
+    assert gpu_time(trace).for_rank(0).events == len(device)
+    markers = np.flatnonzero(trace.kind == Kind.STEP)
+    last_host_start = trace.ts[markers].max()
+    gpu_step = [i for i in annotations if trace.name_of(i) == "ProfilerStep#17"]
+    assert trace.ts[gpu_step[0]] > trace.end[markers].max()  # the device-side copy starts after the host step ended
+    windowed = gpu_time(trace, options=HTA_WINDOW).for_rank(0)
+    launched_before = (trace.launcher[device] >= 0) & (trace.ts[np.maximum(trace.launcher[device], 0)] < last_host_start)
+    assert windowed.events == int(launched_before.sum()) < len(device)

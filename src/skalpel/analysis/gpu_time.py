@@ -25,7 +25,15 @@ Where we follow HTA although it is debatable, or deliberately differ, it says so
   (symmetric-memory ``multimem_all_reduce``, ``cross_device_reduce``) as compute.
 * HTA counts any ``hip*`` kernel as communication (its pattern ``^hip``); we do not.
 * HTA also counts a ``cpu_op`` that happens to carry ``args.stream`` (the Triton launch op
-  in triton_example) as a GPU kernel; we count device events only.
+  in triton_example) as a GPU kernel; we count device events only. Likewise newer traces
+  give ``gpu_user_annotation`` rows a stream (``args.stream: 0``); HTA would count those
+  annotation spans as compute kernels, we never count annotations.
+* HTA's last step starts at the latest row named ``ProfilerStep#N`` that it does not take
+  for a GPU row, which on newer traces is the ``gpu_user_annotation`` copy of the last step,
+  placed where the device ran it, after the host step ended: HTA then keeps the last step
+  after all. We take the host ``ProfilerStep`` start, which is what HTA means to do.
+  (HTA 0.6.1 cannot load the one such multi-step trace in the corpus, TraceLens'
+  mi300/resnet_act_checkpoint: an int16 overflow in its correlation index.)
 """
 
 from __future__ import annotations
