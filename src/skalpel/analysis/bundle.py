@@ -7,12 +7,14 @@ from typing import Any
 
 from ..trace.model import Trace
 from .breakdown import StepBreakdown, step_breakdown
+from .comm import CommAnalysis, analyze_comm
 from .compile import CompileResult, compile_events
 from .gpu_time import GpuTimeResult, gpu_time
 from .kernels import KernelTable, kernel_table
 from .launches import LaunchResult, launches
 from .memory import MemoryResult, memory
 from .ops import OpTable, op_table
+from .ranks import RankComparison, compare_ranks
 from .steps import StepSegmentation, segment_steps
 from .syncs import SyncResult, syncs
 
@@ -35,6 +37,8 @@ class Analyses:
     syncs: SyncResult | None = None  # host-device synchronisations and pageable copies
     memory: MemoryResult | None = None  # allocated-memory curves; None without [memory] events
     compile: CompileResult | None = None  # torch.compile regions, compilations, Triton kernels
+    comm: CommAnalysis | None = None  # collectives per rank: by type, bandwidth, share, overlap
+    rank_comparison: RankComparison | None = None  # aligned clocks, waits, straggler; None for one rank
     results: dict[str, Any] = field(default_factory=dict)  # name -> typed result, for analyses added later
 
 
@@ -49,4 +53,7 @@ def run_analyses(trace: Trace) -> Analyses:
     analyses.syncs = syncs(trace, steps)
     analyses.memory = memory(trace, steps)
     analyses.compile = compile_events(trace, steps)
+    analyses.comm = analyze_comm(trace, steps)
+    if len(trace.ranks) > 1:
+        analyses.rank_comparison = compare_ranks(trace, steps, analyses.comm)
     return analyses

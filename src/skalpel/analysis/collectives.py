@@ -1,0 +1,225 @@
+"""The collectives of one rank: what ran, when, on how many bytes, in how many ranks.
+
+A collective is timed where it really runs: on GPUs by its NCCL/RCCL kernel
+(``ncclDevKernel_AllReduce_Sum_f32_RING_LL``), on CPUs by the backend's own host range
+(``gloo:all_reduce`` on gloo's worker thread). Its metadata comes from the kernel's
+args (torch >= 2.3 copies ``Collective name``, ``In msg nelems``, ``dtype``, ``Group size``
+there) or else from the host ops around the launch (``record_param_comms``,
+``nccl:all_reduce`` with ``Input Dims`` and ``Input type``).
+
+Sizes and bandwidths follow nccl-tests (doc/PERFORMANCE.md): the size S of an all_gather
+is its whole output and of a reduce_scatter its whole input; the algorithm bandwidth is
+S / time; the bus bandwidth multiplies it by 2(n-1)/n for all_reduce, (n-1)/n for
+all_gather, reduce_scatter and all_to_all, and 1 for broadcast, reduce and send/recv,
+so that it can be compared with the hardware's link bandwidth whatever the rank count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.kinds import Kind
+from ..trace.model import Trace
+
+TYPES = (
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier",
+    "send_recv", "reduce", "gather", "scatter", "other",
+)
+"""Canonical collective types, in report order."""
+
+SYNCHRONISING = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"})
+"""Types that end at (nearly) the same true time on every rank: usable to align clocks."""
+
+_HOST_BACKENDS = ("gloo:", "mpi:", "ucc:", "xccl:")
+_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:", "c10d::", "ncclkernel_", "nccldevkernel_", "rcclkernel_")
+_TYPE_PREFIXES = (
+    ("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
+    ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("barrier", "barrier"),
+    ("sendrecv", "send_recv"), ("send", "send_recv"), ("recv", "send_recv"), ("reduce", "reduce"),
+    ("gather", "gather"), ("scatter", "scatter"),
+)
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "uint32": 4, "unsigned int": 4,
+    "double": 8, "float64": 8, "long": 8, "long int": 8, "int64": 8, "long long": 8, "uint64": 8,
+    "half": 2, "float16": 2, "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "bf16": 2, "f16": 2,
+    "short": 2, "short int": 2, "int16": 2,
+    "byte": 1, "char": 1, "bool": 1, "int8": 1, "uint8": 1, "signed char": 1, "unsigned char": 1,
+    "int8_t": 1, "uint8_t": 1,
+}
+
+
+@dataclass(frozen=True)
+class Collective:
+    rank: int
+    type: str  # one of TYPES
+    event: int  # index of the timed event (kernel or host range) in the trace
+    start_us: float
+    end_us: float
+    nbytes: int  # nccl-tests size S; 0 when the trace does not say
+    group_size: int
+    on_device: bool  # timed by a device kernel (True) or a host range (False)
+    tid: int  # stream of the kernel, or host thread of the range
+
+    @property
+    def dur_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+def collective_type(name: str) -> str:
+    """The canonical type of a collective from any of its names (op, kernel, 'Collective name')."""
+    lowered = name.lower()
+    for prefix in _PREFIXES:
+        if lowered.startswith(prefix):
+            lowered = lowered[len(prefix):]
+            break
+    compact = lowered.strip("_").replace("_", "")
+    for prefix, kind in _TYPE_PREFIXES:
+        if compact.startswith(prefix):
+            return kind
+    for prefix, kind in _TYPE_PREFIXES[:6]:
+        if prefix in compact:
+            return kind
+    return "other"
+
+
+def busbw_factor(kind: str, ranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor for a collective of ``ranks`` ranks."""
+    n = max(ranks, 1)
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def dtype_bytes(name: object) -> int | None:
+    """Bytes per element of a dtype as traces spell it ('Float', 'c10::BFloat16', 'long int')."""
+    if not isinstance(name, str):
+        return None
+    lowered = name.lower().strip()
+    if lowered.startswith("float8") or lowered.startswith("c10::float8"):
+        return 1
+    return _DTYPE_BYTES.get(lowered) or _DTYPE_BYTES.get(lowered.replace("at::", "").replace("torch.", ""))
+
+
+def message_bytes(kind: str, args: dict, group_size: int) -> int:
+    """nccl-tests size S of one collective from its args; 0 when they do not say."""
+    size = dtype_bytes(args.get("dtype"))
+    counts = [args.get("In msg nelems"), args.get("Out msg nelems")]
+    counts = [count for count in counts if isinstance(count, int) and count > 0]
+    if size and counts:
+        return max(counts) * size
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not isinstance(dims, list):
+        return 0
+    total = 0
+    for position, shape in enumerate(dims):
+        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) for d in shape):
+            continue
+        element = dtype_bytes(types[position]) if isinstance(types, list) and position < len(types) else None
+        total += math.prod(shape) * (element or 0)
+    if kind == "all_gather":
+        total *= max(group_size, 1)  # the op records its local input; S is the gathered output
+    return total
+
+
+def find_collectives(trace: Trace, rank: int) -> list[Collective]:
+    """Every collective of ``rank`` in time order: device kernels if any, else backend host ranges."""
+    kernels = np.flatnonzero(trace.mask(Kind.COMM_KERNEL, rank=rank))
+    world = _world_size(trace, rank)
+    if len(kernels):
+        host = _HostComms(trace, rank)
+        found = [_from_kernel(trace, int(k), host, world) for k in kernels]
+    else:
+        found = [_from_host(trace, int(e), world) for e in _host_ranges(trace, rank)]
+    return sorted(found, key=lambda c: (c.start_us, c.event))
+
+
+def _world_size(trace: Trace, rank: int) -> int:
+    for info in trace.ranks:
+        if info.rank == rank and info.world_size:
+            return info.world_size
+    return max(len(trace.ranks), 1)
+
+
+def _host_ranges(trace: Trace, rank: int) -> np.ndarray:
+    ops = np.flatnonzero(trace.mask(Kind.COMM_OP, rank=rank))
+    names = [trace.name_of(i) for i in ops]
+    backend = [i for i, name in zip(ops, names) if name.startswith(_HOST_BACKENDS)]
+    if backend:
+        return np.array(backend, dtype=np.int64)
+    return np.array([i for i, name in zip(ops, names) if name.startswith("c10d::")], dtype=np.int64)
+
+
+def _from_host(trace: Trace, event: int, world: int) -> Collective:
+    args = trace.args_of(event)
+    kind = collective_type(str(args.get("Collective name") or trace.name_of(event)))
+    group = _group_size(args, world)
+    start = float(trace.ts[event])
+    return Collective(
+        rank=int(trace.rank[event]), type=kind, event=event, start_us=start, end_us=start + float(trace.dur[event]),
+        nbytes=message_bytes(kind, args, group), group_size=group, on_device=False, tid=int(trace.tid[event]),
+    )
+
+
+def _from_kernel(trace: Trace, kernel: int, host: _HostComms, world: int) -> Collective:
+    args = dict(host.args_around(kernel))
+    args.update({key: value for key, value in trace.args_of(kernel).items() if value not in (None, "", "[]")})
+    name = args.get("Collective name") or host.op_name(kernel) or trace.name_of(kernel)
+    kind = collective_type(str(name))
+    if kind == "other":
+        kind = collective_type(trace.name_of(kernel))
+    group = _group_size(args, world)
+    start = float(trace.ts[kernel])
+    return Collective(
+        rank=int(trace.rank[kernel]), type=kind, event=kernel, start_us=start,
+        end_us=start + float(trace.dur[kernel]), nbytes=message_bytes(kind, args, group), group_size=group,
+        on_device=True, tid=int(trace.stream[kernel]),
+    )
+
+
+def _group_size(args: dict, world: int) -> int:
+    size = args.get("Group size")
+    return size if isinstance(size, int) and size > 0 else world
+
+
+class _HostComms:
+    """The host collective ops of one rank, to find those open when a kernel was launched."""
+
+    def __init__(self, trace: Trace, rank: int) -> None:
+        self.trace = trace
+        ops = np.flatnonzero(trace.mask(Kind.COMM_OP, rank=rank))
+        self.ops = ops[np.argsort(trace.ts[ops], kind="stable")]
+        self.starts = trace.ts[self.ops]
+
+    def _around(self, kernel: int) -> list[int]:
+        trace = self.trace
+        launcher = int(trace.launcher[kernel])
+        if launcher < 0:
+            op = int(trace.op_of_event[kernel])
+            return [op] if op >= 0 and trace.kind[op] == Kind.COMM_OP else []
+        instant, tid = float(trace.ts[launcher]), trace.tid[launcher]
+        last = int(np.searchsorted(self.starts, instant, side="right"))
+        return [
+            int(op) for op in self.ops[:last][::-1][:64]
+            if trace.tid[op] == tid and trace.ts[op] + trace.dur[op] >= instant
+        ]
+
+    def args_around(self, kernel: int) -> dict:
+        merged: dict = {}
+        for op in self._around(kernel):  # innermost first: the innermost op's args win
+            for key, value in self.trace.args_of(op).items():
+                if key not in merged and value not in (None, "", "[]", [], [[]]):
+                    merged[key] = value
+        return merged
+
+    def op_name(self, kernel: int) -> str | None:
+        """The name of the innermost backend op (nccl:all_to_all) open at the launch."""
+        for op in self._around(kernel):
+            name = self.trace.name_of(op)
+            if name != "record_param_comms":
+                return name
+        return None

@@ -1,0 +1,109 @@
+"""Do these rank files belong to one job? Plain-words warnings when they may not.
+
+Rank files of different runs mixed in one folder, a missing rank, ranks that recorded
+different steps: each is said clearly, and the analysis goes on with what matches
+(collectives are matched one by one, steps are per rank).
+"""
+
+from __future__ import annotations
+
+from ..trace.model import Trace
+from .steps import StepSegmentation
+
+MIN_MATCHED_SHARE = 0.5  # below this share of a rank's collectives matched, the ranks look like different runs
+
+
+def consistency_warnings(
+    trace: Trace, steps: StepSegmentation, matched: dict[int, tuple[int, int]] | None = None
+) -> tuple[str, ...]:
+    """Warnings about the set of rank files; ``matched`` is rank -> (matched collectives, collectives)."""
+    if len(trace.ranks) < 2:
+        return ()  # one rank file of a bigger job is a normal single-rank analysis
+    found = [
+        _mixed_runs(trace),
+        _disagreeing(trace, "world size", lambda info: info.world_size),
+        _disagreeing(trace, "backend", lambda info: info.backend),
+        _missing_ranks(trace),
+        _step_counts(trace, steps),
+        _unmatched(matched or {}),
+    ]
+    return tuple(text for text in found if text)
+
+
+def _declared_world(trace: Trace) -> int:
+    return max((info.world_size or 0 for info in trace.ranks), default=0)
+
+
+def _mixed_runs(trace: Trace) -> str | None:
+    jobs = {info.rank: info.job for info in trace.ranks if info.job}
+    if len(set(jobs.values())) <= 1:
+        return None
+    listing = ", ".join(f"rank {rank}: {job}" for rank, job in sorted(jobs.items()))
+    return (
+        f"the rank files come from different runs ({listing}); cross-rank figures compare unrelated "
+        "captures: analyse each run's folder on its own"
+    )
+
+
+def _disagreeing(trace: Trace, what: str, value) -> str | None:
+    values = {info.rank: value(info) for info in trace.ranks if value(info) is not None}
+    if len(set(values.values())) <= 1:
+        return None
+    listing = ", ".join(f"rank {rank}: {item}" for rank, item in sorted(values.items()))
+    return f"the rank files disagree on the {what} ({listing}): files of different jobs mixed in one folder?"
+
+
+def _missing_ranks(trace: Trace) -> str | None:
+    world = _declared_world(trace)
+    present = set(trace.rank_ids)
+    missing = [rank for rank in range(world) if rank not in present]
+    if not missing:
+        return None
+    return (
+        f"the job has {world} ranks but {len(present)} rank file{'s' if len(present) != 1 else ''} "
+        f"{'were' if len(present) != 1 else 'was'} loaded (missing: {_ranges(missing)}); "
+        "cross-rank figures cover the ranks present"
+    )
+
+
+def _step_counts(trace: Trace, steps: StepSegmentation) -> str | None:
+    if not steps.marked:
+        return None
+    numbers = {rank: [s.number for s in steps.for_rank(rank)] for rank in trace.rank_ids}
+    counts = {rank: len(values) for rank, values in numbers.items()}
+    if len(set(counts.values())) > 1:
+        listing = ", ".join(f"rank {rank}: {count}" for rank, count in sorted(counts.items()))
+        return f"the ranks recorded different numbers of steps ({listing}); per-rank figures use each rank's own steps"
+    spans = {rank: (min(values), max(values)) for rank, values in numbers.items() if values}
+    if len(set(spans.values())) > 1:
+        listing = ", ".join(f"rank {rank}: #{lo}-#{hi}" for rank, (lo, hi) in sorted(spans.items()))
+        return f"the ranks recorded different steps ({listing}): different runs or capture windows?"
+    return None
+
+
+def _unmatched(matched: dict[int, tuple[int, int]]) -> str | None:
+    poor = [
+        f"rank {rank}: {hits} of {total}"
+        for rank, (hits, total) in sorted(matched.items())
+        if total and hits < MIN_MATCHED_SHARE * total
+    ]
+    if not poor:
+        return None
+    return (
+        "few collectives match across ranks (" + ", ".join(poor) + " matched): the files may come from "
+        "different runs, or the traces were sampled; waits and clock offsets use the matched ones only"
+    )
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    parts: list[str] = []
+    start = previous = values[0]
+    for value in values[1:] + [None]:
+        if value is not None and value == previous + 1:
+            previous = value
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if value is not None:
+            start = previous = value
+    return ", ".join(parts)

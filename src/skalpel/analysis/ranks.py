@@ -1,0 +1,299 @@
+"""Ranks side by side: aligned clocks, time spent waiting in collectives, and the straggler.
+
+Clocks of different ranks (different hosts, different processes) are not trusted raw.
+A synchronising collective (all_reduce, all_gather, reduce_scatter, all_to_all, barrier)
+ends at nearly the same true time on every rank, so each rank's clock offset against the
+reference rank is the median difference of the ends of matching collectives. Collectives
+are matched per type on the sequence of their message sizes (difflib), so a rank that
+misses a few (a sampled trace, a cut-off capture) still matches on the rest.
+
+On the aligned clocks, a rank that reaches a collective before the last rank does waits:
+its wait is the time from its start to the last rank's start (at most its duration). The
+straggler is the rank the others wait for: the least wait of its own, and the most often
+the last to arrive. ``excess`` says where its extra time goes: top-level host ops on the
+training thread, device compute kernels, or host time outside any op while no collective
+runs (Python code, ``time.sleep``, I/O), each per step against the median of the others.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.kinds import Kind
+from ..trace.model import Trace
+from . import intervals
+from .collectives import SYNCHRONISING, Collective
+from .comm import CommAnalysis
+from .rankcheck import consistency_warnings
+from .steps import StepSegmentation
+
+OUTSIDE_OPS = "(host time outside any op, no collective running: Python code, sleep, I/O)"
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    rank: int
+    steps: int
+    step_ms: float  # median step time
+    comm_ms_per_step: float
+    wait_ms_per_step: float  # in collectives, waiting for later ranks
+    busy_ms_per_step: float  # step time less the wait
+    clock_offset_us: float  # subtracted from this rank's times to align them with the reference
+    matched_collectives: int  # of this rank's collectives, matched to the reference rank's
+    last_arrivals: int  # matched collectives this rank reached last
+
+
+@dataclass(frozen=True)
+class Excess:
+    category: str  # an op name, "kernel: NAME" or OUTSIDE_OPS
+    ms_per_step: float  # on the straggler
+    others_ms_per_step: float  # median of the other ranks
+    extra_ms_per_step: float
+    events: tuple[int, ...] = ()  # events of this category on the straggler, to locate it in user code
+    instants_us: tuple[float, ...] = ()  # or instants inside the longest stretches outside any op
+    tid: int | None = None  # the straggler's training thread
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    own_wait_ms_per_step: float
+    others_wait_ms_per_step: float  # median wait of the other ranks
+    imposed_wait_ms_per_step: float  # others' median wait less its own
+    last_arrival_pct: float  # of matched collectives (with 2+ ranks) where it arrived last
+    step_ms: float  # median step time of the job
+    excess: tuple[Excess, ...]  # where its extra time goes, largest first
+
+
+@dataclass(frozen=True)
+class RankComparison:
+    reference_rank: int
+    ranks: tuple[RankTiming, ...]
+    matched_groups: int  # collectives matched across 2+ ranks
+    aligned: bool  # clock offsets estimated from matched synchronising collectives
+    straggler: Straggler | None  # the rank the others wait for most; None with < 2 matched ranks
+    warnings: tuple[str, ...]  # mixed runs, missing ranks, different step counts
+
+    def summary_of(self, rank: int) -> dict:
+        """Plain-JSON figures of one rank for RankReport.extra['distributed'] (the per-rank comparison)."""
+        timing = next((t for t in self.ranks if t.rank == rank), None)
+        if timing is None:
+            return {}
+        straggler = self.straggler
+        return {
+            "step_ms": round(timing.step_ms, 4),
+            "comm_ms_per_step": round(timing.comm_ms_per_step, 4),
+            "wait_ms_per_step": round(timing.wait_ms_per_step, 4),
+            "busy_ms_per_step": round(timing.busy_ms_per_step, 4),
+            "clock_offset_us": round(timing.clock_offset_us, 2),
+            "matched_collectives": timing.matched_collectives,
+            "last_arrivals": timing.last_arrivals,
+            "straggler_candidate": straggler is not None and straggler.rank == rank,
+        }
+
+
+def compare_ranks(trace: Trace, steps: StepSegmentation, comm: CommAnalysis) -> RankComparison:
+    """Compare the ranks of one job; meaningful from two ranks on."""
+    by_rank = {item.rank: list(item.collectives) for item in comm.ranks}
+    reference = trace.rank_ids[0]
+    groups = _match(by_rank, reference)
+    offsets = _offsets(groups, reference)
+    waits, last = _waits(groups, offsets)
+    timings = tuple(_timing(trace, steps, comm, rank, groups, offsets, waits, last) for rank in trace.rank_ids)
+    usable = [g for g in groups if len(g) >= 2]
+    warnings = consistency_warnings(trace, steps, {t.rank: (t.matched_collectives, len(by_rank[t.rank])) for t in timings})
+    return RankComparison(
+        reference_rank=reference,
+        ranks=timings,
+        matched_groups=len(usable),
+        aligned=any(rank != reference and rank in offsets for rank in trace.rank_ids),
+        straggler=_straggler(trace, steps, comm, timings, offsets, len(usable)) if len(timings) >= 2 else None,
+        warnings=warnings,
+    )
+
+
+def _match(by_rank: dict[int, list[Collective]], reference: int) -> list[dict[int, Collective]]:
+    """Groups of matching collectives: {rank: collective}, keyed on the reference rank's ones."""
+    groups: dict[tuple[str, int], dict[int, Collective]] = {}
+    for kind in sorted({c.type for calls in by_rank.values() for c in calls}):
+        ref_calls = [c for c in by_rank.get(reference, []) if c.type == kind]
+        for position, call in enumerate(ref_calls):
+            groups[(kind, position)] = {reference: call}
+        ref_keys = [c.nbytes for c in ref_calls]
+        for rank, calls in by_rank.items():
+            if rank == reference:
+                continue
+            mine = [c for c in calls if c.type == kind]
+            matcher = difflib.SequenceMatcher(None, ref_keys, [c.nbytes for c in mine], autojunk=False)
+            for block in matcher.get_matching_blocks():
+                for step in range(block.size):
+                    groups[(kind, block.a + step)][rank] = mine[block.b + step]
+    return list(groups.values())
+
+
+def _offsets(groups: list[dict[int, Collective]], reference: int) -> dict[int, float]:
+    diffs: dict[int, list[float]] = defaultdict(list)
+    for group in groups:
+        ref = group[reference]
+        if ref.type not in SYNCHRONISING:
+            continue
+        for rank, call in group.items():
+            diffs[rank].append(call.end_us - ref.end_us)
+    return {rank: float(np.median(values)) for rank, values in diffs.items() if values}
+
+
+def _waits(groups: list[dict[int, Collective]], offsets: dict[int, float]) -> tuple[dict[int, float], dict[int, int]]:
+    """Total wait (us) and count of last arrivals per rank, on aligned clocks."""
+    wait: dict[int, float] = defaultdict(float)
+    last: dict[int, int] = defaultdict(int)
+    for group in groups:
+        if len(group) < 2:
+            continue
+        starts = {rank: call.start_us - offsets.get(rank, 0.0) for rank, call in group.items()}
+        latest = max(starts.values())
+        for rank, call in group.items():
+            wait[rank] += min(max(latest - starts[rank], 0.0), call.dur_us)
+        last[max(starts, key=starts.get)] += 1
+    return wait, last
+
+
+def _timing(trace, steps, comm, rank, groups, offsets, waits, last) -> RankTiming:
+    own = steps.for_rank(rank)
+    count = max(len(own), 1)
+    step_ms = float(np.median([s.duration_ms for s in own])) if own else 0.0
+    rank_comm = comm.for_rank(rank)
+    wait_ms = waits.get(rank, 0.0) / count / 1000.0
+    return RankTiming(
+        rank=rank,
+        steps=len(own),
+        step_ms=step_ms,
+        comm_ms_per_step=rank_comm.comm_ms_per_step if rank_comm else 0.0,
+        wait_ms_per_step=wait_ms,
+        busy_ms_per_step=max(step_ms - wait_ms, 0.0),
+        clock_offset_us=offsets.get(rank, 0.0),
+        matched_collectives=sum(1 for g in groups if rank in g and len(g) >= 2),
+        last_arrivals=last.get(rank, 0),
+    )
+
+
+def _straggler(trace, steps, comm, timings, offsets, matched) -> Straggler | None:
+    if matched == 0:
+        return None
+    candidate = min(timings, key=lambda t: (t.wait_ms_per_step, -t.last_arrivals))
+    others = [t for t in timings if t.rank != candidate.rank]
+    others_wait = float(np.median([t.wait_ms_per_step for t in others]))
+    profiles = {t.rank: _time_profile(trace, steps, comm, t.rank) for t in timings}
+    return Straggler(
+        rank=candidate.rank,
+        own_wait_ms_per_step=candidate.wait_ms_per_step,
+        others_wait_ms_per_step=others_wait,
+        imposed_wait_ms_per_step=max(others_wait - candidate.wait_ms_per_step, 0.0),
+        last_arrival_pct=100.0 * candidate.last_arrivals / matched,
+        step_ms=float(np.median([t.step_ms for t in timings])),
+        excess=_excess(profiles, candidate.rank),
+    )
+
+
+def _excess(profiles: dict[int, _Profile], rank: int, limit: int = 3) -> tuple[Excess, ...]:
+    mine = profiles[rank]
+    others = [profile.ms for other, profile in profiles.items() if other != rank]
+    rows = []
+    for category in set(mine.ms).union(*others):
+        median = float(np.median([profile.get(category, 0.0) for profile in others]))
+        extra = mine.ms.get(category, 0.0) - median
+        if extra > 0:
+            where = mine.where.get(category, ((), ()))
+            rows.append(Excess(category, mine.ms.get(category, 0.0), median, extra, where[0], where[1], mine.tid))
+    return tuple(sorted(rows, key=lambda row: -row.extra_ms_per_step)[:limit])
+
+
+@dataclass
+class _Profile:
+    ms: dict[str, float]  # ms per step by category
+    where: dict[str, tuple[tuple[int, ...], tuple[float, ...]]]  # category -> (events, instants) to locate it
+    tid: int | None  # the training thread
+
+
+def _time_profile(trace: Trace, steps: StepSegmentation, comm: CommAnalysis, rank: int) -> _Profile:
+    """ms per step by category: top-level ops of the training thread, compute kernels, time outside both."""
+    own = steps.for_rank(rank)
+    profile = _Profile(defaultdict(float), {}, None)
+    if not own:
+        return profile
+    count = len(own)
+    spans = intervals.union(np.array([s.start_us for s in own]), np.array([s.end_us for s in own]))
+    host = trace.mask(Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER, rank=rank)
+    step_events = np.flatnonzero(trace.mask(Kind.STEP, rank=rank))
+    if len(step_events):
+        threads, counts = np.unique(trace.tid[step_events], return_counts=True)
+        profile.tid = int(threads[np.argmax(counts)])
+        host &= trace.tid == profile.tid
+    top = _top_level(trace, np.flatnonzero(host & _inside(trace, spans)))
+    for index in top:
+        profile.ms[trace.name_of(index)] += float(trace.dur[index]) / 1000.0 / count
+    for name in {trace.name_of(index) for index in top}:
+        profile.where[name] = (tuple(int(i) for i in top if trace.name_of(i) == name)[:50], ())
+    kernels = np.flatnonzero(trace.mask(Kind.KERNEL, rank=rank) & _inside(trace, spans))
+    for index in kernels:
+        profile.ms["kernel: " + _short(trace.name_of(index))] += float(trace.dur[index]) / 1000.0 / count
+    rank_comm = comm.for_rank(rank)
+    calls = rank_comm.collectives if rank_comm else ()
+    covered = intervals.union(
+        np.concatenate([trace.ts[top], [c.start_us for c in calls]]),
+        np.concatenate([trace.ts[top] + trace.dur[top], [c.end_us for c in calls]]),
+    )
+    gaps = _gaps(spans, covered)
+    profile.ms[OUTSIDE_OPS] = sum(end - start for start, end in gaps) / 1000.0 / count
+    longest = sorted(gaps, key=lambda gap: gap[0] - gap[1])[:20]
+    profile.where[OUTSIDE_OPS] = ((), tuple((start + end) / 2 for start, end in longest))
+    return profile
+
+
+def _gaps(spans: tuple[np.ndarray, np.ndarray], covered: tuple[np.ndarray, np.ndarray]) -> list[tuple[float, float]]:
+    """The parts of the (disjoint) spans that no covered interval touches."""
+    result = []
+    starts, ends = covered
+    for span_start, span_end in zip(*spans):
+        cursor = float(span_start)
+        first = max(int(np.searchsorted(ends, span_start, side="right")), 0)
+        for start, end in zip(starts[first:], ends[first:]):
+            if start >= span_end:
+                break
+            if start > cursor:
+                result.append((cursor, float(start)))
+            cursor = max(cursor, float(end))
+        if cursor < span_end:
+            result.append((cursor, float(span_end)))
+    return result
+
+
+def _short(name: str) -> str:
+    """A kernel's name without its template and argument lists: 'void f<float>(int)' -> 'f'."""
+    cut = min((p for p in (name.find("<"), name.find("(")) if p > 0), default=len(name))
+    return name[:cut].removeprefix("void ").strip() or name
+
+
+def _inside(trace: Trace, spans: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Events that start inside one of the (disjoint, sorted) spans."""
+    position = np.searchsorted(spans[0], trace.ts, side="right") - 1
+    valid = position >= 0
+    result = np.zeros(len(trace), dtype=bool)
+    result[valid] = trace.ts[valid] <= spans[1][position[valid]]
+    return result
+
+
+def _top_level(trace: Trace, events: np.ndarray) -> np.ndarray:
+    """The events not nested inside another of ``events`` (one host thread)."""
+    if len(events) == 0:
+        return events
+    order = np.lexsort((-trace.dur[events], trace.ts[events]))
+    events = events[order]
+    ends = trace.ts[events] + trace.dur[events]
+    running = np.maximum.accumulate(ends)
+    top = np.ones(len(events), dtype=bool)
+    top[1:] = trace.ts[events][1:] >= running[:-1]
+    return events[top]

@@ -1,0 +1,203 @@
+"""Capture on every rank: one run folder per job, one trace per rank, one merged report.
+
+Under ``torchrun`` each rank runs ``skalpel run`` (``torchrun ... -m skalpel run train.py``):
+
+- the ranks agree on one run folder: ``--out`` or ``$SKALPEL_OUT`` when given (multi-node:
+  a shared filesystem), else rank 0's default folder, published through torchrun's agent
+  store (the TCPStore at MASTER_ADDR:MASTER_PORT, not the user's process group);
+- every rank writes ``trace-rank{R}.json.gz`` (torch.profiler records ``distributedInfo``
+  itself), tagged with one run id for the whole job, so files of different runs can be
+  told apart later;
+- rank 0 waits for the other ranks' traces (``$SKALPEL_RANK_WAIT_S``, 120 s) and writes the
+  merged report; the other ranks write their trace only.
+
+``skalpel run --nproc N`` launches the script through ``torch.distributed.run`` itself; its
+children write traces only (``$SKALPEL_TRACE_ONLY``) and the launcher merges them after
+they exit, which survives a rank that dies. Nodes without a shared folder: copy every
+node's ``trace-rank*.json.gz`` into one folder and run ``skalpel analyze FOLDER``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SkalpelError
+from . import runfolder
+
+ENV_OUT = "SKALPEL_OUT"
+ENV_TRACE_ONLY = "SKALPEL_TRACE_ONLY"
+ENV_RUN_ID = "SKALPEL_RUN_ID"
+ENV_WAIT = "SKALPEL_RANK_WAIT_S"
+DEFAULT_WAIT_S = 120.0
+_STORE_KEY = "skalpel/run_folder"
+
+
+@dataclass(frozen=True)
+class Job:
+    """This process's place in a multi-process job, from the launcher's environment."""
+
+    rank: int
+    world_size: int
+    run_id: str | None  # shared by every rank of the job
+    trace_only: bool  # write the trace, leave the report to the launcher
+
+
+def job() -> Job | None:
+    """The job this process belongs to; None for a single process."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return None
+    if world <= 1:
+        return None
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    run_id = os.environ.get(ENV_RUN_ID) or (elastic if elastic and elastic != "none" else None)
+    return Job(rank, world, run_id, os.environ.get(ENV_TRACE_ONLY) == "1")
+
+
+def run_folder(out: Path | None, label: str) -> Path:
+    """The run folder of this process: the same for every rank of a job (see the module doc)."""
+    if out is None and os.environ.get(ENV_OUT):
+        out = Path(os.environ[ENV_OUT])
+    current = job()
+    if out is None and current is not None:
+        out = _agreed_folder(current, runfolder.default_folder(label))
+    return runfolder.prepare(out or runfolder.default_folder(label))
+
+
+def _agreed_folder(current: Job, mine: Path) -> Path | None:
+    """Rank 0's default folder, through torchrun's agent store; None (each rank its own) without one."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    try:
+        from torch.distributed import TCPStore
+
+        store = TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=datetime.timedelta(seconds=_wait_s()),
+        )  # fmt: skip
+        key = f"{_STORE_KEY}/{current.run_id or ''}"
+        if current.rank == 0:
+            store.set(key, str(mine.resolve()))
+            return mine
+        return Path(store.get(key).decode())
+    except (KeyError, ValueError, RuntimeError, OSError):
+        return None
+
+
+def run_id(folder: Path) -> str:
+    """The id written into every rank's trace header (``skalpel_run``)."""
+    current = job()
+    if current is not None and current.run_id:
+        return current.run_id
+    return folder.name
+
+
+def writes_report() -> bool:
+    """False on the ranks that only write their trace (all but rank 0; all under ``--nproc``)."""
+    current = job()
+    return current is None or (current.rank == 0 and not current.trace_only)
+
+
+def rank_traces(folder: Path, own: list[Path]) -> tuple[list[Path], str | None]:
+    """Every rank's trace in ``folder`` (waiting for late ranks), and a warning when some never came."""
+    current = job()
+    if current is None:
+        return own, None
+    expected = [folder / runfolder.trace_file_name(rank) for rank in range(current.world_size)]
+    deadline = time.monotonic() + _wait_s()
+    while not all(path.exists() for path in expected) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    found = [path for path in expected if path.exists()]
+    missing = [str(rank) for rank, path in enumerate(expected) if not path.exists()]
+    warning = None
+    if missing:
+        warning = (
+            f"no trace from rank(s) {', '.join(missing)} after {_wait_s():.0f} s (${ENV_WAIT}); "
+            f"the report covers ranks with a trace in {folder}"
+        )
+    return found or own, warning
+
+
+def _wait_s() -> float:
+    try:
+        return float(os.environ.get(ENV_WAIT, DEFAULT_WAIT_S))
+    except ValueError:
+        return DEFAULT_WAIT_S
+
+
+def atomic_export(prof, path: Path) -> None:
+    """Export the trace under a temporary name, then rename: a waiting rank 0 never reads half a file."""
+    partial = path.with_name("partial-" + path.name.replace(".json.gz", ".tmp.gz"))
+    prof.export_chrome_trace(str(partial))
+    os.replace(partial, path)
+
+
+def launch_command(nproc: int, forwarded: list[str], folder: Path) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m skalpel run --out DIR ...``."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "-m", "skalpel", "run", "--out", str(folder), *forwarded,
+    ]  # fmt: skip
+
+
+def launch(nproc: int, forwarded: list[str], folder: Path) -> int:
+    """Run the ranks (traces only) and return torchrun's exit status; the caller merges the traces."""
+    if nproc < 1:
+        raise SkalpelError(f"--nproc must be at least 1 (got {nproc})")
+    env = dict(os.environ, **{ENV_TRACE_ONLY: "1", ENV_RUN_ID: uuid.uuid4().hex, ENV_OUT: str(folder)})
+    try:
+        return subprocess.call(launch_command(nproc, forwarded, folder), env=env)
+    except KeyboardInterrupt:
+        return 130
+    except OSError as error:
+        raise SkalpelError(f"cannot start torch.distributed.run: {error.strerror or error}") from None
+
+
+def forwarded_options(args) -> list[str]:
+    """The capture options of ``skalpel run`` as the ranks get them (everything but --nproc and --out)."""
+    options = ["--wait", str(args.wait), "--warmup", str(args.warmup), "--active", str(args.active),
+               "--repeat", str(args.repeat)]  # fmt: skip
+    if args.name:
+        options += ["--name", args.name]
+    if args.stop_after_capture:
+        options.append("--stop-after-capture")
+    return options
+
+
+def launch_and_merge(target, args):
+    """``skalpel run --nproc N``: run N ranks through torch.distributed.run, then merge their traces.
+
+    Returns (exit status, report or None, files written).
+    """
+    from ..pipeline import build_report
+    from ..report.model import CaptureInfo
+    from ..trace.loader import load
+    from .runner import check_target
+
+    check_target(target)
+    folder = runfolder.prepare(Path(args.out) if args.out else runfolder.default_folder(args.name or target.label))
+    script = (["-m"] if target.module else []) + [target.name, *target.args]
+    status = launch(args.nproc, forwarded_options(args) + script, folder)
+    traces = sorted(folder.glob("trace-rank*.json.gz"))
+    if not traces:
+        return status, None, []
+    trace = load(traces)
+    ranks = {info.rank for info in trace.ranks}
+    missing = [str(rank) for rank in range(args.nproc) if rank not in ranks]
+    if missing:
+        trace.warnings.append(f"rank(s) {', '.join(missing)} wrote no trace (exit status {status}); the report covers the others")
+    capture = CaptureInfo(
+        warmup_steps=args.wait + args.warmup, active_steps=args.active, repeats=args.repeat,
+        script=target.name, exit_status=status,
+    )  # fmt: skip
+    report = build_report(trace, capture=capture)
+    return status, report, runfolder.write_outputs(report, trace, folder, traces=traces)

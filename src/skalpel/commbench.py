@@ -1,0 +1,117 @@
+"""Collective bandwidth results (``skalpel commbench``): the table, its JSON, and the comparison with a run.
+
+The measurement itself needs torch and lives in ``capture/commbench.py``; this module
+does not import torch, so ``skalpel analyze --commbench FILE`` stays fast. Bandwidths
+follow nccl-tests: algbw = S / time, busbw = algbw x the collective's factor
+(``analysis/collectives.busbw_factor``), in GB/s of 1e9 bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import orjson
+
+from .errors import SkalpelError
+from .report.model import Report
+
+SCHEMA = "skalpel.commbench/1"
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    type: str  # all_reduce, all_gather, reduce_scatter, broadcast, all_to_all
+    nbytes: int  # nccl-tests size S
+    time_us: float  # median over repeats of the slowest rank's mean time per call
+    algbw_gbps: float
+    busbw_gbps: float
+
+
+@dataclass(frozen=True)
+class CommBench:
+    backend: str
+    ranks: int
+    device: str
+    torch_version: str
+    rows: tuple[BenchRow, ...]
+    skipped: tuple[str, ...] = ()  # collectives the backend does not support, with why
+    schema: str = SCHEMA
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(dataclasses.asdict(self), option=orjson.OPT_INDENT_2)
+
+    @classmethod
+    def from_json(cls, text: bytes | str, *, source: str = "commbench file") -> CommBench:
+        try:
+            data = orjson.loads(text)
+            if data.get("schema") != SCHEMA:
+                raise ValueError(f"schema is {data.get('schema')!r}, not {SCHEMA}")
+            rows = tuple(BenchRow(**row) for row in data["rows"])
+            fields = {key: data[key] for key in ("backend", "ranks", "device", "torch_version")}
+            return cls(rows=rows, skipped=tuple(data.get("skipped", ())), **fields)
+        except (orjson.JSONDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise SkalpelError(f"{source}: not a skalpel commbench result ({error})") from None
+
+    def busbw_at(self, kind: str, nbytes: int) -> BenchRow | None:
+        """The measured row of ``kind`` whose size is nearest ``nbytes`` (on a log scale)."""
+        rows = [row for row in self.rows if row.type == kind]
+        if not rows or nbytes <= 0:
+            return None
+        return min(rows, key=lambda row: abs(_log2(row.nbytes) - _log2(nbytes)))
+
+
+def render_table(bench: CommBench) -> str:
+    """The nccl-tests-like table: one line per collective and size."""
+    lines = [
+        f"# skalpel commbench: {bench.backend}, {bench.ranks} ranks, {bench.device}, torch {bench.torch_version}",
+        f"# {'collective':<15} {'size (B)':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}",
+    ]
+    for row in bench.rows:
+        lines.append(
+            f"  {row.type:<15} {row.nbytes:>12,} {row.time_us:>12.1f} {row.algbw_gbps:>13.3f} {row.busbw_gbps:>13.3f}"
+        )
+    lines.extend(f"# skipped: {text}" for text in bench.skipped)
+    peak = {}
+    for row in bench.rows:
+        peak[row.type] = max(peak.get(row.type, 0.0), row.busbw_gbps)
+    if peak:
+        lines.append("# peak busbw: " + ", ".join(f"{kind} {value:.3f} GB/s" for kind, value in peak.items()))
+    return "\n".join(lines) + "\n"
+
+
+def compare(report: Report, bench: CommBench) -> Report:
+    """The report with each collective type's achieved busbw set against commbench's at the same size.
+
+    Adds ``commbench_busbw_gbps`` and ``vs_commbench_pct`` to the rows of
+    ``RankReport.extra['comm']['by_type']``, and a warning when the backends differ.
+    """
+    ranks = tuple(_compare_rank(rank, bench) for rank in report.ranks)
+    warnings = report.warnings
+    backends = {info for info in (report.source.device,) if info}
+    note = f"achieved bandwidth compared with commbench ({bench.backend}, {bench.ranks} ranks, {bench.device})"
+    if backends and ("cpu" in backends) != (bench.device == "cpu"):
+        note += ": the benchmark ran on another kind of device, so the comparison is rough"
+    return dataclasses.replace(report, ranks=ranks, warnings=warnings + (note,))
+
+
+def _compare_rank(rank, bench: CommBench):
+    comm = rank.extra.get("comm")
+    if not comm:
+        return rank
+    rows = []
+    for row in comm.get("by_type", ()):
+        row = dict(row)
+        measured = bench.busbw_at(row["type"], int(row.get("median_bytes") or 0))
+        if measured is not None and row.get("busbw_gbps"):
+            row["commbench_busbw_gbps"] = round(measured.busbw_gbps, 4)
+            row["vs_commbench_pct"] = round(100.0 * row["busbw_gbps"] / measured.busbw_gbps, 1) if measured.busbw_gbps else None
+        rows.append(row)
+    extra = dict(rank.extra, comm=dict(comm, by_type=rows))
+    return dataclasses.replace(rank, extra=extra)
+
+
+def _log2(value: int) -> float:
+    import math
+
+    return math.log2(max(value, 1))

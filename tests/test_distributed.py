@@ -1,0 +1,229 @@
+"""Distributed analysis on real stored multi-rank traces: collectives, clock alignment, waits, bad input.
+
+The 2-rank NCCL pair (HTA trace_filter, TorchRec training, world 128, event-sampled) and
+the 8-rank DLRM set (param et_replay, every rank of one step) are the real multi-rank
+traces we have; the rank-file tests rewrite copies of them (shifted clocks, a missing
+rank, a dropped step, another run's file) and check what the analysis says.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from skalpel.analysis.bundle import run_analyses
+from skalpel.analysis.collectives import busbw_factor, collective_type, dtype_bytes, message_bytes
+from skalpel.analysis.ranks import compare_ranks
+from skalpel.commbench import BenchRow, CommBench, compare
+from skalpel.diagnose import distributed
+from skalpel.diagnose.rule import Context
+from skalpel.errors import SkalpelError
+from skalpel.pipeline import build_report
+from skalpel.trace.loader import load
+
+from .conftest import corpus
+
+PAIR = "hta/trace_filter"
+DLRM = "extra/facebookresearch__param/et_replay/tests/inputs/dlrm_kineto_extracted"
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("nccl:all_reduce", "all_reduce"),
+        ("gloo:all_gather", "all_gather"),
+        ("c10d::_allgather_base_", "all_gather"),
+        ("nccl:_all_gather_base", "all_gather"),
+        ("c10d::reduce_scatter_tensor_coalesced_", "reduce_scatter"),
+        ("c10d::alltoall_base_", "all_to_all"),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "all_reduce"),
+        ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "all_gather"),
+        ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "reduce_scatter"),
+        ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "send_recv"),
+        ("gloo:broadcast", "broadcast"),
+        ("c10d::barrier", "barrier"),
+        ("allreduce", "all_reduce"),
+        ("multimem_all_reduce_kernel", "all_reduce"),
+        ("ncclDevKernel_Generic", "other"),
+    ],
+)
+def test_collective_type_from_any_name(name: str, kind: str) -> None:
+    assert collective_type(name) == kind
+
+
+def test_busbw_factors_follow_nccl_tests() -> None:
+    assert busbw_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert busbw_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert busbw_factor("reduce_scatter", 2) == pytest.approx(0.5)
+    assert busbw_factor("all_to_all", 8) == pytest.approx(7 / 8)
+    assert busbw_factor("broadcast", 8) == 1.0
+
+
+def test_message_bytes_from_both_arg_forms() -> None:
+    assert dtype_bytes("BFloat16") == 2 and dtype_bytes("long int") == 8 and dtype_bytes("nonsense") is None
+    # torch >= 2.3 record_param_comms args (nccl_parser_config): S = max(in, out) elements x dtype
+    assert message_bytes("all_reduce", {"In msg nelems": 2049000, "Out msg nelems": 2049000, "dtype": "Float"}, 2) == 8196000
+    assert message_bytes("all_gather", {"In msg nelems": 10, "Out msg nelems": 80, "dtype": "Half"}, 8) == 160
+    # Input Dims of a backend op: all_gather records its local input, S is the gathered output
+    assert message_bytes("all_gather", {"Input Dims": [[100]], "Input type": ["float"]}, 2) == 800
+    assert message_bytes("all_reduce", {"Input Dims": [[394241]], "Input type": ["float"]}, 8) == 1576964
+    assert message_bytes("barrier", {}, 2) == 0
+
+
+def test_nccl_pair_analyses_as_one_job() -> None:
+    report = build_report(load(corpus(PAIR)))
+    assert [rank.rank for rank in report.ranks] == [0, 1]
+    for rank in report.ranks:
+        comm = rank.extra["comm"]
+        assert comm["timed_on"] == "device"
+        types = {row["type"]: row for row in comm["by_type"]}
+        assert {"all_reduce", "all_to_all", "all_gather"} <= set(types)
+        assert types["all_reduce"]["group_size"] == 128
+        assert types["all_reduce"]["busbw_gbps"] > types["all_reduce"]["algbw_gbps"] > 0
+        assert 0 < comm["share_pct"] < 100 and 0 <= comm["overlap_pct"] <= 100
+        assert rank.extra["distributed"]["matched_collectives"] >= 3
+    assert any("128 ranks but 2 rank files" in warning and "missing: 2-127" in warning for warning in report.warnings)
+
+
+def test_nccl_pair_kernels_take_type_and_size_from_their_host_op() -> None:
+    # The sampled trace names every NCCL kernel SendRecv; the nccl:all_reduce op around the launch says what it is.
+    analyses = run_analyses(load(corpus(PAIR)))
+    rank0 = analyses.comm.for_rank(0)
+    all_reduce = [c for c in rank0.collectives if c.type == "all_reduce"]
+    assert all_reduce and all(c.on_device for c in all_reduce)
+    assert sorted(c.nbytes for c in all_reduce)[0] == 5716654 * 4
+
+
+def test_dlrm_eight_ranks_align_and_match() -> None:
+    analyses = run_analyses(load(corpus(DLRM)))
+    comparison = analyses.rank_comparison
+    assert [t.rank for t in comparison.ranks] == list(range(8))
+    assert comparison.aligned and comparison.warnings == ()
+    assert all(t.matched_collectives == 8 for t in comparison.ranks)
+    assert all(abs(t.clock_offset_us) < 50 for t in comparison.ranks)  # one host's clock: offsets near zero
+    types = {row.type for rank in analyses.comm.ranks for row in rank.by_type}
+    assert types == {"all_to_all", "all_reduce"}
+    waits = [t.wait_ms_per_step for t in comparison.ranks]
+    straggler = comparison.straggler
+    assert straggler.rank == int(np.argmin(waits)) == 7
+    assert straggler.last_arrival_pct >= 50
+    assert straggler.imposed_wait_ms_per_step == pytest.approx(float(np.median(np.delete(waits, 7))) - waits[7])
+
+
+def _rewrite(source: Path, target: Path, change) -> Path:
+    document = json.loads(gzip.decompress(source.read_bytes()))
+    change(document)
+    target.write_bytes(gzip.compress(json.dumps(document).encode()))
+    return target
+
+
+def _dlrm_files() -> list[Path]:
+    return sorted(corpus(DLRM).glob("worker*.json.gz"))
+
+
+def test_shifted_clock_is_estimated_and_removed(tmp_path: Path) -> None:
+    files = _dlrm_files()
+    for path in files:
+        shutil.copy(path, tmp_path / path.name)
+
+    def shift(document: dict) -> None:
+        for event in document["traceEvents"]:
+            if isinstance(event.get("ts"), (int, float)):
+                event["ts"] += 5000.0
+
+    _rewrite(files[3], tmp_path / files[3].name, shift)
+    before = run_analyses(load(corpus(DLRM))).rank_comparison
+    after = run_analyses(load(tmp_path)).rank_comparison
+    offset = {t.rank: t.clock_offset_us for t in after.ranks}
+    assert offset[3] == pytest.approx(5000.0 + {t.rank: t.clock_offset_us for t in before.ranks}[3], abs=1.0)
+    for old, new in zip(before.ranks, after.ranks):
+        assert new.wait_ms_per_step == pytest.approx(old.wait_ms_per_step, abs=0.01)
+    assert after.straggler.rank == before.straggler.rank
+
+
+def test_missing_rank_is_said_and_the_rest_analysed(tmp_path: Path) -> None:
+    for path in _dlrm_files():
+        if not path.name.startswith("worker5"):
+            shutil.copy(path, tmp_path / path.name)
+    report = build_report(load(tmp_path))
+    assert [rank.rank for rank in report.ranks] == [0, 1, 2, 3, 4, 6, 7]
+    assert any("8 ranks but 7 rank files" in w and "missing: 5)" in w for w in report.warnings)
+    assert all(rank.extra["distributed"]["matched_collectives"] == 8 for rank in report.ranks)
+
+
+def test_files_of_different_jobs_are_said(tmp_path: Path) -> None:
+    shutil.copy(_dlrm_files()[0], tmp_path / "rank0.json.gz")
+    shutil.copy(corpus(PAIR) / "sampled_rank-1.json.gz", tmp_path / "rank1.json.gz")
+    report = build_report(load(tmp_path))
+    assert len(report.ranks) == 2
+    text = " ".join(report.warnings)
+    assert "disagree on the world size (rank 0: 8, rank 1: 128)" in text
+    assert "few collectives match across ranks" in text
+
+
+def test_run_ids_of_different_captures_are_said(tmp_path: Path) -> None:
+    files = _dlrm_files()[:2]
+
+    def tag(run: str):
+        return lambda document: document.update(skalpel_run=run)
+
+    _rewrite(files[0], tmp_path / files[0].name, tag("2026-12-02T10-00-00-train"))
+    _rewrite(files[1], tmp_path / files[1].name, tag("2026-12-02T11-00-00-train"))
+    report = build_report(load(tmp_path))
+    assert any("come from different runs" in w and "11-00-00" in w for w in report.warnings)
+    _rewrite(files[1], tmp_path / files[1].name, tag("2026-12-02T10-00-00-train"))
+    assert not any("different runs" in w for w in build_report(load(tmp_path)).warnings)
+
+
+def test_different_step_counts_are_said(tmp_path: Path) -> None:
+    pair = corpus(PAIR)
+    shutil.copy(pair / "sampled_rank-0.json.gz", tmp_path / "sampled_rank-0.json.gz")
+
+    def drop_last_step(document: dict) -> None:
+        document["traceEvents"] = [e for e in document["traceEvents"] if e.get("name") != "ProfilerStep#552"]
+
+    _rewrite(pair / "sampled_rank-1.json.gz", tmp_path / "sampled_rank-1.json.gz", drop_last_step)
+    analyses = run_analyses(load(tmp_path))
+    counts = {rank: len(analyses.steps.for_rank(rank)) for rank in (0, 1)}
+    assert counts[0] != counts[1]
+    assert any("different numbers of steps" in w for w in analyses.rank_comparison.warnings)
+    assert analyses.rank_comparison.matched_groups >= 1  # the analysis goes on with what matches
+
+
+def test_rules_on_stored_traces() -> None:
+    control = Context(run_analyses(load(corpus("hta/trace_diff/control/control.json.gz"))))
+    bound = distributed.COMMUNICATION_BOUND.check(control, distributed.COMMUNICATION_BOUND)
+    assert len(bound) == 1 and bound[0].evidence["share_pct"] >= 30 and "all_to_all" in bound[0].evidence["collectives"]
+    straggler = distributed.STRAGGLER_RANK.check(control, distributed.STRAGGLER_RANK)
+    assert "one rank" in straggler.reason  # NotJudged: a single rank cannot show a straggler
+    dlrm = Context(run_analyses(load(corpus(DLRM))))
+    # rank 7 arrives last, but the others wait 4.5 ms/step for it: under the 5 ms/step floor
+    assert distributed.STRAGGLER_RANK.check(dlrm, distributed.STRAGGLER_RANK) == []
+
+
+def test_commbench_file_round_trip_and_comparison() -> None:
+    bench = CommBench(
+        "nccl", 2, "NVIDIA A100", "2.4.0",
+        (BenchRow("all_reduce", 1 << 20, 50.0, 20.97, 20.97), BenchRow("all_reduce", 1 << 26, 800.0, 83.9, 83.9)),
+    )  # fmt: skip
+    again = CommBench.from_json(bench.to_json())
+    assert again == bench
+    assert again.busbw_at("all_reduce", 30_000_000).nbytes == 1 << 26
+    report = compare(build_report(load(corpus("hta/nccl_parser_config/nccl_data.json.gz"))), bench)
+    row = next(r for r in report.ranks[0].extra["comm"]["by_type"] if r["type"] == "all_reduce")
+    assert row["commbench_busbw_gbps"] == 83.9
+    assert row["vs_commbench_pct"] == pytest.approx(100 * row["busbw_gbps"] / 83.9, abs=0.1)
+    with pytest.raises(SkalpelError, match="not a skalpel commbench result"):
+        CommBench.from_json(b'{"schema": "other"}')
+
+
+def test_compare_ranks_single_rank_has_no_straggler() -> None:
+    trace = load(corpus("hta/nccl_parser_config/nccl_data.json.gz"))
+    analyses = run_analyses(trace)
+    assert analyses.rank_comparison is None
+    assert compare_ranks(trace, analyses.steps, analyses.comm).straggler is None
