@@ -57,7 +57,8 @@ class CompileResult:
 
     @property
     def used(self) -> bool:
-        return bool(self.regions or self.cache_lookups or self.compilations or self.compiled_functions or self.triton_kernels)
+        counts = (self.regions, self.cache_lookups, self.compilations, self.compiled_functions, self.triton_kernels)
+        return any(counts)
 
     def to_dict(self) -> dict[str, float]:
         return {
@@ -82,7 +83,8 @@ def compile_events(trace: Trace, steps: StepSegmentation) -> CompileResult:
     host = np.isin(trace.kind, _HOST)
     regions = host & np.isin(trace.name, region_ids)
     lookups = host & (trace.name == trace.name_id("TorchDynamo Cache Lookup"))
-    compiled = host & np.isin(trace.name, [trace.name_id("CompiledFunction"), trace.name_id("CompiledFunctionBackward")])
+    aot_names = [trace.name_id("CompiledFunction"), trace.name_id("CompiledFunctionBackward")]
+    compiled = host & np.isin(trace.name, aot_names)
     compile_time = host & np.isin(trace.name, [i for i, name in text.items() if _COMPILE_TIME.search(name)])
     top = _outer_compilations(trace, host)
     triton = _triton(trace)

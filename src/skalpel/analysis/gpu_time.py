@@ -215,7 +215,9 @@ def _launch_ts(trace: Trace, events: np.ndarray) -> np.ndarray:
     return result
 
 
-def _classify_gaps(gaps: np.ndarray, prev_end: np.ndarray, launch_ts: np.ndarray, threshold_us: float) -> dict[str, float]:
+def _classify_gaps(
+    gaps: np.ndarray, prev_end: np.ndarray, launch_ts: np.ndarray, threshold_us: float
+) -> dict[str, float]:
     with np.errstate(invalid="ignore"):
         host_wait = launch_ts > prev_end  # NaN compares False: no known launch, not host wait
     kernel_wait = ~host_wait & (gaps < threshold_us)

@@ -71,7 +71,9 @@ def launches(trace: Trace, steps: StepSegmentation, *, options: LaunchOptions = 
         return None
     launcher = trace.launcher
     device = np.flatnonzero(np.isin(trace.kind, _DEVICE) & (launcher >= 0))
-    ranks = {rank: _rank_launches(trace, rank, device[trace.rank[device] == rank], steps, options) for rank in trace.rank_ids}
+    ranks = {
+        rank: _rank_launches(trace, rank, device[trace.rank[device] == rank], steps, options) for rank in trace.rank_ids
+    }
     return LaunchResult(ranks=ranks, options=options)
 
 
@@ -111,14 +113,14 @@ def _per_step_counts(trace: Trace, rank: int, steps: StepSegmentation) -> tuple[
     rank_steps = steps.for_rank(rank)
     if not rank_steps:
         return 0, 0, 0
-    bounds = np.array(
-        [(step.host_start_us if getattr(step, "host_start_us", None) is not None else step.start_us, step.host_end_us) for step in rank_steps]
-    )
+    starts = [step.start_us if step.host_start_us is None else step.host_start_us for step in rank_steps]
+    bounds = np.array([(start, step.host_end_us) for start, step in zip(starts, rank_steps)])
     bounds = bounds[np.argsort(bounds[:, 0])]
     on_rank = trace.rank == rank
     kernels = np.flatnonzero(on_rank & np.isin(trace.kind, _KERNELS) & (trace.launcher >= 0))
     ops = np.flatnonzero(on_rank & (trace.kind == Kind.CPU_OP))
-    return len(rank_steps), _count_inside(trace.ts[trace.launcher[kernels]], bounds), _count_inside(trace.ts[ops], bounds)
+    launched_inside = _count_inside(trace.ts[trace.launcher[kernels]], bounds)
+    return len(rank_steps), launched_inside, _count_inside(trace.ts[ops], bounds)
 
 
 def _count_inside(times: np.ndarray, bounds: np.ndarray) -> int:

@@ -76,13 +76,19 @@ def memory(trace: Trace, steps: StepSegmentation, *, options: MemoryOptions = Me
     devices = []
     for rows in np.split(order, bounds):
         first = rows[0]
-        device = int(events.device_id[first])
-        devices.append(_device_memory(trace, int(events.rank[first]), int(events.device_type[first]), device, rows, steps, options))
+        device_type, device_id = int(events.device_type[first]), int(events.device_id[first])
+        devices.append(_device_memory(trace, int(events.rank[first]), device_type, device_id, rows, steps, options))
     return MemoryResult(devices=tuple(devices), options=options)
 
 
 def _device_memory(
-    trace: Trace, rank: int, device_type: int, device_id: int, rows: np.ndarray, steps: StepSegmentation, options: MemoryOptions
+    trace: Trace,
+    rank: int,
+    device_type: int,
+    device_id: int,
+    rows: np.ndarray,
+    steps: StepSegmentation,
+    options: MemoryOptions,
 ) -> DeviceMemory:
     events = trace.memory
     ts = events.ts[rows]

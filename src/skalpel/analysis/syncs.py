@@ -99,7 +99,8 @@ def syncs(trace: Trace, steps: StepSegmentation, *, options: SyncOptions = SyncO
     sync_call = _named(trace, SYNC_CALLS) & np.isin(trace.kind, _LAUNCH)
     item = np.flatnonzero(_named(trace, ITEM_OPS) & (trace.kind == Kind.CPU_OP))
     thread = trace.rank[item].astype(np.int64) * (1 << 40) + trace.tid[item]
-    item = item[intervals.outermost(trace.ts[item], trace.ts[item] + trace.dur[item], thread)]  # not item's own inner call
+    # outermost only: not again for the _local_scalar_dense inside an aten::item
+    item = item[intervals.outermost(trace.ts[item], trace.ts[item] + trace.dur[item], thread)]
     copies, copy_blocking = _blocking_dtoh(trace, sync_call, options.sync_lookahead_calls)
     groups = {
         "device_sync": np.flatnonzero(trace.kind == Kind.DEVICE_SYNC),
