@@ -31,6 +31,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
+from .intervals import union
 from .steps import Step, StepSegmentation
 
 CATEGORIES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
@@ -193,7 +194,7 @@ def _claim(
     is a running sum of +1 at each range start and -1 at its end: no search per segment.
     """
     other = CATEGORIES.index("other")
-    merged = [_merge(starts[roles == c], ends[roles == c]) for c in range(other)]
+    merged = [union(starts[roles == c], ends[roles == c]) for c in range(other)]
     pieces = [step_start, step_end] + [part for pair in merged for part in pair]
     points, position = np.unique(np.concatenate(pieces), return_inverse=True)
     bounds = np.cumsum([0] + [len(piece) for piece in pieces])
@@ -217,17 +218,3 @@ def _running_sum(
     """Per elementary segment (between consecutive points), the sum of the values of the ranges covering it."""
     delta = np.bincount(opens, weights=values, minlength=points) - np.bincount(closes, weights=values, minlength=points)
     return np.cumsum(delta)[:-1]
-
-
-def _merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Union of ranges as sorted, disjoint (start, end) arrays."""
-    if len(starts) == 0:
-        return np.empty(0), np.empty(0)
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], np.maximum.accumulate(ends[order])
-    new_group = np.empty(len(starts), dtype=bool)
-    new_group[0] = True
-    new_group[1:] = starts[1:] > ends[:-1]
-    first = np.flatnonzero(new_group)
-    last = np.append(first[1:] - 1, len(starts) - 1)
-    return starts[first], ends[last]
