@@ -146,6 +146,28 @@ def test_shifted_clock_is_estimated_and_removed(tmp_path: Path) -> None:
     assert after.straggler.rank == before.straggler.rank
 
 
+def test_clock_offsets_are_per_host(tmp_path: Path) -> None:
+    # Ranks 0-3 on host "a", 4-7 on host "b" whose clock runs 3 ms ahead: one offset for all of "b".
+    def host(name: str, shift_us: float):
+        def change(document: dict) -> None:
+            document["host_name"] = name
+            for event in document["traceEvents"]:
+                if isinstance(event.get("ts"), (int, float)):
+                    event["ts"] += shift_us
+
+        return change
+
+    for index, path in enumerate(_dlrm_files()):
+        _rewrite(path, tmp_path / path.name, host("a", 0.0) if index < 4 else host("b", 3000.0))
+    comparison = run_analyses(load(tmp_path)).rank_comparison
+    clocks = {t.rank: (t.clock, t.clock_offset_us) for t in comparison.ranks}
+    assert clocks[0] == ("reference", 0.0)
+    assert all(clocks[rank] == ("same host", 0.0) for rank in (1, 2, 3))
+    offsets = {clocks[rank][1] for rank in (4, 5, 6, 7)}
+    assert len(offsets) == 1 and offsets.pop() == pytest.approx(3000.0, abs=50.0)
+    assert {clocks[rank][0] for rank in (4, 5, 6, 7)} == {"aligned"}
+
+
 def test_missing_rank_is_said_and_the_rest_analysed(tmp_path: Path) -> None:
     for path in _dlrm_files():
         if not path.name.startswith("worker5"):

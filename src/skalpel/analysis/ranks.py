@@ -1,9 +1,11 @@
 """Ranks side by side: aligned clocks, time spent waiting in collectives, and the straggler.
 
-Clocks of different ranks (different hosts, different processes) are not trusted raw.
-A synchronising collective (all_reduce, all_gather, reduce_scatter, all_to_all, barrier)
-ends at nearly the same true time on every rank, so each rank's clock offset against the
-reference rank is the median difference of the ends of matching collectives. Collectives
+Clocks of different hosts are not trusted raw. A synchronising collective (all_reduce,
+all_gather, reduce_scatter, all_to_all, barrier) ends at nearly the same true time on
+every rank, so each host's clock offset against the reference rank's is the median
+difference of the ends of matching collectives (pooled over the host's ranks, and kept
+within what causality allows). Ranks whose header names the reference's host share its
+clock: there, end times only add scheduler noise (ms on a loaded CPU). Collectives
 are matched per type on the sequence of their message sizes (difflib), so a rank that
 misses a few (a sampled trace, a cut-off capture) still matches on the rest.
 
@@ -43,6 +45,7 @@ class RankTiming:
     wait_ms_per_step: float  # in collectives, waiting for later ranks
     busy_ms_per_step: float  # step time less the wait
     clock_offset_us: float  # subtracted from this rank's times to align them with the reference
+    clock: str  # "reference", "same host" (one clock), "aligned" (estimated) or "raw" (nothing to align on)
     matched_collectives: int  # of this rank's collectives, matched to the reference rank's
     last_arrivals: int  # matched collectives this rank reached last
 
@@ -74,7 +77,7 @@ class RankComparison:
     reference_rank: int
     ranks: tuple[RankTiming, ...]
     matched_groups: int  # collectives matched across 2+ ranks
-    aligned: bool  # clock offsets estimated from matched synchronising collectives
+    aligned: bool  # every rank's clock is the reference's host clock or aligned on matched collectives
     straggler: Straggler | None  # the rank the others wait for most; None with < 2 matched ranks
     warnings: tuple[str, ...]  # mixed runs, missing ranks, different step counts
 
@@ -90,6 +93,7 @@ class RankComparison:
             "wait_ms_per_step": round(timing.wait_ms_per_step, 4),
             "busy_ms_per_step": round(timing.busy_ms_per_step, 4),
             "clock_offset_us": round(timing.clock_offset_us, 2),
+            "clock": timing.clock,
             "matched_collectives": timing.matched_collectives,
             "last_arrivals": timing.last_arrivals,
             "straggler_candidate": straggler is not None and straggler.rank == rank,
@@ -101,7 +105,7 @@ def compare_ranks(trace: Trace, steps: StepSegmentation, comm: CommAnalysis) -> 
     by_rank = {item.rank: list(item.collectives) for item in comm.ranks}
     reference = trace.rank_ids[0]
     groups = _match(by_rank, reference)
-    offsets = _offsets(groups, reference)
+    offsets = _offsets(groups, reference, {info.rank: info.host for info in trace.ranks})
     waits, last = _waits(groups, offsets)
     timings = tuple(_timing(trace, steps, comm, rank, groups, offsets, waits, last) for rank in trace.rank_ids)
     usable = [g for g in groups if len(g) >= 2]
@@ -110,7 +114,7 @@ def compare_ranks(trace: Trace, steps: StepSegmentation, comm: CommAnalysis) -> 
         reference_rank=reference,
         ranks=timings,
         matched_groups=len(usable),
-        aligned=any(rank != reference and rank in offsets for rank in trace.rank_ids),
+        aligned=all(t.clock != "raw" for t in timings),
         straggler=_straggler(trace, steps, comm, timings, offsets, len(usable)) if len(timings) >= 2 else None,
         warnings=warnings,
     )
@@ -135,15 +139,40 @@ def _match(by_rank: dict[int, list[Collective]], reference: int) -> list[dict[in
     return list(groups.values())
 
 
-def _offsets(groups: list[dict[int, Collective]], reference: int) -> dict[int, float]:
-    diffs: dict[int, list[float]] = defaultdict(list)
+def _offsets(groups: list[dict[int, Collective]], reference: int, hosts: dict[int, str | None]) -> dict[int, float]:
+    """Clock offset of each rank against the reference, pooled over the ranks of one host.
+
+    Ranks on the reference's host share its clock (offset 0). For other hosts: the median
+    difference of matched collective ends, kept inside what causality allows (no rank
+    finishes a collective before every rank has started it).
+    """
+    pools: dict[object, list[int]] = defaultdict(list)
+    for rank in {rank for group in groups for rank in group}:
+        host = hosts.get(rank)
+        pools[host if host is not None else ("rank", rank)].append(rank)
+    offsets: dict[int, float] = {}
+    for ranks in pools.values():
+        same_clock = hosts.get(reference) is not None and hosts.get(ranks[0]) == hosts.get(reference)
+        value = 0.0 if reference in ranks or same_clock else _estimate(groups, reference, set(ranks))
+        if value is not None:
+            offsets.update({rank: value for rank in ranks})
+    return offsets
+
+
+def _estimate(groups: list[dict[int, Collective]], reference: int, ranks: set[int]) -> float | None:
+    diffs, low, high = [], -np.inf, np.inf
     for group in groups:
         ref = group[reference]
         if ref.type not in SYNCHRONISING:
             continue
-        for rank, call in group.items():
-            diffs[rank].append(call.end_us - ref.end_us)
-    return {rank: float(np.median(values)) for rank, values in diffs.items() if values}
+        for rank in ranks.intersection(group):
+            call = group[rank]
+            diffs.append(call.end_us - ref.end_us)
+            low, high = max(low, call.start_us - ref.end_us), min(high, call.end_us - ref.start_us)
+    if not diffs:
+        return None
+    value = float(np.median(diffs))
+    return float(np.clip(value, low, high)) if low <= high else value
 
 
 def _waits(groups: list[dict[int, Collective]], offsets: dict[int, float]) -> tuple[dict[int, float], dict[int, int]]:
@@ -175,9 +204,20 @@ def _timing(trace, steps, comm, rank, groups, offsets, waits, last) -> RankTimin
         wait_ms_per_step=wait_ms,
         busy_ms_per_step=max(step_ms - wait_ms, 0.0),
         clock_offset_us=offsets.get(rank, 0.0),
+        clock=_clock_source(trace, rank, offsets),
         matched_collectives=sum(1 for g in groups if rank in g and len(g) >= 2),
         last_arrivals=last.get(rank, 0),
     )
+
+
+def _clock_source(trace: Trace, rank: int, offsets: dict[int, float]) -> str:
+    hosts = {info.rank: info.host for info in trace.ranks}
+    reference = trace.rank_ids[0]
+    if rank == reference:
+        return "reference"
+    if hosts.get(rank) is not None and hosts.get(rank) == hosts.get(reference):
+        return "same host"
+    return "aligned" if rank in offsets else "raw"
 
 
 def _straggler(trace, steps, comm, timings, offsets, matched) -> Straggler | None:

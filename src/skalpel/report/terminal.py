@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .model import SEVERITIES, Finding, RankReport, Report
+from .terminal_comm import comm_line, ranks_table
 
 SEVERITY_STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 TOP_OPS = 10
@@ -50,6 +51,9 @@ class _Discard:
 
 def render(report: Report) -> list:
     parts: list = [_verdict(report), _steps(report)]
+    ranks = ranks_table(report)
+    if ranks is not None:
+        parts.append(ranks)
     for rank in report.ranks:
         parts.append(_rank_panel(report, rank))
     if report.capture is not None:
@@ -123,6 +127,9 @@ def _rank_panel(report: Report, rank: RankReport) -> Panel:
             Text(f"GPU: idle {gpu.idle_pct:.1f}% ({idle}), compute {gpu.compute_pct:.1f}%, "
                  f"non-compute {gpu.non_compute_pct:.1f}%{overlap}")
         )  # fmt: skip
+    communication = comm_line(rank)
+    if communication is not None:
+        parts.append(communication)
     if rank.memory is not None:
         memory = rank.memory
         growth = f", growth {memory.growth_bytes_per_step / 2**20:+.1f} MiB/step" if memory.growth_bytes_per_step is not None else ""

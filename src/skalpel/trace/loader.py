@@ -264,6 +264,7 @@ def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInf
         # Kineto's trace_id is drawn per process (every rank of one job has its own), so it
         # cannot tell runs apart; skalpel's capture writes one run id shared by all ranks.
         job=str(header.get("skalpel_run") or "") or None,
+        host=header["host_name"] if isinstance(header.get("host_name"), str) and header["host_name"] else None,
         truncated=truncated,
         event_count=count,
     )

@@ -34,6 +34,7 @@ class RankInfo:
     device_properties: tuple[dict, ...] = ()
     versions: dict[str, Any] = field(default_factory=dict)  # torch, cuda runtime/driver, cupti, hip
     job: str | None = None  # a job or trace id, to tell rank files of different runs apart
+    host: str | None = None  # host_name from the header: ranks on one host share one clock
     truncated: bool = False
     event_count: int = 0
 

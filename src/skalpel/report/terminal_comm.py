@@ -1,0 +1,60 @@
+"""Terminal pieces for distributed runs: the ranks side by side, and each rank's communication line.
+
+They read ``RankReport.extra['distributed']`` (analysis/ranks.py) and ``extra['comm']``
+(analysis/comm.py), so a report read back from JSON renders the same.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from .model import RankReport, Report
+
+
+def ranks_table(report: Report) -> Table | None:
+    """Step, communication, wait and clock offset of every rank; None for fewer than two ranks."""
+    rows = [(rank.rank, rank.extra.get("distributed")) for rank in report.ranks]
+    rows = [(number, figures) for number, figures in rows if figures]
+    if len(rows) < 2:
+        return None
+    table = Table(title="ranks side by side (other hosts' clocks aligned on collective ends)", title_justify="left")
+    for header in ("rank", "step ms", "comm ms/step", "wait ms/step", "busy ms/step", "clock offset us", "last to arrive"):
+        table.add_column(header, justify="right")
+    for number, figures in rows:
+        mark = " <- others wait for it" if figures.get("straggler_candidate") and figures["last_arrivals"] else ""
+        table.add_row(
+            str(number), f"{figures['step_ms']:.2f}", f"{figures['comm_ms_per_step']:.2f}",
+            f"{figures['wait_ms_per_step']:.2f}", f"{figures['busy_ms_per_step']:.2f}",
+            f"{figures['clock_offset_us']:+.1f}" + (" (est.)" if figures.get("clock") == "aligned" else ""),
+            f"{figures['last_arrivals']}/{figures['matched_collectives']}{mark}",
+        )  # fmt: skip
+    return table
+
+
+def comm_line(rank: RankReport) -> Text | None:
+    """'communication: 26% of the step (20.4 ms/step), 62% exposed; all_reduce ...'; None without collectives."""
+    comm = rank.extra.get("comm")
+    if not comm:
+        return None
+    exposed = comm.get("overlap_pct")
+    text = Text(
+        f"communication ({comm['timed_on']}): {comm['share_pct']:.1f}% of the step ({comm['comm_ms_per_step']:.2f} ms/step)"
+        + (f", {100.0 - exposed:.0f}% not overlapped with compute" if exposed is not None else "")
+    )
+    for row in comm.get("by_type", ())[:4]:
+        text.append(f"\n  {row['type']}: {row['calls_per_step']:.1f}/step, {row['ms_per_step']:.2f} ms/step")
+        if row.get("median_bytes"):
+            text.append(f", {_bytes(row['median_bytes'])} median")
+        if row.get("busbw_gbps") is not None:
+            text.append(f", busbw {row['busbw_gbps']:.3f} GB/s")
+        if row.get("vs_commbench_pct") is not None:
+            text.append(f" ({row['vs_commbench_pct']:.0f}% of commbench's {row['commbench_busbw_gbps']:.3f})")
+    return text
+
+
+def _bytes(count: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count:.0f} B"
