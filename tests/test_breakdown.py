@@ -169,3 +169,42 @@ def test_report_carries_the_breakdown():
     rank = build_report(trace).ranks[0]
     assert rank.step_breakdown_pct["cpu_exec"] == pytest.approx(65.2, abs=_TOLERANCE_POINTS)
     assert rank.data_wait_ms_per_step == pytest.approx(0.054 * 13.410, abs=0.01)
+    assert 0 < len(rank.top_ops) <= 20
+    device_ms = [row.device_ms for row in rank.top_ops]
+    assert device_ms == sorted(device_ms, reverse=True) and device_ms[0] > 0  # GPU trace: by device time
+    assert rank.top_kernels and {row.type for row in rank.top_kernels} <= {"COMP", "COMM", "MEMORY"}
+
+
+def test_real_cpu_run_with_a_slow_dataloader(tmp_path):
+    """A real torch.profiler run whose Dataset sleeps: the wait shows as DataLoader, ops as CPU Exec."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    class SlowData(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, index):
+            time.sleep(0.01)
+            return torch.randn(8)
+
+    loader = torch.utils.data.DataLoader(SlowData(), batch_size=2, num_workers=0)
+    model = torch.nn.Linear(8, 8)
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=3)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule) as prof:
+        for step, batch in enumerate(loader):
+            model(batch).sum().backward()
+            prof.step()
+            if step == 4:
+                break
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    trace = load(path)
+    segmentation = segment_steps(trace)
+    assert segmentation.marked and len(segmentation.steps) == 3
+    result = step_breakdown(trace, segmentation).ranks[0]
+    assert not result.has_device and "kernel" not in result.pct
+    # Two samples of 10 ms sleep per batch: a floor that noise cannot lower.
+    assert all(wait >= 2 * 10.0 * 0.95 for wait in result.per_step_ms["dataloader"])
+    assert result.ms_per_step["cpu_exec"] > 0
+    assert sum(result.pct.values()) == pytest.approx(100.0)
