@@ -91,6 +91,7 @@ class ProfileRun:
         self._stopped = False
         self._report: Report | None = None
         self._tagged_window = -1
+        self._phases = [settings.phase(number) for number in range(settings.total_steps + 1)]
         self._discarded = False
 
     # -- the session -------------------------------------------------------------------------
@@ -116,12 +117,18 @@ class ProfileRun:
             raise SkalpelError("run.step() called outside the `with skalpel.profile() as run:` block")
         if self._stopped:
             return
-        self._intervals.append((self._prof.step_num, now - self._last))
-        with _quiet():
-            self._prof.step()
-        self._tag_trace()
-        if self.windows_done >= self.settings.repeat:
-            self._stop_profiler()
+        prof = self._prof
+        number = prof.step_num
+        self._intervals.append((number, now - self._last))
+        phases = self._phases
+        if number + 1 < len(phases) and phases[number] == phases[number + 1]:
+            prof.step()  # no change of phase: the cheap path, nothing of ours in the recorded step
+        else:
+            with _quiet():
+                prof.step()
+            self._tag_trace()
+            if self.windows_done >= self.settings.repeat:
+                self._stop_profiler()
         self._last = time.perf_counter()
 
     @property
