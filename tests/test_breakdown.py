@@ -190,21 +190,21 @@ def test_real_cpu_run_with_a_slow_dataloader(tmp_path):
 
     loader = torch.utils.data.DataLoader(SlowData(), batch_size=2, num_workers=0)
     model = torch.nn.Linear(8, 8)
-    schedule = torch.profiler.schedule(wait=1, warmup=1, active=3)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule) as prof:
+    # No schedule: in torch 2.13 a schedule costs seconds to set up, and without one no ProfilerStep
+    # markers are written, so the whole run is one pseudo-step.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for step, batch in enumerate(loader):
             model(batch).sum().backward()
-            prof.step()
             if step == 4:
                 break
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))
     trace = load(path)
     segmentation = segment_steps(trace)
-    assert segmentation.marked and len(segmentation.steps) == 3
+    assert not segmentation.marked and len(segmentation.steps) == 1
     result = step_breakdown(trace, segmentation).ranks[0]
     assert not result.has_device and "kernel" not in result.pct
-    # Two samples of 10 ms sleep per batch: a floor that noise cannot lower.
-    assert all(wait >= 2 * 10.0 * 0.95 for wait in result.per_step_ms["dataloader"])
+    # Five batches of two 10 ms sleeps: a floor that noise cannot lower.
+    assert result.data_wait_ms_per_step >= 5 * 2 * 10.0 * 0.95
     assert result.ms_per_step["cpu_exec"] > 0
     assert sum(result.pct.values()) == pytest.approx(100.0)
