@@ -152,6 +152,27 @@ def test_driver_launches_count_as_runtime():
     assert ours.ms_per_step["runtime"] > plugin.ms_per_step["runtime"]
 
 
+def test_every_host_collective_counts_as_communication():
+    """Deliberate difference: the plugin knows only five nccl:/gloo: names; c10d:: and nccl:all_to_all are collectives too."""
+    relative = "hta/trace_filter/sampled_rank-0.json.gz"
+    trace = _load(relative)
+    ours = _breakdown(relative)
+    plugin = _breakdown(relative, plugin_quirks=True)
+    names = np.array([trace.names[i] for i in trace.name])
+    comm_op = trace.kind == Kind.COMM_OP
+    plugin_names = np.isin(names, [f"{lib}:{op}" for lib in ("nccl", "gloo") for op in
+                                   ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter")])
+    unknown_to_plugin = comm_op & ~plugin_names
+    assert unknown_to_plugin.any()
+    claimed_first = np.isin(trace.kind, [Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET, Kind.COMM_KERNEL]) | (comm_op & plugin_names)
+    steps = segment_steps(trace).steps
+    in_steps = (trace.ts >= steps[0].start_us) & (trace.ts + trace.dur <= steps[-1].end_us)
+    moved_us = _uncovered_length(trace, unknown_to_plugin & in_steps, claimed_first)
+    assert moved_us > 0
+    gained_ms = ours.ms_per_step["communication"] - plugin.ms_per_step["communication"]
+    assert gained_ms * 1000 * len(steps) == pytest.approx(moved_us, rel=0.01)
+
+
 def _uncovered_length(trace, selected: np.ndarray, covering: np.ndarray) -> float:
     """Microseconds covered by the selected events and by none of the covering ones (plain loop, small traces)."""
     points = sorted({float(t) for i in np.flatnonzero(selected | covering) for t in (trace.ts[i], trace.ts[i] + trace.dur[i])})
