@@ -120,7 +120,7 @@ def _parents(trace: Trace, events: np.ndarray) -> np.ndarray:
     return parent
 
 
-def _thread_runs(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+def _thread_runs(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Number the runs of equal (rank, pid, tid) in arrays sorted by them (0, 0, 1, 1, 1, 2...),
     and give each element the position where its run starts."""
     change = np.zeros(len(rank), dtype=bool)
