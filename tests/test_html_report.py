@@ -7,6 +7,8 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,6 +118,26 @@ def test_analyze_html_on_a_real_trace(tmp_path: Path) -> None:
     assert "aten::cudnn_convolution" in page
 
 
+@pytest.mark.parametrize("relative", [
+    "hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+    "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+    "hta/triton_example/triton_example.json.gz",
+    "hta/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz",
+])  # fmt: skip
+def test_small_corpus_traces_render(relative: str) -> None:
+    from skalpel.pipeline import build_report
+    from skalpel.trace.loader import load
+
+    trace = load(corpus(relative))
+    report = build_report(trace)
+    page = html.render(report, flame=html.flame_from_trace(trace, rank=trace.rank_ids[0]))
+    headings = re.findall(r"<h2>([^<]+)</h2>", page)
+    assert headings[0] == "Verdict" and "Capture facts" in headings
+    assert page.count("<svg") >= 1 and page.endswith("</html>\n")
+    if report.source.device == "cpu":
+        assert "not available: CPU-only trace" in page
+
+
 @needs_browser
 @pytest.mark.slow
 def test_browser_renders_every_chart_without_console_errors(tmp_path: Path) -> None:
@@ -204,3 +226,24 @@ def test_browser_opens_a_real_trace_report_verdict_first(tmp_path: Path) -> None
     chromium(page, f"--screenshot={shot}", "--window-size=1280,2400", tmp=tmp_path)
     assert shot.stat().st_size > 20_000
     _keep(shot, "resnet_nw0.png")
+
+
+@needs_browser
+@pytest.mark.slow
+def test_browser_opens_the_demo_run_folder_report(tmp_path: Path) -> None:
+    """`skalpel demo` writes report.html into its run folder; the data-loading verdict comes first."""
+    folder = tmp_path / "demo"
+    done = subprocess.run([sys.executable, "-m", "skalpel", "demo", "--out", str(folder), "--repeat", "1"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = folder / "report.html"
+    dumped = chromium(page, "--dump-dom", tmp=tmp_path)
+    assert console_messages(dumped.stderr) == []
+    dom = DomSummary(dumped.stdout)
+    assert all(svg["shapes"] > 0 for svg in dom.svgs if "chart" in svg["class"])
+    verdict = dumped.stdout[dumped.stdout.index("<h2>Verdict</h2>"):dumped.stdout.index("<h2>Step time per step")]
+    assert re.search(r'class="finding critical">.*?\[dataloader_bound\]', verdict)
+    assert re.findall(r"\[(\w+)\]</span>", verdict)[0] == "dataloader_bound"
+    shot = tmp_path / "demo.png"
+    chromium(page, f"--screenshot={shot}", "--window-size=1280,2400", tmp=tmp_path)
+    _keep(shot, "demo.png")

@@ -292,7 +292,7 @@ def load_side(path: str | Path, *, which: str) -> Report:
 
 def _read_skalpel_json(path: Path, *, which: str) -> Report | None:
     """The Report in ``path`` when it is a skalpel JSON document; None for anything else (a trace)."""
-    if path.stat().st_size > _SKALPEL_JSON_MAX_BYTES:
+    if path.stat().st_size > _SKALPEL_JSON_MAX_BYTES or not _looks_like_skalpel(path):
         return None
     try:
         data = orjson.loads(path.read_bytes())
@@ -304,3 +304,15 @@ def _read_skalpel_json(path: Path, *, which: str) -> Report | None:
         return Report.from_dict(data)
     except (ValueError, KeyError, TypeError) as error:
         raise SkalpelError(f"{which}: {path} is not a readable skalpel report: {error}") from None
+
+
+def _looks_like_skalpel(path: Path) -> bool:
+    """Our JSON names its schema near one end (first or last key); a trace does not, and is not parsed twice."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4096)
+            handle.seek(max(0, path.stat().st_size - 4096))
+            tail = handle.read()
+    except OSError:
+        return False
+    return b'"skalpel.' in head or b'"skalpel.' in tail

@@ -18,6 +18,7 @@ TABLE_ROWS = 50
 DETAIL_RANKS = 8
 CURVE_POINTS = 1200
 EXTRA_ROWS = 20
+NAME_CHARS = 160
 
 
 def na(why: str) -> str:
@@ -50,7 +51,11 @@ def num(value: float | int | None, text: str | None = None) -> str:
 
 
 def name_cell(value: object) -> str:
-    return f'<td class="name mono">{escape(str(value))}</td>'
+    """A name in a table; a long one (templated kernels) is cut, its full text on hover."""
+    text = str(value)
+    if len(text) <= NAME_CHARS:
+        return f'<td class="name mono">{escape(text)}</td>'
+    return f'<td class="name mono" data-v="{escape(text)}" data-tip="{escape(text)}">{escape(text[:NAME_CHARS - 1])}…</td>'
 
 
 def table(headers: Sequence[tuple[str, bool]], rows: Iterable[str], *, sortable: bool = True) -> str:
@@ -259,7 +264,7 @@ def extras(report: Report) -> str:
     for rank in report.ranks[:DETAIL_RANKS]:
         for name, value in rank.extra.items():
             if value:
-                blocks.append(f"<h3>{escape(name)} (rank {rank.rank})</h3>" + kv_table(value))
+                blocks.append(f"<details><summary>{escape(name)} (rank {rank.rank})</summary>{kv_table(value)}</details>")
     return section("more", "More analyses", "".join(blocks)) if blocks else ""
 
 
