@@ -166,9 +166,10 @@ def _from_host(trace: Trace, event: int, world: int) -> Collective:
 
 
 def _from_kernel(trace: Trace, kernel: int, host: _HostComms, world: int) -> Collective:
-    args = dict(host.args_around(kernel))
+    around = host.around(kernel)
+    args = host.merged_args(around)
     args.update({key: value for key, value in trace.args_of(kernel).items() if value not in (None, "", "[]")})
-    name = args.get("Collective name") or host.op_name(kernel) or trace.name_of(kernel)
+    name = args.get("Collective name") or host.op_name(around) or trace.name_of(kernel)
     kind = collective_type(str(name))
     if kind == "other":
         kind = collective_type(trace.name_of(kernel))
@@ -192,33 +193,37 @@ class _HostComms:
     def __init__(self, trace: Trace, rank: int) -> None:
         self.trace = trace
         ops = np.flatnonzero(trace.mask(Kind.COMM_OP, rank=rank))
-        self.ops = ops[np.argsort(trace.ts[ops], kind="stable")]
-        self.starts = trace.ts[self.ops]
+        ops = ops[np.argsort(trace.ts[ops], kind="stable")]
+        self.by_thread = {
+            int(tid): (ops[trace.tid[ops] == tid], trace.ts[ops[trace.tid[ops] == tid]], trace.end[ops[trace.tid[ops] == tid]])
+            for tid in np.unique(trace.tid[ops])
+        }
 
-    def _around(self, kernel: int) -> list[int]:
+    def around(self, kernel: int) -> list[int]:
+        """The comm ops open at the kernel's launch on the launching thread, innermost first."""
         trace = self.trace
         launcher = int(trace.launcher[kernel])
         if launcher < 0:
             op = int(trace.op_of_event[kernel])
             return [op] if op >= 0 and trace.kind[op] == Kind.COMM_OP else []
-        instant, tid = float(trace.ts[launcher]), trace.tid[launcher]
-        last = int(np.searchsorted(self.starts, instant, side="right"))
-        return [
-            int(op) for op in self.ops[:last][::-1][:64]
-            if trace.tid[op] == tid and trace.ts[op] + trace.dur[op] >= instant
-        ]
+        ops, starts, ends = self.by_thread.get(int(trace.tid[launcher]), (np.zeros(0, np.int64),) * 3)
+        instant = float(trace.ts[launcher])
+        last = int(np.searchsorted(starts, instant, side="right"))
+        first = max(last - 64, 0)
+        open_ = ends[first:last] >= instant
+        return [int(op) for op in ops[first:last][open_][::-1]]
 
-    def args_around(self, kernel: int) -> dict:
+    def merged_args(self, ops: list[int]) -> dict:
         merged: dict = {}
-        for op in self._around(kernel):  # innermost first: the innermost op's args win
+        for op in ops:  # innermost first: the innermost op's args win
             for key, value in self.trace.args_of(op).items():
                 if key not in merged and value not in (None, "", "[]", [], [[]]):
                     merged[key] = value
         return merged
 
-    def op_name(self, kernel: int) -> str | None:
-        """The name of the innermost backend op (nccl:all_to_all) open at the launch."""
-        for op in self._around(kernel):
+    def op_name(self, ops: list[int]) -> str | None:
+        """The name of the innermost backend op (nccl:all_to_all) among ``ops``."""
+        for op in ops:
             name = self.trace.name_of(op)
             if name != "record_param_comms":
                 return name

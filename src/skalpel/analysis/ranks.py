@@ -25,15 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import Kind
 from ..trace.model import Trace
-from . import intervals
 from .collectives import SYNCHRONISING, Collective
 from .comm import CommAnalysis
 from .rankcheck import consistency_warnings
+from .rankprofile import OUTSIDE_OPS, Excess, excess, time_profile  # noqa: F401 - OUTSIDE_OPS re-exported
 from .steps import StepSegmentation
 
-OUTSIDE_OPS = "(host time outside any op, no collective running: Python code, sleep, I/O)"
 
 
 @dataclass(frozen=True)
@@ -48,17 +46,6 @@ class RankTiming:
     clock: str  # "reference", "same host" (one clock), "aligned" (estimated) or "raw" (nothing to align on)
     matched_collectives: int  # of this rank's collectives, matched to the reference rank's
     last_arrivals: int  # matched collectives this rank reached last
-
-
-@dataclass(frozen=True)
-class Excess:
-    category: str  # an op name, "kernel: NAME" or OUTSIDE_OPS
-    ms_per_step: float  # on the straggler
-    others_ms_per_step: float  # median of the other ranks
-    extra_ms_per_step: float
-    events: tuple[int, ...] = ()  # events of this category on the straggler, to locate it in user code
-    instants_us: tuple[float, ...] = ()  # or instants inside the longest stretches outside any op
-    tid: int | None = None  # the straggler's training thread
 
 
 @dataclass(frozen=True)
@@ -226,7 +213,7 @@ def _straggler(trace, steps, comm, timings, offsets, matched) -> Straggler | Non
     candidate = min(timings, key=lambda t: (t.wait_ms_per_step, -t.last_arrivals))
     others = [t for t in timings if t.rank != candidate.rank]
     others_wait = float(np.median([t.wait_ms_per_step for t in others]))
-    profiles = {t.rank: _time_profile(trace, steps, comm, t.rank) for t in timings}
+    profiles = {t.rank: time_profile(trace, steps, comm, t.rank) for t in timings}
     return Straggler(
         rank=candidate.rank,
         own_wait_ms_per_step=candidate.wait_ms_per_step,
@@ -234,106 +221,5 @@ def _straggler(trace, steps, comm, timings, offsets, matched) -> Straggler | Non
         imposed_wait_ms_per_step=max(others_wait - candidate.wait_ms_per_step, 0.0),
         last_arrival_pct=100.0 * candidate.last_arrivals / matched,
         step_ms=float(np.median([t.step_ms for t in timings])),
-        excess=_excess(profiles, candidate.rank),
+        excess=excess(profiles, candidate.rank),
     )
-
-
-def _excess(profiles: dict[int, _Profile], rank: int, limit: int = 3) -> tuple[Excess, ...]:
-    mine = profiles[rank]
-    others = [profile.ms for other, profile in profiles.items() if other != rank]
-    rows = []
-    for category in set(mine.ms).union(*others):
-        median = float(np.median([profile.get(category, 0.0) for profile in others]))
-        extra = mine.ms.get(category, 0.0) - median
-        if extra > 0:
-            where = mine.where.get(category, ((), ()))
-            rows.append(Excess(category, mine.ms.get(category, 0.0), median, extra, where[0], where[1], mine.tid))
-    return tuple(sorted(rows, key=lambda row: -row.extra_ms_per_step)[:limit])
-
-
-@dataclass
-class _Profile:
-    ms: dict[str, float]  # ms per step by category
-    where: dict[str, tuple[tuple[int, ...], tuple[float, ...]]]  # category -> (events, instants) to locate it
-    tid: int | None  # the training thread
-
-
-def _time_profile(trace: Trace, steps: StepSegmentation, comm: CommAnalysis, rank: int) -> _Profile:
-    """ms per step by category: top-level ops of the training thread, compute kernels, time outside both."""
-    own = steps.for_rank(rank)
-    profile = _Profile(defaultdict(float), {}, None)
-    if not own:
-        return profile
-    count = len(own)
-    spans = intervals.union(np.array([s.start_us for s in own]), np.array([s.end_us for s in own]))
-    host = trace.mask(Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER, rank=rank)
-    step_events = np.flatnonzero(trace.mask(Kind.STEP, rank=rank))
-    if len(step_events):
-        threads, counts = np.unique(trace.tid[step_events], return_counts=True)
-        profile.tid = int(threads[np.argmax(counts)])
-        host &= trace.tid == profile.tid
-    top = _top_level(trace, np.flatnonzero(host & _inside(trace, spans)))
-    for index in top:
-        profile.ms[trace.name_of(index)] += float(trace.dur[index]) / 1000.0 / count
-    for name in {trace.name_of(index) for index in top}:
-        profile.where[name] = (tuple(int(i) for i in top if trace.name_of(i) == name)[:50], ())
-    kernels = np.flatnonzero(trace.mask(Kind.KERNEL, rank=rank) & _inside(trace, spans))
-    for index in kernels:
-        profile.ms["kernel: " + _short(trace.name_of(index))] += float(trace.dur[index]) / 1000.0 / count
-    rank_comm = comm.for_rank(rank)
-    calls = rank_comm.collectives if rank_comm else ()
-    covered = intervals.union(
-        np.concatenate([trace.ts[top], [c.start_us for c in calls]]),
-        np.concatenate([trace.ts[top] + trace.dur[top], [c.end_us for c in calls]]),
-    )
-    gaps = _gaps(spans, covered)
-    profile.ms[OUTSIDE_OPS] = sum(end - start for start, end in gaps) / 1000.0 / count
-    longest = sorted(gaps, key=lambda gap: gap[0] - gap[1])[:20]
-    profile.where[OUTSIDE_OPS] = ((), tuple((start + end) / 2 for start, end in longest))
-    return profile
-
-
-def _gaps(spans: tuple[np.ndarray, np.ndarray], covered: tuple[np.ndarray, np.ndarray]) -> list[tuple[float, float]]:
-    """The parts of the (disjoint) spans that no covered interval touches."""
-    result = []
-    starts, ends = covered
-    for span_start, span_end in zip(*spans):
-        cursor = float(span_start)
-        first = max(int(np.searchsorted(ends, span_start, side="right")), 0)
-        for start, end in zip(starts[first:], ends[first:]):
-            if start >= span_end:
-                break
-            if start > cursor:
-                result.append((cursor, float(start)))
-            cursor = max(cursor, float(end))
-        if cursor < span_end:
-            result.append((cursor, float(span_end)))
-    return result
-
-
-def _short(name: str) -> str:
-    """A kernel's name without its template and argument lists: 'void f<float>(int)' -> 'f'."""
-    cut = min((p for p in (name.find("<"), name.find("(")) if p > 0), default=len(name))
-    return name[:cut].removeprefix("void ").strip() or name
-
-
-def _inside(trace: Trace, spans: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Events that start inside one of the (disjoint, sorted) spans."""
-    position = np.searchsorted(spans[0], trace.ts, side="right") - 1
-    valid = position >= 0
-    result = np.zeros(len(trace), dtype=bool)
-    result[valid] = trace.ts[valid] <= spans[1][position[valid]]
-    return result
-
-
-def _top_level(trace: Trace, events: np.ndarray) -> np.ndarray:
-    """The events not nested inside another of ``events`` (one host thread)."""
-    if len(events) == 0:
-        return events
-    order = np.lexsort((-trace.dur[events], trace.ts[events]))
-    events = events[order]
-    ends = trace.ts[events] + trace.dur[events]
-    running = np.maximum.accumulate(ends)
-    top = np.ones(len(events), dtype=bool)
-    top[1:] = trace.ts[events][1:] >= running[:-1]
-    return events[top]
