@@ -19,7 +19,7 @@ class Kind(enum.IntEnum):
     CPU_OP = 1  # aten ops and other operator-level host events
     USER_ANNOTATION = 2  # record_function ranges
     STEP = 3  # ProfilerStep#N
-    DATALOADER = 4  # enumerate(DataLoader)#..., the wait for the next batch
+    DATALOADER = 4  # enumerate(DataLoader)#... or enumerate(DataPipe)#...: the wait for the next batch
     COMM_OP = 5  # host side of a collective: nccl:all_reduce, gloo:broadcast, c10d::...
     PYTHON = 6  # python_function frames (with_stack)
     RUNTIME = 7  # cudaLaunchKernel, hipMemcpyWithStream, mtia runtime calls
@@ -91,7 +91,7 @@ def classify(category: str | None, name: str, phase: str) -> Kind:
 def _refine_host_range(kind: Kind, name: str) -> Kind:
     if name.startswith("ProfilerStep#"):
         return Kind.STEP
-    if name.startswith("enumerate(DataLoader)"):
+    if name.startswith(("enumerate(DataLoader)", "enumerate(DataPipe)")):
         return Kind.DATALOADER
     if name.startswith(_COMM_OP_PREFIXES):
         return Kind.COMM_OP
