@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_diff(commands)
     _add_run(commands)
     _add_demo(commands)
+    _add_explain(commands)
+    _add_commbench(commands)
     return parser
 
 
@@ -42,6 +44,9 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
         "--json", nargs="?", const="-", metavar="FILE", help="write the skalpel.report/1 JSON to FILE (or stdout)"
     )
     parser.add_argument("--html", metavar="FILE", help="write the self-contained HTML report to FILE")
+    parser.add_argument(
+        "--commbench", metavar="FILE", help="a `skalpel commbench --json` result: compare achieved bus bandwidth with it"
+    )
     parser.set_defaults(handler=_cmd_analyze)
 
 
@@ -58,11 +63,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             from .trace.loader import load
 
             trace = load(args.paths, on_progress=on_progress)
-            report = build_report(trace)
+            report = _with_commbench(build_report(trace), args.commbench)
             rank = trace.rank_ids[0] if trace.ranks else 0
             html_page = html.render(report, flame=html.flame_from_trace(trace, rank=rank))
         else:
-            report = analyze(args.paths, on_progress=on_progress)
+            report = _with_commbench(analyze(args.paths, on_progress=on_progress), args.commbench)
     if html_page is not None:
         _write(Path(args.html), html_page)
     if args.json == "-":
@@ -72,6 +77,51 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if args.json:
         _write(Path(args.json), report.to_json())
     terminal.print_written([Path(p) for p in (args.json, args.html) if p])
+    return 0
+
+
+def _with_commbench(report, path: str | None):
+    if not path:
+        return report
+    from .commbench import CommBench, compare
+
+    try:
+        text = Path(path).read_bytes()
+    except OSError as error:
+        raise SkalpelError(f"cannot read {path}: {error.strerror or error}") from None
+    return compare(report, CommBench.from_json(text, source=path))
+
+
+def _add_commbench(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "commbench",
+        help="measure collective bandwidth (all_reduce, all_gather, ...) on this machine, as nccl-tests does",
+        description="Spawn N local processes on the current backend (nccl with a GPU each, else gloo on CPU) and "
+        "time each collective over a range of message sizes; print algorithm and bus bandwidth (nccl-tests "
+        "definitions). Feed the --json result to `skalpel analyze --commbench FILE` to compare a run with it.",
+    )
+    parser.add_argument("--nproc", type=int, default=2, metavar="N", help="processes (ranks) to spawn (2)")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl with N GPUs, else gloo")
+    parser.add_argument("--min-bytes", default=None, metavar="SIZE", help="smallest message, e.g. 1K (1K)")
+    parser.add_argument("--max-bytes", default=None, metavar="SIZE", help="largest message (4M on CPU, 64M on GPU)")
+    parser.add_argument("--ops", default=None, metavar="LIST", help="comma-separated collectives (all five)")
+    parser.add_argument("--iters", type=int, default=10, metavar="N", help="calls timed per measurement (10)")
+    parser.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE")
+    parser.set_defaults(handler=_cmd_commbench)
+
+
+def _cmd_commbench(args: argparse.Namespace) -> int:
+    from .capture.commbench import TYPES, BenchOptions, run_commbench, sizes_between
+    from .commbench import render_table
+
+    options = BenchOptions(
+        nproc=args.nproc, backend=args.backend, sizes=sizes_between(args.min_bytes, args.max_bytes, args.backend),
+        types=tuple(args.ops.split(",")) if args.ops else TYPES, iters=args.iters,
+    )  # fmt: skip
+    bench = run_commbench(options)
+    sys.stdout.write(render_table(bench))
+    if args.json:
+        _write(Path(args.json), bench.to_json())
     return 0
 
 
@@ -133,6 +183,11 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("-m", dest="module", action="store_true", help="TARGET is a module, as in python -m")
     add_capture_options(parser)
+    parser.add_argument(
+        "--nproc", type=int, default=1, metavar="N",
+        help="run N ranks on this machine through torch.distributed.run (torchrun) and merge their traces "
+        "into one report (1); under your own torchrun, leave it out: every rank profiles itself",
+    )  # fmt: skip
     parser.add_argument("target", nargs="?", metavar="SCRIPT", help="the script (or module with -m)")
     parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
     parser.set_defaults(handler=_cmd_run)
@@ -164,6 +219,39 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     args.name = args.name or "demo"
     return execute(Target("skalpel.demo", ("--steps", str(args.steps)), module=True), args)
+
+
+def _add_explain(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "explain",
+        help="what a finding means, how it is measured, its thresholds and the fix",
+        description="Print a finding's documentation from the registry; without an id, a table of all findings.",
+    )
+    parser.add_argument("finding_id", nargs="?", metavar="FINDING_ID", help="e.g. dataloader_bound")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(handler=_cmd_explain)
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    import orjson
+    from rich.console import Console
+
+    from .diagnose import explain
+
+    if args.finding_id is None:
+        if args.json:
+            sys.stdout.buffer.write(orjson.dumps(explain.explain_all_dicts(), option=orjson.OPT_INDENT_2) + b"\n")
+        else:
+            Console().print(explain.render_table())
+        return 0
+    rule = explain.find(args.finding_id)
+    if rule is None:
+        raise SkalpelError(f"unknown finding id {args.finding_id!r} (skalpel explain lists them all)")
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(explain.explain_dict(rule), option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        Console().print(explain.render_rule(rule))
+    return 0
 
 
 def _write(path: Path, content: bytes | str) -> None:

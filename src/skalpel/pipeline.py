@@ -38,6 +38,8 @@ def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
             f"{analyses.steps.dropped_tail} trailing step(s) left out: the trace lacks (some of) the device work "
             "they launched (the profiler stopped first), as the TensorBoard plugin does",
         )
+    if analyses.rank_comparison is not None:
+        warnings += analyses.rank_comparison.warnings
     return Report(
         source=_source(trace),
         steps=_step_stats(analyses),
@@ -49,7 +51,9 @@ def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
 
 
 def _diagnose(analyses: Analyses, capture: CaptureInfo | None) -> tuple[Finding, ...]:
-    return ()
+    from .diagnose import diagnose
+
+    return diagnose(analyses, capture)
 
 
 def _rank_report(analyses: Analyses, rank: int) -> RankReport:
@@ -107,6 +111,11 @@ def _extra(analyses: Analyses, rank: int) -> dict:
         extra["syncs"] = _rounded(sync.to_dict())
     if analyses.compile is not None and analyses.compile.used:
         extra["compile"] = _rounded(analyses.compile.to_dict())
+    comm = analyses.comm.for_rank(rank) if analyses.comm else None
+    if comm is not None and comm.collectives:
+        extra["comm"] = comm.to_summary()
+    if analyses.rank_comparison is not None:
+        extra["distributed"] = analyses.rank_comparison.summary_of(rank)
     return extra
 
 

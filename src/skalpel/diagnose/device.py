@@ -1,0 +1,236 @@
+"""Device findings: the device waits (gpu_idle), the host cannot feed it (launch_bound), attention is unfused."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..analysis.gpu_time import gpu_time
+from ..analysis.launches import launches
+from ..analysis.ops import op_table
+from ..trace.kinds import DEVICE_KINDS, Kind
+from . import thresholds
+from .overhead import check_cpu_overhead
+from .rule import Context, Docs, NotJudged, Outcome, Rule
+
+_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
+
+
+def _steps_on(ctx: Context, rank: int) -> int:
+    return max(len(ctx.steps.for_rank(rank)), 1)
+
+
+def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
+    result = ctx.result("gpu_time", lambda: gpu_time(ctx.trace))
+    if result is None:
+        return NotJudged("no device activity")
+    findings = []
+    for rank, gpu in result.ranks.items():
+        if gpu is None or gpu.span_us <= 0:
+            continue
+        ms = gpu.idle_us / 1000.0 / _steps_on(ctx, rank)
+        if gpu.idle_pct < rule.thresholds.share_pct or ms < rule.thresholds.floor:
+            continue
+        split = gpu.idle_breakdown_pct
+        evidence = {
+            "idle_pct": gpu.idle_pct,
+            "idle_ms_per_step": ms,
+            "host_wait_pct": split.get("host_wait", 0.0),
+            "kernel_wait_pct": split.get("kernel_wait", 0.0),
+            "other_wait_pct": split.get("other", 0.0),
+            "compute_pct": gpu.compute_pct,
+        }
+        findings.append(
+            rule.finding(evidence, locations=ctx.locations(_after_longest_gaps(ctx, rank)), severity=rule.severity_for(gpu.idle_pct), rank=rank)
+        )
+    return findings
+
+
+def _after_longest_gaps(ctx: Context, rank: int, count: int = 20) -> np.ndarray:
+    """The device events that end the longest idle gaps: their launch sites are where the host was late."""
+    trace = ctx.trace
+    events = np.flatnonzero(np.isin(trace.kind, _DEVICE) & (trace.rank == rank))
+    if len(events) < 2:
+        return events
+    events = events[np.argsort(trace.ts[events], kind="stable")]
+    ends = np.maximum.accumulate(trace.ts[events] + trace.dur[events])
+    gaps = trace.ts[events[1:]] - ends[:-1]
+    return events[1:][np.argsort(-gaps)[:count]]
+
+
+GPU_IDLE = Rule(
+    id="gpu_idle",
+    family="device",
+    severity="warning",
+    title="The GPU is idle {idle_pct:.0f}% of the time ({idle_ms_per_step:.1f} ms/step; host wait {host_wait_pct:.0f}% of it)",
+    thresholds=thresholds.GPU_IDLE,
+    check=_check_gpu_idle,
+    needs_device=True,
+    fix="find what the host does while the device waits (data loading, syncs, Python overhead); "
+    "overlap it with device work or move it off the critical path",
+    docs=Docs(
+        what="The share of the device timeline (first to last device event, streams merged) when no kernel, copy "
+        "or memset runs, split as Holistic Trace Analysis does into host wait (the next work was launched after "
+        "the device went idle), kernel wait (short gaps between back-to-back kernels) and other.",
+        why="An idle accelerator is the most expensive resource in the job doing nothing; the step cannot get "
+        "faster than the work the host hands it.",
+        evidence="`idle_pct`, idle ms per step, the host-wait / kernel-wait / other split of the idle time, and "
+        "the compute share. The locations are the launch sites of the work that ended the longest gaps.",
+        fix="Host wait: remove what stalls the host (data loading, `.item()` syncs, Python overhead; see the other "
+        "findings), use CUDA graphs or torch.compile for launch overhead. Kernel wait: fuse small kernels.",
+        false_positives="Inference with small batches and traces that include set-up or warm-up are idle by design; "
+        "a trace cut mid-step shows idle time at its edges.",
+    ),
+)
+
+
+def _check_launch_bound(ctx: Context, rule: Rule) -> Outcome:
+    if not ctx.trace.has_device:
+        return check_cpu_overhead(ctx, rule)
+    result = ctx.result("launches", lambda: launches(ctx.trace, ctx.steps))
+    idle = ctx.result("gpu_time", lambda: gpu_time(ctx.trace))
+    if result is None:
+        return NotJudged("no device work with a known launch call")
+    limits = rule.thresholds
+    findings = []
+    for rank, stats in result.ranks.items():
+        if stats is None or _graph_launched_pct(ctx, rank) >= 50.0:
+            continue  # kernels replayed from a CUDA graph do not pay a launch each
+        per_step = stats.kernels_per_step if stats.steps else float(stats.kernels)
+        idle_pct = _idle_not_waiting_for_data(ctx, idle, rank)
+        if stats.tiny_kernel_pct < limits.share_pct or per_step < limits.floor or idle_pct < limits.param("min_idle_pct"):
+            continue
+        evidence = {
+            "tiny_kernel_pct": stats.tiny_kernel_pct,
+            "kernels_per_step": per_step,
+            "kernel_median_us": stats.kernel_median_us,
+            "launch_call_median_us": stats.launch_call_median_us,
+            "gpu_idle_pct": idle_pct,  # idle share of the step not explained by waiting for data
+        }
+        kernels = np.flatnonzero((ctx.trace.kind == Kind.KERNEL) & (ctx.trace.rank == rank))
+        findings.append(rule.finding(evidence, locations=ctx.locations(kernels), rank=rank))
+    return findings
+
+
+def _graph_launched_pct(ctx: Context, rank: int) -> float:
+    """Share of the rank's kernels launched by a graph launch (cudaGraphLaunch, hipGraphLaunch)."""
+    trace = ctx.trace
+    kernels = np.flatnonzero((trace.kind == Kind.KERNEL) & (trace.rank == rank) & (trace.launcher >= 0))
+    if len(kernels) == 0:
+        return 0.0
+    launch_names = np.unique(trace.name[trace.launcher[kernels]])
+    graph = [name for name in launch_names if "GraphLaunch" in trace.names[name]]
+    return 100.0 * float(np.isin(trace.name[trace.launcher[kernels]], graph).sum()) / len(kernels)
+
+
+def _idle_not_waiting_for_data(ctx: Context, idle, rank: int) -> float:
+    """Device idle share of the step, less the time the step waited for data (dataloader_bound's part)."""
+    gpu = idle.for_rank(rank) if idle is not None else None
+    if gpu is None or gpu.span_us <= 0:
+        return 0.0
+    breakdown = ctx.result("breakdown")
+    rank_breakdown = breakdown.for_rank(rank) if breakdown is not None else None
+    data_ms = rank_breakdown.ms_per_step.get("dataloader", 0.0) if rank_breakdown is not None else 0.0
+    steps = _steps_on(ctx, rank)
+    idle_ms = max(gpu.idle_us / 1000.0 / steps - data_ms, 0.0)
+    return 100.0 * idle_ms / (gpu.span_us / 1000.0 / steps)
+
+
+LAUNCH_BOUND = Rule(
+    id="launch_bound",
+    family="device",
+    severity="warning",
+    title="Launch bound: {tiny_kernel_pct:.0f}% of {kernels_per_step:.0f} kernels/step run shorter than their launch",
+    thresholds=thresholds.LAUNCH_BOUND,
+    check=_check_launch_bound,
+    fix="fewer, bigger operations: torch.compile (fuses elementwise ops), CUDA graphs (mode='reduce-overhead'), "
+    "vectorise Python loops over tensors, bigger batches",
+    docs=Docs(
+        what="Many tiny operations: on a device, most kernels run for less time than the host call that launched "
+        "them, thousands per step, while the device sits idle; on a CPU-only trace, thousands of host ops per step "
+        "that each take microseconds, so framework dispatch and Python dominate the step.",
+        why="Each op pays a fixed cost (Python, dispatcher, kernel launch of ~5-10 us) however little it computes. "
+        "When ops are tiny that fixed cost is the step time, and a faster device does not help.",
+        evidence="Device: share of tiny kernels, kernels per step, median kernel and launch-call durations, GPU idle "
+        "share not explained by data loading (at least `min_idle_pct`). CPU: ops per step, share of ops shorter than `tiny_us`, median op time, share of the step not "
+        "spent in substantial ops. Locations: the user code issuing the ops.",
+        fix="Fuse: `torch.compile(model)`; replay with CUDA graphs (`mode='reduce-overhead'`); replace Python loops "
+        "over elements or small tensors by batched tensor ops; increase the batch size.",
+        false_positives="Decode-time inference is launch bound by nature (use CUDA graphs there). A trace whose "
+        "kernels are replayed by one graph launch is not counted as launch bound.",
+    ),
+)
+
+
+_ATTENTION_MATMUL = frozenset({"aten::bmm", "aten::baddbmm"})
+_SOFTMAX = frozenset({"aten::_softmax", "aten::_safe_softmax", "aten::softmax"})
+_FUSED_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "_fused_attention", "flex_attention")
+_FUSED_KERNELS = ("flash", "fmha", "attn_fwd", "attn_bwd", "efficient_attention", "fused_attention")
+
+
+def _check_attention(ctx: Context, rule: Rule) -> Outcome:
+    table = ctx.result("ops", lambda: op_table(ctx.trace))
+    kernels = ctx.result("kernels")
+    findings = []
+    for rank_ops in table.ranks:
+        rows = {row.name: row for row in rank_ops.rows}
+        softmax = [rows[name] for name in _SOFTMAX if name in rows]
+        matmul = [rows[name] for name in _ATTENTION_MATMUL if name in rows]
+        softmax_calls = max((row.calls for row in softmax), default=0)  # softmax wraps _softmax: count once
+        matmul_calls = sum(row.calls for row in matmul)
+        if softmax_calls == 0 or matmul_calls < softmax_calls:
+            continue  # no softmax between batched matmuls: not the eager attention pattern
+        steps = _steps_on(ctx, rank_ops.rank)
+        softmax_ms = sum(row.device_ms for row in softmax)
+        matmul_ms = sum(row.device_ms for row in matmul)
+        device_ms = sum(row.device_ms for row in rank_ops.rows)
+        share = 100.0 * (softmax_ms + matmul_ms) / device_ms if device_ms > 0 else 0.0
+        ms = (softmax_ms + matmul_ms) / steps
+        if share < rule.thresholds.share_pct or ms < rule.thresholds.floor:
+            continue
+        fused = any(any(part in name for part in _FUSED_OPS) for name in rows) or _has_fused_kernel(kernels, rank_ops.rank)
+        evidence = {
+            "share_pct": share,
+            "ms_per_step": ms,
+            "bmm_ms": matmul_ms / steps,
+            "softmax_ms": softmax_ms / steps,
+            "bmm_calls": matmul_calls,
+            "softmax_calls": softmax_calls,
+            "fused_attention_seen": fused,
+        }
+        names = {ctx.trace.name_id(name) for name in _SOFTMAX} - {-1}
+        events = np.flatnonzero(np.isin(ctx.trace.name, list(names)) & (ctx.trace.rank == rank_ops.rank))
+        findings.append(rule.finding(evidence, locations=ctx.locations(events), rank=rank_ops.rank))
+    return findings
+
+
+def _has_fused_kernel(kernels, rank: int) -> bool:
+    table = kernels.for_rank(rank) if kernels is not None else None
+    return table is not None and any(any(part in row.name.lower() for part in _FUSED_KERNELS) for row in table.rows)
+
+
+ATTENTION_HOTSPOT = Rule(
+    id="attention_hotspot",
+    family="device",
+    severity="warning",
+    title="Unfused attention (bmm + softmax) takes {share_pct:.0f}% of device time ({ms_per_step:.1f} ms/step)",
+    thresholds=thresholds.ATTENTION_HOTSPOT,
+    check=_check_attention,
+    needs_device=True,
+    fix="use torch.nn.functional.scaled_dot_product_attention (flash / memory-efficient kernels), "
+    "e.g. attn_implementation='sdpa' in Hugging Face models",
+    docs=Docs(
+        what="Attention computed eagerly as batched matmuls around a softmax (`aten::bmm` / `baddbmm` + "
+        "`aten::softmax`), taking a large share of device time, instead of a fused attention kernel.",
+        why="Eager attention writes the full sequence x sequence score matrix to memory and reads it back several "
+        "times; fused kernels (FlashAttention, memory-efficient attention) keep it on chip, running several times "
+        "faster and using far less memory at long sequence lengths.",
+        evidence="Device time share and ms per step of the bmm + softmax ops, their call counts, and whether any "
+        "fused attention op or kernel appears elsewhere in the trace. Locations: the code calling softmax.",
+        fix="Call `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...)`; in "
+        "Hugging Face models pass `attn_implementation='sdpa'` (or 'flash_attention_2').",
+        false_positives="Models that use bmm and softmax for something other than attention (mixture-of-experts "
+        "routing, classification heads with batched matmuls) match the same pattern.",
+    ),
+)
+
+RULES = (GPU_IDLE, LAUNCH_BOUND, ATTENTION_HOTSPOT)

@@ -1,0 +1,63 @@
+"""What ``skalpel explain`` prints: a finding's docs, thresholds and fix, from the registry (one source)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .registry import RULES, lookup
+from .rule import Rule
+
+
+def explain_dict(rule: Rule) -> dict[str, Any]:
+    return {
+        "id": rule.id,
+        "family": rule.family,
+        "severity": rule.severity,
+        "title": rule.title,
+        "needs_device": rule.needs_device,
+        "needs_steps": rule.needs_steps,
+        "thresholds": rule.thresholds.to_dict(),
+        "thresholds_text": rule.thresholds.describe(),
+        "fix": rule.fix,
+        "docs": rule.docs.sections(),
+    }
+
+
+def explain_all_dicts() -> list[dict[str, Any]]:
+    return [explain_dict(rule) for rule in RULES]
+
+
+def render_rule(rule: Rule) -> Group:
+    parts: list = [Text(f"{rule.id}  ({rule.family}, {rule.severity})", style="bold")]
+    applies = "GPU traces only" if rule.needs_device else "CPU and GPU traces"
+    if rule.needs_steps:
+        applies += ", needs ProfilerStep markers"
+    parts.append(Text(f"applies to: {applies}"))
+    parts.append(Text(f"fires at: {rule.thresholds.describe()}"))
+    for heading, body in rule.docs.sections().items():
+        parts.append(Text(f"\n{heading}", style="bold underline"))
+        parts.append(Text(body))
+    if rule.fix:
+        parts.append(Text("\nDefault fix", style="bold underline"))
+        parts.append(Text(rule.fix))
+    return Group(*parts)
+
+
+def render_table() -> Table:
+    table = Table(title="skalpel findings (skalpel explain ID for details)", title_justify="left")
+    table.add_column("id", no_wrap=True)
+    table.add_column("severity")
+    table.add_column("applies to")
+    table.add_column("fires at", overflow="fold")
+    for rule in RULES:
+        applies = "GPU" if rule.needs_device else "CPU+GPU"
+        table.add_row(rule.id, rule.severity, applies, rule.thresholds.describe())
+    return table
+
+
+def find(finding_id: str) -> Rule | None:
+    return lookup(finding_id)

@@ -1,0 +1,179 @@
+"""Memory findings: allocated memory that grows step after step, and one op that allocates much of the peak."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from ..analysis.memory import memory
+from ..trace.kinds import Kind
+from . import thresholds
+from .common import pct
+from .rule import Context, Docs, NotJudged, Outcome, Rule
+
+MIB = 2**20
+_NO_MEMORY = "no [memory] events: profile with profile_memory=True (skalpel run records them)"
+
+
+def _memory(ctx: Context):
+    return ctx.result("memory", lambda: memory(ctx.trace, ctx.steps))
+
+
+def _check_growth(ctx: Context, rule: Rule) -> Outcome:
+    result = _memory(ctx)
+    if result is None:
+        return NotJudged(_NO_MEMORY)
+    limits = rule.thresholds
+    findings = []
+    judged = False
+    for device in _main_devices(ctx, result):
+        deltas = np.diff(np.array(device.step_end_bytes, dtype=np.float64))
+        if len(deltas) < limits.param("min_steps") or device.growth_bytes_per_step is None:
+            continue
+        judged = True
+        growth = float(device.growth_bytes_per_step)
+        rising = pct(float((deltas > 0).sum()), len(deltas))
+        share = pct(growth, device.peak_bytes)
+        if growth < limits.floor * MIB or share < limits.share_pct or rising < limits.param("min_rising_pct"):
+            continue
+        evidence = {
+            "growth_mib_per_step": growth / MIB,
+            "growth_pct_of_peak": share,
+            "steps": len(deltas),
+            "rising_steps_pct": rising,
+            "start_mib": device.step_end_bytes[0] / MIB,
+            "end_mib": device.step_end_bytes[-1] / MIB,
+            "peak_mib": device.peak_bytes / MIB,
+            "device": device.device,
+        }
+        findings.append(rule.finding(evidence, locations=_leak_sites(ctx, device), rank=device.rank))
+    if not judged:
+        return NotJudged(f"fewer than {limits.param('min_steps'):g} marked steps with memory events: cannot judge growth per step")
+    return findings
+
+
+def _main_devices(ctx: Context, result) -> list:
+    """Per rank, the accelerator with the highest peak, else the host: host memory of a GPU job is not judged."""
+    devices = [result.main_device(rank) for rank in ctx.trace.rank_ids]
+    return [device for device in devices if device is not None]
+
+
+def _leak_sites(ctx: Context, device) -> tuple[str, ...]:
+    """Where the allocations that are never freed happen.
+
+    ``[memory]`` events carry no address in our model, so allocations and frees are paired by
+    size: sizes allocated more often than freed during the steps are the ones that stay, and
+    the user frames open at those allocations are the sites.
+    """
+    events = ctx.trace.memory
+    steps = sorted(ctx.steps.for_rank(device.rank), key=lambda step: step.start_us)
+    start, end = steps[0].start_us, steps[-1].end_us
+    device_type = 0 if device.device == "cpu" else None
+    rows = np.flatnonzero((events.rank == device.rank) & (events.ts >= start) & (events.ts < end))
+    if device_type is not None:
+        rows = rows[events.device_type[rows] == device_type]
+    else:
+        rows = rows[events.device_type[rows] != 0]
+    sizes = events.nbytes[rows]
+    surplus = Counter(sizes[sizes > 0].tolist())
+    surplus.subtract(Counter((-sizes[sizes < 0]).tolist()))
+    kept = {size for size, count in surplus.items() if count > 0 and size >= MIB // 16}
+    allocs = rows[np.isin(sizes, list(kept))] if kept else rows[:0]
+    if len(allocs) == 0:
+        return ()
+    tid = int(events.tid[allocs[0]])
+    return ctx.locations_at(device.rank, tid, events.ts[allocs])
+
+
+MEMORY_GROWTH = Rule(
+    id="memory_growth",
+    family="memory",
+    severity="warning",
+    title="Allocated memory grows {growth_mib_per_step:.1f} MiB every step on {device} ({start_mib:.0f} -> {end_mib:.0f} MiB over {steps} steps)",
+    thresholds=thresholds.MEMORY_GROWTH,
+    check=_check_growth,
+    needs_steps=True,
+    fix="stop keeping tensors alive across steps: store loss.item() or loss.detach() (not the loss with its graph), "
+    "clear lists/caches of outputs, avoid retain_graph=True",
+    docs=Docs(
+        what="Allocated memory (the allocator's Total Allocated, or the running sum of allocations) measured at "
+        "each step's end rises step after step: the median per-step change is positive and most steps rise.",
+        why="A leak ends in an out-of-memory error after enough steps, and before that it fragments the caching "
+        "allocator and slows every step. The usual cause is a Python reference that keeps tensors (and the "
+        "autograd graph behind them) alive.",
+        evidence="Median growth per step in MiB and as a share of the peak, how many steps rose, allocated memory "
+        "at the first step's start and the last step's end, the peak and the device. Locations: user code "
+        "allocating the sizes that are allocated more often than freed.",
+        fix="Append `loss.item()` or `loss.detach()` instead of `loss`; `del` or clear lists of outputs; do not use "
+        "`retain_graph=True` without need; wrap evaluation in `torch.no_grad()`.",
+        false_positives="Caches that fill once (cudnn workspaces, the optimizer's state on its first step, a "
+        "growing KV cache in generation) grow during the first steps and then level off; profile after warm-up.",
+    ),
+)
+
+
+def _check_spike(ctx: Context, rule: Rule) -> Outcome:
+    result = _memory(ctx)
+    if result is None:
+        return NotJudged(_NO_MEMORY)
+    limits = rule.thresholds
+    findings = []
+    for device in _main_devices(ctx, result):
+        size, peak = device.largest_alloc_bytes, device.peak_bytes
+        share = pct(size, peak)
+        if size < limits.floor * MIB or share < limits.share_pct:
+            continue
+        evidence = {
+            "alloc_mib": size / MIB,
+            "share_pct": share,
+            "peak_mib": peak / MIB,
+            "op": _outer_op(ctx, device.largest_alloc_op_event) or device.largest_alloc_op or "unknown",
+            "inner_op": device.largest_alloc_op or "unknown",
+            "device": device.device,
+            "op_event": device.largest_alloc_op_event,
+        }
+        locations = ctx.locations([device.largest_alloc_op_event]) if device.largest_alloc_op_event >= 0 else ()
+        findings.append(rule.finding(evidence, locations=locations, rank=device.rank))
+    return findings
+
+
+def _outer_op(ctx: Context, event: int) -> str | None:
+    """The outermost host op around an op on its thread: what the user called (aten::contiguous, not aten::empty)."""
+    if event < 0:
+        return None
+    trace = ctx.trace
+    same = (trace.rank == trace.rank[event]) & (trace.pid == trace.pid[event]) & (trace.tid == trace.tid[event])
+    around = np.flatnonzero(
+        same & (trace.kind == Kind.CPU_OP) & (trace.ts <= trace.ts[event]) & (trace.ts + trace.dur >= trace.ts[event] + trace.dur[event])
+    )
+    return trace.name_of(int(around[np.argmin(trace.ts[around])])) if len(around) else None
+
+
+MEMORY_SPIKE = Rule(
+    id="memory_spike",
+    family="memory",
+    severity="warning",
+    title="One allocation of {alloc_mib:.0f} MiB by {op} is {share_pct:.0f}% of the {peak_mib:.0f} MiB peak on {device}",
+    thresholds=thresholds.MEMORY_SPIKE,
+    check=_check_spike,
+    fix="avoid materialising broadcast views: keep expand() results as views (let broadcasting do the work), "
+    "compute in chunks, or use in-place / fused ops",
+    docs=Docs(
+        what="The largest single allocation in the trace is a large share of the peak allocated memory, and big "
+        "in absolute terms: one op sets the memory high-water mark.",
+        why="The peak decides the batch size that fits and whether the job fits at all. A single oversized "
+        "temporary, typically `expand()` followed by `.contiguous()`, `.clone()`, `reshape()` or an op that "
+        "materialises the broadcast, can often be avoided entirely.",
+        evidence="Size of the allocation in MiB and its share of the peak, the peak, the outermost op the user "
+        "called around the allocation (`op`) and the innermost one that allocated (`inner_op`), the device, and the "
+        "op's event index. The location is the user code calling that op.",
+        fix="Keep broadcasts as views (`expand` costs nothing until materialised) and let broadcasting ops consume "
+        "them; process in chunks; use in-place ops or fused kernels (SDPA instead of materialised attention "
+        "masks).",
+        false_positives="Weights, optimizer state or a large input batch allocated once are big by design; the "
+        "rule points at them too when they dominate the peak.",
+    ),
+)
+
+RULES = (MEMORY_GROWTH, MEMORY_SPIKE)

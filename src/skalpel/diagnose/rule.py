@@ -1,0 +1,171 @@
+"""What a finding rule is: one declaration with its id, severity, title, thresholds, docs and check.
+
+A family module (``input.py``, ``sync.py``, ...) declares each of its findings once as a
+``Rule`` and lists them in a module-level ``RULES`` tuple; ``registry.py`` collects every
+family into one table. A check reads analysis results through ``Context`` (never the raw
+JSON) and returns either a list of ``Finding`` values (empty: nothing to report) or a
+``NotJudged`` saying why the question cannot be answered from this trace.
+
+Writing a rule::
+
+    DATALOADER_BOUND = Rule(
+        id="dataloader_bound", family="input", severity="warning",
+        title="Waiting for data takes {share_pct:.0f}% of each step ({ms_per_step:.1f} ms/step)",
+        thresholds=thresholds.DATALOADER_BOUND, docs=Docs(...), check=_check_dataloader,
+        needs_steps=True,
+    )
+
+    def _check_dataloader(ctx: Context, rule: Rule) -> list[Finding] | NotJudged:
+        ...
+        return [rule.finding(evidence={...}, locations=ctx.locations(events), fix="...", rank=0)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Union
+
+import numpy as np
+
+from ..report.model import CaptureInfo, Finding
+from .thresholds import Threshold
+
+DOC_HEADINGS = ("What it detects", "Why it matters", "Evidence", "How to fix", "Known false positives")
+
+
+@dataclass(frozen=True)
+class Docs:
+    """The explanation of a finding, under fixed headings (``skalpel explain`` prints these)."""
+
+    what: str
+    why: str
+    evidence: str
+    fix: str
+    false_positives: str
+
+    def sections(self) -> dict[str, str]:
+        return dict(zip(DOC_HEADINGS, (self.what, self.why, self.evidence, self.fix, self.false_positives)))
+
+
+@dataclass(frozen=True)
+class NotJudged:
+    """A rule that cannot answer on this trace, and why (e.g. "no steps marked")."""
+
+    reason: str
+
+
+Outcome = Union[list[Finding], NotJudged]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str  # stable and public: never reused; renamed ids go to registry.REDIRECTS
+    family: str
+    severity: str  # default severity; a check may raise it to critical past thresholds.critical_share_pct
+    title: str  # format template over the evidence keys, with the key number
+    thresholds: Threshold
+    docs: Docs
+    check: Callable[["Context", "Rule"], Outcome]
+    fix: str  # one line, the default fix shown with the finding
+    needs_device: bool = False  # judged only where the trace has device activity
+    needs_steps: bool = False  # judged per step: needs ProfilerStep markers
+
+    def finding(
+        self,
+        evidence: dict[str, Any],
+        *,
+        locations: Iterable[str] = (),
+        severity: str | None = None,
+        fix: str | None = None,
+        rank: int | None = None,
+        title: str | None = None,
+    ) -> Finding:
+        """A Finding of this rule; the title is the template filled from the evidence unless given."""
+        clean = {key: _plain(value) for key, value in evidence.items()}
+        return Finding(
+            id=self.id,
+            severity=severity or self.severity,
+            title=title if title is not None else self.title.format(**clean),
+            evidence=clean,
+            locations=tuple(locations),
+            fix=fix or self.fix,
+            rank=rank,
+        )
+
+    def severity_for(self, share_pct: float) -> str:
+        """The default severity, raised to critical at or above the critical share."""
+        critical = self.thresholds.critical_share_pct
+        return "critical" if critical is not None and share_pct >= critical else self.severity
+
+
+@dataclass
+class Context:
+    """What a check may read: the analysis results, the capture settings, and user-code locations."""
+
+    analyses: Any  # analysis.bundle.Analyses
+    capture: CaptureInfo | None = None
+    _locator: Any = field(default=None, repr=False)
+
+    @property
+    def trace(self) -> Any:
+        return self.analyses.trace
+
+    def result(self, name: str, compute: Callable[[], Any] | None = None) -> Any:
+        """An analysis result by its field name on Analyses (or in Analyses.results).
+
+        When the bundle does not carry it, ``compute`` (the analysis's own public function)
+        is called once and its result kept; without ``compute`` the answer is None.
+        """
+        value = getattr(self.analyses, name, None)
+        if value is None:
+            value = self.analyses.results.get(name)
+        if value is None and compute is not None:
+            value = compute()
+            self.analyses.results[name] = value
+        return value
+
+    @property
+    def steps(self) -> Any:
+        return self.analyses.steps
+
+    def locations(self, events: Iterable[int] | np.ndarray, *, limit: int = 3) -> tuple[str, ...]:
+        """The innermost user-code frames around these events, most frequent first."""
+        if self._locator is None:
+            from ..trace.stacks import Locator
+
+            self._locator = Locator(self.trace)
+        return self._locator.locations(events, limit=limit)
+
+    def inner_locations(self, events: Iterable[int] | np.ndarray, *, limit: int = 2) -> tuple[str, ...]:
+        """User frames that run inside these events, by time spent (what a slow range is busy with)."""
+        return self._get_locator().inner_locations(events, limit=limit)
+
+    def _get_locator(self) -> Any:
+        if self._locator is None:
+            from ..trace.stacks import Locator
+
+            self._locator = Locator(self.trace)
+        return self._locator
+
+    def locations_at(self, rank: int, tid: int | None, ts_us: Iterable[float], *, limit: int = 3) -> tuple[str, ...]:
+        """The innermost user-code frames open at these instants on a host thread (memory events)."""
+        if self._locator is None:
+            from ..trace.stacks import Locator
+
+            self._locator = Locator(self.trace)
+        return self._locator.locations_at(rank, tid, ts_us, limit=limit)
+
+
+def _plain(value: Any) -> Any:
+    """Evidence values as plain JSON types, floats rounded for reading."""
+    if isinstance(value, (np.floating, float)):
+        return round(float(value), 4)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.ndarray):
+        return [_plain(item) for item in value.tolist()]
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    return value

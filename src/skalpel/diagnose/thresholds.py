@@ -1,0 +1,113 @@
+"""Every threshold of every finding, in one place.
+
+A bottleneck rule fires only when BOTH its share (of the step, of device time, of the
+peak, ...) and its absolute floor are reached: 60% of a 1 ms step is not worth a user's
+hour, and 5 ms of a 2 s step is noise. Above ``critical_share_pct`` a warning becomes
+critical. Further knobs a rule needs (what counts as a tiny kernel, ...) are named in
+``params``. ``skalpel explain`` prints these values, so change them here and only here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Threshold:
+    share_pct: float | None  # fires at or above this share (None: the rule has no meaningful share)
+    share_of: str  # what the share is a share of
+    floor: float  # ... and at or above this absolute amount
+    floor_unit: str
+    critical_share_pct: float | None = None
+    params: tuple[tuple[str, float], ...] = ()
+    fires_below: bool = False  # the floor is a minimum the measurement must reach (too_few_steps)
+
+    def param(self, name: str) -> float:
+        return dict(self.params)[name]
+
+    def describe(self) -> str:
+        parts = []
+        if self.share_pct is not None:
+            parts.append(f">= {self.share_pct:g}% {self.share_of}")
+        parts.append(f"{'<' if self.fires_below else '>='} {_number(self.floor)} {self.floor_unit}")
+        text = " and ".join(parts)
+        if self.critical_share_pct is not None:
+            text += f"; critical at >= {self.critical_share_pct:g}%"
+        if self.params:
+            text += "; " + ", ".join(f"{name}={_number(value)}" for name, value in self.params)
+        return text
+
+    def to_dict(self) -> dict:
+        return {
+            "share_pct": self.share_pct,
+            "share_of": self.share_of,
+            "floor": self.floor,
+            "floor_unit": self.floor_unit,
+            "critical_share_pct": self.critical_share_pct,
+            "fires_below": self.fires_below,
+            "params": dict(self.params),
+        }
+
+
+def _number(value: float) -> str:
+    return f"{int(value)}" if float(value).is_integer() else f"{value:g}"
+
+
+MIB = 2**20
+
+# --- input ---------------------------------------------------------------------------------
+# TensorBoard's plugin recommends more workers at a 5% DataLoader share; 10% is where an
+# engineer would act first, and 5 ms/step is the time a second worker usually wins back.
+DATALOADER_BOUND = Threshold(10.0, "of the step", 5.0, "ms/step", critical_share_pct=30.0)
+PAGEABLE_MEMCPY = Threshold(
+    1.0,
+    "of the step in pageable host-to-device copies",
+    0.5,
+    "ms/step",
+    params=(("min_bytes_per_step", 1 * MIB), ("warning_pct", 5.0)),
+)
+
+# --- sync ----------------------------------------------------------------------------------
+HOST_DEVICE_SYNC = Threshold(5.0, "of the step with the host blocked on the device", 0.2, "ms/step", critical_share_pct=30.0)
+
+# --- device --------------------------------------------------------------------------------
+GPU_IDLE = Threshold(30.0, "of the step with the device idle", 2.0, "ms/step", critical_share_pct=60.0)
+LAUNCH_BOUND = Threshold(
+    50.0,
+    "of kernels (or host ops) shorter than tiny_us",
+    500.0,
+    "kernels or ops per step",
+    params=(("tiny_us", 10.0), ("min_idle_pct", 30.0), ("cpu_overhead_pct", 50.0)),
+)
+ATTENTION_HOTSPOT = Threshold(20.0, "of device time in unfused attention (bmm + softmax)", 1.0, "ms/step")
+
+# --- memory --------------------------------------------------------------------------------
+MEMORY_GROWTH = Threshold(
+    5.0, "of the peak gained per step", 1.0, "MiB/step", params=(("min_steps", 3), ("min_rising_pct", 75.0))
+)
+MEMORY_SPIKE = Threshold(25.0, "of the peak allocated by one op", 32.0, "MiB")
+
+# --- compile -------------------------------------------------------------------------------
+RECOMPILATION = Threshold(10.0, "of the profiled steps recompiling", 1.0, "recompiles in the profiled steps")
+
+# --- measurement ---------------------------------------------------------------------------
+NO_WARMUP = Threshold(50.0, "slower first step than the median of the others", 2.0, "ms")
+TOO_FEW_STEPS = Threshold(None, "", 3.0, "profiled steps", fires_below=True)
+NOISY_MEASUREMENT = Threshold(
+    20.0, "spread between capture windows (or step-time cv)", 0.5, "ms", params=(("warning_pct", 50.0), ("min_steps", 5))
+)
+PROFILER_OVERHEAD = Threshold(10.0, "slower profiled steps than un-profiled ones", 1.0, "ms/step", params=(("warning_pct", 100.0),))
+
+# --- distributed (rules in distributed.py) --------------------------------------------------
+COMMUNICATION_BOUND = Threshold(30.0, "of the step in collectives", 5.0, "ms/step", critical_share_pct=50.0)
+LOW_COMM_OVERLAP = Threshold(
+    50.0, "of communication not overlapped with compute", 2.0, "ms/step exposed", params=(("min_comm_share_pct", 10.0),)
+)
+STRAGGLER_RANK = Threshold(
+    10.0,
+    "of the step the other ranks wait for the slowest rank in collectives",
+    5.0,
+    "ms/step",
+    critical_share_pct=30.0,
+    params=(("min_last_arrival_pct", 50.0),),  # ... and it arrived last at half the matched collectives or more
+)

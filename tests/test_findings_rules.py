@@ -1,0 +1,261 @@
+"""Finding rules on small hand-built Kineto traces: each threshold, both sides of it.
+
+Each test writes a tiny Kineto JSON document (the format torch.profiler writes: complete
+``X`` events with ``cpu_op`` / ``cuda_runtime`` / ``kernel`` / ``gpu_memcpy`` categories,
+linked by correlation and External id) and runs the real loader, analyses and rules on it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from skalpel.api import analyze
+from skalpel.diagnose import thresholds
+
+HOST, DEVICE, STREAM = 100, 0, 7
+
+
+class TraceBuilder:
+    """Builds one rank's Kineto trace: host ops and launches on thread 100, device work on stream 7."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self._ids = 1000
+
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def host(self, name: str, ts: float, dur: float, cat: str = "cpu_op", **args) -> int:
+        external = self._next_id()
+        self.events.append(
+            {"ph": "X", "cat": cat, "name": name, "pid": HOST, "tid": HOST, "ts": ts, "dur": dur,
+             "args": {"External id": external, **args}}
+        )  # fmt: skip
+        return external
+
+    def step(self, number: int, ts: float, dur: float) -> None:
+        self.host(f"ProfilerStep#{number}", ts, dur, cat="user_annotation")
+
+    def launch(self, ts: float, dur: float, *, work_ts: float, work_dur: float, external: int = 0,
+               name: str = "cudaLaunchKernel", kernel: str = "volta_sgemm_128x64_nn", cat: str = "kernel",
+               nbytes: int = 0) -> None:  # fmt: skip
+        correlation = self._next_id()
+        self.events.append(
+            {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": HOST, "tid": HOST, "ts": ts, "dur": dur,
+             "args": {"correlation": correlation, "external id": external}}
+        )  # fmt: skip
+        args = {"device": DEVICE, "stream": STREAM, "correlation": correlation, "external id": external}
+        if nbytes:
+            args["bytes"] = nbytes
+        self.events.append(
+            {"ph": "X", "cat": cat, "name": kernel, "pid": DEVICE, "tid": STREAM, "ts": work_ts, "dur": work_dur, "args": args}
+        )
+
+    def runtime(self, name: str, ts: float, dur: float) -> None:
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": HOST, "tid": HOST, "ts": ts, "dur": dur,
+                            "args": {"correlation": self._next_id(), "external id": 0}})  # fmt: skip
+
+    def write(self, path: Path) -> Path:
+        document = {
+            "schemaVersion": 1,
+            "deviceProperties": [{"id": 0, "name": "Test GPU", "totalGlobalMem": 16 * 2**30}],
+            "traceEvents": self.events,
+        }
+        path.write_text(json.dumps(document))
+        return path
+
+
+def _findings(builder: TraceBuilder, tmp_path: Path, finding_id: str):
+    report = analyze(builder.write(tmp_path / "trace.json"))
+    return [finding for finding in report.findings if finding.id == finding_id], report
+
+
+STEP_US = 10_000.0
+
+
+def _steps(builder: TraceBuilder, count: int = 3) -> None:
+    for number in range(count):
+        builder.step(number + 1, number * STEP_US, STEP_US - 1)
+
+
+# --- gpu_idle -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("busy_us", "fires"), [(2000.0, True), (9500.0, False)])
+def test_gpu_idle_both_sides(tmp_path, busy_us, fires):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        # one kernel per step launched at the step's start; the device is busy busy_us of each 10 ms step
+        builder.launch(start + 10, 5, work_ts=start + 20, work_dur=busy_us)
+    found, _ = _findings(builder, tmp_path, "gpu_idle")
+    if fires:
+        assert len(found) == 1
+        assert found[0].evidence["idle_pct"] >= thresholds.GPU_IDLE.share_pct
+        assert found[0].severity == "critical"  # ~80% idle, above the critical share
+    else:
+        assert found == []
+
+
+def test_gpu_idle_respects_the_absolute_floor(tmp_path):
+    """80% idle, but of 1 ms steps: 0.8 ms/step of idle is below the floor."""
+    builder = TraceBuilder()
+    for number in range(3):
+        start = number * 1000.0
+        builder.step(number + 1, start, 999)
+        builder.launch(start + 10, 5, work_ts=start + 20, work_dur=200)
+    found, _ = _findings(builder, tmp_path, "gpu_idle")
+    assert found == []
+
+
+# --- launch_bound ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kernel_us", "fires"), [(2.0, True), (20.0, False)])
+def test_launch_bound_both_sides(tmp_path, kernel_us, fires):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        for index in range(600):  # 600 launches of 8 us each, back to back on the host
+            ts = start + 50 + index * 8.0
+            builder.launch(ts, 7, work_ts=ts + 6, work_dur=kernel_us)
+    found, _ = _findings(builder, tmp_path, "launch_bound")
+    if fires:
+        assert len(found) == 1
+        evidence = found[0].evidence
+        assert evidence["kernels_per_step"] == pytest.approx(600)
+        assert evidence["tiny_kernel_pct"] == pytest.approx(100)
+    else:
+        assert found == []
+
+
+# --- host_device_sync -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("relaunch_after_us", "severity"), [(3000.0, "critical"), (20.0, "info")])
+def test_host_device_sync_judged_by_the_idle_it_causes(tmp_path, relaunch_after_us, severity):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.launch(start + 10, 5, work_ts=start + 20, work_dur=5000)  # the device works 5 ms
+        builder.runtime("cudaDeviceSynchronize", start + 30, 4990)  # the host waits for it
+        resume = start + 5020 + relaunch_after_us
+        builder.launch(resume, 5, work_ts=resume + 10, work_dur=500)
+    found, _ = _findings(builder, tmp_path, "host_device_sync")
+    assert len(found) == 1
+    finding = found[0]
+    assert finding.severity == severity
+    assert finding.evidence["sync_call_count"] == 3
+    assert finding.evidence["syncs_per_step"] == pytest.approx(1.0)
+    if severity == "critical":
+        assert finding.evidence["idle_after_ms_per_step"] == pytest.approx(3.0, abs=0.05)
+        assert finding.evidence["share_pct"] >= thresholds.HOST_DEVICE_SYNC.critical_share_pct
+
+
+# --- pageable_memcpy ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "nbytes", "severity"),
+    [
+        ("Memcpy HtoD (Pageable -> Device)", 8 * 2**20, "warning"),  # 1 ms of a 10 ms step
+        ("Memcpy HtoD (Pinned -> Device)", 8 * 2**20, None),  # pinned: fine
+        ("Memcpy HtoD (Pageable -> Device)", 1024, None),  # a few bytes: below the floors
+    ],
+)
+def test_pageable_memcpy_both_sides(tmp_path, name, nbytes, severity):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        duration = 1000.0 if nbytes > 2**20 else 2.0
+        builder.launch(start + 10, duration + 20, work_ts=start + 20, work_dur=duration, name="cudaMemcpyAsync",
+                       kernel=name, cat="gpu_memcpy", nbytes=nbytes)  # fmt: skip
+        builder.launch(start + 1100, 5, work_ts=start + 1200, work_dur=8000)
+    found, _ = _findings(builder, tmp_path, "pageable_memcpy")
+    if severity is None:
+        assert found == []
+    else:
+        assert [finding.severity for finding in found] == [severity]
+        assert found[0].evidence["mib_per_step"] == pytest.approx(8.0)
+        assert found[0].evidence["ms_per_step"] == pytest.approx(1.0)
+
+
+# --- attention_hotspot ----------------------------------------------------------------------
+
+
+def _attention_step(builder: TraceBuilder, start: float, *, fused: bool) -> None:
+    if fused:
+        external = builder.host("aten::_scaled_dot_product_flash_attention", start + 10, 100)
+        builder.launch(start + 20, 5, work_ts=start + 30, work_dur=1500, external=external,
+                       kernel="pytorch_flash::flash_fwd_kernel")  # fmt: skip
+    else:
+        for offset, op, kernel in ((10, "aten::bmm", "gemm_qk"), (200, "aten::_softmax", "softmax_warp_forward"),
+                                   (400, "aten::bmm", "gemm_pv")):  # fmt: skip
+            external = builder.host(op, start + offset, 100)
+            builder.launch(start + offset + 10, 5, work_ts=start + 600 + offset * 5, work_dur=800, external=external,
+                           kernel=kernel)  # fmt: skip
+    external = builder.host("aten::addmm", start + 500, 50)
+    builder.launch(start + 510, 5, work_ts=start + 5000, work_dur=1000, external=external, kernel="sm90_gemm")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_attention_hotspot_eager_fires_fused_does_not(tmp_path, fused):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        _attention_step(builder, number * STEP_US, fused=fused)
+    found, _ = _findings(builder, tmp_path, "attention_hotspot")
+    if fused:
+        assert found == []
+    else:
+        assert len(found) == 1
+        evidence = found[0].evidence
+        assert evidence["share_pct"] == pytest.approx(100 * 2400 / 3400, abs=0.1)  # 3 x 800 us of 3400 us device time
+        assert evidence["softmax_calls"] == 3 and evidence["bmm_calls"] == 6
+        assert evidence["fused_attention_seen"] is False
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+def test_no_steps_says_what_cannot_be_judged(tmp_path):
+    builder = TraceBuilder()
+    for index in range(5):
+        builder.host("aten::mm", index * 1000.0, 900)
+    report = analyze(builder.write(tmp_path / "trace.json"))
+    notes = [finding for finding in report.findings if finding.id == "not_judged"]
+    no_steps = [note for note in notes if "no steps marked" in note.evidence["reason"]]
+    assert no_steps and "dataloader_bound" in no_steps[0].evidence["rules"]
+    no_device = [note for note in notes if "no device activity" in note.evidence["reason"]]
+    assert no_device and "host_device_sync" in no_device[0].evidence["rules"]
+    assert not [finding for finding in report.findings if finding.severity in ("critical", "warning")]
+    assert not [note for note in notes if "rule error" in note.evidence["reason"]]
+
+
+def test_one_event_trace_gives_a_verdict_not_a_crash(tmp_path):
+    builder = TraceBuilder()
+    builder.host("aten::add", 0.0, 5.0)
+    report = analyze(builder.write(tmp_path / "trace.json"))
+    ids = [finding.id for finding in report.findings]
+    assert "no_bottleneck" in ids
+    assert not [f for f in report.findings if f.id == "not_judged" and "rule error" in f.evidence["reason"]]
+
+
+def test_findings_without_stacks_say_how_to_get_them(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.launch(start + 10, 5, work_ts=start + 20, work_dur=5000)
+        builder.runtime("cudaDeviceSynchronize", start + 30, 4990)
+        builder.launch(start + 8000, 5, work_ts=start + 8010, work_dur=500)
+    found, _ = _findings(builder, tmp_path, "host_device_sync")
+    assert "with_stack=True" in found[0].locations[0]

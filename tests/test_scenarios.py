@@ -1,0 +1,199 @@
+"""Each scenario in examples/scenarios runs under `skalpel run` and gets its planted finding.
+
+A scenario marks its planted line with ``# PLANTED``. Python stacks from the profiler name
+the *function* a frame belongs to: its ``def`` line for calls made while recording, the
+current line for frames that were already running when recording started. So a location
+is right when it names the scenario file, the function holding the planted line, and a
+line inside that function.
+
+All scenarios start at once (module fixture) and each test waits for its own, so the
+slow parts (starting torch, writing the run folder) overlap.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = REPO / "examples" / "scenarios"
+SKALPEL = REPO / ".venv" / "bin" / "skalpel"
+QUICK = ("--wait", "0", "--warmup", "1", "--active", "4", "--stop-after-capture")
+RUNS = {
+    "baseline": QUICK,
+    "dataloader_starved": QUICK,
+    "memory_leak": QUICK,
+    "memory_spike": QUICK,
+    "tiny_ops": QUICK,
+    "no_warmup": ("--wait", "0", "--warmup", "0", "--active", "1", "--stop-after-capture"),
+}
+SLOW_RUNS = {"recompile": ("--wait", "0", "--warmup", "1", "--active", "3", "--stop-after-capture")}
+LOCATION = re.compile(r"^(?P<path>.+):(?P<line>\d+) in (?P<func>.+)$")
+TIMEOUT_S = 900
+
+
+def _command() -> list[str]:
+    return [str(SKALPEL)] if SKALPEL.exists() else [sys.executable, "-m", "skalpel"]
+
+
+def _start(name: str, options: tuple[str, ...], out: Path) -> subprocess.Popen:
+    log = open(out.parent / f"{name}.log", "wb")
+    return subprocess.Popen(
+        [*_command(), "run", *options, "--out", str(out), str(SCENARIOS / f"{name}.py")],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+
+
+class Runs:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def start(self, table: dict[str, tuple[str, ...]]) -> None:
+        for name, options in table.items():
+            self.processes[name] = _start(name, options, self.root / name)
+
+    def report(self, name: str) -> dict:
+        if name not in self.processes:
+            self.start({name: SLOW_RUNS[name]})
+        process = self.processes[name]
+        status = process.wait(timeout=TIMEOUT_S)
+        log = (self.root / f"{name}.log").read_text(errors="replace")
+        assert status == 0, f"skalpel run {name} exited {status}:\n{log[-3000:]}"
+        return json.loads((self.root / name / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    runs = Runs(tmp_path_factory.mktemp("scenarios"))
+    runs.start(RUNS)
+    yield runs
+    for process in runs.processes.values():
+        if process.poll() is None:
+            process.kill()
+
+
+def _planted_function(name: str) -> tuple[str, int, int]:
+    """(function name, first line, last line) of the function holding the ``# PLANTED`` line."""
+    source = (SCENARIOS / f"{name}.py").read_text()
+    marker = next(number for number, line in enumerate(source.splitlines(), 1) if "# PLANTED" in line)
+    functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
+    holder = min(
+        (node for node in functions if node.lineno <= marker <= node.end_lineno),
+        key=lambda node: node.end_lineno - node.lineno,
+    )
+    return holder.name, holder.lineno, holder.end_lineno
+
+
+def _assert_located(finding: dict, name: str) -> None:
+    function, first, last = _planted_function(name)
+    for location in finding["locations"]:
+        match = LOCATION.match(location)
+        if (
+            match
+            and Path(match["path"]).name == f"{name}.py"
+            and match["func"] == function
+            and first <= int(match["line"]) <= last
+        ):
+            return
+    pytest.fail(f"{finding['id']}: no location in {name}.py:{first}-{last} ({function}): {finding['locations']}")
+
+
+def _finding(report: dict, finding_id: str) -> dict:
+    found = [finding for finding in report["findings"] if finding["id"] == finding_id]
+    assert found, f"{finding_id} missing; findings: {[(f['id'], f['severity'], f['title']) for f in report['findings']]}"
+    return found[0]
+
+
+def _serious(report: dict) -> list[dict]:
+    return [finding for finding in report["findings"] if finding["severity"] in ("critical", "warning")]
+
+
+def test_findings_lead_the_report(runs):
+    findings = runs.report("dataloader_starved")["findings"]
+    order = ["critical", "warning", "info"]
+    ranks = [order.index(finding["severity"]) for finding in findings]
+    assert ranks == sorted(ranks)
+
+
+def test_baseline_has_no_warning(runs):
+    report = runs.report("baseline")
+    assert _serious(report) == [], [(f["id"], f["title"]) for f in _serious(report)]
+    verdict = _finding(report, "no_bottleneck")
+    assert verdict["evidence"]["median_step_ms"] > 0
+    assert verdict["evidence"]["largest_category"] == "cpu_exec"  # the matmuls
+
+
+def test_starving_dataloader(runs):
+    report = runs.report("dataloader_starved")
+    finding = _finding(report, "dataloader_bound")
+    assert finding["severity"] == "critical"
+    evidence = finding["evidence"]
+    assert evidence["share_pct"] >= 50  # 16 samples x 2 ms of sleep against a tiny MLP
+    assert evidence["ms_per_step"] >= 30
+    assert "_SingleProcessDataLoaderIter" in evidence["iterator"]
+    assert "num_workers=0" in finding["fix"]
+    _assert_located(finding, "dataloader_starved")
+
+
+def test_memory_kept_alive_across_steps(runs):
+    report = runs.report("memory_leak")
+    finding = _finding(report, "memory_growth")
+    evidence = finding["evidence"]
+    assert evidence["growth_mib_per_step"] == pytest.approx(8.0, abs=0.5)  # one 1024 x 2048 float32 per step
+    assert evidence["rising_steps_pct"] == 100
+    assert evidence["device"] == "cpu"
+    _assert_located(finding, "memory_leak")
+    assert not [f for f in report["findings"] if f["id"] == "memory_spike"]
+
+
+def test_expand_then_materialise_spike(runs):
+    report = runs.report("memory_spike")
+    finding = _finding(report, "memory_spike")
+    evidence = finding["evidence"]
+    assert evidence["alloc_mib"] == pytest.approx(64.0)  # 4096 x 4096 float32
+    assert evidence["share_pct"] >= 90
+    assert evidence["op"] == "aten::contiguous"
+    _assert_located(finding, "memory_spike")
+    assert not [f for f in report["findings"] if f["id"] == "memory_growth"]
+
+
+def test_thousands_of_tiny_ops(runs):
+    report = runs.report("tiny_ops")
+    finding = _finding(report, "launch_bound")
+    evidence = finding["evidence"]
+    assert evidence["ops_per_step"] >= 1000
+    assert evidence["tiny_op_pct"] >= 50
+    assert evidence["overhead_pct"] >= 50
+    _assert_located(finding, "tiny_ops")
+
+
+def test_no_warmup_and_one_step(runs):
+    report = runs.report("no_warmup")
+    no_warmup = _finding(report, "no_warmup")
+    assert no_warmup["evidence"]["warmup_steps"] == 0
+    assert no_warmup["severity"] == "warning"
+    too_few = _finding(report, "too_few_steps")
+    assert too_few["evidence"]["steps"] == 1 and too_few["evidence"]["minimum"] == 3
+
+
+@pytest.mark.slow
+def test_recompiling_on_changing_shapes(runs):
+    report = runs.report("recompile")
+    finding = _finding(report, "recompilation")
+    assert finding["severity"] == "warning"
+    evidence = finding["evidence"]
+    assert evidence["recompiles_in_steps"] >= 2  # every active step after the first has a new batch size
+    assert evidence["recompiling_steps_pct"] >= 50
+    assert len(evidence["compile_ids"]) >= 3
+    _assert_located(finding, "recompile")
