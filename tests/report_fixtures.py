@@ -25,13 +25,13 @@ EVIL_SCRIPT = "</script><script>document.title='pwned'</script><!--"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def _rank(rank: int, *, slow: float = 1.0, ops: int = 60, curve: int = 3000) -> RankReport:
+def _rank(rank: int, *, slow: float = 1.0, ops: int = 60, curve: int = 3000, steps: int = 12) -> RankReport:
     points = tuple((i * 0.5, int(2**30 + 2**28 * math.sin(i / 50) + i * 2**18)) for i in range(curve))
     peak = max(points, key=lambda p: p[1]) if points else (0.0, 0)
     names = [EVIL, EVIL_TITLE, EVIL_SCRIPT]
     return RankReport(
         rank=rank,
-        step_ms=tuple(100 * slow + 5 * math.sin(i) for i in range(12)),
+        step_ms=tuple(100 * slow + 5 * math.sin(i) for i in range(steps)),
         step_breakdown_pct={"kernel": 55.5, "memcpy": 1.1, "memset": 0.1, "communication": 0.0, "runtime": 1.6,
                             "dataloader": 33.4, "cpu_exec": 7.7, "other": 0.6},  # fmt: skip
         gpu=GpuSummary(44.5, 50.0, 5.5, 12.0 if rank else None, {"host_wait": 80.0, "kernel_wait": 15.0, "other": 5.0}),
@@ -46,7 +46,7 @@ def _rank(rank: int, *, slow: float = 1.0, ops: int = 60, curve: int = 3000) -> 
     )
 
 
-def full_report(*, ranks: int = 2, ops: int = 60, curve: int = 3000, findings: bool = True) -> Report:
+def full_report(*, ranks: int = 2, ops: int = 60, curve: int = 3000, steps: int = 12, findings: bool = True) -> Report:
     found = (
         Finding("gpu_idle", "warning", "GPU idle 44% of the step", {"idle_pct": 44.5}, ("train.py:50 in step",), "overlap"),
         Finding("dataloader_bound", "critical", f"Waiting for data: 33.4% of each step {EVIL}",
@@ -56,8 +56,8 @@ def full_report(*, ranks: int = 2, ops: int = 60, curve: int = 3000, findings: b
     )  # fmt: skip
     return Report(
         source=Source((f"/tmp/{EVIL}.json",), "2.13.0", "Tesla V100", ranks),
-        steps=StepStats(12 * ranks, 100.0, 104.0, 0.03),
-        ranks=tuple(_rank(r, slow=1 + r / 10, ops=ops, curve=curve) for r in range(ranks)),
+        steps=StepStats(steps * ranks, 100.0, 104.0, 0.03),
+        ranks=tuple(_rank(r, slow=1 + r / 10, ops=ops, curve=curve, steps=steps) for r in range(ranks)),
         findings=found if findings else (),
         capture=CaptureInfo(5, 10, 3.2, 1.8, 2, "train.py", 0, 95.0, 98.0, (99.0, 101.0)),
         warnings=(f"a warning {EVIL}",),

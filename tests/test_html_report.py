@@ -91,6 +91,9 @@ def test_page_stays_small_for_a_huge_report() -> None:
     page = html.render(report, flame=big_flame)
     assert len(page.encode()) < 5 * 2**20
     assert page.count('<td class="name mono">aten::op') <= html.parts.TABLE_ROWS * html.parts.DETAIL_RANKS
+    many = html.render(full_report(ranks=512, ops=100, curve=50, steps=5000))  # a long job on many ranks
+    assert len(many.encode()) < 5 * 2**20
+    assert "every 17th step shown" in many and "The first 8 of 512 ranks" in many
 
 
 def test_prune_flame_keeps_the_biggest_frames() -> None:

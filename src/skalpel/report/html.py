@@ -108,7 +108,15 @@ def flame_from_trace(trace: Trace, *, rank: int = 0) -> dict[str, Any] | None:
         return {"name": node.name, "value": node.total_us / 1000.0, "children": kids}
 
     tree = convert(root)
-    tree["name"] = f"all (rank {rank}, recorded steps)"
+    # Fold the chain of frames that enclose everything (runpy, the CLI, the script's main):
+    # they would take a row each and say nothing; the innermost of them stays.
+    node, folded = tree, 0
+    while len(node["children"]) == 1 and node["children"][0]["value"] >= 0.99 * node["value"]:
+        node, folded = node["children"][0], folded + 1
+    if folded > 1:
+        tree["children"] = [node]
+    name = f"all (rank {rank}, recorded steps)"
+    tree["name"] = name + (f"; {folded - 1} enclosing frames folded" if folded > 1 else "")
     tree["unit"] = "ms"
     return tree
 

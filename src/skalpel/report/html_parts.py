@@ -19,6 +19,9 @@ DETAIL_RANKS = 8
 CURVE_POINTS = 1200
 EXTRA_ROWS = 20
 NAME_CHARS = 160
+LONG_TEXT = 300
+CHART_RANKS = 32  # per-rank bars drawn; the per-rank table lists every rank
+STEP_BARS = 300
 
 
 def na(why: str) -> str:
@@ -41,7 +44,8 @@ def short(value: Any) -> str:
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(short(v) for v in list(value)[:6]) + (", …]" if len(value) > 6 else "]")
-    return str(value)
+    text = str(value)
+    return text if len(text) <= LONG_TEXT else text[: LONG_TEXT - 1] + "…"
 
 
 def num(value: float | int | None, text: str | None = None) -> str:
@@ -122,11 +126,18 @@ def steps(report: Report) -> str:
     if not series:
         return section("steps", "Step time per step", na("no steps were found in the trace"))
     note = "" if report.steps.marked else '<p class="note">No ProfilerStep markers: each rank is one pseudo-step.</p>'
+    longest = max(len(values) for _, values in series)
+    if longest > STEP_BARS:
+        every = -(-longest // STEP_BARS)
+        series = [(name, values[::every]) for name, values in series]
+        note += f'<p class="note">{longest} steps: every {every}th step shown.</p>'
+    if len(report.ranks) > DETAIL_RANKS:
+        note += f'<p class="note">The first {DETAIL_RANKS} of {len(report.ranks)} ranks; all are in the per-rank comparison.</p>'
     return section("steps", "Step time per step", note + svg.step_bars(series, label="step time per step"))
 
 
 def breakdown(report: Report) -> str:
-    rows = [(f"rank {r.rank}", r.step_breakdown_pct) for r in report.ranks if r.step_breakdown_pct]
+    rows = [(f"rank {r.rank}", r.step_breakdown_pct) for r in report.ranks[:CHART_RANKS] if r.step_breakdown_pct]
     if not rows:
         return section("breakdown", "Step time breakdown", na("the step-time breakdown was not computed for this trace"))
     waits = [f"rank {r.rank}: {r.data_wait_ms_per_step:.2f} ms/step" for r in report.ranks if r.data_wait_ms_per_step]
@@ -137,7 +148,7 @@ def breakdown(report: Report) -> str:
 
 
 def gpu(report: Report) -> str:
-    ranks = [r for r in report.ranks if r.gpu is not None]
+    ranks = [r for r in report.ranks[:CHART_RANKS] if r.gpu is not None]
     if not ranks:
         why = "CPU-only trace: no device activity" if (report.source.device or "cpu") == "cpu" else (
             "the GPU time breakdown was not computed for this trace")  # fmt: skip
@@ -254,7 +265,7 @@ def ranks(report: Report) -> str:
         cells += [num(r.step_breakdown_pct.get(c), f"{r.step_breakdown_pct.get(c, 0):.1f}") for c in categories]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     medians = [(f"rank {r.rank}", {"median step ms": statistics.median(r.step_ms)})
-               for r in report.ranks if r.step_ms]  # fmt: skip
+               for r in report.ranks[:CHART_RANKS] if r.step_ms]  # fmt: skip
     chart = svg.stacked_bars(medians, unit=" ms", label="median step time per rank") if medians else ""
     return section("ranks", "Per-rank comparison", chart + table(headers, rows))
 
