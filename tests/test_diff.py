@@ -203,3 +203,9 @@ def test_diff_page_opens_in_chromium(resnet: tuple[Path, Path, dict], tmp_path: 
     assert dumped.returncode == 0 and console_messages(dumped.stderr) == []
     charts = [svg for svg in DomSummary(dumped.stdout).svgs if "chart" in svg["class"]]
     assert charts and all(svg["shapes"] > 0 for svg in charts)
+
+
+def test_diff_html_escapes_names() -> None:
+    evil = "<img src=x onerror=alert(1)>"
+    page = diff_render.render_html(diff_reports(run(TIGHT, ops={evil: 5.0}), run(TIGHT, ops={evil: 9.0})))
+    assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page

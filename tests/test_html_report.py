@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from skalpel.api import analyze
@@ -239,6 +242,9 @@ def test_browser_opens_the_demo_run_folder_report(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "skalpel", "demo", "--out", str(folder), "--repeat", "1"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+    document = json.loads((folder / "report.json").read_text())
+    jsonschema.Draft202012Validator(json.loads(resources.files("skalpel.report").joinpath("report.schema.json").read_text())).validate(document)
+    assert document["capture"]["warmup_steps"] >= 1  # a captured run: the capture facts are filled
     page = folder / "report.html"
     dumped = chromium(page, "--dump-dom", tmp=tmp_path)
     assert console_messages(dumped.stderr) == []
