@@ -185,16 +185,21 @@ def test_browser_sorts_tables_and_zooms_the_flame_graph(tmp_path: Path) -> None:
       var target = document.querySelectorAll('#flame rect')[1];
       target.dispatchEvent(new MouseEvent('click', {bubbles: true}));
       var zoomed = document.querySelectorAll('#flame rect')[1].getAttribute('width');
-      document.body.setAttribute('data-result', [first, firstAsc, before, zoomed].join('|'));
+      var bar = document.querySelector('#breakdown svg rect[data-tip]');
+      bar.dispatchEvent(new MouseEvent('mousemove', {bubbles: true, clientX: 20, clientY: 20}));
+      var tip = document.getElementById('tip');
+      var hover = tip.style.display + ':' + tip.textContent;
+      document.body.setAttribute('data-result', [first, firstAsc, before, zoomed, hover].join('|'));
     </script></body>"""
     page = tmp_path / "driven.html"
     page.write_text(markup.replace("</body>", driver))
     dumped = chromium(page, "--dump-dom", tmp=tmp_path)
     assert console_messages(dumped.stderr) == []
-    first, first_asc, before, zoomed = re.search(r'data-result="([^"]*)"', dumped.stdout).group(1).split("|")
+    first, first_asc, before, zoomed, hover = re.search(r'data-result="([^"]*)"', dumped.stdout).group(1).split("|")
     assert (int(first), int(first_asc)) == (491, 1)  # calls column (50 rows shown): descending, then ascending
     assert int(before) > 50
     assert float(zoomed) == pytest.approx(1060, abs=1)  # the clicked frame now fills the width
+    assert hover == "block:rank 0 · kernel: 55.5%"  # hovering a bar segment shows its details
 
 
 @needs_browser

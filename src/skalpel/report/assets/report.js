@@ -1,6 +1,8 @@
 (function () {
   "use strict";
   var tip = document.getElementById("tip");
+  // The <title> children are the no-script fallback; with the script running, one tooltip is enough.
+  document.querySelectorAll("svg [data-tip] > title").forEach(function (title) { title.remove(); });
   function showTip(text, ev) {
     tip.textContent = text;
     tip.style.display = "block";
