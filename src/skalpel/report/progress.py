@@ -8,7 +8,7 @@ import time
 from typing import Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
 from ..trace.loader import ProgressCallback
 
@@ -17,31 +17,38 @@ SHOW_AFTER_S = 1.0
 
 @contextlib.contextmanager
 def load_progress(*, console: Console | None = None) -> Iterator[ProgressCallback]:
-    """Yield a callback for ``load``; a bar appears once loading has run for a second."""
+    """Yield a callback for ``load``; a bar appears once loading has run for a second.
+
+    ``load`` reports (bytes done, bytes total) over all the files it reads, so one bar
+    covers a folder of many rank files. The bar goes away when loading is done; it is
+    never shown when stderr is not a terminal.
+    """
     console = console or Console(file=sys.stderr)
     started = time.monotonic()
     progress: Progress | None = None
     task = None
-    done = 0
+    finished = False
 
-    def on_progress(events: int, total: int) -> None:
-        nonlocal progress, task, done
-        done += events
+    def on_progress(done: int, total: int) -> None:
+        nonlocal progress, task, finished
+        if finished:
+            return
         if progress is None:
-            if time.monotonic() - started < SHOW_AFTER_S or not console.is_terminal:
+            if done >= total or time.monotonic() - started < SHOW_AFTER_S or not console.is_terminal:
                 return
             progress = Progress(
-                TextColumn("loading trace"), BarColumn(), TaskProgressColumn(), TimeRemainingColumn(),
+                TextColumn("loading trace"), BarColumn(), DownloadColumn(), TaskProgressColumn(), TimeRemainingColumn(),
                 console=console, transient=True,
             )  # fmt: skip
             progress.start()
             task = progress.add_task("load", total=total)
         progress.update(task, completed=min(done, total), total=total)
         if done >= total:
-            done = 0  # the next file starts over
+            finished = True
+            progress.stop()
 
     try:
         yield on_progress
     finally:
-        if progress is not None:
+        if progress is not None and not finished:
             progress.stop()

@@ -186,7 +186,10 @@ def _text(value: object) -> str | None:
 
 def _number(value: object, invalid: float | None) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value) if abs(value) < 1e300 else invalid
+        try:
+            return float(value)
+        except OverflowError:
+            return invalid
     return invalid
 
 

@@ -26,7 +26,7 @@ _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _OPENERS = (ord("{"), ord("["))
 _CLOSERS = (ord("}"), ord("]"))
 _SCAN_CHUNK = 32 << 20
-BATCH_BYTES = 8 << 20
+BATCH_BYTES = 4 << 20
 _LEADING_SPACE = re.compile(rb"\s*")
 
 

@@ -124,6 +124,7 @@ def _parse_file(path: Path, report: Callable[[float], None]) -> _FileColumns:
         raise TraceError(f"{path}: {foreign}")
     builder = ColumnBuilder()
     outcome = _read_events(data, builder, path, lambda fraction: report(share + (1 - share) * fraction))
+    report(1.0)
     truncated = outcome.truncated or gzip_truncated
     warnings = _warnings(path, builder, outcome, truncated, len(data))
     if builder.count == 0 and builder.seen and not builder.phased:

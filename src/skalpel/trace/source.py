@@ -12,7 +12,8 @@ import orjson
 from ..errors import TraceError
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_CHUNK = 8 << 20
+_IN_CHUNK = 1 << 20
+_OUT_CHUNK = 1 << 20  # zlib doubles its output buffer up to this: keep the transient small
 _OTHER_COMPRESSIONS = {
     b"BZh": "bzip2",
     b"\xfd7zXZ\x00": "xz",
@@ -35,30 +36,51 @@ def read_source(path: Path, on_fraction: Callable[[float], None] | None = None) 
 
 
 def _gunzip(raw: bytes, path: Path, on_fraction: Callable[[float], None] | None) -> tuple[bytearray, bool]:
-    """Decompress every gzip member, in chunks; keep what decompressed when the stream ends early."""
-    out = bytearray()
+    """Decompress every gzip member into one buffer sized from the gzip trailer (no regrowth copies).
+
+    Keeps what decompressed when the stream ends early or turns corrupt, as for a cut-off file.
+    """
+    out = bytearray(_expected_size(raw))
+    filled = 0
     view = memoryview(raw)
     position = 0
     while position < len(raw):
         decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16)
         try:
             while position < len(raw) and not decompressor.eof:
-                out += decompressor.decompress(view[position : position + _CHUNK])
-                position = min(position + _CHUNK, len(raw))
+                pending = view[position : position + _IN_CHUNK]
+                position += len(pending)
+                while pending and not decompressor.eof:
+                    piece = decompressor.decompress(pending, _OUT_CHUNK)
+                    out[filled : filled + len(piece)] = piece  # grows the buffer only past the trailer's size
+                    filled += len(piece)
+                    pending = decompressor.unconsumed_tail
                 if on_fraction is not None:
                     on_fraction(position / len(raw))
         except zlib.error as error:
-            if not out:
+            if not filled:
                 raise TraceError(f"{path}: corrupt gzip data ({error})") from None
-            return out, True  # corrupt after some data: load what came before, as for a cut-off file
+            return _trimmed(out, filled), True
         if not decompressor.eof:
-            if not out:
+            if not filled:
                 raise TraceError(f"{path}: the gzip stream is cut off before any data")
-            return out, True
+            return _trimmed(out, filled), True
         position -= len(decompressor.unused_data)  # the next member, if any, starts here
         if raw[position : position + 2] != _GZIP_MAGIC:
             break  # padding or trailing garbage after the last member: ignored, as gzip does
-    return out, False
+    return _trimmed(out, filled), False
+
+
+def _expected_size(raw: bytes) -> int:
+    """The uncompressed size from the gzip trailer (modulo 4 GiB; 0 when implausible, e.g. a cut file)."""
+    size = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
+    return size if size <= 40 * len(raw) else 0  # traces compress 10-20x; a cut file has no trailer
+
+
+def _trimmed(out: bytearray, filled: int) -> bytearray:
+    if filled < len(out):
+        del out[filled:]
+    return out
 
 
 def describe_foreign(data: bytes | bytearray) -> str | None:
