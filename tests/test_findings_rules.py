@@ -259,3 +259,43 @@ def test_findings_without_stacks_say_how_to_get_them(tmp_path):
         builder.launch(start + 8000, 5, work_ts=start + 8010, work_dur=500)
     found, _ = _findings(builder, tmp_path, "host_device_sync")
     assert "with_stack=True" in found[0].locations[0]
+
+
+# --- measurement (from the capture settings) -------------------------------------------------
+
+
+def _with_capture(tmp_path: Path, **capture_fields):
+    from skalpel.pipeline import build_report
+    from skalpel.report.model import CaptureInfo
+    from skalpel.trace.loader import load
+
+    builder = TraceBuilder()
+    for number in range(5):
+        builder.step(number + 1, number * STEP_US, STEP_US - 1)
+        builder.host("aten::mm", number * STEP_US + 10, 9000)
+    capture = CaptureInfo(**{"warmup_steps": 2, "active_steps": 5, **capture_fields})
+    return build_report(load(builder.write(tmp_path / "trace.json")), capture=capture)
+
+
+@pytest.mark.parametrize(("noise_pct", "medians", "severity"), [(35.0, (10.0, 13.5), "info"), (60.0, (10.0, 16.0), "warning"),
+                                                                 (5.0, (10.0, 10.5), None)])  # fmt: skip
+def test_noisy_measurement_from_capture_windows(tmp_path, noise_pct, medians, severity):
+    report = _with_capture(tmp_path, noise_pct=noise_pct, repeats=2, window_medians_ms=medians)
+    found = [finding for finding in report.findings if finding.id == "noisy_measurement"]
+    assert [finding.severity for finding in found] == ([severity] if severity else [])
+
+
+@pytest.mark.parametrize(("overhead_pct", "profiled", "severity"), [(150.0, 25.0, "warning"), (30.0, 13.0, "info"),
+                                                                    (5.0, 10.5, None), (40.0, 1.3, None)])  # fmt: skip
+def test_profiler_overhead_share_and_floor(tmp_path, overhead_pct, profiled, severity):
+    unprofiled = profiled / (1 + overhead_pct / 100)
+    report = _with_capture(tmp_path, overhead_pct=overhead_pct, profiled_step_ms=profiled, unprofiled_step_ms=unprofiled)
+    found = [finding for finding in report.findings if finding.id == "profiler_overhead"]
+    assert [finding.severity for finding in found] == ([severity] if severity else [])
+
+
+def test_no_warmup_from_capture_settings(tmp_path):
+    report = _with_capture(tmp_path, warmup_steps=0)
+    found = [finding for finding in report.findings if finding.id == "no_warmup"]
+    assert len(found) == 1 and found[0].evidence["warmup_steps"] == 0
+    assert not [f for f in _with_capture(tmp_path).findings if f.id == "no_warmup"]

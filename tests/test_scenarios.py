@@ -176,6 +176,8 @@ def test_thousands_of_tiny_ops(runs):
     assert evidence["tiny_op_pct"] >= 50
     assert evidence["overhead_pct"] >= 50
     _assert_located(finding, "tiny_ops")
+    overhead = _finding(report, "profiler_overhead")  # the Python tracer pays per call: thousands per step
+    assert overhead["evidence"]["overhead_pct"] >= 10
 
 
 def test_no_warmup_and_one_step(runs):

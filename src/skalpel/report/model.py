@@ -127,7 +127,9 @@ class Report:
         return any(rank.gpu is not None for rank in self.ranks)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The report as plain data; the answer (findings, most severe first) leads, after the schema id."""
+        data = dataclasses.asdict(self)
+        return {"schema": data.pop("schema"), "findings": data.pop("findings"), **data}
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
