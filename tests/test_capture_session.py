@@ -219,3 +219,16 @@ def test_script_raising_mid_window_keeps_the_steps_recorded_so_far(tmp_path: Pat
     assert "fails.py" in err and "steps: median" in out
     steps = _step_names(tmp_path / "run" / "trace-rank0.json.gz")
     assert 1 <= len(steps) < 10
+
+
+def test_interrupt_keeps_the_trace_and_exits_130(tmp_path: Path, capsys) -> None:
+    source = TRAIN.replace("    optimizer.step()", "    optimizer.step()\n    if len(done) == 8: raise KeyboardInterrupt\n    done.append(1)")
+    script = _write(tmp_path / "interrupted.py", "STEPS = 30\ndone = []\n" + source)
+    status, out, err = _run(capsys, "--out", str(tmp_path / "run"), "--warmup", "1", "--active", "3", str(script))
+    assert status == 130 and "KeyboardInterrupt" in err
+    assert (tmp_path / "run" / "summary.txt").is_file() and "3 steps: median" in out
+
+
+def test_run_without_a_script(capsys) -> None:
+    status, _, err = _run(capsys)
+    assert status == 2 and "give a script to run" in _one_line_error(err)
