@@ -113,6 +113,10 @@ def test_dlrm_eight_ranks_align_and_match() -> None:
     assert straggler.rank == int(np.argmin(waits)) == 7
     assert straggler.last_arrival_pct >= 50
     assert straggler.imposed_wait_ms_per_step == pytest.approx(float(np.median(np.delete(waits, 7))) - waits[7])
+    for timing in comparison.ranks:  # the transfer (after the last rank arrived) is never slower than the whole call
+        raw = {row.type: row.busbw_gbps for row in analyses.comm.for_rank(timing.rank).by_type}
+        assert set(timing.transfer_busbw_gbps) == {"all_to_all", "all_reduce"}
+        assert all(timing.transfer_busbw_gbps[kind] >= raw[kind] * 0.999 for kind in raw)
 
 
 def _rewrite(source: Path, target: Path, change) -> Path:
@@ -240,6 +244,7 @@ def test_commbench_file_round_trip_and_comparison() -> None:
     row = next(r for r in report.ranks[0].extra["comm"]["by_type"] if r["type"] == "all_reduce")
     assert row["commbench_busbw_gbps"] == 83.9
     assert row["vs_commbench_pct"] == pytest.approx(100 * row["busbw_gbps"] / 83.9, abs=0.1)
+    assert "transfer_vs_commbench_pct" not in row  # one rank: no wait to take out
     with pytest.raises(SkalpelError, match="not a skalpel commbench result"):
         CommBench.from_json(b'{"schema": "other"}')
 

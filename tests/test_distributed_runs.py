@@ -104,6 +104,7 @@ def test_planted_straggler_names_rank_1(runs: dict[str, Path]) -> None:
     assert finding.evidence["extra_time_in"] == OUTSIDE_OPS
     assert any("ddp_straggler.py" in where and "load_batch" in where for where in finding.locations)
     assert report.capture is not None and report.capture.exit_status == 0
+    assert report.capture.active_steps == 3 and report.capture.profiled_step_ms is not None  # from rank 0's capture
 
 
 def test_communication_heavy_run_is_communication_bound(runs: dict[str, Path]) -> None:
@@ -130,4 +131,5 @@ def test_commbench_and_the_comparison_with_a_run(runs: dict[str, Path], tmp_path
     report = Report.from_json(out.read_bytes())
     row = next(r for r in report.ranks[0].extra["comm"]["by_type"] if r["type"] == "all_reduce")
     assert row["commbench_busbw_gbps"] > 0 and row["vs_commbench_pct"] > 0
+    assert row["transfer_vs_commbench_pct"] >= row["vs_commbench_pct"] * 0.999  # the wait taken out
     assert any("compared with commbench (gloo, 2 ranks, cpu)" in w for w in report.warnings)

@@ -84,7 +84,8 @@ def compare(report: Report, bench: CommBench) -> Report:
     """The report with each collective type's achieved busbw set against commbench's at the same size.
 
     Adds ``commbench_busbw_gbps`` and ``vs_commbench_pct`` to the rows of
-    ``RankReport.extra['comm']['by_type']``, and a warning when the backends differ.
+    ``RankReport.extra['comm']['by_type']`` (and ``transfer_vs_commbench_pct``, the busbw
+    after the last rank arrived, for multi-rank reports), and a note saying what was compared.
     """
     ranks = tuple(_compare_rank(rank, bench) for rank in report.ranks)
     warnings = report.warnings
@@ -99,13 +100,16 @@ def _compare_rank(rank, bench: CommBench):
     comm = rank.extra.get("comm")
     if not comm:
         return rank
+    transfer = (rank.extra.get("distributed") or {}).get("transfer_busbw_gbps", {})
     rows = []
     for row in comm.get("by_type", ()):
         row = dict(row)
         measured = bench.busbw_at(row["type"], int(row.get("median_bytes") or 0))
-        if measured is not None and row.get("busbw_gbps"):
+        if measured is not None and measured.busbw_gbps > 0 and row.get("busbw_gbps"):
             row["commbench_busbw_gbps"] = round(measured.busbw_gbps, 4)
-            row["vs_commbench_pct"] = round(100.0 * row["busbw_gbps"] / measured.busbw_gbps, 1) if measured.busbw_gbps else None
+            row["vs_commbench_pct"] = round(100.0 * row["busbw_gbps"] / measured.busbw_gbps, 1)
+            if row["type"] in transfer:  # without the wait for later ranks: the transfer itself
+                row["transfer_vs_commbench_pct"] = round(100.0 * transfer[row["type"]] / measured.busbw_gbps, 1)
         rows.append(row)
     extra = dict(rank.extra, comm=dict(comm, by_type=rows))
     return dataclasses.replace(rank, extra=extra)

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..trace.model import Trace
-from .collectives import SYNCHRONISING, Collective
+from .collectives import SYNCHRONISING, Collective, busbw_factor
 from .comm import CommAnalysis
 from .rankcheck import consistency_warnings
 from .rankprofile import OUTSIDE_OPS, Excess, excess, time_profile  # noqa: F401 - OUTSIDE_OPS re-exported
@@ -46,6 +46,7 @@ class RankTiming:
     clock: str  # "reference", "same host" (one clock), "aligned" (estimated) or "raw" (nothing to align on)
     matched_collectives: int  # of this rank's collectives, matched to the reference rank's
     last_arrivals: int  # matched collectives this rank reached last
+    transfer_busbw_gbps: dict[str, float] = field(default_factory=dict)  # by type, without the wait (nccl-tests busbw)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class RankComparison:
             "matched_collectives": timing.matched_collectives,
             "last_arrivals": timing.last_arrivals,
             "straggler_candidate": straggler is not None and straggler.rank == rank,
+            "transfer_busbw_gbps": {kind: round(value, 4) for kind, value in timing.transfer_busbw_gbps.items()},
         }
 
 
@@ -177,6 +179,22 @@ def _waits(groups: list[dict[int, Collective]], offsets: dict[int, float]) -> tu
     return wait, last
 
 
+def _transfer_busbw(groups: list[dict[int, Collective]], offsets: dict[int, float], rank: int) -> dict[str, float]:
+    """Bus bandwidth by type over the time after the last rank arrived: the transfer, not the wait."""
+    moved: dict[str, float] = defaultdict(float)
+    spent: dict[str, float] = defaultdict(float)
+    for group in groups:
+        call = group.get(rank)
+        if call is None or len(group) < 2 or call.nbytes <= 0:
+            continue
+        latest = max(other.start_us - offsets.get(number, 0.0) for number, other in group.items())
+        transfer = call.end_us - max(latest + offsets.get(rank, 0.0), call.start_us)
+        if transfer > 0:
+            moved[call.type] += call.nbytes * busbw_factor(call.type, call.group_size)
+            spent[call.type] += transfer
+    return {kind: moved[kind] / spent[kind] / 1e3 for kind in moved}
+
+
 def _timing(trace, steps, comm, rank, groups, offsets, waits, last) -> RankTiming:
     own = steps.for_rank(rank)
     count = max(len(own), 1)
@@ -194,6 +212,7 @@ def _timing(trace, steps, comm, rank, groups, offsets, waits, last) -> RankTimin
         clock=_clock_source(trace, rank, offsets),
         matched_collectives=sum(1 for g in groups if rank in g and len(g) >= 2),
         last_arrivals=last.get(rank, 0),
+        transfer_busbw_gbps=_transfer_busbw(groups, offsets, rank),
     )
 
 

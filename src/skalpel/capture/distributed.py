@@ -19,6 +19,7 @@ node's ``trace-rank*.json.gz`` into one folder and run ``skalpel analyze FOLDER`
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import subprocess
@@ -162,6 +163,39 @@ def launch(nproc: int, forwarded: list[str], folder: Path) -> int:
         raise SkalpelError(f"cannot start torch.distributed.run: {error.strerror or error}") from None
 
 
+def save_capture(folder: Path | None, rank: int, capture) -> None:
+    """A trace-only rank's CaptureInfo (overhead, noise), for the launcher's merged report."""
+    if folder is None or job() is None or not job().trace_only:
+        return
+    import dataclasses
+
+    import orjson
+
+    try:
+        (folder / _capture_file(rank)).write_bytes(orjson.dumps(dataclasses.asdict(capture)))
+    except OSError:
+        pass  # the report then lacks the overhead figure, nothing worse
+
+
+def load_capture(folder: Path, rank: int = 0):
+    """The CaptureInfo a rank saved (None when it saved none)."""
+    import orjson
+
+    from ..report.model import CaptureInfo
+
+    path = folder / _capture_file(rank)
+    try:
+        data = orjson.loads(path.read_bytes())
+        data["window_medians_ms"] = tuple(data.get("window_medians_ms", ()))
+        return CaptureInfo(**data)
+    except (OSError, orjson.JSONDecodeError, TypeError):
+        return None
+
+
+def _capture_file(rank: int) -> str:
+    return f".capture-rank{rank}.skalpel"  # not *.json: the trace loader passes it over
+
+
 def forwarded_options(args) -> list[str]:
     """The capture options of ``skalpel run`` as the ranks get them (everything but --nproc and --out)."""
     options = ["--wait", str(args.wait), "--warmup", str(args.warmup), "--active", str(args.active),
@@ -183,6 +217,8 @@ def launch_and_merge(target, args):
     from ..trace.loader import load
     from .runner import check_target
 
+    if job() is not None:
+        raise SkalpelError("--nproc launches the ranks itself: under torchrun (or another launcher) leave it out")
     check_target(target)
     folder = runfolder.prepare(Path(args.out) if args.out else runfolder.default_folder(args.name or target.label))
     script = (["-m"] if target.module else []) + [target.name, *target.args]
@@ -195,9 +231,9 @@ def launch_and_merge(target, args):
     missing = [str(rank) for rank in range(args.nproc) if rank not in ranks]
     if missing:
         trace.warnings.append(f"rank(s) {', '.join(missing)} wrote no trace (exit status {status}); the report covers the others")
-    capture = CaptureInfo(
+    capture = load_capture(folder) or CaptureInfo(
         warmup_steps=args.wait + args.warmup, active_steps=args.active, repeats=args.repeat,
-        script=target.name, exit_status=status,
     )  # fmt: skip
+    capture = dataclasses.replace(capture, script=target.name, exit_status=status)
     report = build_report(trace, capture=capture)
     return status, report, runfolder.write_outputs(report, trace, folder, traces=traces)

@@ -214,6 +214,7 @@ class ProfileRun:
             raise SkalpelError(_nothing_recorded(self.steps_done, self.settings))
         if not distributed.writes_report():
             self.written = list(self.trace_paths)  # rank 0 (or the --nproc launcher) merges every rank's trace
+            distributed.save_capture(self.folder, _rank(), self.capture_info())
             return self.written
         paths, missing = distributed.rank_traces(self.folder, self.trace_paths)
         trace = load(paths)

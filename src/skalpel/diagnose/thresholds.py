@@ -109,5 +109,5 @@ STRAGGLER_RANK = Threshold(
     5.0,
     "ms/step",
     critical_share_pct=30.0,
-    params=(("min_last_arrival_pct", 50.0),),  # ... and it arrived last at half the matched collectives or more
+    params=(("min_last_arrival_pct", 75.0),),  # ... and it arrived last at 3 of 4 matched collectives or more
 )

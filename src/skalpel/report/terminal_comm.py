@@ -48,8 +48,11 @@ def comm_line(rank: RankReport) -> Text | None:
             text.append(f", {_bytes(row['median_bytes'])} median")
         if row.get("busbw_gbps") is not None:
             text.append(f", busbw {row['busbw_gbps']:.3f} GB/s")
+        transfer = (rank.extra.get("distributed") or {}).get("transfer_busbw_gbps", {}).get(row["type"])
+        if transfer is not None:
+            text.append(f" ({transfer:.3f} after the last rank arrived)")
         if row.get("vs_commbench_pct") is not None:
-            text.append(f" ({row['vs_commbench_pct']:.0f}% of commbench's {row['commbench_busbw_gbps']:.3f})")
+            text.append(f"; {row['vs_commbench_pct']:.0f}% of commbench's {row['commbench_busbw_gbps']:.3f}")
     return text
 
 
