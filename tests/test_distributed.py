@@ -254,3 +254,31 @@ def test_compare_ranks_single_rank_has_no_straggler() -> None:
     analyses = run_analyses(trace)
     assert analyses.rank_comparison is None
     assert compare_ranks(trace, analyses.steps, analyses.comm).straggler is None
+
+
+def test_rank0_waits_for_late_ranks_then_says_which_never_came(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from skalpel.capture import distributed as capture
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-42")
+    monkeypatch.setenv(capture.ENV_WAIT, "0.6")
+    monkeypatch.delenv(capture.ENV_TRACE_ONLY, raising=False)
+    monkeypatch.delenv(capture.ENV_RUN_ID, raising=False)
+    current = capture.job()
+    assert current == capture.Job(rank=0, world_size=3, run_id="job-42", trace_only=False)
+    assert capture.run_id(tmp_path) == "job-42" and capture.writes_report()
+    own = tmp_path / "trace-rank0.json.gz"
+    for rank in (0, 2):
+        (tmp_path / f"trace-rank{rank}.json.gz").write_bytes(b"")
+    paths, warning = capture.rank_traces(tmp_path, [own])
+    assert [path.name for path in paths] == ["trace-rank0.json.gz", "trace-rank2.json.gz"]
+    assert warning is not None and "rank(s) 1 after 1 s" in warning
+    monkeypatch.setenv("RANK", "1")
+    assert not capture.writes_report()  # only rank 0 writes the merged report
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv(capture.ENV_TRACE_ONLY, "1")
+    assert not capture.writes_report()  # under --nproc the launcher does
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert capture.job() is None and capture.writes_report()
+    assert capture.rank_traces(tmp_path, [own]) == ([own], None)
