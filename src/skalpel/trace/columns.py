@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from .events import MISSING, Event, decode_args, decode_memory_args, full_args
+from .events import EMPTY, MISSING, Event, decode_args, decode_memory_args, full_args
 from .kinds import DEVICE_KINDS, Kind, classify
 
 _KEPT_ARG_KINDS = np.array([Kind.COMM_OP, Kind.COMM_KERNEL, Kind.DEVICE_SYNC, Kind.MEMCPY], np.int8)
@@ -121,7 +121,11 @@ class ColumnBuilder:
         kind = self._kinds.of([categories[e.cat] for e in events], name)
         pid = self._ids([e.pid for e in events])
         tid = self._ids([e.tid for e in events])
-        args = decode_args([e.args for e in events])
+        no_args = kind == Kind.PYTHON  # python_function args (Python ids) hold nothing skalpel reads
+        if no_args.any():
+            args = decode_args([EMPTY if skip else e.args for e, skip in zip(events, no_args.tolist())])
+        else:
+            args = decode_args([e.args for e in events])
         correlation = _ints([a.correlation for a in args], 0)
         external = _ints([a.external for a in args], 0)
         if not external.all():
