@@ -239,9 +239,10 @@ STRAGGLER_RANK = Rule(
     "evaluation and checkpointing off the step or spread them, and check the slow rank's host and device "
     "(other processes, thermal throttling, a slower link)",
     docs=Docs(
-        what="Clocks are aligned on the ends of matching collectives (never trusted raw); then, collective by "
-        "collective, each rank's wait is the time from its start to the last rank's start. The straggler is the rank "
-        "the others wait for: the least wait of its own and the most often last to arrive.",
+        what="Ranks on one host share its clock; other hosts' clocks are aligned on the ends of matching collectives "
+        "(never trusted raw). Then, collective by collective, each rank's wait is the time from its start to the "
+        "last rank's start. The straggler is the rank the others wait for: the least wait of its own, and the last "
+        "to arrive at most collectives (`min_last_arrival_pct`).",
         why="A synchronous job runs at the speed of its slowest rank: every other rank idles for the difference, "
         "every step.",
         evidence="The straggler's `rank`, the other ranks' median wait per step and its own, the share of the step, "
@@ -250,7 +251,8 @@ STRAGGLER_RANK = Rule(
         fix="Remove the extra work the straggler does (see `extra_time_in` and the location), balance the data, "
         "or replace the slow node.",
         false_positives="Ranks that do different work by design (pipeline stages, a parameter server); traces "
-        "sampled so sparsely that few collectives match.",
+        "sampled so sparsely that few collectives match; ranks sharing too few CPU cores, where the rank that falls "
+        "behind is slowed further by its peers' collective threads.",
     ),
 )
 
