@@ -256,6 +256,10 @@ def ranks(report: Report) -> str:
     categories = sorted({c for r in report.ranks for c in r.step_breakdown_pct})
     headers = [("rank", True), ("median step ms", True), ("GPU idle %", True), ("peak memory", True)]
     headers += [(f"{c} %", True) for c in categories]
+    figures = ("comm_ms_per_step", "wait_ms_per_step", "clock_offset_us", "last_arrivals")  # analysis/ranks.py
+    distributed = any(r.extra.get("distributed") for r in report.ranks)
+    if distributed:
+        headers += [("comm ms/step", True), ("wait ms/step", True), ("clock offset us", True), ("last to arrive", True)]
     rows = []
     for r in report.ranks:
         median = statistics.median(r.step_ms) if r.step_ms else None
@@ -263,6 +267,8 @@ def ranks(report: Report) -> str:
         cells = [num(r.rank), num(median, f"{median:.2f}" if median is not None else None),
                  num(r.gpu.idle_pct if r.gpu else None), num(peak, fmt_bytes(peak) if peak is not None else None)]  # fmt: skip
         cells += [num(r.step_breakdown_pct.get(c), f"{r.step_breakdown_pct.get(c, 0):.1f}") for c in categories]
+        if distributed:
+            cells += [num((r.extra.get("distributed") or {}).get(key)) for key in figures]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     medians = [(f"rank {r.rank}", {"median step ms": statistics.median(r.step_ms)})
                for r in report.ranks[:CHART_RANKS] if r.step_ms]  # fmt: skip
