@@ -40,7 +40,7 @@ def diagnose(analyses: Any, capture: CaptureInfo | None = None) -> tuple[Finding
             findings.extend(outcome)
     findings.sort(key=_order)
     if not any(finding.severity in ("critical", "warning") for finding in findings):
-        findings.append(no_bottleneck(ctx))
+        findings.insert(0, no_bottleneck(ctx))  # the verdict leads; info notes follow it
     findings.extend(not_judged(reason, ids) for reason, ids in unjudged.items())
     return tuple(findings)
 

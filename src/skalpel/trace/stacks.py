@@ -113,6 +113,7 @@ class Locator:
             self._by_thread.setdefault(self._thread(index), []).append(index)  # type: ignore[arg-type]
         self._by_thread = {key: np.array(value, dtype=np.int64) for key, value in self._by_thread.items()}
         self.has_stacks = trace.has_stacks
+        self._stacked: dict | None = None  # per thread: events that carry a 'Call stack' (old traces)
 
     def _thread(self, index: int) -> tuple[int, int, int]:
         return int(self.trace.rank[index]), int(self.trace.pid[index]), int(self.trace.tid[index])
@@ -124,6 +125,8 @@ class Locator:
             return None
         trace = self.trace
         stack_id = int(trace.stack[index])
+        if stack_id < 0:  # a runtime call or a child op: take the 'Call stack' of the op around it
+            stack_id = self._enclosing_stack(index)
         if stack_id >= 0:
             found = _innermost_in_call_stack(trace.names[stack_id])
             if found:
@@ -132,6 +135,21 @@ class Locator:
         if frames is None:
             return None
         return self._enclosing(frames, trace.ts[index], trace.ts[index] + trace.dur[index])
+
+    def _enclosing_stack(self, index: int) -> int:
+        """The 'Call stack' of the innermost event with one that encloses this event on its thread; -1 if none."""
+        if self._stacked is None:
+            self._stacked = {}
+            for event in np.flatnonzero(self.trace.stack >= 0):
+                self._stacked.setdefault(self._thread(int(event)), []).append(int(event))
+            self._stacked = {key: np.array(value, dtype=np.int64) for key, value in self._stacked.items()}
+        events = self._stacked.get(self._thread(index))
+        if events is None:
+            return -1
+        trace = self.trace
+        start, end = trace.ts[index], trace.ts[index] + trace.dur[index]
+        inside = events[(trace.ts[events] <= start) & (trace.ts[events] + trace.dur[events] >= end)]
+        return int(trace.stack[inside[np.argmax(trace.ts[inside])]]) if len(inside) else -1
 
     def _enclosing(self, frames: np.ndarray, start: float, end: float) -> str | None:
         trace = self.trace
