@@ -138,9 +138,18 @@ def _shift(event: dict, copy: int, time_step: float, id_step: int, steps: int) -
 # ---------------------------------------------------------------- parent
 
 
+def _limit_memory() -> None:
+    """In a child: cap its address space below the free memory, so that it fails alone instead of
+    making the kernel kill other processes of a shared machine."""
+    limit = int(max(2048, 0.8 * _available_mib()) * 2**20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def _run_child(mode: str, path: Path, env: dict | None = None) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", mode, str(path)]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **(env or {})}, preexec_fn=_limit_memory
+    )
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("LOAD_SPEED ")), None)
     if done.returncode != 0 or line is None:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
@@ -152,7 +161,8 @@ def _run_hta(path: Path, repeats: int) -> dict:
         return {"error": f"HTA not available: {HTA_SETUP}"}
     with tempfile.TemporaryDirectory(prefix="load_speed_hta_") as folder:
         os.symlink(path, Path(folder) / path.name)
-        done = subprocess.run([str(HTA_PYTHON), str(HTA_SCRIPT), folder, "--runs", str(repeats)], capture_output=True, text=True)
+        command = [str(HTA_PYTHON), str(HTA_SCRIPT), folder, "--runs", str(repeats)]
+        done = subprocess.run(command, capture_output=True, text=True, preexec_fn=_limit_memory)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     result = json.loads(lines[-1]) if lines else {}
     if done.returncode != 0 or "seconds" not in result:
