@@ -282,3 +282,22 @@ def test_rank0_waits_for_late_ranks_then_says_which_never_came(tmp_path: Path, m
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert capture.job() is None and capture.writes_report()
     assert capture.rank_traces(tmp_path, [own]) == ([own], None)
+
+
+def test_uneven_all_to_all_still_matches_in_order(tmp_path: Path) -> None:
+    # TorchRec-style all_to_all: every rank sends its own byte count. Give rank 1 other sizes.
+    files = _dlrm_files()[:2]
+    shutil.copy(files[0], tmp_path / files[0].name)
+
+    def uneven(document: dict) -> None:
+        for event in document["traceEvents"]:
+            if event.get("name") == "nccl:all_to_all":
+                event["args"]["Input Dims"] = [[dim[0] * 3 + 1] for dim in event["args"]["Input Dims"]]
+
+    _rewrite(files[1], tmp_path / files[1].name, uneven)
+    analyses = run_analyses(load(tmp_path))
+    sizes = {rank: sorted(c.nbytes for c in analyses.comm.for_rank(rank).collectives if c.type == "all_to_all") for rank in (0, 1)}
+    assert sizes[0] != sizes[1]
+    assert [t.matched_collectives for t in analyses.rank_comparison.ranks] == [8, 8]
+    assert analyses.rank_comparison.warnings == ("the job has 8 ranks but 2 rank files were loaded (missing: 2-7); "
+                                                 "cross-rank figures cover the ranks present",)

@@ -7,7 +7,8 @@ difference of the ends of matching collectives (pooled over the host's ranks, an
 within what causality allows). Ranks whose header names the reference's host share its
 clock: there, end times only add scheduler noise (ms on a loaded CPU). Collectives
 are matched per type on the sequence of their message sizes (difflib), so a rank that
-misses a few (a sampled trace, a cut-off capture) still matches on the rest.
+misses a few (a sampled trace, a cut-off capture) still matches on the rest; all_to_all
+and point-to-point calls, whose sizes differ per rank, match in order when the counts agree.
 
 On the aligned clocks, a rank that reaches a collective before the last rank does waits:
 its wait is the time from its start to the last rank's start (at most its duration). The
@@ -109,6 +110,9 @@ def compare_ranks(trace: Trace, steps: StepSegmentation, comm: CommAnalysis) -> 
     )
 
 
+_UNEVEN = frozenset({"all_to_all", "send_recv", "gather", "scatter"})  # sizes legitimately differ across ranks
+
+
 def _match(by_rank: dict[int, list[Collective]], reference: int) -> list[dict[int, Collective]]:
     """Groups of matching collectives: {rank: collective}, keyed on the reference rank's ones."""
     groups: dict[tuple[str, int], dict[int, Collective]] = {}
@@ -121,11 +125,17 @@ def _match(by_rank: dict[int, list[Collective]], reference: int) -> list[dict[in
             if rank == reference:
                 continue
             mine = [c for c in calls if c.type == kind]
-            matcher = difflib.SequenceMatcher(None, ref_keys, [c.nbytes for c in mine], autojunk=False)
-            for block in matcher.get_matching_blocks():
-                for step in range(block.size):
-                    groups[(kind, block.a + step)][rank] = mine[block.b + step]
+            for position, other in _pairs(kind, ref_keys, mine):
+                groups[(kind, position)][rank] = other
     return list(groups.values())
+
+
+def _pairs(kind: str, ref_keys: list[int], mine: list[Collective]) -> list[tuple[int, Collective]]:
+    """(reference position, collective): in order when sizes may differ per rank, else on equal sizes."""
+    if kind in _UNEVEN and len(mine) == len(ref_keys):
+        return list(enumerate(mine))  # uneven all_to_all splits: each rank moves its own byte count
+    matcher = difflib.SequenceMatcher(None, ref_keys, [c.nbytes for c in mine], autojunk=False)
+    return [(block.a + step, mine[block.b + step]) for block in matcher.get_matching_blocks() for step in range(block.size)]
 
 
 def _offsets(groups: list[dict[int, Collective]], reference: int, hosts: dict[int, str | None]) -> dict[int, float]:
