@@ -11,6 +11,8 @@ from rich.text import Text
 
 from .model import RankReport, Report
 
+MAX_RANK_ROWS = 16
+
 
 def ranks_table(report: Report) -> Table | None:
     """Step, communication, wait and clock offset of every rank; None for fewer than two ranks."""
@@ -18,6 +20,12 @@ def ranks_table(report: Report) -> Table | None:
     rows = [(number, figures) for number, figures in rows if figures]
     if len(rows) < 2:
         return None
+    hidden = 0
+    if len(rows) > MAX_RANK_ROWS:  # the ranks that wait least and most tell the story; the rest is in report.json
+        ordered = sorted(rows, key=lambda row: row[1]["wait_ms_per_step"])
+        kept = ordered[: MAX_RANK_ROWS // 2] + ordered[-(MAX_RANK_ROWS // 2):]
+        hidden = len(rows) - len(kept)
+        rows = sorted(kept, key=lambda row: row[0])
     table = Table(title="ranks side by side (other hosts' clocks aligned on collective ends)", title_justify="left")
     for header in ("rank", "step ms", "comm ms/step", "wait ms/step", "busy ms/step", "clock offset us", "last to arrive"):
         table.add_column(header, justify="right")
@@ -29,6 +37,8 @@ def ranks_table(report: Report) -> Table | None:
             f"{figures['clock_offset_us']:+.1f}" + (" (est.)" if figures.get("clock") == "aligned" else ""),
             f"{figures['last_arrivals']}/{figures['matched_collectives']}{mark}",
         )  # fmt: skip
+    if hidden:
+        table.caption = f"{hidden} ranks between the least and the most waiting are left out (see report.json)"
     return table
 
 
