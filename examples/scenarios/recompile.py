@@ -26,20 +26,24 @@ for name in ("recompile_limit", "cache_size_limit"):  # allow a recompilation pe
         setattr(torch._dynamo.config, name, 64)
 
 
-def train_step(model, optimizer, batch_size):
+def predict(x, w1, w2):
+    return torch.relu(x @ w1) @ w2
+
+
+def train_step(compiled, weights, optimizer, batch_size):
     x, y = torch.randn(batch_size, 32), torch.randint(0, 4, (batch_size,))
     optimizer.zero_grad(set_to_none=True)
-    loss = nn.functional.cross_entropy(model(x), y)  # PLANTED: a new batch size every step, compiled with dynamic=False
+    loss = nn.functional.cross_entropy(compiled(x, *weights), y)  # PLANTED: a new batch size every step, dynamic=False
     loss.backward()
     optimizer.step()
 
 
 def main(steps: int = 12) -> None:
-    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
-    compiled = torch.compile(model, dynamic=False, backend=BACKEND)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    weights = [nn.Parameter(torch.randn(32, 32) * 0.1), nn.Parameter(torch.randn(32, 4) * 0.1)]
+    compiled = torch.compile(predict, dynamic=False, backend=BACKEND)
+    optimizer = torch.optim.SGD(weights, lr=0.01)
     for step in range(steps):
-        train_step(compiled, optimizer, batch_size=8 + step)
+        train_step(compiled, weights, optimizer, batch_size=8 + step)
 
 
 if __name__ == "__main__":
