@@ -35,7 +35,8 @@ def diagnose(analyses: Any, capture: CaptureInfo | None = None) -> tuple[Finding
             continue
         outcome = _run(rule, ctx)
         if isinstance(outcome, NotJudged):
-            unjudged[outcome.reason].append(rule.id)
+            if outcome.applies:
+                unjudged[outcome.reason].append(rule.id)
         else:
             findings.extend(outcome)
     findings.sort(key=_order)

@@ -49,9 +49,14 @@ class Docs:
 
 @dataclass(frozen=True)
 class NotJudged:
-    """A rule that cannot answer on this trace, and why (e.g. "no steps marked")."""
+    """A rule that cannot answer on this trace, and why (e.g. "no steps marked").
+
+    ``applies=False`` says the question does not arise at all (a single-process job has no
+    straggler): the dispatcher then writes no note, so notes stay about what the trace lacks.
+    """
 
     reason: str
+    applies: bool = True
 
 
 Outcome = Union[list[Finding], NotJudged]
