@@ -72,6 +72,8 @@ def test_plain_script_writes_trace_flamegraph_speedscope_summary(tmp_path: Path)
     svg = ET.fromstring((out / "flamegraph.svg").read_text())
     labels = [text.text or "" for text in svg.iter("{http://www.w3.org/2000/svg}text")]
     assert any(label.startswith("train_step (train.py:") for label in labels)
+    assert labels.count("<module> (train.py:20)") or any(label.startswith("<module> (train.py") for label in labels)
+    assert not any("runner.py" in label or "runpy" in label or "steps.py" in label for label in labels)  # skalpel's frames
     speedscope = json.loads((out / "flamegraph.speedscope.json").read_text())
     assert any(frame.get("file") == str(script) or frame["name"] == "train_step" for frame in speedscope["shared"]["frames"])
     assert speedscope["profiles"][0]["events"]

@@ -23,6 +23,12 @@ from ..trace.model import Trace
 _RANGES = np.array([int(Kind.USER_ANNOTATION), int(Kind.DATALOADER)], dtype=np.int8)
 FRAME_KINDS = (Kind.PYTHON, Kind.USER_ANNOTATION, Kind.DATALOADER, Kind.COMM_OP, Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER)
 _ADDRESS = re.compile(r" of [^<>]*? object at 0x[0-9a-fA-F]+>$")  # "<built-in method add_ of Parameter object at 0x7f..>"
+# skalpel's own frames around and inside the user's loop (`skalpel run`, the step hooks, runpy):
+# not the user's code, so the flame graph leaves them out and gives their time to their callers.
+_OWN_FRAME = re.compile(
+    r"^(<frozen runpy>|(.*/)?runpy\.py|(.*/)?bin/skalpel|(.*/)?skalpel/(cli|__main__)\.py"
+    r"|(.*/)?skalpel/capture/(runner|command|steps|session)\.py)\(\d+\): "
+)
 # At equal start and length the Python frame encloses the op it calls, the op its runtime calls.
 _PRIORITY = np.zeros(max(int(k) for k in Kind) + 1, dtype=np.int8)
 for _order, _kind in enumerate(FRAME_KINDS):
@@ -100,7 +106,35 @@ def _thread(trace: Trace, tid: int, events: np.ndarray, start: np.ndarray, end: 
     for index in np.flatnonzero(is_range).tolist():
         spans.insert(index, roots)
     positions, parents = spans.preorder(roots)
-    return ThreadStacks(tid, events[positions], np.array(spans.start)[positions], np.array(spans.end)[positions], parents)
+    events = events[positions]
+    start, end = np.array(spans.start)[positions], np.array(spans.end)[positions]
+    own = _own_frames(trace, events)
+    if own.any():
+        return _without(tid, events, start, end, parents, own)
+    return ThreadStacks(tid, events, start, end, parents)
+
+
+def _own_frames(trace: Trace, events: np.ndarray) -> np.ndarray:
+    python = trace.kind[events] == Kind.PYTHON
+    names = np.unique(trace.name[events[python]])
+    own = [name for name in names.tolist() if _OWN_FRAME.match(trace.names[name])]
+    return python & np.isin(trace.name[events], own)
+
+
+def _without(tid: int, events: np.ndarray, start: np.ndarray, end: np.ndarray, parents: np.ndarray,
+             drop: np.ndarray) -> ThreadStacks:  # fmt: skip
+    """Remove the ``drop`` events (in preorder); their callees move up to the nearest kept caller."""
+    parent = parents.tolist()
+    dropped = drop.tolist()
+    for i, above in enumerate(parent):
+        while above >= 0 and dropped[above]:
+            above = parent[above]
+        parent[i] = above  # preorder: the callers were already rewritten
+    position = np.cumsum(~drop) - 1
+    kept_parent = np.array(parent, dtype=np.int64)
+    new_parent = np.where(kept_parent >= 0, position[np.maximum(kept_parent, 0)], -1)
+    keep = ~drop
+    return ThreadStacks(tid, events[keep], start[keep], end[keep], new_parent[keep])
 
 
 class _Spans:
@@ -145,6 +179,14 @@ class _Spans:
         high = low
         while high < len(level) and end[level[high]] <= end[index]:
             high += 1
+        # The range begins inside __enter__ and ends inside __exit__: cut it to the gap between them,
+        # so that siblings never overlap and a frame's callees never add up to more than the frame.
+        if low > 0:
+            start[index] = max(start[index], end[level[low - 1]])
+        if high < len(level):
+            end[index] = min(end[index], start[level[high]])
+        if end[index] <= start[index]:
+            return
         children[index] = level[low:high]
         level[low:high] = [index]
 
