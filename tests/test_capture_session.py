@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import skalpel
-from skalpel.capture.session import step_timing
+from skalpel.capture.timing import step_timing
 from skalpel.capture.settings import CaptureSettings
 from skalpel.cli import main
 from skalpel.errors import SkalpelError

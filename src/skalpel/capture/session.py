@@ -24,16 +24,15 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch.profiler import ProfilerAction
 
 from ..errors import SkalpelError
 from ..report.model import CaptureInfo, Report
 from . import distributed, runfolder
-from .settings import ACTIVE, CaptureSettings, profiler_kwargs, torch_schedule
+from .settings import CaptureSettings, profiler_kwargs, torch_schedule
+from .timing import step_timing, with_noise_note
 
-NOISE_NOTE_PCT = 20.0
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
 # Set by `skalpel run` while a script runs: a user's own skalpel.profile() session takes over
@@ -240,54 +239,6 @@ class ProfileRun:
             self._report = build_report(load(self.trace_paths), capture=self.capture_info())
         assert self._report is not None
         return self._report
-
-
-def step_timing(intervals: list[tuple[int, float]], settings: CaptureSettings) -> dict[str, Any]:
-    """Overhead and noise from skalpel's own step clock (CaptureInfo fields)."""
-    baseline: list[float] = []
-    windows: dict[int, list[float]] = {}
-    for step, seconds in intervals:
-        phase = settings.phase(step)
-        if phase is None:
-            continue
-        window, kind = phase
-        if kind == ACTIVE:
-            windows.setdefault(window, []).append(seconds * 1000.0)
-        else:
-            baseline.append(seconds * 1000.0)
-    medians = tuple(round(float(np.median(values)), 4) for _, values in sorted(windows.items()))
-    profiled = [value for values in windows.values() for value in values]
-    unprofiled_ms = float(np.median(baseline)) if baseline else None
-    profiled_ms = float(np.median(profiled)) if profiled else None
-    overhead = None
-    if unprofiled_ms and profiled_ms is not None:
-        overhead = round((profiled_ms / unprofiled_ms - 1.0) * 100.0, 2)
-    noise = None
-    if len(medians) >= 2 and min(medians) > 0:
-        noise = round((max(medians) - min(medians)) / float(np.mean(medians)) * 100.0, 2)
-    return {
-        "overhead_pct": overhead,
-        "noise_pct": noise,
-        "unprofiled_step_ms": round(unprofiled_ms, 4) if unprofiled_ms is not None else None,
-        "profiled_step_ms": round(profiled_ms, 4) if profiled_ms is not None else None,
-        "window_medians_ms": medians,
-    }
-
-
-def with_noise_note(report: Report) -> Report:
-    """Add the noise advice as a note, unless a `noisy_measurement` finding already gives it."""
-    capture = report.capture
-    if capture is None or capture.noise_pct is None or capture.noise_pct <= NOISE_NOTE_PCT:
-        return report
-    if any(finding.id == "noisy_measurement" for finding in report.findings):
-        return report
-    import dataclasses
-
-    note = (
-        f"noisy measurement: the recorded windows' median step times differ by {capture.noise_pct:.0f}% "
-        "(fix the seed, call torch.set_num_threads(1), stop other loads on the machine, then capture again)"
-    )
-    return dataclasses.replace(report, warnings=report.warnings + (note,))
 
 
 def _nothing_recorded(steps: int, settings: CaptureSettings) -> str:
