@@ -68,7 +68,9 @@ PAGEABLE_MEMCPY = Threshold(
 )
 
 # --- sync ----------------------------------------------------------------------------------
-HOST_DEVICE_SYNC = Threshold(5.0, "of the step with the host blocked on the device", 0.2, "ms/step", critical_share_pct=30.0)
+HOST_DEVICE_SYNC = Threshold(
+    5.0, "of the step with the device idle after a sync returns", 0.2, "ms/step", critical_share_pct=30.0
+)
 
 # --- device --------------------------------------------------------------------------------
 GPU_IDLE = Threshold(30.0, "of the step with the device idle", 2.0, "ms/step", critical_share_pct=60.0)

@@ -38,7 +38,7 @@ NO_BOTTLENECK = Rule(
     family="verdict",
     severity="info",
     title="No bottleneck found: median step {median_step_ms:.2f} ms, largest share {largest_category} {largest_pct:.0f}%",
-    thresholds=thresholds.Threshold(None, "", 1.0, "finding at warning or above (fires when there is none)"),
+    thresholds=thresholds.Threshold(None, "", 1.0, "finding at warning or above", fires_below=True),
     check=_written_by_dispatcher,
     fix="",
     docs=Docs(
