@@ -23,11 +23,12 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..errors import TraceError
+from .assemble import assemble
 from .columns import ColumnBuilder
 from .events import BatchSyntaxError, decode_events
 from .fastsplit import Layout, guess_layout, next_cut
 from .jsonscan import NotATraceError, iter_batch_ranges, split_document
-from .model import MemoryEvents, RankInfo, Trace
+from .model import RankInfo, Trace
 from .source import describe_foreign, read_source
 
 ProgressCallback = Callable[[int, int], None]
@@ -72,7 +73,7 @@ def load(paths: str | Path | Iterable[str | Path], *, on_progress: ProgressCallb
     progress = _Progress(files, on_progress)
     parsed = [_parse_file(path, progress.of_file(index)) for index, path in enumerate(files)]
     parsed = _drop_duplicate_ranks(parsed)
-    return _assemble(parsed)
+    return assemble(parsed)
 
 
 class _Progress:
@@ -299,57 +300,3 @@ def _drop_duplicate_ranks(parsed: list[_FileColumns]) -> list[_FileColumns]:
             + ". Analyse each capture on its own to compare them."
         )
     return result
-
-
-def _intern(text: str, names: list[str], ids: dict[str, int]) -> int:
-    index = ids.get(text)
-    if index is None:
-        index = ids[text] = len(names)
-        names.append(text)
-    return index
-
-
-def _assemble(parsed: list[_FileColumns]) -> Trace:
-    """Concatenate per-file columns, remapping each file's name ids into one shared table."""
-    names: list[str] = []
-    ids: dict[str, int] = {}
-    pieces: dict[str, list[np.ndarray]] = {key: [] for key in parsed[0].columns}
-    memory_pieces: dict[str, list[np.ndarray]] = {key: [] for key in parsed[0].memory}
-    memory_ranks: list[np.ndarray] = []
-    ranks: list[np.ndarray] = []
-    extra: dict[int, dict] = {}
-    warnings: list[str] = []
-    offset = 0
-    for item in parsed:
-        remap = np.array([_intern(text, names, ids) for text in item.names], dtype=np.int32)
-        for key, column in item.columns.items():
-            if key in ("name", "stack", "shapes") and len(remap):
-                column = np.where(column >= 0, remap[np.maximum(column, 0)], -1).astype(np.int32)
-            pieces[key].append(column)
-        for key, column in item.memory.items():
-            memory_pieces[key].append(column)
-        memory_ranks.append(np.full(len(item.memory["ts"]), item.info.rank, dtype=np.int32))
-        ranks.append(np.full(len(item.columns["ts"]), item.info.rank, dtype=np.int32))
-        extra.update({index + offset: args for index, args in item.extra.items()})
-        warnings.extend(item.warnings)
-        offset += len(item.columns["ts"])
-    columns = {key: _join(values) for key, values in pieces.items()}
-    memory_columns = {key: _join(values) for key, values in memory_pieces.items()}
-    origin = float(columns["ts"].min()) if len(columns["ts"]) else 0.0
-    columns["ts"] -= origin
-    memory_columns["ts"] = memory_columns["ts"] - origin
-    memory = MemoryEvents(rank=np.concatenate(memory_ranks), **memory_columns)
-    return Trace(
-        names=names,
-        rank=np.concatenate(ranks),
-        memory=memory,
-        ranks=tuple(item.info for item in parsed),
-        origin_us=origin,
-        extra=extra,
-        warnings=warnings,
-        **columns,
-    )
-
-
-def _join(parts: list[np.ndarray]) -> np.ndarray:
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
