@@ -33,10 +33,16 @@ def _waits(ctx: Context) -> dict[int, float]:
     return {timing.rank: timing.wait_ms_per_step for timing in _ranks(ctx).ranks}
 
 
+def _is_distributed_job(ctx: Context) -> bool:
+    """Several ranks loaded, or a rank file that says it belongs to a job of several ranks."""
+    return len(ctx.trace.ranks) > 1 or any((info.world_size or 1) > 1 for info in ctx.trace.ranks)
+
+
 def _with_comm(ctx: Context) -> list[RankComm] | NotJudged:
     comm = _comm(ctx)
     ranks = [rank for rank in comm.ranks if rank.collectives and rank.step_ms > 0]
-    return ranks or NotJudged("no collectives in the profiled steps")
+    # A single-process job has no collectives to judge: no note, the question does not arise.
+    return ranks or NotJudged("no collectives in the profiled steps", applies=_is_distributed_job(ctx))
 
 
 def _types(rank: RankComm, limit: int = 3) -> str:
@@ -129,7 +135,9 @@ def _issued_at(ctx: Context, rank: RankComm) -> tuple[str, ...]:
 
 def _check_straggler(ctx: Context, rule: Rule) -> Outcome:
     if len(ctx.trace.ranks) < 2:
-        return NotJudged("one rank in the trace: load every rank's file to compare them")
+        return NotJudged(
+            "one rank in the trace: load every rank's file to compare them", applies=_is_distributed_job(ctx)
+        )
     comparison = _ranks(ctx)
     straggler = comparison.straggler
     if straggler is None:

@@ -151,20 +151,23 @@ def _breakdown_line(rank: RankReport) -> Text:
 
 
 def _ops_table(rank: RankReport, *, device: bool) -> Table:
-    sort_key = "device time" if device else "self CPU time"
-    table = Table(title=f"top ops by {sort_key}", title_justify="left", expand=False)
-    table.add_column("op", overflow="fold", max_width=48)
-    table.add_column("calls", justify="right")
-    table.add_column("self CPU ms", justify="right")
-    table.add_column("total CPU ms", justify="right")
+    sort_key = "self device time" if device else "self CPU time"
+    table = Table(title=f"top ops by {sort_key} (ms over the profiled steps)", title_justify="left", expand=False)
+    # The op name gets the room (its input shapes below it, dimmed); numbers never wrap.
+    table.add_column("op (input shapes)", overflow="fold", min_width=24, max_width=72)
+    table.add_column("calls", justify="right", no_wrap=True)
+    table.add_column("self CPU", justify="right", no_wrap=True)
+    table.add_column("total CPU", justify="right", no_wrap=True)
     if device:
-        table.add_column("device ms", justify="right")
-    table.add_column("input shapes", overflow="ellipsis", max_width=30, no_wrap=True)
+        table.add_column("self device", justify="right", no_wrap=True)
     for row in rank.top_ops[:TOP_OPS]:
-        cells = [row.name, str(row.calls), f"{row.self_ms:.3f}", f"{row.total_ms:.3f}"]
+        label = Text(row.name)
+        if row.input_shapes:
+            shapes = row.input_shapes if len(row.input_shapes) <= 60 else row.input_shapes[:59] + "…"
+            label.append(f"\n{shapes}", style="dim")
+        cells = [label, str(row.calls), f"{row.self_ms:.2f}", f"{row.total_ms:.2f}"]
         if device:
-            cells.append(f"{row.device_ms:.3f}")
-        cells.append(row.input_shapes or "")
+            cells.append(f"{row.device_ms:.2f}")
         table.add_row(*cells)
     return table
 
