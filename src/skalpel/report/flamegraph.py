@@ -19,6 +19,7 @@ import orjson
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
+from ..trace.stacks import is_user_file, parse_frame
 from .stacks import Node, ThreadStacks, merged_tree, thread_stacks
 
 WIDTH = 1200
@@ -29,7 +30,6 @@ CHAR_PX = 6.6  # mean glyph width of 11px sans-serif
 MIN_PX = 0.4  # frames narrower than this are not drawn (nor their callees)
 _PYTHON_NAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
 _BUILTIN = re.compile(r"^<built-in (?:method|function) ([^\s>]+)")
-_LIBRARY = ("torch/", "<built-in", "<frozen", "site-packages", "dist-packages", "/lib/python", "threading.py")
 _LEGEND = (
     ("your code", (22, 36)), ("library Python", (45, 55)), ("op (aten, ...)", (200, 215)),
     ("DataLoader", (0, 6)), ("record_function", (270, 285)), ("runtime call", (120, 135)),
@@ -100,7 +100,8 @@ def _category(trace: Trace, node: Node) -> int:
     """Index into _LEGEND."""
     kind = node.kind
     if kind == Kind.PYTHON:
-        return 1 if any(marker in node.name for marker in _LIBRARY) else 0
+        frame = parse_frame(node.name)
+        return 0 if frame is not None and is_user_file(frame[0]) else 1
     if kind == Kind.DATALOADER:
         return 3
     if kind == Kind.USER_ANNOTATION:

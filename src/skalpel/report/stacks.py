@@ -83,6 +83,11 @@ def thread_stacks(trace: Trace, rank: int) -> list[ThreadStacks]:
     selected = np.flatnonzero(
         (trace.rank == rank) & np.isin(trace.kind, [int(k) for k in FRAME_KINDS]) & (ends > low) & (trace.ts < high)
     )
+    # A thread with Python frames only (a monitor, a logger waiting on a lock) ran no torch work:
+    # its waiting would fill half the graph, so it is left out when another thread has ops.
+    working = np.unique(trace.tid[selected[trace.kind[selected] != Kind.PYTHON]])
+    if len(working):
+        selected = selected[np.isin(trace.tid[selected], working)]
     result = []
     for tid in np.unique(trace.tid[selected]):
         events = selected[trace.tid[selected] == tid]
