@@ -232,3 +232,25 @@ def test_interrupt_keeps_the_trace_and_exits_130(tmp_path: Path, capsys) -> None
 def test_run_without_a_script(capsys) -> None:
     status, _, err = _run(capsys)
     assert status == 2 and "give a script to run" in _one_line_error(err)
+
+
+def test_step_boundaries_stay_outside_the_optimizer_step_range(tmp_path: Path, capsys) -> None:
+    script = _write(
+        tmp_path / "no_loader.py",
+        """
+        import torch
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(12):
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        """,
+    )
+    status, _, _ = _run(capsys, "--out", str(tmp_path / "run"), "--warmup", "1", "--active", "3", str(script))
+    assert status == 0
+    events = json.loads(gzip.decompress((tmp_path / "run" / "trace-rank0.json.gz").read_bytes()))["traceEvents"]
+    starts = [event["ts"] for event in events if event.get("name", "").startswith("ProfilerStep#")]
+    ranges = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name", "").startswith("Optimizer.")]
+    assert len(starts) == 3 and len(ranges) >= 5
+    assert not any(low < start < high for start in starts for low, high in ranges)
