@@ -181,7 +181,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
         "DataLoader iterations), record them with torch.profiler, and write a run folder with the trace, "
         "a flame graph and the summary. Options go before SCRIPT; everything after it is the script's.",
     )
-    parser.add_argument("-m", dest="module", action="store_true", help="TARGET is a module, as in python -m")
+    parser.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, run as python -m would")
     add_capture_options(parser)
     parser.add_argument(
         "--nproc", type=int, default=1, metavar="N",
