@@ -13,6 +13,7 @@ from typing import Sequence
 
 from . import __version__
 from .errors import SkalpelError
+from .files import write_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,13 +70,13 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         else:
             report = _with_commbench(analyze(args.paths, on_progress=on_progress), args.commbench)
     if html_page is not None:
-        _write(Path(args.html), html_page)
+        write_file(Path(args.html), html_page)
     if args.json == "-":
         sys.stdout.buffer.write(report.to_json() + b"\n")
         return 0
     terminal.print_report(report)
     if args.json:
-        _write(Path(args.json), report.to_json())
+        write_file(Path(args.json), report.to_json())
     terminal.print_written([Path(p) for p in (args.json, args.html) if p])
     return 0
 
@@ -121,7 +122,7 @@ def _cmd_commbench(args: argparse.Namespace) -> int:
     bench = run_commbench(options)
     sys.stdout.write(render_table(bench))
     if args.json:
-        _write(Path(args.json), bench.to_json())
+        write_file(Path(args.json), bench.to_json())
     return 0
 
 
@@ -152,13 +153,13 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     after = load_side(args.after, which="AFTER")
     result = diff_reports(before, after, labels=(_short_label(args.before), _short_label(args.after)))
     if args.html:
-        _write(Path(args.html), diff_render.render_html(result))
+        write_file(Path(args.html), diff_render.render_html(result))
     if args.json == "-":
         sys.stdout.buffer.write(diff_render.to_json(result) + b"\n")
     else:
         diff_render.print_diff(result)
         if args.json:
-            _write(Path(args.json), diff_render.to_json(result))
+            write_file(Path(args.json), diff_render.to_json(result))
     gate = args.fail_if_slower is not None and result.slower_than(args.fail_if_slower)
     if gate:
         print(f"skalpel: slower by {result.step.change_pct:.1f}% (> {args.fail_if_slower:g}%, outside the noise)",
@@ -252,17 +253,6 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     else:
         Console().print(explain.render_rule(rule))
     return 0
-
-
-def _write(path: Path, content: bytes | str) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, str):
-            path.write_text(content, encoding="utf-8")
-        else:
-            path.write_bytes(content)
-    except OSError as error:
-        raise SkalpelError(f"cannot write {path}: {error.strerror or error}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

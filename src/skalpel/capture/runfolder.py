@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import SkalpelError
+from ..files import write_file
 from ..report.model import Report
 from ..trace.model import Trace
 
@@ -62,19 +63,8 @@ def write_outputs(report: Report, trace: Trace, folder: Path, *, traces: Iterabl
         ("report.html", html.render(report, flame=html.flame_from_trace(trace, rank=rank))),
     ]
     for name, content in outputs:
-        written.append(_write(folder / name, content))
+        written.append(write_file(folder / name, content))
     summary = folder / "summary.txt"
     listing = "\n".join(f"wrote {path}" for path in [*written, summary])
-    written.append(_write(summary, terminal.render_text(report) + listing + "\n"))
+    written.append(write_file(summary, terminal.render_text(report) + listing + "\n"))
     return written
-
-
-def _write(path: Path, content: str | bytes) -> Path:
-    try:
-        if isinstance(content, str):
-            path.write_text(content, encoding="utf-8")
-        else:
-            path.write_bytes(content)
-    except OSError as error:
-        raise SkalpelError(f"cannot write {path}: {error.strerror or error}") from None
-    return path

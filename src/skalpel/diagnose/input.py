@@ -9,7 +9,7 @@ from ..analysis.syncs import syncs
 from ..trace.kinds import Kind
 from . import thresholds
 from .common import pct, windows
-from .rule import Context, Docs, NotJudged, Outcome, Rule
+from .rule import Context, Docs, Outcome, Rule
 
 
 def _breakdown(ctx: Context):
