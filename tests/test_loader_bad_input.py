@@ -203,7 +203,8 @@ def test_string_pids_and_numeric_strings(tmp_path: Path) -> None:
 
 
 def test_single_line_and_bare_array_documents_load(tmp_path: Path) -> None:
-    for index, content in enumerate([_trace_bytes(GOOD_EVENTS, indent=None), json.dumps(GOOD_EVENTS).encode()]):
+    documents = [_trace_bytes(GOOD_EVENTS, indent=None), json.dumps(GOOD_EVENTS).encode(), json.dumps([None, [0], *GOOD_EVENTS]).encode()]
+    for index, content in enumerate(documents):
         trace = load(_write(tmp_path / f"t{index}.json", content))
         assert len(trace) == len(GOOD_EVENTS)
         assert trace.names[trace.name[2]] == 'gemm {"weird"} \\ name'

@@ -104,12 +104,13 @@ def describe_foreign(data: bytes | bytearray) -> str | None:
 
 
 def _describe_array(data: bytes | bytearray, first_at: int) -> str | None:
-    if _MEMORY_TIMELINE.match(data, first_at):
+    has_objects = b"{" in data[first_at : first_at + (1 << 20)]
+    if _MEMORY_TIMELINE.match(data, first_at) and not has_objects:
         return "a memory timeline (export_memory_timeline) file, not a trace: load the trace it came from"
     element_at = _SPACE.match(data, first_at + 1).end()
     element = data[element_at : element_at + 1]
-    if element in (b"{", b"]", b""):
-        return None  # events (the JSON Array Format), an empty array, or a cut-off one
+    if element in (b"{", b"]", b"") or has_objects:
+        return None  # events (the JSON Array Format, maybe after stray values), an empty array, or a cut-off one
     kind = "arrays" if element == b"[" else "strings" if element == b'"' else "numbers or other values"
     return f"JSON of another shape: a list of {kind}, not trace events"
 
