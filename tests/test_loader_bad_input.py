@@ -68,7 +68,7 @@ def _load_error(path: Path) -> str:
         (b'"just a string"', "the whole document is a string"),
         (b"42", "the whole document is a number"),
         (b'{"a": {"b": {"c": [1, 2]}}, "d": "e"}', "no 'traceEvents' array (top-level keys: a, d)"),
-        (b'[{"file": "x.json", "batch_size": 32}]', "have no 'ph' field"),
+        (b'[{"file": "x.json", "batch_size": 32}]', "object(s) with no 'ph' field"),
         (b'{"traceEvents": []}', "holds no events"),
         (b"hello world", "not JSON"),
         (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1', "cut off before its first complete event"),

@@ -130,7 +130,7 @@ def _parse_file(path: Path, report: Callable[[float], None]) -> _FileColumns:
     warnings = _warnings(path, builder, outcome, truncated, len(data))
     if builder.count == 0 and builder.seen and not builder.phased:
         raise TraceError(
-            f"{path}: JSON of another shape: its {builder.seen:,} objects have no 'ph' field, so they are not trace events"
+            f"{path}: JSON of another shape: {builder.seen:,} object(s) with no 'ph' field, so not trace events"
         )
     if builder.count == 0 and not truncated:
         raise TraceError(f"{path}: the trace holds no events")
