@@ -63,7 +63,7 @@ def train(steps: int, batch_size: int) -> float:
         loss = loss_fn(model(images), labels)
         loss.backward()
         optimizer.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def main(argv: list[str] | None = None) -> None:

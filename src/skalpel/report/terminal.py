@@ -18,6 +18,7 @@ from rich.text import Text
 from .model import SEVERITIES, Finding, RankReport, Report
 from .terminal_comm import comm_line, ranks_table
 
+NOT_JUDGED = "not_judged"
 SEVERITY_STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 TOP_OPS = 10
 
@@ -70,13 +71,15 @@ def sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
 def _verdict(report: Report) -> Panel:
     findings = sorted_findings(report.findings)
     serious = [finding for finding in findings if finding.severity != "info"]
-    if not findings:
-        body: object = Text("No findings were produced for this trace.")
-    else:
-        rows = Group(*(_finding_text(finding) for finding in findings))
-        body = rows
+    # Rules that could not judge this trace are one dim line each, after the answer.
+    judged = [finding for finding in findings if finding.id != NOT_JUDGED]
+    notes = [finding for finding in findings if finding.id == NOT_JUDGED]
+    parts: list = [_finding_text(finding) for finding in judged]
+    if not judged:
+        parts.append(Text("No findings were produced for this trace."))
+    parts.extend(Text(f"not judged: {finding.title}", style="dim") for finding in notes)
     title = "verdict" if serious else "verdict: no bottleneck found"
-    return Panel(body, title=title, title_align="left")
+    return Panel(Group(*parts), title=title, title_align="left")
 
 
 def _finding_text(finding: Finding) -> Text:
