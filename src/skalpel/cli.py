@@ -52,7 +52,7 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from .api import analyze
+    from .api import analyze, stored_capture
     from .report import terminal
     from .report.progress import load_progress
 
@@ -64,7 +64,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             from .trace.loader import load
 
             trace = load(args.paths, on_progress=on_progress)
-            report = _with_commbench(build_report(trace), args.commbench)
+            report = _with_commbench(build_report(trace, capture=stored_capture(args.paths)), args.commbench)
             rank = trace.rank_ids[0] if trace.ranks else 0
             html_page = html.render(report, flame=html.flame_from_trace(trace, rank=rank))
         else:
