@@ -27,7 +27,7 @@ _ADDRESS = re.compile(r" of [^<>]*? object at 0x[0-9a-fA-F]+>$")  # "<built-in m
 # not the user's code, so the flame graph leaves them out and gives their time to their callers.
 _OWN_FRAME = re.compile(
     r"^(<frozen runpy>|(.*/)?runpy\.py|(.*/)?bin/skalpel|(.*/)?skalpel/(cli|__main__)\.py"
-    r"|(.*/)?skalpel/capture/(runner|command|steps|session)\.py)\(\d+\): "
+    r"|(.*/)?skalpel/capture/\w+\.py)\(\d+\): "
 )
 # At equal start and length the Python frame encloses the op it calls, the op its runtime calls.
 _PRIORITY = np.zeros(max(int(k) for k in Kind) + 1, dtype=np.int8)
