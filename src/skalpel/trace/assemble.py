@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from .model import MemoryEvents, RankInfo, Trace
 
 
-class FileColumns(Protocol):
+@dataclass
+class FileColumns:
+    """One loaded file's columns, before files are joined."""
+
+    path: Path
     info: RankInfo
     names: list[str]
     columns: dict[str, np.ndarray]

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-import numpy as np
 
 from ..errors import TraceError
-from .assemble import assemble
+from .assemble import FileColumns, assemble
 from .columns import ColumnBuilder
 from .events import BatchSyntaxError, decode_events
 from .fastsplit import Layout, guess_layout, next_cut
@@ -99,17 +98,6 @@ def _size_on_disk(path: Path) -> int:
 
 
 @dataclass
-class _FileColumns:
-    path: Path
-    info: RankInfo
-    names: list[str]
-    columns: dict[str, np.ndarray]
-    memory: dict[str, np.ndarray]
-    extra: dict[int, dict]
-    warnings: list[str]
-
-
-@dataclass
 class _Outcome:
     header: dict
     truncated: bool = False
@@ -117,7 +105,7 @@ class _Outcome:
     repaired: int = 0  # batches or events whose invalid UTF-8 bytes were replaced
 
 
-def _parse_file(path: Path, report: Callable[[float], None]) -> _FileColumns:
+def _parse_file(path: Path, report: Callable[[float], None]) -> FileColumns:
     share = _GUNZIP_SHARE if path.name.endswith(".gz") else 0.0
     data, gzip_truncated = read_source(path, lambda fraction: report(share * fraction))
     foreign = describe_foreign(data)
@@ -139,7 +127,7 @@ def _parse_file(path: Path, report: Callable[[float], None]) -> _FileColumns:
     del data
     columns, memory = builder.finish()
     info = _rank_info(path, outcome.header, truncated, builder.count)
-    return _FileColumns(path, info, builder.names, columns, memory, builder.extra, warnings)
+    return FileColumns(path, info, builder.names, columns, memory, builder.extra, warnings)
 
 
 def _warnings(path: Path, builder: ColumnBuilder, outcome: _Outcome, truncated: bool, size: int) -> list[str]:
@@ -284,9 +272,9 @@ def _torch_version(header: dict) -> str | None:
     return version if isinstance(version, str) else None
 
 
-def _drop_duplicate_ranks(parsed: list[_FileColumns]) -> list[_FileColumns]:
+def _drop_duplicate_ranks(parsed: list[FileColumns]) -> list[FileColumns]:
     """Two files claiming one rank are two captures, not two ranks: keep the first, say so."""
-    kept: dict[int, _FileColumns] = {}
+    kept: dict[int, FileColumns] = {}
     dropped: list[str] = []
     for item in parsed:
         if item.info.rank in kept:
