@@ -1,9 +1,9 @@
 """Real multi-process runs: 2 gloo ranks on CPU, one thread each, profiled by skalpel.
 
-Three jobs run at once (module fixture) to keep the wall time down: the clean DDP
-baseline under the user's own torchrun (`torchrun -m skalpel run`), and the planted
-straggler and the communication-heavy model under `skalpel run --nproc 2`. Then the
-real `skalpel commbench` and the comparison of a run with it.
+The clean DDP baseline under the user's own torchrun (`torchrun -m skalpel run`), the
+planted straggler under `skalpel run --nproc 2` and the real `skalpel commbench` run at
+once (module fixture) to keep the wall time down; the communication-heavy model then
+runs alone under `skalpel run --nproc 2`.
 """
 
 from __future__ import annotations
@@ -52,11 +52,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "bench": [sys.executable, "-m", "skalpel", "commbench", "--min-bytes", "64K", "--max-bytes", "1M",
                   "--ops", "all_reduce,broadcast", "--iters", "3", "--json", str(base / "bench.json")],
     }  # fmt: skip
-    processes = {name: _launch(base / name, command) for name, command in jobs.items()}
-    for name, process in processes.items():
-        status = process.wait(timeout=TIMEOUT_S)
-        log = (base / f"{name}.log").read_text(errors="replace")
-        assert status == 0, f"{name} exited {status}:\n{log[-3000:]}"
+    # The communication-heavy job runs on its own: beside the others, on 2 cores, its ranks
+    # mostly wait for each other, and waiting is (rightly) not counted as communication.
+    for wave in (("small", "straggler", "bench"), ("comm_heavy",)):
+        processes = {name: _launch(base / name, jobs[name]) for name in wave}
+        for name, process in processes.items():
+            status = process.wait(timeout=TIMEOUT_S)
+            log = (base / f"{name}.log").read_text(errors="replace")
+            assert status == 0, f"{name} exited {status}:\n{log[-3000:]}"
     folders = {name: base / name for name in ("straggler", "comm_heavy")}
     folders["bench"] = base / "bench.json"
     folders["bench_log"] = base / "bench.log"

@@ -28,9 +28,21 @@ def _ranks(ctx: Context) -> RankComparison:
 
 
 def _waits(ctx: Context) -> dict[int, float]:
+    """Each rank's wait for a consistent straggler, to leave out of its communication time.
+
+    Only when one rank arrives last consistently: then the wait is that rank's fault and
+    straggler_rank reports it. Waits that move from rank to rank (jitter, contention) stay
+    in the communication time, so a job losing most of its step in collectives never reads
+    as "no bottleneck".
+    """
     if len(ctx.trace.ranks) < 2:
         return {}
-    return {timing.rank: timing.wait_ms_per_step for timing in _ranks(ctx).ranks}
+    comparison = _ranks(ctx)
+    straggler = comparison.straggler
+    min_last = thresholds.STRAGGLER_RANK.param("min_last_arrival_pct")
+    if straggler is None or straggler.last_arrival_pct < min_last:
+        return {}
+    return {timing.rank: timing.wait_ms_per_step for timing in comparison.ranks}
 
 
 def _is_distributed_job(ctx: Context) -> bool:
@@ -193,7 +205,8 @@ COMMUNICATION_BOUND = Rule(
         what="The time some collective runs (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, "
         "barrier, send/recv), as a share of the step, on the typical (median) rank. Collectives are timed by their "
         "NCCL/RCCL kernels on GPUs and by the backend's host ranges (gloo:all_reduce) on CPUs. Time a rank only "
-        "waits inside a collective for a later rank is left out: that is straggler_rank's.",
+        "waits inside a collective for a consistent straggler (one rank arriving last at most collectives) is left "
+        "out: that is straggler_rank's. Waits that move from rank to rank (jitter, contention) are counted.",
         why="Data-parallel training scales only while the gradient exchange is small next to the compute. At 30% of "
         "the step the exchange, not the model, sets the speed, and adding ranks makes it worse.",
         evidence="`share_pct` and `comm_ms_per_step` (without waits), the step time, the wait, the part not hidden "
