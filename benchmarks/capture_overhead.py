@@ -33,7 +33,7 @@ def make_loop(seed: int = 0):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    batches = [(torch.randn(64, 256), torch.randint(0, 10, (64,))) for _ in range(8)]
+    batches = [(torch.randn(BATCH, 256), torch.randint(0, 10, (BATCH,))) for _ in range(8)]
 
     def step(index: int) -> None:
         x, y = batches[index % len(batches)]
@@ -46,6 +46,7 @@ def make_loop(seed: int = 0):
 
 
 CLOCK = time.thread_time
+BATCH = 64  # --batch: larger batches give longer steps, where the wall clock is steadier
 
 
 def run_bare(settings: CaptureSettings, folder: Path) -> tuple[list[float], float]:
@@ -110,12 +111,14 @@ def _recorded(times: list[float], settings: CaptureSettings) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global CLOCK, BATCH
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--active", type=int, default=10)
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
+    parser.add_argument("--batch", type=int, default=BATCH, help="samples per step (default 64: a step of a few ms)")
     args = parser.parse_args(argv)
-    global CLOCK
+    BATCH = args.batch
     CLOCK = time.thread_time if args.clock == "thread" else time.perf_counter
     torch.set_num_threads(1)
     settings = CaptureSettings(active=args.active)
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     bare_step, ours_step = statistics.median(step_ms["bare"]), statistics.median(step_ms["skalpel"])
     bare_total, ours_total = statistics.median(total_s["bare"]), statistics.median(total_s["skalpel"])
     print(f"settings: wait {settings.wait}, warm-up {settings.warmup}, active {settings.active}; "
-          f"{args.repeats} repeats, torch {torch.__version__}, 1 thread, {args.clock} clock")  # fmt: skip
+          f"{args.repeats} repeats, batch {BATCH}, torch {torch.__version__}, 1 thread, {args.clock} clock")  # fmt: skip
     print(f"recorded step, median ms:  bare torch.profiler {bare_step:.3f}   skalpel {ours_step:.3f}   "
           f"ratio {ours_step / bare_step:.3f}")  # fmt: skip
     print(f"whole capture, median s:   bare torch.profiler {bare_total:.3f}   skalpel {ours_total:.3f}   "
