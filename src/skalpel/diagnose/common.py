@@ -35,15 +35,7 @@ class Window:
 
     def inside(self, ts_us: np.ndarray) -> np.ndarray:
         """Which instants fall inside one of the steps."""
-        if not self.steps:
-            return np.zeros(len(ts_us), dtype=bool)
-        starts, ends = self.starts, self.ends
-        order = np.argsort(starts)
-        starts, ends = starts[order], ends[order]
-        index = np.searchsorted(starts, ts_us, side="right") - 1
-        hit = index >= 0
-        hit[hit] = ts_us[hit] < ends[index[hit]]
-        return hit
+        return self.step_of(ts_us) >= 0
 
     def step_of(self, ts_us: np.ndarray) -> np.ndarray:
         """Position (0-based, in time order) of the step containing each instant; -1 outside."""
