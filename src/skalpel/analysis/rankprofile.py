@@ -132,13 +132,7 @@ def _inside(trace: Trace, spans: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
 
 
 def _top_level(trace: Trace, events: np.ndarray) -> np.ndarray:
-    """The events not nested inside another of ``events`` (one host thread)."""
-    if len(events) == 0:
-        return events
-    order = np.lexsort((-trace.dur[events], trace.ts[events]))
-    events = events[order]
+    """The events not nested inside another of ``events`` (one host thread), in time order."""
     ends = trace.ts[events] + trace.dur[events]
-    running = np.maximum.accumulate(ends)
-    top = np.ones(len(events), dtype=bool)
-    top[1:] = trace.ts[events][1:] >= running[:-1]
-    return events[top]
+    top = events[intervals.outermost(trace.ts[events], ends, np.zeros(len(events), dtype=np.int64))]
+    return top[np.argsort(trace.ts[top], kind="stable")]
