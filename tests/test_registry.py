@@ -66,7 +66,7 @@ def test_rule_has_a_scenario_or_corpus_test(rule):
         path.read_text()
         for path in TESTS.glob("test_*.py")
         if path.name in ("test_scenarios.py", "test_findings_corpus.py", "test_findings_rules.py")
-        or path.name.startswith("test_distributed")
+        or path.name.startswith(("test_distributed", "test_findings"))
     )
     assert f'"{rule.id}"' in texts, f"{rule.id} is checked by no scenario, corpus or rule test"
 

@@ -106,6 +106,9 @@ def _extra(analyses: Analyses, rank: int) -> dict:
     launch = analyses.launches.for_rank(rank) if analyses.launches else None
     if launch is not None:
         extra["launch"] = _rounded(launch.to_dict())
+    in_steps = analyses.step_device.for_rank(rank) if analyses.step_device else None
+    if in_steps is not None:
+        extra["step_device"] = _rounded({**in_steps.to_dict(), "marked": analyses.step_device.marked})
     sync = analyses.syncs.for_rank(rank) if analyses.syncs else None
     if sync is not None:
         extra["syncs"] = _rounded(sync.to_dict())

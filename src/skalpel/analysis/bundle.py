@@ -15,6 +15,7 @@ from .launches import LaunchResult, launches
 from .memory import MemoryResult, memory
 from .ops import OpTable, op_table
 from .ranks import RankComparison, compare_ranks
+from .step_device import StepDeviceResult, device_in_steps
 from .steps import StepSegmentation, segment_steps
 from .syncs import SyncResult, syncs
 
@@ -33,6 +34,7 @@ class Analyses:
     ops: OpTable | None = None  # per rank and op name: calls, self/total host time, self device time
     kernels: KernelTable | None = None  # per rank and kernel name, typed COMP / COMM / MEMORY
     gpu_time: GpuTimeResult | None = None  # HTA temporal/idle breakdown and comm overlap; None without device
+    step_device: StepDeviceResult | None = None  # the device's busy share of each marked step; None without device
     launches: LaunchResult | None = None  # launch delays, tiny kernels, kernels and ops per step
     syncs: SyncResult | None = None  # host-device synchronisations and pageable copies
     memory: MemoryResult | None = None  # allocated-memory curves; None without [memory] events
@@ -49,6 +51,7 @@ def run_analyses(trace: Trace) -> Analyses:
     analyses.ops = op_table(trace)
     analyses.kernels = kernel_table(trace)
     analyses.gpu_time = gpu_time(trace)
+    analyses.step_device = device_in_steps(trace, steps)
     analyses.launches = launches(trace, steps)
     analyses.syncs = syncs(trace, steps)
     analyses.memory = memory(trace, steps)

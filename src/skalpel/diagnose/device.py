@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analysis import intervals
 from ..analysis.gpu_time import gpu_time
 from ..analysis.launches import launches
 from ..analysis.ops import op_table
+from ..analysis.step_device import device_in_steps
 from ..trace.kinds import DEVICE_KINDS, Kind
 from . import thresholds
 from .overhead import check_cpu_overhead
@@ -20,29 +22,69 @@ def _steps_on(ctx: Context, rank: int) -> int:
 
 
 def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
-    result = ctx.result("gpu_time", lambda: gpu_time(ctx.trace))
+    """Idle share of the marked steps (of the whole window without markers), not of HTA's device span."""
+    result = ctx.result("step_device", lambda: device_in_steps(ctx.trace, ctx.steps))
     if result is None:
         return NotJudged("no device activity")
+    hta = ctx.result("gpu_time", lambda: gpu_time(ctx.trace))
+    limits = rule.thresholds
     findings = []
-    for rank, gpu in result.ranks.items():
-        if gpu is None or gpu.span_us <= 0:
+    for rank, device in result.ranks.items():
+        if device is None:
             continue
-        ms = gpu.idle_us / 1000.0 / _steps_on(ctx, rank)
-        if gpu.idle_pct < rule.thresholds.share_pct or ms < rule.thresholds.floor:
+        consistent = device.steps_idle_at_least(limits.share_pct)
+        held = device.steps >= limits.param("min_steps") and consistent >= limits.param("consistent_steps_pct")
+        if device.idle_pct < limits.share_pct or (device.idle_ms_per_step < limits.floor and not held):
             continue
-        split = gpu.idle_breakdown_pct
+        gpu = hta.for_rank(rank) if hta is not None else None
+        split = gpu.idle_breakdown_pct if gpu is not None else {}
+        loader = _idle_in_dataloader_pct(ctx, rank, device)
         evidence = {
-            "idle_pct": gpu.idle_pct,
-            "idle_ms_per_step": ms,
+            "idle_pct": device.idle_pct,
+            "idle_ms_per_step": device.idle_ms_per_step,
+            "step_ms": sum(device.step_ms) / device.steps,
+            "steps": device.steps,
+            "steps_idle_pct": consistent,  # share of the steps idle at least share_pct
+            "judged_over": "marked steps" if result.marked else "the whole window (no ProfilerStep markers)",
             "host_wait_pct": split.get("host_wait", 0.0),
             "kernel_wait_pct": split.get("kernel_wait", 0.0),
             "other_wait_pct": split.get("other", 0.0),
-            "compute_pct": gpu.compute_pct,
+            "idle_in_dataloader_pct": loader,
+            "hta_idle_pct": gpu.idle_pct if gpu is not None else 0.0,  # HTA's span: first to last device event
+            "hta_compute_pct": gpu.compute_pct if gpu is not None else 0.0,
         }
-        findings.append(
-            rule.finding(evidence, locations=ctx.locations(_after_longest_gaps(ctx, rank)), severity=rule.severity_for(gpu.idle_pct), rank=rank)
-        )
+        title, fix, events = None, rule.fix, _after_longest_gaps(ctx, rank)
+        if loader >= limits.param("loader_idle_pct"):
+            title = rule.title.format(**evidence) + f"; {loader:.0f}% of it inside DataLoader.__next__"
+            fix = "the device waits for the next batch: " + DATALOADER_FIX
+            events = np.flatnonzero((ctx.trace.kind == Kind.DATALOADER) & (ctx.trace.rank == rank))
+        elif evidence["step_ms"] < limits.param("small_step_ms"):
+            fix = SMALL_STEP_FIX
+        severity = rule.severity_for(device.idle_pct)
+        findings.append(rule.finding(evidence, locations=ctx.locations(events), severity=severity, fix=fix, rank=rank, title=title))
     return findings
+
+
+SMALL_STEP_FIX = (
+    "short steps: the host's fixed cost per step (Python, launches, syncs) leaves the device idle; replay the step "
+    "as a CUDA graph (torch.compile(model, mode='reduce-overhead') or torch.cuda.graphs), use larger batches, "
+    "and move host-side ops (logging, .item(), per-sample Python) out of the step"
+)
+DATALOADER_FIX = "DataLoader(num_workers=4 or more, pin_memory=True, persistent_workers=True, prefetch_factor=2)"
+
+
+def _idle_in_dataloader_pct(ctx: Context, rank: int, device) -> float:
+    """Share of the rank's device idle time that falls inside DataLoader.__next__ ranges."""
+    trace = ctx.trace
+    idle_ms = sum(device.idle_ms)
+    waits = np.flatnonzero((trace.kind == Kind.DATALOADER) & (trace.rank == rank))
+    if idle_ms <= 0 or len(waits) == 0:
+        return 0.0
+    loader = intervals.union(trace.ts[waits], trace.end[waits])
+    on_device = np.flatnonzero(np.isin(trace.kind, _DEVICE) & (trace.rank == rank))
+    busy = intervals.union(trace.ts[on_device], trace.end[on_device])
+    idle_inside = intervals.length(*loader) - intervals.intersection_length(loader, busy)
+    return min(100.0 * idle_inside / 1000.0 / idle_ms, 100.0)
 
 
 def _after_longest_gaps(ctx: Context, rank: int, count: int = 20) -> np.ndarray:
@@ -61,22 +103,32 @@ GPU_IDLE = Rule(
     id="gpu_idle",
     family="device",
     severity="warning",
-    title="The GPU is idle {idle_pct:.0f}% of the time ({idle_ms_per_step:.1f} ms/step; host wait {host_wait_pct:.0f}% of it)",
+    title="The GPU is idle {idle_pct:.0f}% of {judged_over} ({idle_ms_per_step:.2f} ms of a {step_ms:.2f} ms step; host wait {host_wait_pct:.0f}% of it)",
     thresholds=thresholds.GPU_IDLE,
     check=_check_gpu_idle,
     needs_device=True,
     fix="find what the host does while the device waits (data loading, syncs, Python overhead); "
     "overlap it with device work or move it off the critical path",
     docs=Docs(
-        what="The share of the device timeline (first to last device event, streams merged) when no kernel, copy "
-        "or memset runs, split as Holistic Trace Analysis does into host wait (the next work was launched after "
-        "the device went idle), kernel wait (short gaps between back-to-back kernels) and other.",
+        what="The share of the marked steps (streams merged) when no kernel, copy or memset runs; without "
+        "ProfilerStep markers, of the whole window from the first to the last host op (the evidence says which). "
+        "The idle time is split as Holistic Trace Analysis does into host wait (the next work was launched after "
+        "the device went idle), kernel wait (short gaps between back-to-back kernels) and other. HTA's own idle "
+        "share spans the first to the last device event (a step whose only kernel runs 11 us reads as busy "
+        "there); it is kept in the evidence as `hta_idle_pct`. Below the per-step floor the rule still fires when "
+        "the idle share holds in `consistent_steps_pct` of `min_steps` or more steps: a 1 ms step that idles "
+        "80% every time is the pattern that matters most when it repeats a million times.",
         why="An idle accelerator is the most expensive resource in the job doing nothing; the step cannot get "
         "faster than the work the host hands it.",
-        evidence="`idle_pct`, idle ms per step, the host-wait / kernel-wait / other split of the idle time, and "
-        "the compute share. The locations are the launch sites of the work that ended the longest gaps.",
+        evidence="`idle_pct` of the steps, idle ms per step, the share of steps that idle that much "
+        "(`steps_idle_pct`), what it was judged over, the host-wait / kernel-wait / other split, the share of the "
+        "idle time inside `DataLoader.__next__` (from `loader_idle_pct` on, the finding names the loader and "
+        "locates its calls), and HTA's idle and compute shares. Otherwise the locations are the launch sites of "
+        "the work that ended the longest gaps.",
         fix="Host wait: remove what stalls the host (data loading, `.item()` syncs, Python overhead; see the other "
-        "findings), use CUDA graphs or torch.compile for launch overhead. Kernel wait: fuse small kernels.",
+        "findings), use CUDA graphs or torch.compile for launch overhead. Kernel wait: fuse small kernels. Short "
+        "steps (under `small_step_ms`): CUDA graphs (`torch.compile(mode='reduce-overhead')`), larger batches, "
+        "fewer host-side ops per step.",
         false_positives="Inference with small batches and traces that include set-up or warm-up are idle by design; "
         "a trace cut mid-step shows idle time at its edges.",
     ),

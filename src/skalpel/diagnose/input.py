@@ -34,12 +34,19 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
             "steps": len(rank.step_ms),
             "worst_step_wait_ms": max(rank.per_step_ms.get("dataloader", (0.0,))),
             "iterator": ", ".join(iterators),
+            "judged_over": "marked steps" if ctx.steps.marked else "the whole window (no ProfilerStep markers)",
         }
         fix = rule.fix
         if single:
             fix = "num_workers=0 loads every batch in the training process: " + fix
         locations = _unique(ctx.inner_locations(waits) + ctx.locations(waits))
-        findings.append(rule.finding(evidence, locations=locations, severity=rule.severity_for(share), fix=fix, rank=rank.rank))
+        title = None if ctx.steps.marked else (
+            f"Waiting for data takes {share:.0f}% of the whole window ({ms:.1f} ms of {rank.avg_step_ms:.1f} ms; "
+            "no ProfilerStep markers)"
+        )  # fmt: skip
+        findings.append(
+            rule.finding(evidence, locations=locations, severity=rule.severity_for(share), fix=fix, rank=rank.rank, title=title)
+        )
     return findings
 
 
@@ -54,7 +61,6 @@ DATALOADER_BOUND = Rule(
     title="The step waits for data {share_pct:.0f}% of the time ({ms_per_step:.1f} ms of a {step_ms:.1f} ms step)",
     thresholds=thresholds.DATALOADER_BOUND,
     check=_check_dataloader,
-    needs_steps=True,
     fix="DataLoader(num_workers=4 or more, pin_memory=True, persistent_workers=True, prefetch_factor=2); "
     "make __getitem__ cheap (decode/augment once, cache, or move transforms to the device)",
     docs=Docs(
@@ -63,6 +69,8 @@ DATALOADER_BOUND = Rule(
         why="While the loop waits for data the device and the host compute nothing. That time is pure loss, "
         "and it grows with a faster model or device.",
         evidence="`share_pct` of the mean step and `ms_per_step` (both from the step-time breakdown), the step time, "
+        "what it was judged over (`judged_over`: the marked steps, or the whole window from the first to the last "
+        "host op when the trace has no ProfilerStep markers), "
         "the worst step's wait, and the DataLoader iterator type (`_SingleProcessDataLoaderIter` means num_workers=0). "
         "The locations are the user code the wait is busy with (a Dataset's `__getitem__`), then the user "
         "function that iterates the loader.",

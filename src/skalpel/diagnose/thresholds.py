@@ -73,7 +73,16 @@ HOST_DEVICE_SYNC = Threshold(
 )
 
 # --- device --------------------------------------------------------------------------------
-GPU_IDLE = Threshold(30.0, "of the step with the device idle", 2.0, "ms/step", critical_share_pct=60.0)
+# Short steps (1 ms, repeated a million times) are where host overhead matters most: below the
+# per-step floor the rule still fires when the idle share holds in most of 3 or more steps.
+GPU_IDLE = Threshold(
+    30.0,
+    "of the marked steps with the device idle",
+    2.0,
+    "ms/step (or the share reached in consistent_steps_pct of min_steps or more steps)",
+    critical_share_pct=60.0,
+    params=(("min_steps", 3), ("consistent_steps_pct", 75.0), ("small_step_ms", 5.0), ("loader_idle_pct", 50.0)),
+)
 LAUNCH_BOUND = Threshold(
     50.0,
     "of kernels (or host ops) shorter than tiny_us",

@@ -1,0 +1,101 @@
+"""The device's share of each step: how long the device works inside every step, per rank.
+
+HTA's temporal breakdown (``gpu_time``) spans the first to the last device event, so a
+step in which the device works 11 us of 33 ms reads as 99.99% compute when those are the
+only kernels. Findings and the terminal summary judge the step the user waits for: per
+step, the union of device events (kernels, copies, memsets, streams merged) clipped to
+the step, against the step's duration. Without ProfilerStep markers the one pseudo-step
+is the whole window (first to last host op), and ``marked`` says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.kinds import DEVICE_KINDS
+from ..trace.model import Trace
+from . import intervals
+from .steps import StepSegmentation
+
+_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
+
+
+@dataclass(frozen=True)
+class RankStepDevice:
+    rank: int
+    step_ms: tuple[float, ...]  # each step's duration, in time order
+    busy_ms: tuple[float, ...]  # device busy time inside each step (streams merged)
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_ms)
+
+    @property
+    def idle_ms(self) -> tuple[float, ...]:
+        return tuple(max(step - busy, 0.0) for step, busy in zip(self.step_ms, self.busy_ms))
+
+    @property
+    def idle_pct_by_step(self) -> tuple[float, ...]:
+        return tuple(100.0 * idle / step if step > 0 else 0.0 for idle, step in zip(self.idle_ms, self.step_ms))
+
+    @property
+    def idle_pct(self) -> float:
+        """Idle share of all steps together."""
+        total = sum(self.step_ms)
+        return 100.0 * sum(self.idle_ms) / total if total > 0 else 0.0
+
+    @property
+    def busy_pct(self) -> float:
+        return 100.0 - self.idle_pct if sum(self.step_ms) > 0 else 0.0
+
+    @property
+    def idle_ms_per_step(self) -> float:
+        return sum(self.idle_ms) / self.steps if self.steps else 0.0
+
+    def steps_idle_at_least(self, share_pct: float) -> float:
+        """Share of the steps (in %) whose own idle share reaches ``share_pct``: is the pattern consistent?"""
+        shares = self.idle_pct_by_step
+        return 100.0 * sum(share >= share_pct for share in shares) / len(shares) if shares else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"steps": self.steps, "busy_pct": self.busy_pct, "idle_pct": self.idle_pct,
+                "idle_ms_per_step": self.idle_ms_per_step}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepDeviceResult:
+    ranks: dict[int, RankStepDevice | None]  # None: no steps or no device work on that rank
+    marked: bool  # False: each rank's one pseudo-step is its whole window
+
+    def for_rank(self, rank: int) -> RankStepDevice | None:
+        return self.ranks.get(rank)
+
+
+def device_in_steps(trace: Trace, steps: StepSegmentation) -> StepDeviceResult | None:
+    """Device busy time inside every step, per rank; None when the trace has no device work."""
+    if not trace.has_device:
+        return None
+    device = np.flatnonzero(np.isin(trace.kind, _DEVICE))
+    ranks: dict[int, RankStepDevice | None] = {}
+    for rank in trace.rank_ids:
+        on_rank = device[trace.rank[device] == rank]
+        rank_steps = sorted(steps.for_rank(rank), key=lambda step: step.start_us)
+        if len(on_rank) == 0 or not rank_steps:
+            ranks[rank] = None
+            continue
+        busy = intervals.union(trace.ts[on_rank], trace.ts[on_rank] + trace.dur[on_rank])
+        ranks[rank] = RankStepDevice(
+            rank=rank,
+            step_ms=tuple(step.duration_ms for step in rank_steps),
+            busy_ms=tuple(_busy_between(busy, step.start_us, step.end_us) / 1000.0 for step in rank_steps),
+        )
+    return StepDeviceResult(ranks=ranks, marked=steps.marked)
+
+
+def _busy_between(busy: tuple[np.ndarray, np.ndarray], start_us: float, end_us: float) -> float:
+    """Length of the disjoint busy intervals inside [start_us, end_us)."""
+    starts, ends = busy
+    clipped = np.minimum(ends, end_us) - np.maximum(starts, start_us)
+    return float(clipped[clipped > 0].sum())

@@ -1,0 +1,74 @@
+"""A small, readable builder of one rank's Kineto trace, in today's torch.profiler schema, for rule tests.
+
+Host ops, annotations and launch calls go on thread 100, device work on stream 7, linked
+as torch.profiler links them (``External id`` from an op to its launch calls, ``correlation``
+from a launch call to its kernel). The tests run the real loader, analyses and rules on
+the written file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HOST, DEVICE, STREAM = 100, 0, 7
+
+
+class TraceBuilder:
+    """Builds one rank's Kineto trace: host ops and launches on thread 100, device work on stream 7."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self._ids = 1000
+        self.device_properties = [{"id": 0, "name": "Test GPU", "totalGlobalMem": 16 * 2**30}]
+
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def host(self, name: str, ts: float, dur: float, cat: str = "cpu_op", **args) -> int:
+        external = self._next_id()
+        self.events.append(
+            {"ph": "X", "cat": cat, "name": name, "pid": HOST, "tid": HOST, "ts": ts, "dur": dur,
+             "args": {"External id": external, **args}}
+        )  # fmt: skip
+        return external
+
+    def step(self, number: int, ts: float, dur: float) -> None:
+        self.host(f"ProfilerStep#{number}", ts, dur, cat="user_annotation")
+
+    def frame(self, where: str, ts: float, dur: float) -> None:
+        """A Python frame (with_stack=True), e.g. ``train.py(42): train_step``."""
+        self.events.append({"ph": "X", "cat": "python_function", "name": where, "pid": HOST, "tid": HOST,
+                            "ts": ts, "dur": dur, "args": {"Python id": self._next_id()}})  # fmt: skip
+
+    def launch(self, ts: float, dur: float, *, work_ts: float, work_dur: float, external: int = 0,
+               name: str = "cudaLaunchKernel", kernel: str = "volta_sgemm_128x64_nn", cat: str = "kernel",
+               nbytes: int = 0) -> None:  # fmt: skip
+        correlation = self._next_id()
+        self.events.append(
+            {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": HOST, "tid": HOST, "ts": ts, "dur": dur,
+             "args": {"correlation": correlation, "external id": external}}
+        )  # fmt: skip
+        args = {"device": DEVICE, "stream": STREAM, "correlation": correlation, "external id": external}
+        if nbytes:
+            args["bytes"] = nbytes
+        self.events.append(
+            {"ph": "X", "cat": cat, "name": kernel, "pid": DEVICE, "tid": STREAM, "ts": work_ts, "dur": work_dur, "args": args}
+        )
+
+    def runtime(self, name: str, ts: float, dur: float) -> None:
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": HOST, "tid": HOST, "ts": ts, "dur": dur,
+                            "args": {"correlation": self._next_id(), "external id": 0}})  # fmt: skip
+
+    def memory(self, ts: float, nbytes: int, total_allocated: int, *, device_type: int = 1) -> None:
+        """One ``[memory]`` instant: an allocation (nbytes > 0) or a free (nbytes < 0)."""
+        self.events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": HOST,
+                            "tid": HOST, "ts": ts, "args": {"Device Type": device_type, "Device Id": 0,
+                            "Addr": 1 << 30, "Bytes": nbytes, "Total Allocated": total_allocated,
+                            "Total Reserved": max(total_allocated, 1 << 30)}})  # fmt: skip
+
+    def write(self, path: Path) -> Path:
+        document = {"schemaVersion": 1, "deviceProperties": self.device_properties, "traceEvents": self.events}
+        path.write_text(json.dumps(document))
+        return path
