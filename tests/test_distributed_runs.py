@@ -97,6 +97,17 @@ def test_torchrun_ranks_write_one_folder_and_rank0_the_merged_report(runs: dict[
     assert not any("different runs" in warning for warning in report.warnings)
 
 
+def test_clean_ddp_baseline_is_quiet(runs: dict[str, Path]) -> None:
+    """Two ranks with identical work on one loaded machine: no straggler, no network bottleneck, no overlap
+    problem (one small DDP bucket per step); when the ranks waited for each other, an info note says why."""
+    report = _report(runs["small"])
+    serious = [(f.id, f.severity, f.title) for f in report.findings if f.severity != "info"]
+    assert not serious
+    for note in [f for f in report.findings if f.id == "straggler_rank"]:
+        assert note.title.startswith("No straggler") and "identical work" in note.title
+        assert set(note.evidence["comm_share_with_waits_pct_by_rank"]) == {"0", "1"}
+
+
 def test_planted_straggler_names_rank_1(runs: dict[str, Path]) -> None:
     report = _report(runs["straggler"])
     assert [rank.rank for rank in report.ranks] == [0, 1]

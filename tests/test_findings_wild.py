@@ -52,7 +52,7 @@ def test_unmarked_trace_judges_the_loader_over_the_whole_window(tmp_path):
     assert loader.severity == "critical"
     assert any("data.py:12" in where for where in loader.locations)
     (idle,) = _found(report, "gpu_idle")
-    assert idle.evidence["judged_over"].startswith("the whole window")
+    assert idle.evidence["judged_over"].startswith("the device's span")
     assert idle.evidence["idle_in_dataloader_pct"] > 90
     assert "DataLoader.__next__" in idle.title and "num_workers" in idle.fix
     assert any("train.py:30" in where or "data.py:12" in where for where in idle.locations)

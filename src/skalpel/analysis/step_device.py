@@ -33,6 +33,10 @@ class RankStepDevice:
         return len(self.step_ms)
 
     @property
+    def mean_step_ms(self) -> float:
+        return sum(self.step_ms) / self.steps if self.steps else 0.0
+
+    @property
     def idle_ms(self) -> tuple[float, ...]:
         return tuple(max(step - busy, 0.0) for step, busy in zip(self.step_ms, self.busy_ms))
 

@@ -22,45 +22,50 @@ def _steps_on(ctx: Context, rank: int) -> int:
 
 
 def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
-    """Idle share of the marked steps (of the whole window without markers), not of HTA's device span."""
+    """Idle share of the marked steps; without markers, of HTA's device span (the window's edges are set-up)."""
     result = ctx.result("step_device", lambda: device_in_steps(ctx.trace, ctx.steps))
-    if result is None:
-        return NotJudged("no device activity")
     hta = ctx.result("gpu_time", lambda: gpu_time(ctx.trace))
+    if result is None or hta is None:
+        return NotJudged("no device activity")
     limits = rule.thresholds
     findings = []
     for rank, device in result.ranks.items():
-        if device is None:
+        gpu = hta.for_rank(rank)
+        if device is None or gpu is None or gpu.span_us <= 0:
             continue
-        consistent = device.steps_idle_at_least(limits.share_pct)
-        held = device.steps >= limits.param("min_steps") and consistent >= limits.param("consistent_steps_pct")
-        if device.idle_pct < limits.share_pct or (device.idle_ms_per_step < limits.floor and not held):
+        if result.marked:
+            idle_pct, idle_ms, steps, step_ms = device.idle_pct, device.idle_ms_per_step, device.steps, device.mean_step_ms
+            consistent, judged_over = device.steps_idle_at_least(limits.share_pct), "marked steps"
+        else:
+            idle_pct, idle_ms, steps, step_ms = gpu.idle_pct, gpu.idle_us / 1000.0, 1, gpu.span_us / 1000.0
+            consistent, judged_over = 100.0, "the device's span (no ProfilerStep markers)"
+        held = steps >= limits.param("min_steps") and consistent >= limits.param("consistent_steps_pct")
+        if idle_pct < limits.share_pct or (idle_ms < limits.floor and not held):
             continue
-        gpu = hta.for_rank(rank) if hta is not None else None
-        split = gpu.idle_breakdown_pct if gpu is not None else {}
-        loader = _idle_in_dataloader_pct(ctx, rank, device)
+        split = gpu.idle_breakdown_pct
+        loader = _idle_in_dataloader_pct(ctx, rank, idle_ms * steps)
         evidence = {
-            "idle_pct": device.idle_pct,
-            "idle_ms_per_step": device.idle_ms_per_step,
-            "step_ms": sum(device.step_ms) / device.steps,
-            "steps": device.steps,
+            "idle_pct": idle_pct,
+            "idle_ms_per_step": idle_ms,
+            "step_ms": step_ms,
+            "steps": steps,
             "steps_idle_pct": consistent,  # share of the steps idle at least share_pct
-            "judged_over": "marked steps" if result.marked else "the whole window (no ProfilerStep markers)",
+            "judged_over": judged_over,
             "host_wait_pct": split.get("host_wait", 0.0),
             "kernel_wait_pct": split.get("kernel_wait", 0.0),
             "other_wait_pct": split.get("other", 0.0),
             "idle_in_dataloader_pct": loader,
-            "hta_idle_pct": gpu.idle_pct if gpu is not None else 0.0,  # HTA's span: first to last device event
-            "hta_compute_pct": gpu.compute_pct if gpu is not None else 0.0,
+            "hta_idle_pct": gpu.idle_pct,  # HTA's span: first to last device event
+            "hta_compute_pct": gpu.compute_pct,
         }
         title, fix, events = None, rule.fix, _after_longest_gaps(ctx, rank)
         if loader >= limits.param("loader_idle_pct"):
             title = rule.title.format(**evidence) + f"; {loader:.0f}% of it inside DataLoader.__next__"
             fix = "the device waits for the next batch: " + DATALOADER_FIX
             events = np.flatnonzero((ctx.trace.kind == Kind.DATALOADER) & (ctx.trace.rank == rank))
-        elif evidence["step_ms"] < limits.param("small_step_ms"):
+        elif step_ms < limits.param("small_step_ms"):
             fix = SMALL_STEP_FIX
-        severity = rule.severity_for(device.idle_pct)
+        severity = rule.severity_for(idle_pct)
         findings.append(rule.finding(evidence, locations=ctx.locations(events), severity=severity, fix=fix, rank=rank, title=title))
     return findings
 
@@ -73,10 +78,9 @@ SMALL_STEP_FIX = (
 DATALOADER_FIX = "DataLoader(num_workers=4 or more, pin_memory=True, persistent_workers=True, prefetch_factor=2)"
 
 
-def _idle_in_dataloader_pct(ctx: Context, rank: int, device) -> float:
-    """Share of the rank's device idle time that falls inside DataLoader.__next__ ranges."""
+def _idle_in_dataloader_pct(ctx: Context, rank: int, idle_ms: float) -> float:
+    """Share of the rank's device idle time (``idle_ms`` in all) that falls inside DataLoader.__next__ ranges."""
     trace = ctx.trace
-    idle_ms = sum(device.idle_ms)
     waits = np.flatnonzero((trace.kind == Kind.DATALOADER) & (trace.rank == rank))
     if idle_ms <= 0 or len(waits) == 0:
         return 0.0
@@ -111,7 +115,8 @@ GPU_IDLE = Rule(
     "overlap it with device work or move it off the critical path",
     docs=Docs(
         what="The share of the marked steps (streams merged) when no kernel, copy or memset runs; without "
-        "ProfilerStep markers, of the whole window from the first to the last host op (the evidence says which). "
+        "ProfilerStep markers, of the device's span from the first to the last device event, as HTA measures it "
+        "(the host-only edges of such a window are set-up, not steady state; the evidence says which). "
         "The idle time is split as Holistic Trace Analysis does into host wait (the next work was launched after "
         "the device went idle), kernel wait (short gaps between back-to-back kernels) and other. HTA's own idle "
         "share spans the first to the last device event (a step whose only kernel runs 11 us reads as busy "

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.collectives import collective_type
+from ..analysis.collectives import SYNCHRONISING, collective_type
 from ..analysis.comm import CommAnalysis, RankComm, analyze_comm
+from ..analysis.ops import op_table
 from ..analysis.ranks import OUTSIDE_OPS, RankComparison, compare_ranks
 from ..trace.kinds import Kind
 from . import thresholds
+from ..report.model import Finding
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
@@ -40,9 +42,42 @@ def _waits(ctx: Context) -> dict[int, float]:
     comparison = _ranks(ctx)
     straggler = comparison.straggler
     min_last = thresholds.STRAGGLER_RANK.param("min_last_arrival_pct")
-    if straggler is None or straggler.last_arrival_pct < min_last:
+    consistent = straggler is not None and straggler.last_arrival_pct >= min_last
+    if not consistent and not _machine_load(ctx):
         return {}
     return {timing.rank: timing.wait_ms_per_step for timing in comparison.ranks}
+
+
+def _machine_load(ctx: Context) -> bool:
+    """The waits between ranks come from the shared machine's load, not from one rank's extra work.
+
+    All ranks on one host (one clock), identical work (every op called equally often on every
+    rank), and the slowest rank's extra time, if it has one, in host ops that every rank runs,
+    not in Python outside ops (extra work: a sleep, I/O, logging) and not in kernels (a slow
+    device is a real straggler): the same work ran slower where the CPU load happened to fall,
+    and which rank that is moves from run to run. The waits are then neither a straggler's
+    nor the network's; straggler_rank says so in an info note that keeps the numbers.
+    """
+    if len(ctx.trace.ranks) < 2:
+        return False
+    comparison = _ranks(ctx)
+    if len(comparison.ranks) < 2 or any(timing.clock not in ("reference", "same host") for timing in comparison.ranks):
+        return False
+    if not _identical_work(ctx):
+        return False
+    straggler = comparison.straggler
+    top = straggler.excess[0] if straggler is not None and straggler.excess else None
+    return top is None or (top.category != OUTSIDE_OPS and not top.category.startswith("kernel: "))
+
+
+def _identical_work(ctx: Context) -> bool:
+    """Every rank calls every op the same number of times per step."""
+    table = ctx.result("ops", lambda: op_table(ctx.trace))
+    calls = []
+    for rank_ops in table.ranks:
+        steps = max(len(ctx.steps.for_rank(rank_ops.rank)), 1)
+        calls.append({row.name: row.calls / steps for row in rank_ops.rows})
+    return len(calls) >= 2 and all(other == calls[0] for other in calls[1:])
 
 
 def _is_distributed_job(ctx: Context) -> bool:
@@ -112,7 +147,7 @@ def _check_low_overlap(ctx: Context, rule: Rule) -> Outcome:
     transfer = {r.rank: max(r.comm_ms_per_step - waits.get(r.rank, 0.0), 0.0) for r in ranks}
     typical = _median_rank(ranks, lambda r: exposed[r.rank])
     comm_ms = transfer[typical.rank]
-    if comm_ms <= 0:
+    if comm_ms <= 0 or _one_small_bucket(typical, rule):
         return []
     exposed_pct = min(100.0 * exposed[typical.rank] / comm_ms, 100.0)
     comm_share = 100.0 * comm_ms / typical.step_ms
@@ -130,6 +165,16 @@ def _check_low_overlap(ctx: Context, rule: Rule) -> Outcome:
         "rank": typical.rank,
     }
     return [rule.finding(evidence, locations=_issued_at(ctx, typical), rank=typical.rank if len(ranks) == 1 else None)]
+
+
+def _one_small_bucket(rank: RankComm, rule: Rule) -> bool:
+    """One all_reduce per step, smaller than DDP's default bucket: it can only start once backward is over,
+    so there is no compute left to hide it behind (a small model; a smaller bucket_cap_mb would gain little)."""
+    synchronising = [row for row in rank.by_type if row.type in SYNCHRONISING]
+    if len(synchronising) != 1 or synchronising[0].type != "all_reduce":
+        return False
+    row = synchronising[0]
+    return row.calls_per_step <= 1.0 and row.bytes_per_step / 2**20 < rule.thresholds.param("single_bucket_mib")
 
 
 def _issued_at(ctx: Context, rank: RankComm) -> tuple[str, ...]:
@@ -155,6 +200,10 @@ def _check_straggler(ctx: Context, rule: Rule) -> Outcome:
     if straggler is None:
         return NotJudged("no collective matches across the ranks")
     limits = rule.thresholds
+    if _machine_load(ctx):
+        note = _load_note(ctx, rule, comparison)
+        waited = note.evidence["wait_share_pct"] >= limits.share_pct and note.evidence["wait_ms_per_step"] >= limits.floor
+        return [note] if waited else []
     share = 100.0 * straggler.imposed_wait_ms_per_step / straggler.step_ms if straggler.step_ms > 0 else 0.0
     if (
         share < limits.share_pct
@@ -180,6 +229,35 @@ def _check_straggler(ctx: Context, rule: Rule) -> Outcome:
     if top is not None:
         fix = f"rank {straggler.rank} spends {top.extra_ms_per_step:.1f} ms/step more in {top.category}: " + fix
     return [rule.finding(evidence, locations=locations, severity=rule.severity_for(share), fix=fix, rank=straggler.rank)]
+
+
+def _load_note(ctx: Context, rule: Rule, comparison: RankComparison) -> Finding:
+    """Identical work on one machine: who arrives last follows the machine's load, so no rank is blamed."""
+    timings = comparison.ranks
+    step_ms = float(np.median([t.step_ms for t in timings]))
+    wait_ms = max(t.wait_ms_per_step for t in timings)  # the rank that waits most
+    comm_share = {r.rank: r.share_pct for r in _comm(ctx).ranks}
+    slowest = comparison.straggler
+    evidence = {
+        "wait_share_pct": 100.0 * wait_ms / step_ms if step_ms > 0 else 0.0,
+        "wait_ms_per_step": wait_ms,
+        "step_ms": step_ms,
+        "last_arrivals_by_rank": {t.rank: t.last_arrivals for t in timings},
+        "matched_collectives": max(t.matched_collectives for t in timings),
+        "wait_ms_per_step_by_rank": {t.rank: t.wait_ms_per_step for t in timings},
+        "comm_share_with_waits_pct_by_rank": comm_share,  # never hidden: the collectives' whole share
+        "slowest_rank": slowest.rank if slowest is not None else -1,
+        "slower_in": slowest.excess[0].category if slowest is not None and slowest.excess else "nothing",
+    }
+    title = (
+        f"No straggler: the ranks do identical work on one machine and wait up to {wait_ms:.1f} ms/step for each other "
+        f"({evidence['wait_share_pct']:.0f}% of the step; collectives with the waits take up to "
+        f"{max(comm_share.values(), default=0.0):.0f}% of the step); the slower rank runs the same ops slower, so who arrives "
+        "last follows the machine's load"
+    )
+    fix = ("nothing in the code: give each rank its own cores (ranks x OMP_NUM_THREADS <= cores), stop other load "
+           "on the machine, and measure again")  # fmt: skip
+    return rule.finding(evidence, severity="info", title=title, fix=fix)
 
 
 def _straggler_locations(ctx: Context, rank: int, top) -> tuple[str, ...]:
@@ -243,7 +321,8 @@ LOW_COMM_OVERLAP = Rule(
         "`static_graph=True`), `async_op=True` collectives, FSDP prefetching; take synchronous collectives "
         "(`.item()` of a reduced loss, a barrier) out of the step.",
         false_positives="Small models: the last bucket's all_reduce always runs after backward, and on a tiny step "
-        "that is most of it. On CPUs, the training thread blocked inside an op counts as computing.",
+        "that is most of it; a single all_reduce per step smaller than `single_bucket_mib` (one DDP bucket) is "
+        "therefore not judged. On CPUs, the training thread blocked inside an op counts as computing.",
     ),
 )
 
@@ -271,7 +350,10 @@ STRAGGLER_RANK = Rule(
         f"op, a kernel, or {OUTSIDE_OPS}) against the median of the others.",
         fix="Remove the extra work the straggler does (see `extra_time_in` and the location), balance the data, "
         "or replace the slow node.",
-        false_positives="Ranks that do different work by design (pipeline stages, a parameter server); traces "
+        false_positives="Ranks on one machine that do identical work (every op called equally often) and differ only "
+        "in how fast the same host ops ran are not blamed: who arrives last then follows the machine's CPU load and "
+        "moves from run to run, so the rule writes an info note with the waits and the collectives' full share "
+        "instead. Ranks that do different work by design (pipeline stages, a parameter server); traces "
         "sampled so sparsely that few collectives match; ranks sharing too few CPU cores, where the rank that falls "
         "behind is slowed further by its peers' collective threads.",
     ),

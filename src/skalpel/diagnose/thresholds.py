@@ -112,7 +112,7 @@ PROFILER_OVERHEAD = Threshold(10.0, "slower profiled steps than un-profiled ones
 # --- distributed (rules in distributed.py) --------------------------------------------------
 COMMUNICATION_BOUND = Threshold(30.0, "of the step in collectives", 5.0, "ms/step", critical_share_pct=50.0)
 LOW_COMM_OVERLAP = Threshold(
-    50.0, "of communication not overlapped with compute", 2.0, "ms/step exposed", params=(("min_comm_share_pct", 10.0),)
+    50.0, "of communication not overlapped with compute", 2.0, "ms/step exposed", params=(("min_comm_share_pct", 10.0), ("single_bucket_mib", 25.0))
 )
 STRAGGLER_RANK = Threshold(
     10.0,

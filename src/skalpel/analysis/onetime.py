@@ -1,0 +1,125 @@
+"""One-time work: costs a process pays once (CUDA context, cuDNN autotuning, lazy kernel loading).
+
+An event is one-time work when it is the first call of its name and far slower than the
+later calls of that name (``ratio`` times their median and at least ``min_event_ms``), or
+a runtime call that sets up the device (context creation, device queries) and runs long
+the one time it is called. Host ops and runtime/driver calls are considered; annotations
+and steps are not (they wrap the user's own work). Nested one-time events (the first
+``aten::conv2d`` around the first ``aten::cudnn_convolution``) are counted once, as the
+union of their time ranges, so the total is wall time. Works on traces without steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.kinds import Kind
+from ..trace.model import Trace
+from . import intervals
+
+_CONSIDERED = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER], dtype=np.int8)
+_SETUP_CALLS = (
+    "cuInit", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cudaFree", "cudaSetDevice", "cudaGetDeviceCount",
+    "cudaGetDevice", "cudaGetDeviceProperties", "cudaStreamIsCapturing", "cudaDeviceGetAttribute", "cudaMalloc",
+    "hipInit", "hipFree", "hipSetDevice", "hipGetDeviceCount", "hipGetDeviceProperties", "hipMalloc",
+)  # fmt: skip
+_WAITS = ("Synchronize", "Memcpy", "StreamWait", "EventQuery", "EventRecord")  # long because they wait, not set up
+_LAUNCHES = ("LaunchKernel", "LaunchCooperativeKernel", "ModuleLaunchKernel", "ModuleLoad")
+
+
+@dataclass(frozen=True)
+class OneTimeOptions:
+    ratio: float = 10.0  # the first call is this many times slower than the median of the later calls
+    min_event_ms: float = 10.0  # ... and at least this long
+
+
+@dataclass(frozen=True)
+class OneTimeCost:
+    name: str
+    what: str  # "CUDA context creation", "first cuDNN call (autotuning, lazy loading)", ...
+    ms: float
+    later_median_us: float | None  # None: called once
+    event: int
+
+
+@dataclass(frozen=True)
+class RankOneTime:
+    rank: int
+    window_ms: float  # first to last event of the rank
+    total_ms: float  # union of the one-time events
+    costs: tuple[OneTimeCost, ...]  # outermost first-calls and setup calls, longest first
+
+    @property
+    def share_pct(self) -> float:
+        return 100.0 * self.total_ms / self.window_ms if self.window_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class OneTimeResult:
+    ranks: dict[int, RankOneTime]
+
+    def for_rank(self, rank: int) -> RankOneTime | None:
+        return self.ranks.get(rank)
+
+
+def one_time_work(trace: Trace, *, options: OneTimeOptions = OneTimeOptions()) -> OneTimeResult:
+    return OneTimeResult({rank: _rank_one_time(trace, rank, options) for rank in trace.rank_ids})
+
+
+def _rank_one_time(trace: Trace, rank: int, options: OneTimeOptions) -> RankOneTime:
+    on_rank = np.flatnonzero(trace.rank == rank)
+    timed = on_rank[trace.kind[on_rank] != Kind.PYTHON]
+    window_ms = float(trace.end[timed].max() - trace.ts[timed].min()) / 1000.0 if len(timed) else 0.0
+    flagged = _flagged(trace, on_rank[np.isin(trace.kind[on_rank], _CONSIDERED)], options)
+    if not flagged:
+        return RankOneTime(rank, window_ms, 0.0, ())
+    events = np.array([event for event, _ in flagged])
+    starts, ends = trace.ts[events], trace.end[events]
+    total_ms = intervals.length(starts, ends) / 1000.0
+    outer = intervals.outermost(starts, ends, trace.tid[events])
+    costs = [
+        OneTimeCost(trace.name_of(event), _what(trace, event, events, starts, ends), float(trace.dur[event]) / 1000.0, later, int(event))
+        for (event, later), keep in zip(flagged, outer)
+        if keep
+    ]
+    costs.sort(key=lambda cost: -cost.ms)
+    return RankOneTime(rank, window_ms, total_ms, tuple(costs))
+
+
+def _flagged(trace: Trace, events: np.ndarray, options: OneTimeOptions) -> list[tuple[int, float | None]]:
+    """(event, median us of the later calls) of every one-time event among ``events``."""
+    result: list[tuple[int, float | None]] = []
+    min_us = options.min_event_ms * 1000.0
+    long_names = np.unique(trace.name[events[trace.dur[events] >= min_us]])
+    for name_id in long_names:
+        name = trace.names[name_id]
+        if any(part in name for part in _WAITS):
+            continue
+        calls = events[trace.name[events] == name_id]
+        calls = calls[np.argsort(trace.ts[calls], kind="stable")]
+        first = int(calls[0])
+        if trace.dur[first] < min_us:
+            continue
+        if len(calls) == 1:
+            if trace.kind[first] != Kind.CPU_OP and name.startswith(_SETUP_CALLS):
+                result.append((first, None))
+            continue
+        later = float(np.median(trace.dur[calls[1:]]))
+        if trace.dur[first] >= options.ratio * max(later, 1.0):
+            result.append((first, later))
+    return result
+
+
+def _what(trace: Trace, event: int, events: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> str:
+    """What an outermost one-time event is, from its own name and the names of the one-time events inside it."""
+    inside = events[(starts >= trace.ts[event]) & (ends <= trace.end[event])]
+    names = [trace.name_of(index) for index in inside]
+    if any(name.startswith(_SETUP_CALLS) and trace.kind[index] != Kind.CPU_OP for name, index in zip(names, inside)):
+        return "CUDA context creation and device set-up"
+    if any("cudnn" in name.lower() or "miopen" in name.lower() for name in names):
+        return "first cuDNN/MIOpen call (algorithm search or autotuning, lazy loading of its kernels)"
+    if any(name.endswith(_LAUNCHES) for name in names):
+        return "first kernel launch (lazy loading of the kernel's module)"
+    return "first call, far slower than the later ones"
