@@ -65,3 +65,115 @@ def test_unmarked_trace_with_a_fast_loader_stays_quiet(tmp_path):
     report = _report(builder, tmp_path)
     assert _found(report, "dataloader_bound") == []
     assert all("DataLoader" not in f.title for f in _found(report, "gpu_idle"))
+
+
+# --- class 3: cold starts --------------------------------------------------------------------------
+
+
+def _conv_loop(builder: TraceBuilder, *, context_ms: float, first_conv_ms: float, later_conv_ms: float = 2.0,
+               iterations: int = 10) -> None:  # fmt: skip
+    """No markers: device set-up, then a loop of convolutions (the first may search for its algorithm)."""
+    builder.frame("train.py(8): <module>", 0, context_ms * 1000 + 20)
+    builder.runtime("cudaFree", 10, context_ms * 1000)  # torch's first CUDA call: creates the context
+    ts = context_ms * 1000 + 100
+    for index in range(iterations):
+        conv_us = (first_conv_ms if index == 0 else later_conv_ms) * 1000
+        builder.frame("train.py(20): <module>", ts, conv_us + 10)
+        external = builder.host("aten::cudnn_convolution", ts + 1, conv_us)
+        builder.launch(ts + conv_us - 20, 10, work_ts=ts + conv_us - 5, work_dur=900, external=external)
+        ts += conv_us + 1000
+
+
+def test_cold_start_names_the_context_and_the_first_cudnn_call(tmp_path):
+    builder = TraceBuilder()
+    _conv_loop(builder, context_ms=300, first_conv_ms=200)
+    report = _report(builder, tmp_path)
+    (finding,) = _found(report, "cold_start")
+    evidence = finding.evidence
+    assert evidence["one_time_ms"] == pytest.approx(500, abs=1)
+    assert evidence["share_pct"] == pytest.approx(100 * 500 / evidence["window_ms"], abs=0.1) and evidence["share_pct"] > 60
+    assert evidence["largest"] == "cudaFree" and evidence["largest_is"].startswith("CUDA context creation")
+    assert [cost["name"] for cost in evidence["costs"]] == ["cudaFree", "aten::cudnn_convolution"]
+    assert evidence["costs"][1]["what"].startswith("first cuDNN")
+    assert finding.severity == "critical"
+    assert "warmup" in finding.fix
+    assert any("train.py:8" in where for where in finding.locations)
+
+
+@pytest.mark.parametrize("every_call_ms", [0.0, 200.0], ids=["warm", "always-slow"])
+def test_cold_start_look_alikes_stay_quiet(tmp_path, every_call_ms):
+    """A warm process (fast context, first conv as fast as the rest), or an op that is slow every time."""
+    builder = TraceBuilder()
+    _conv_loop(builder, context_ms=0.2, first_conv_ms=every_call_ms or 2.0, later_conv_ms=every_call_ms or 2.0)
+    assert _found(_report(builder, tmp_path), "cold_start") == []
+
+
+# --- class 4: allocator churn --------------------------------------------------------------------
+
+
+def _allocating_steps(builder: TraceBuilder, *, churn_in_every_step: bool) -> None:
+    for number in range(5):
+        start = number * 10_000.0
+        builder.step(number + 1, start, 9_999)
+        builder.frame("train.py(50): train_step", start + 1, 9_990)
+        builder.launch(start + 10, 5, work_ts=start + 20, work_dur=6000)
+        if churn_in_every_step or number == 0:
+            for index in range(3):  # what torch.cuda.empty_cache() in the loop or no caching makes the allocator do
+                builder.runtime("cudaMalloc", start + 100 + index * 1500, 300)
+                builder.runtime("cudaFree", start + 700 + index * 1500, 500)
+
+
+def test_allocator_churn_in_steady_state_fires(tmp_path):
+    builder = TraceBuilder()
+    _allocating_steps(builder, churn_in_every_step=True)
+    report = _report(builder, tmp_path)
+    (finding,) = _found(report, "allocator_churn")
+    evidence = finding.evidence
+    assert evidence["calls"] == 24 and evidence["by_name"] == {"cudaMalloc": 12, "cudaFree": 12}  # steps 2-5
+    assert evidence["ms"] == pytest.approx(4 * 3 * 0.8)
+    assert evidence["share_pct"] == pytest.approx(100 * 9.6 / 40, abs=0.1)
+    assert evidence["steady_state"] == "marked steps after the first"
+    assert "empty_cache" in finding.fix and "expandable_segments" in finding.fix
+    assert any("train.py:50" in where for where in finding.locations)
+
+
+def test_allocator_growing_in_the_first_step_only_stays_quiet(tmp_path):
+    builder = TraceBuilder()
+    _allocating_steps(builder, churn_in_every_step=False)
+    assert _found(_report(builder, tmp_path), "allocator_churn") == []
+
+
+# --- class 5: device activity not recorded --------------------------------------------------------
+
+
+def _host_side_of_a_gpu_run(builder: TraceBuilder, *, launches: bool) -> None:
+    for number in range(3):
+        start = number * 10_000.0
+        builder.step(number + 1, start, 9_999)
+        for index in range(20):
+            builder.host("aten::addmm", start + 10 + index * 400, 300)
+            if launches:
+                builder.runtime("cudaLaunchKernel", start + 20 + index * 400, 8)
+
+
+def test_gpu_run_without_kernels_is_named_and_labelled_a_gpu_run(tmp_path):
+    builder = TraceBuilder()
+    builder.device_properties = [{"id": 0, "name": "NVIDIA GeForce RTX 3090", "totalGlobalMem": 24 * 2**30}]
+    _host_side_of_a_gpu_run(builder, launches=True)
+    report = _report(builder, tmp_path)
+    (finding,) = _found(report, "device_activity_missing")
+    assert finding.evidence["launch_calls"] == 60 and finding.evidence["device_events"] == 0
+    assert finding.evidence["missing_pct"] == 100 and finding.evidence["device"] == "NVIDIA GeForce RTX 3090"
+    assert "ProfilerActivity.CUDA" in finding.fix and "CUPTI" in finding.fix
+    assert report.source.device == "NVIDIA GeForce RTX 3090 (device activity not recorded)"
+    notes = [f for f in report.findings if f.id == "not_judged" and "not recorded" in f.evidence["reason"]]
+    assert notes and "gpu_idle" in notes[0].evidence["rules"]
+
+
+def test_cpu_run_on_a_gpu_machine_stays_a_cpu_run(tmp_path):
+    """deviceProperties in the header but no launch call: the run used the CPU only."""
+    builder = TraceBuilder()
+    _host_side_of_a_gpu_run(builder, launches=False)
+    report = _report(builder, tmp_path)
+    assert _found(report, "device_activity_missing") == []
+    assert report.source.device == "cpu"

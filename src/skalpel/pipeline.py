@@ -41,7 +41,7 @@ def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
     if analyses.rank_comparison is not None:
         warnings += analyses.rank_comparison.warnings
     return Report(
-        source=_source(trace),
+        source=_source(trace, analyses),
         steps=_step_stats(analyses),
         ranks=tuple(_rank_report(analyses, rank) for rank in trace.rank_ids),
         findings=findings,
@@ -163,10 +163,13 @@ def _step_stats(analyses: Analyses) -> StepStats:
     )
 
 
-def _source(trace: Trace) -> Source:
+def _source(trace: Trace, analyses: Analyses) -> Source:
     device_names = sorted({name for info in trace.ranks for name in info.device_names if name})
     if trace.has_device:
         device = device_names[0] if device_names else "gpu"
+    elif analyses.recording is not None and analyses.recording.launches_without_work:
+        # kernels were launched but not recorded: a GPU run, whatever its (missing) device events say
+        device = (device_names[0] if device_names else "gpu") + " (device activity not recorded)"
     else:
         device = "cpu"
     torch_versions = sorted({info.versions["torch"] for info in trace.ranks if "torch" in info.versions})

@@ -15,6 +15,7 @@ from .launches import LaunchResult, launches
 from .memory import MemoryResult, memory
 from .ops import OpTable, op_table
 from .ranks import RankComparison, compare_ranks
+from .recorded import RecordingResult, device_recording
 from .step_device import StepDeviceResult, device_in_steps
 from .steps import StepSegmentation, segment_steps
 from .syncs import SyncResult, syncs
@@ -34,6 +35,7 @@ class Analyses:
     ops: OpTable | None = None  # per rank and op name: calls, self/total host time, self device time
     kernels: KernelTable | None = None  # per rank and kernel name, typed COMP / COMM / MEMORY
     gpu_time: GpuTimeResult | None = None  # HTA temporal/idle breakdown and comm overlap; None without device
+    recording: RecordingResult | None = None  # launch calls against the device work recorded for them
     step_device: StepDeviceResult | None = None  # the device's busy share of each marked step; None without device
     launches: LaunchResult | None = None  # launch delays, tiny kernels, kernels and ops per step
     syncs: SyncResult | None = None  # host-device synchronisations and pageable copies
@@ -52,6 +54,7 @@ def run_analyses(trace: Trace) -> Analyses:
     analyses.kernels = kernel_table(trace)
     analyses.gpu_time = gpu_time(trace)
     analyses.step_device = device_in_steps(trace, steps)
+    analyses.recording = device_recording(trace)
     analyses.launches = launches(trace, steps)
     analyses.syncs = syncs(trace, steps)
     analyses.memory = memory(trace, steps)

@@ -18,6 +18,7 @@ from .verdict import no_bottleneck, not_judged
 __all__ = ["BY_ID", "REDIRECTS", "RULES", "Rule", "diagnose", "lookup"]
 
 NO_DEVICE = "no device activity in the trace; GPU rules apply to GPU runs only"
+NOT_RECORDED = "kernels were launched but not recorded (see device_activity_missing): GPU rules cannot judge this GPU run"
 NO_STEPS = "no steps marked (call prof.step() per iteration or use skalpel run): cannot judge per step"
 
 
@@ -26,9 +27,11 @@ def diagnose(analyses: Any, capture: CaptureInfo | None = None) -> tuple[Finding
     findings: list[Finding] = []
     unjudged: dict[str, list[str]] = defaultdict(list)
     has_device = analyses.trace.has_device
+    recording = getattr(analyses, "recording", None)
+    no_device = NOT_RECORDED if recording is not None and recording.launches_without_work else NO_DEVICE
     for rule in judged_rules():
         if rule.needs_device and not has_device:
-            unjudged[NO_DEVICE].append(rule.id)
+            unjudged[no_device].append(rule.id)
             continue
         if rule.needs_steps and not analyses.steps.marked:
             unjudged[NO_STEPS].append(rule.id)

@@ -8,10 +8,10 @@ Rules run in the order of this table; the report sorts findings by severity.
 from __future__ import annotations
 
 from . import compile as compile_rules
-from . import device, distributed, input, measurement, memory, sync, verdict
+from . import allocator, coldstart, device, distributed, input, measurement, memory, recording, sync, verdict
 from .rule import Rule
 
-_FAMILIES = (input, sync, device, memory, compile_rules, distributed, measurement, verdict)
+_FAMILIES = (input, sync, device, memory, allocator, compile_rules, distributed, measurement, coldstart, recording, verdict)
 
 RULES: tuple[Rule, ...] = tuple(rule for family in _FAMILIES for rule in family.RULES)
 """Every finding, in the order the rules run."""

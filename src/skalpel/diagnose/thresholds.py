@@ -122,3 +122,26 @@ STRAGGLER_RANK = Threshold(
     critical_share_pct=30.0,
     params=(("min_last_arrival_pct", 75.0),),  # ... and it arrived last at 3 of 4 matched collectives or more
 )
+
+# --- one-time work and the allocator (rules in coldstart.py and allocator.py) ---------------
+# A CUDA context takes 0.2-30 s, a first cuDNN convolution 0.5-1.5 s: work a steady state never
+# pays again. It matters when it is a large part of what was recorded.
+COLD_START = Threshold(
+    20.0,
+    "of the recorded window in one-time work",
+    50.0,
+    "ms",
+    critical_share_pct=50.0,
+    params=(("first_call_ratio", 10.0), ("min_event_ms", 10.0)),
+)
+# The caching allocator calls cudaMalloc/cudaFree only while the pool grows; in steady state
+# each call (0.1-10 ms, and a device sync for a free) means the cache is off or emptied.
+ALLOCATOR_CHURN = Threshold(
+    2.0,
+    "of the steady-state window in cudaMalloc/cudaFree (hipMalloc/hipFree) calls",
+    10.0,
+    "calls in steady state",
+    params=(("min_ms", 1.0),),
+)
+# A GPU run: launch calls on the host but (almost) none of their device work recorded.
+DEVICE_ACTIVITY_MISSING = Threshold(90.0, "of the launch calls with no device work recorded", 10.0, "launch calls")

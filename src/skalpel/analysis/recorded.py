@@ -1,0 +1,76 @@
+"""Was the device activity of a GPU run recorded? Launch calls on the host against device work linked to them.
+
+A run that launched kernels shows ``cudaLaunchKernel`` (``hipLaunchKernel``, ``cuLaunchKernel``,
+copies through ``cudaMemcpyAsync``) calls on the host whatever was recorded; the kernels
+themselves appear only when CUPTI (roctracer) recorded them. Launch calls whose device work
+is missing therefore mean a GPU run whose device side the trace does not have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.kinds import DEVICE_KINDS, Kind
+from ..trace.model import Trace
+
+_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
+_LAUNCH_PARTS = ("LaunchKernel", "LaunchCooperativeKernel", "GraphLaunch", "MemcpyAsync", "MemcpyWithStream", "MemsetAsync")
+
+
+@dataclass(frozen=True)
+class RankRecording:
+    rank: int
+    launch_calls: int
+    launch_calls_with_work: int  # with device work linked to them (by correlation id)
+    device_events: int
+    first_unrecorded_us: float | None  # start of the first launch with no device work after the last recorded one
+
+    @property
+    def missing_pct(self) -> float:
+        missing = self.launch_calls - self.launch_calls_with_work
+        return 100.0 * missing / self.launch_calls if self.launch_calls else 0.0
+
+
+@dataclass(frozen=True)
+class RecordingResult:
+    ranks: dict[int, RankRecording]
+
+    def for_rank(self, rank: int) -> RankRecording | None:
+        return self.ranks.get(rank)
+
+    @property
+    def launches_without_work(self) -> bool:
+        return any(rank.launch_calls > rank.launch_calls_with_work for rank in self.ranks.values())
+
+
+def is_launch_call(name: str) -> bool:
+    return any(part in name for part in _LAUNCH_PARTS)
+
+
+def device_recording(trace: Trace) -> RecordingResult:
+    runtime = np.flatnonzero(np.isin(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
+    names = np.unique(trace.name[runtime])
+    launch_names = [name for name in names if is_launch_call(trace.names[name])]
+    launches = runtime[np.isin(trace.name[runtime], launch_names)]
+    device = np.flatnonzero(np.isin(trace.kind, _DEVICE))
+    linked = np.zeros(len(trace), dtype=bool)
+    if len(device):
+        launcher = trace.launcher[device]
+        linked[launcher[launcher >= 0]] = True
+    ranks = {}
+    for rank in trace.rank_ids:
+        own = launches[trace.rank[launches] == rank]
+        with_work = linked[own]
+        after = own[~with_work]
+        if with_work.any():
+            after = after[trace.ts[after] > trace.ts[own[with_work]].max()]
+        ranks[rank] = RankRecording(
+            rank=rank,
+            launch_calls=len(own),
+            launch_calls_with_work=int(with_work.sum()),
+            device_events=int((trace.rank[device] == rank).sum()),
+            first_unrecorded_us=float(trace.ts[after].min()) if len(after) else None,
+        )
+    return RecordingResult(ranks)

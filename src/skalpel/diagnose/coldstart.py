@@ -1,0 +1,69 @@
+"""cold_start: one-time work (CUDA context, cuDNN autotuning, lazy kernel loading) dominates the recording."""
+
+from __future__ import annotations
+
+from ..analysis.onetime import OneTimeOptions, one_time_work
+from . import thresholds
+from .rule import Context, Docs, Outcome, Rule
+
+
+def _check_cold_start(ctx: Context, rule: Rule) -> Outcome:
+    limits = rule.thresholds
+    options = OneTimeOptions(ratio=limits.param("first_call_ratio"), min_event_ms=limits.param("min_event_ms"))
+    result = ctx.result("one_time", lambda: one_time_work(ctx.trace, options=options))
+    findings = []
+    for rank, work in result.ranks.items():
+        if work.share_pct < limits.share_pct or work.total_ms < limits.floor:
+            continue
+        top = work.costs[0]
+        evidence = {
+            "share_pct": work.share_pct,
+            "one_time_ms": work.total_ms,
+            "window_ms": work.window_ms,
+            "largest": top.name,
+            "largest_ms": top.ms,
+            "largest_is": top.what,
+            "costs": [
+                {"name": cost.name, "ms": cost.ms, "what": cost.what, "later_median_us": cost.later_median_us}
+                for cost in work.costs[:5]
+            ],
+        }
+        locations = ctx.locations([cost.event for cost in work.costs[:5]])
+        findings.append(rule.finding(evidence, locations=locations, severity=rule.severity_for(work.share_pct), rank=rank))
+    return findings
+
+
+COLD_START = Rule(
+    id="cold_start",
+    family="measurement",
+    severity="warning",
+    title="One-time work takes {share_pct:.0f}% of the recording ({one_time_ms:.0f} ms of {window_ms:.0f} ms); "
+    "the largest: {largest} {largest_ms:.0f} ms ({largest_is})",
+    thresholds=thresholds.COLD_START,
+    check=_check_cold_start,
+    fix="start measuring after the first iterations: torch.profiler.schedule(wait=1, warmup=2, active=5) or "
+    "skalpel run (warm-up by default); initialise CUDA (torch.cuda.init(), a first small kernel) and run one "
+    "warm-up step with cudnn.benchmark before recording",
+    docs=Docs(
+        what="Work a process pays once, found on its own or in a trace without steps: the first call of an op or "
+        "runtime call that is `first_call_ratio` times slower than the median of its later calls and at least "
+        "`min_event_ms` long (the first cuDNN convolution: algorithm search, autotuning and lazy loading of its "
+        "kernels; the first kernel launch: lazy loading of the kernel's module), and device set-up calls that run "
+        "long the one time they are called (CUDA context creation in `cudaFree`, `cuInit`, `cudaSetDevice`, ...). "
+        "Nested first calls are counted once, as wall time.",
+        why="The guide's first pitfall: a profile that includes start-up measures the start-up. Every share, the "
+        "step time and the idle time are then about work the steady state never does again, and any fix chosen "
+        "from them is aimed at the wrong thing.",
+        evidence="The one-time wall time and its share of the rank's recorded window (first to last event), the "
+        "largest one-time cost with what it is, and up to five costs with their later calls' median. The "
+        "locations are the user code that made those first calls.",
+        fix="Record after warm-up (`schedule(wait=1, warmup=2, active=5)`, `skalpel run`); create the CUDA context "
+        "and run one full step before the profiler starts; with `torch.backends.cudnn.benchmark=True` the first "
+        "step of every new input shape searches again, so keep shapes fixed while measuring.",
+        false_positives="A first call that is slow because its input is bigger (a first batch of a different "
+        "size) looks the same; so does a checkpoint load or an evaluation run once inside the window, which is "
+        "one-time work too but the user's own.",
+    ),
+)
+
+RULES = (COLD_START,)
