@@ -177,3 +177,51 @@ def test_cpu_run_on_a_gpu_machine_stays_a_cpu_run(tmp_path):
     report = _report(builder, tmp_path)
     assert _found(report, "device_activity_missing") == []
     assert report.source.device == "cpu"
+
+
+# --- class 8: tiny ops grouped by their source -----------------------------------------------------
+
+
+def _tiny_op_steps(builder: TraceBuilder, *, loader_ops: int, optimizer_ops: int, model_ops: int) -> None:
+    """CPU-only steps of 600 tiny ops: some fetched sample by sample in the loader, some in the optimizer."""
+    for number in range(3):
+        start = number * 10_000.0
+        builder.step(number + 1, start, 9_999)
+        ts = start + 10
+        for count, name, frame, annotation in (
+            (loader_ops, "aten::select", "data.py(15): __getitem__", LOADER),
+            (optimizer_ops, "aten::add_", "torch/optim/adam.py(300): _single_tensor_adam", "Optimizer.step#Adam.step"),
+            (model_ops, "aten::relu", "model.py(40): forward", None),
+        ):
+            if count == 0:
+                continue
+            if annotation is not None:
+                builder.host(annotation, ts, count * 5.0, cat="user_annotation")
+            builder.frame(frame, ts, count * 5.0)
+            for index in range(count):
+                builder.host(name, ts + index * 5.0 + 0.5, 4.0)
+            ts += count * 5.0 + 10
+
+
+def test_launch_bound_groups_tiny_ops_by_source_and_fixes_the_largest(tmp_path):
+    builder = TraceBuilder()
+    builder.device_properties = []
+    _tiny_op_steps(builder, loader_ops=1100, optimizer_ops=400, model_ops=200)
+    report = _report(builder, tmp_path)
+    (finding,) = _found(report, "launch_bound")
+    by_source = finding.evidence["tiny_ops_by_source_pct"]
+    assert by_source["data loading"] == pytest.approx(100 * 1100 / 1700, abs=0.5)
+    assert by_source["optimizer step"] == pytest.approx(100 * 400 / 1700, abs=0.5)
+    assert finding.fix.startswith("65% of the tiny ops come from the data loading") and "whole batches" in finding.fix
+    assert any("data.py:15" in where for where in finding.locations)
+
+
+def test_launch_bound_from_the_model_keeps_the_fusing_fix(tmp_path):
+    builder = TraceBuilder()
+    builder.device_properties = []
+    _tiny_op_steps(builder, loader_ops=0, optimizer_ops=300, model_ops=1400)
+    report = _report(builder, tmp_path)
+    (finding,) = _found(report, "launch_bound")
+    assert finding.evidence["tiny_ops_by_source_pct"]["model and the rest"] > 80
+    assert "torch.compile" in finding.fix and "whole batches" not in finding.fix
+    assert any("model.py:40" in where for where in finding.locations)

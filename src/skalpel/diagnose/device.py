@@ -11,7 +11,7 @@ from ..analysis.ops import op_table
 from ..analysis.step_device import device_in_steps
 from ..trace.kinds import DEVICE_KINDS, Kind
 from . import thresholds
-from .overhead import check_cpu_overhead
+from .overhead import check_cpu_overhead, source_fix, tiny_op_sources
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 _DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
@@ -164,7 +164,12 @@ def _check_launch_bound(ctx: Context, rule: Rule) -> Outcome:
             "gpu_idle_pct": idle_pct,  # idle share of the step not explained by waiting for data
         }
         kernels = np.flatnonzero((ctx.trace.kind == Kind.KERNEL) & (ctx.trace.rank == rank))
-        findings.append(rule.finding(evidence, locations=ctx.locations(kernels), rank=rank))
+        launching_ops = ctx.trace.op_of_event[kernels]
+        sources = tiny_op_sources(ctx, rank, np.unique(launching_ops[launching_ops >= 0]))
+        evidence["tiny_ops_by_source_pct"] = {name: share for name, share, _ in sources}
+        fix, events = source_fix(ctx, sources, rule.fix)
+        locations = ctx.locations(events) if len(events) and fix != rule.fix else ctx.locations(kernels)
+        findings.append(rule.finding(evidence, locations=locations, rank=rank, fix=fix))
     return findings
 
 
@@ -209,9 +214,13 @@ LAUNCH_BOUND = Rule(
         "When ops are tiny that fixed cost is the step time, and a faster device does not help.",
         evidence="Device: share of tiny kernels, kernels per step, median kernel and launch-call durations, GPU idle "
         "share not explained by data loading (at least `min_idle_pct`). CPU: ops per step, share of ops shorter than `tiny_us`, median op time, share of the step not "
-        "spent in substantial ops. Locations: the user code issuing the ops.",
+        "spent in substantial ops. Both: the tiny ops by source (`tiny_ops_by_source_pct`: data loading inside "
+        "DataLoader.__next__, the optimizer step inside Optimizer.step#..., the model and the rest); the fix and the "
+        "locations follow the largest source. Locations: the user code issuing the ops.",
         fix="Fuse: `torch.compile(model)`; replay with CUDA graphs (`mode='reduce-overhead'`); replace Python loops "
-        "over elements or small tensors by batched tensor ops; increase the batch size.",
+        "over elements or small tensors by batched tensor ops; increase the batch size. When the data loading makes "
+        "most tiny ops (a Dataset indexed one sample at a time, then collated): fetch whole batches. When the "
+        "optimizer does: `foreach=True` or `fused=True`.",
         false_positives="Decode-time inference is launch bound by nature (use CUDA graphs there). A trace whose "
         "kernels are replayed by one graph launch is not counted as launch bound.",
     ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analysis import intervals
 from ..analysis.breakdown import step_breakdown
 from ..analysis.ops import self_times
 from ..trace.kinds import Kind
@@ -30,6 +31,9 @@ def check_cpu_overhead(ctx: Context, rule: Rule) -> Outcome:
         heavy_ms = float(self_us[_substantial(ctx.trace.name[ops], self_us, tiny_us)].sum()) / 1000.0 / window.count
         rank_breakdown = breakdown.for_rank(window.rank) if breakdown is not None else None
         data_ms = rank_breakdown.ms_per_step.get("dataloader", 0.0) if rank_breakdown is not None else 0.0
+        sources = tiny_op_sources(ctx, window.rank, ops[tiny])
+        if sources and sources[0][0] == DATA:
+            data_ms = 0.0  # a loader busy with most of the tiny ops is framework overhead in process, not a wait
         step_ms = window.mean_step_ms
         overhead = pct(max(step_ms - heavy_ms - data_ms, 0.0), step_ms)
         tiny_pct = pct(float(tiny.sum()), len(ops))
@@ -46,8 +50,58 @@ def check_cpu_overhead(ctx: Context, rule: Rule) -> Outcome:
             f"Framework overhead: {per_step:.0f} host ops/step, {tiny_pct:.0f}% of them under {tiny_us:g} us; "
             f"{overhead:.0f}% of the step is not spent in substantial ops"
         )
-        findings.append(rule.finding(evidence, locations=ctx.locations(ops[tiny]), rank=window.rank, title=title))
+        evidence["tiny_ops_by_source_pct"] = {name: share for name, share, _ in sources}
+        fix, events = source_fix(ctx, sources, rule.fix)
+        findings.append(rule.finding(evidence, locations=ctx.locations(events), rank=window.rank, title=title, fix=fix))
     return findings
+
+
+DATA, OPTIMIZER, MODEL = "data loading", "optimizer step", "model and the rest"
+_FIXES = {
+    DATA: "the loader builds each batch from single samples (Dataset.__getitem__ per sample, then collate): fetch "
+    "whole batches (index a TensorDataset with a tensor of indices, or pass a BatchSampler as sampler with "
+    "batch_size=None), or keep the data on the device and slice it",
+    OPTIMIZER: "the optimizer updates one parameter tensor at a time: torch.optim.Adam(..., foreach=True) or "
+    "fused=True (AdamW, SGD likewise)",
+}
+
+
+def tiny_op_sources(ctx: Context, rank: int, ops: np.ndarray) -> list[tuple[str, float, np.ndarray]]:
+    """Tiny ops grouped by where they come from: (source, share in %, ops), largest first.
+
+    Data loading: inside a DataLoader ``__next__`` range; optimizer step: inside an
+    ``Optimizer.step#...`` range; the rest is the model and the loop around it.
+    """
+    trace = ctx.trace
+    if len(ops) == 0:
+        return []
+    annotations = np.flatnonzero((trace.rank == rank) & np.isin(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
+    optimizer_names = [i for i in np.unique(trace.name[annotations]) if trace.names[i].startswith("Optimizer.step#")]
+    optimizer = annotations[np.isin(trace.name[annotations], optimizer_names)]
+    loader = np.flatnonzero((trace.kind == Kind.DATALOADER) & (trace.rank == rank))
+    in_loader = _inside(trace, ops, loader)
+    in_optimizer = _inside(trace, ops, optimizer) & ~in_loader
+    groups = [(DATA, ops[in_loader]), (OPTIMIZER, ops[in_optimizer]), (MODEL, ops[~in_loader & ~in_optimizer])]
+    result = [(name, 100.0 * len(events) / len(ops), events) for name, events in groups if len(events)]
+    return sorted(result, key=lambda group: -group[1])
+
+
+def source_fix(ctx: Context, sources: list[tuple[str, float, np.ndarray]], default: str) -> tuple[str, np.ndarray]:
+    """The fix for the largest source of tiny ops (the default for the model), and that source's ops."""
+    if not sources:
+        return default, np.zeros(0, dtype=np.int64)
+    name, share, events = sources[0]
+    fix = _FIXES.get(name)
+    return (f"{share:.0f}% of the tiny ops come from the {name}: {fix}" if fix else default), events
+
+
+def _inside(trace, events: np.ndarray, ranges: np.ndarray) -> np.ndarray:
+    """Which events start inside one of the (host) ranges."""
+    if len(ranges) == 0:
+        return np.zeros(len(events), dtype=bool)
+    starts, ends = intervals.union(trace.ts[ranges], trace.end[ranges])
+    index = np.searchsorted(starts, trace.ts[events], side="right") - 1
+    return (index >= 0) & (trace.ts[events] < ends[np.maximum(index, 0)])
 
 
 def _substantial(names: np.ndarray, self_us: np.ndarray, tiny_us: float) -> np.ndarray:
