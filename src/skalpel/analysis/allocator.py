@@ -2,8 +2,11 @@
 
 PyTorch's caching allocator asks the driver for memory only while its pool grows, so in
 steady state these calls should not happen at all. Steady state is the marked steps after
-the first (all steps when there is one); without markers, the whole window less the first
-call of each name (which creates the context or the pool).
+the first (all steps when there is one); without markers, the loop iterations after the
+first, inferred from DataLoader fetches or optimizer steps, or else the whole window cut
+into equal slices. ``spread_pct`` says in how many of the steps (iterations, slices) the
+calls recur: a pool that grows during the first iterations fills one or two, churn fills
+most. Calls inside one-time work (the first cuBLAS or cuDNN call) are not counted.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
-from .steps import StepSegmentation
+from .onetime import OneTimeResult
+from .steps import StepSegmentation, inferred_iterations
 
 ALLOCATOR_CALLS = frozenset(
     {"cudaMalloc", "cudaFree", "hipMalloc", "hipFree", "cuMemAlloc", "cuMemAlloc_v2", "cuMemFree", "cuMemFree_v2",
@@ -29,7 +33,8 @@ class RankAllocatorCalls:
     calls: int  # in steady state
     total_ms: float
     window_ms: float  # the steady-state window the calls were counted in
-    steady_state: str  # "marked steps after the first", "marked steps", "the whole window ..."
+    steady_state: str  # "marked steps after the first", "the one marked step", "the whole window ..."
+    spread_pct: float  # share of the steps (or slices of the window) with at least one call
     by_name: dict[str, int]
     events: tuple[int, ...]  # the longest calls, to locate them
 
@@ -46,10 +51,34 @@ class AllocatorResult:
         return self.ranks.get(rank)
 
 
-def allocator_calls(trace: Trace, steps: StepSegmentation) -> AllocatorResult:
+def allocator_calls(trace: Trace, steps: StepSegmentation, *, one_time: OneTimeResult | None = None) -> AllocatorResult:
+    """Steady-state allocator calls per rank; calls inside ``one_time`` work (a first cuBLAS call) are left out."""
     ids = [trace.name_id(name) for name in ALLOCATOR_CALLS]
     calls = np.flatnonzero(np.isin(trace.name, [i for i in ids if i >= 0]) & np.isin(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
+    if one_time is not None:
+        calls = calls[~_inside_one_time(trace, calls, one_time)]
     return AllocatorResult({rank: _rank_calls(trace, steps, rank, calls[trace.rank[calls] == rank]) for rank in trace.rank_ids})
+
+
+def _inside_one_time(trace: Trace, calls: np.ndarray, one_time: OneTimeResult) -> np.ndarray:
+    inside = np.zeros(len(calls), dtype=bool)
+    for rank, work in one_time.ranks.items():
+        for cost in work.costs:
+            event = cost.event
+            inside |= (trace.rank[calls] == rank) & (trace.ts[calls] >= trace.ts[event]) & (trace.end[calls] <= trace.end[event])
+    return inside
+
+
+_SLICES = 8
+
+
+def _spread_pct(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> float:
+    """Share of the [start, end) ranges (sorted, disjoint) holding at least one of the instants."""
+    if len(starts) == 0:
+        return 0.0
+    index = np.searchsorted(starts, ts, side="right") - 1
+    inside = (index >= 0) & (ts < ends[np.maximum(index, 0)])
+    return 100.0 * len(np.unique(index[inside])) / len(starts)
 
 
 def _rank_calls(trace: Trace, steps: StepSegmentation, rank: int, calls: np.ndarray) -> RankAllocatorCalls:
@@ -62,13 +91,22 @@ def _rank_calls(trace: Trace, steps: StepSegmentation, rank: int, calls: np.ndar
         index = np.searchsorted(starts, trace.ts[calls], side="right") - 1
         inside = (index >= 0) & (trace.ts[calls] < ends[np.maximum(index, 0)])
         calls, window_us = calls[inside], float((ends - starts).sum())
-    else:
-        calls = calls[np.argsort(trace.ts[calls], kind="stable")]
-        _, first = np.unique(trace.name[calls], return_index=True)
-        calls = np.delete(calls, first)
+        spread = _spread_pct(trace.ts[calls], starts, ends)
+    elif (loop := inferred_iterations(trace, rank)) is not None:
+        starts, ends, source = loop
+        starts, ends = starts[1:], ends[1:]  # the first iteration grows the pool
+        index = np.searchsorted(starts, trace.ts[calls], side="right") - 1
+        inside = (index >= 0) & (trace.ts[calls] < ends[np.maximum(index, 0)])
+        calls, window_us = calls[inside], float((ends - starts).sum())
+        spread = _spread_pct(trace.ts[calls], starts, ends)
+        steady = f"iterations after the first, inferred from {source} (no ProfilerStep markers)"
+    else:  # the whole window cut in equal slices: churn recurs in most of them, a pool growing once does not
         on_rank = (trace.rank == rank) & (trace.kind != Kind.PYTHON)
-        window_us = float(trace.end[on_rank].max() - trace.ts[on_rank].min()) if on_rank.any() else 0.0
-        steady = "the whole window less the first call of each name (no ProfilerStep markers)"
+        first, last = (float(trace.ts[on_rank].min()), float(trace.end[on_rank].max())) if on_rank.any() else (0.0, 0.0)
+        edges = np.linspace(first, last, _SLICES + 1)
+        window_us = last - first
+        spread = _spread_pct(trace.ts[calls], edges[:-1], edges[1:])
+        steady = f"the whole window in {_SLICES} slices (no ProfilerStep markers)"
     longest = calls[np.argsort(-trace.dur[calls], kind="stable")[:20]]
     return RankAllocatorCalls(
         rank=rank,
@@ -76,6 +114,7 @@ def _rank_calls(trace: Trace, steps: StepSegmentation, rank: int, calls: np.ndar
         total_ms=float(trace.dur[calls].sum()) / 1000.0,
         window_ms=window_us / 1000.0,
         steady_state=steady,
+        spread_pct=spread,
         by_name=dict(Counter(trace.names[i] for i in trace.name[calls])),
         events=tuple(int(i) for i in longest),
     )

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import Kind
+from ..trace.kinds import DEVICE_KINDS, Kind
 from ..trace.model import Trace
 from . import intervals
 
+_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 _CONSIDERED = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER], dtype=np.int8)
 _SETUP_CALLS = (
     "cuInit", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cudaFree", "cudaSetDevice", "cudaGetDeviceCount",
@@ -73,6 +74,12 @@ def _rank_one_time(trace: Trace, rank: int, options: OneTimeOptions) -> RankOneT
     timed = on_rank[trace.kind[on_rank] != Kind.PYTHON]
     window_ms = float(trace.end[timed].max() - trace.ts[timed].min()) / 1000.0 if len(timed) else 0.0
     flagged = _flagged(trace, on_rank[np.isin(trace.kind[on_rank], _CONSIDERED)], options)
+    device = on_rank[np.isin(trace.kind[on_rank], _DEVICE)]
+    runtime = on_rank[np.isin(trace.kind[on_rank], [Kind.RUNTIME, Kind.DRIVER])]
+    flagged = [
+        (event, later) for event, later in flagged
+        if not _waits_for_device(trace, event, device) and not _inside_a_wait(trace, event, runtime)
+    ]  # fmt: skip
     if not flagged:
         return RankOneTime(rank, window_ms, 0.0, ())
     events = np.array([event for event, _ in flagged])
@@ -80,7 +87,7 @@ def _rank_one_time(trace: Trace, rank: int, options: OneTimeOptions) -> RankOneT
     total_ms = intervals.length(starts, ends) / 1000.0
     outer = intervals.outermost(starts, ends, trace.tid[events])
     costs = [
-        OneTimeCost(trace.name_of(event), _what(trace, event, events, starts, ends), float(trace.dur[event]) / 1000.0, later, int(event))
+        OneTimeCost(trace.name_of(event), _what(trace, event, runtime), float(trace.dur[event]) / 1000.0, later, int(event))
         for (event, later), keep in zip(flagged, outer)
         if keep
     ]
@@ -112,14 +119,49 @@ def _flagged(trace: Trace, events: np.ndarray, options: OneTimeOptions) -> list[
     return result
 
 
-def _what(trace: Trace, event: int, events: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> str:
-    """What an outermost one-time event is, from its own name and the names of the one-time events inside it."""
-    inside = events[(starts >= trace.ts[event]) & (ends <= trace.end[event])]
-    names = [trace.name_of(index) for index in inside]
-    if any(name.startswith(_SETUP_CALLS) and trace.kind[index] != Kind.CPU_OP for name, index in zip(names, inside)):
+def _waits_for_device(trace: Trace, event: int, device: np.ndarray) -> bool:
+    """The call spends most of its time while device work launched before it runs: a sync, not set-up.
+
+    A first ``.to("cpu")`` or ``.item()`` waits for everything queued before it; a context
+    creation or an algorithm search does not (the device has no earlier work, or runs the
+    search's own kernels, launched inside the call).
+    """
+    start, end = float(trace.ts[event]), float(trace.end[event])
+    launcher = trace.launcher[device]
+    earlier = np.zeros(len(device), dtype=bool)  # work of unknown launch (a CUPTI range profiler's) says nothing
+    known = launcher >= 0
+    earlier[known] = trace.ts[launcher[known]] < start
+    overlapping = device[earlier & (trace.ts[device] < end) & (trace.end[device] > start)]
+    if len(overlapping) == 0:
+        return False
+    busy = intervals.length(np.maximum(trace.ts[overlapping], start), np.minimum(trace.end[overlapping], end))
+    return busy >= 0.5 * (end - start)
+
+
+def _longest_call_inside(trace: Trace, event: int, runtime: np.ndarray) -> int | None:
+    inside = runtime[(trace.ts[runtime] >= trace.ts[event]) & (trace.end[runtime] <= trace.end[event]) & (runtime != event)]
+    return int(inside[np.argmax(trace.dur[inside])]) if len(inside) else None
+
+
+def _inside_a_wait(trace: Trace, event: int, runtime: np.ndarray) -> bool:
+    """Most of the call is a synchronous copy or a synchronize nested in it (waiting, not setting up)."""
+    longest = _longest_call_inside(trace, event, runtime)
+    return longest is not None and any(part in trace.name_of(longest) for part in _WAITS) and (
+        trace.dur[longest] >= 0.5 * trace.dur[event]
+    )
+
+
+def _what(trace: Trace, event: int, runtime: np.ndarray) -> str:
+    """What a one-time event is, from its name, the runtime call that takes most of it, and when it ran."""
+    name = trace.name_of(event)
+    longest = _longest_call_inside(trace, event, runtime)
+    inner = trace.name_of(longest) if longest is not None and trace.dur[longest] >= 0.5 * trace.dur[event] else ""
+    if (trace.kind[event] != Kind.CPU_OP and name.startswith(_SETUP_CALLS)) or inner.startswith(_SETUP_CALLS):
         return "CUDA context creation and device set-up"
-    if any("cudnn" in name.lower() or "miopen" in name.lower() for name in names):
+    if "cudnn" in name.lower() or "miopen" in name.lower() or "conv" in name.lower():
         return "first cuDNN/MIOpen call (algorithm search or autotuning, lazy loading of its kernels)"
-    if any(name.endswith(_LAUNCHES) for name in names):
-        return "first kernel launch (lazy loading of the kernel's module)"
+    if name.endswith(_LAUNCHES) or inner.endswith(_LAUNCHES):
+        return "first launch of a kernel (lazy loading or JIT compilation of its module)"
+    if len(runtime) and trace.ts[event] <= trace.ts[runtime].min() and trace.kind[event] == Kind.CPU_OP:
+        return "lazy CUDA initialisation (context creation) in the first op that uses the GPU"
     return "first call, far slower than the later ones"

@@ -28,6 +28,14 @@ class RankRecording:
     first_unrecorded_us: float | None  # start of the first launch with no device work after the last recorded one
 
     @property
+    def linking_works(self) -> bool:
+        """No device event at all, or some linked to their launch: the missing links mean missing work.
+
+        Device events that no launch links to (a CUPTI range-profiler trace) say nothing either way.
+        """
+        return self.device_events == 0 or self.launch_calls_with_work > 0
+
+    @property
     def missing_pct(self) -> float:
         missing = self.launch_calls - self.launch_calls_with_work
         return 100.0 * missing / self.launch_calls if self.launch_calls else 0.0
@@ -42,11 +50,25 @@ class RecordingResult:
 
     @property
     def launches_without_work(self) -> bool:
-        return any(rank.launch_calls > rank.launch_calls_with_work for rank in self.ranks.values())
+        """Some rank launched work none of which was recorded."""
+        return any(rank.launch_calls > 0 and rank.device_events == 0 for rank in self.ranks.values())
 
 
 def is_launch_call(name: str) -> bool:
     return any(part in name for part in _LAUNCH_PARTS)
+
+
+def _during_graph_capture(trace: Trace, runtime: np.ndarray, launches: np.ndarray) -> np.ndarray:
+    """Launches between a stream's BeginCapture and EndCapture are recorded into a graph, not run."""
+    inside = np.zeros(len(launches), dtype=bool)
+    names = [trace.names[i] for i in trace.name[runtime]]
+    begins = runtime[[name.endswith("StreamBeginCapture") for name in names]]
+    ends = runtime[[name.endswith("StreamEndCapture") for name in names]]
+    for begin in begins:
+        later = ends[(trace.ts[ends] > trace.ts[begin]) & (trace.rank[ends] == trace.rank[begin])]
+        stop = float(trace.ts[later].min()) if len(later) else np.inf
+        inside |= (trace.rank[launches] == trace.rank[begin]) & (trace.ts[launches] > trace.ts[begin]) & (trace.ts[launches] < stop)
+    return inside
 
 
 def device_recording(trace: Trace) -> RecordingResult:
@@ -59,6 +81,7 @@ def device_recording(trace: Trace) -> RecordingResult:
     if len(device):
         launcher = trace.launcher[device]
         linked[launcher[launcher >= 0]] = True
+    launches = launches[~_during_graph_capture(trace, runtime, launches)]
     ranks = {}
     for rank in trace.rank_ids:
         own = launches[trace.rank[launches] == rank]

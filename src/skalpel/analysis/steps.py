@@ -187,3 +187,29 @@ def _kept_steps(matched: np.ndarray) -> int:
     if last > 0 and matched[last - 1] * _TAIL_RATIO > matched[last]:
         keep = last
     return keep
+
+
+def inferred_iterations(trace: Trace, rank: int, *, minimum: int = 3) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """Loop iterations of an unmarked rank: (starts, ends, what they were inferred from), or None.
+
+    An iteration starts at each DataLoader fetch (``enumerate(DataLoader)#...__next__``), or
+    else right after each optimizer step (``Optimizer.step#...``); the last one ends with the
+    rank's last host op. Fewer than ``minimum`` fetches or steps: no loop to infer.
+    """
+    host = (trace.rank == rank) & np.isin(trace.kind, _HOST_SPAN)
+    if not host.any():
+        return None
+    last = float(trace.end[host].max())
+    fetches = np.flatnonzero((trace.kind == Kind.DATALOADER) & (trace.rank == rank))
+    if len(fetches) >= minimum:
+        starts, source = np.sort(trace.ts[fetches]), "DataLoader fetches"
+    else:
+        annotations = np.flatnonzero(host & np.isin(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
+        names = [i for i in np.unique(trace.name[annotations]) if trace.names[i].startswith("Optimizer.step#")]
+        steps = annotations[np.isin(trace.name[annotations], names)]
+        if len(steps) < minimum:
+            return None
+        starts, source = np.sort(trace.end[steps])[:-1], "optimizer steps"
+        starts = np.concatenate([[float(trace.ts[host].min())], starts])
+    ends = np.append(starts[1:], last)
+    return starts, ends, source

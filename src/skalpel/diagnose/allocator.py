@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 from ..analysis.allocator import allocator_calls
+from ..analysis.onetime import one_time_work
 from . import thresholds
+from .coldstart import cold_start_options
 from .rule import Context, Docs, Outcome, Rule
 
 
 def _check_churn(ctx: Context, rule: Rule) -> Outcome:
     limits = rule.thresholds
-    result = ctx.result("allocator", lambda: allocator_calls(ctx.trace, ctx.steps))
+    one_time = ctx.result("one_time", lambda: one_time_work(ctx.trace, options=cold_start_options()))
+    result = ctx.result("allocator", lambda: allocator_calls(ctx.trace, ctx.steps, one_time=one_time))
     findings = []
     for rank, calls in result.ranks.items():
         if calls.calls < limits.floor or calls.share_pct < limits.share_pct or calls.total_ms < limits.param("min_ms"):
             continue
+        if calls.spread_pct < limits.param("min_spread_pct"):
+            continue  # a burst (the pool growing once, the cache freed at exit), not churn
         evidence = {
             "calls": calls.calls,
             "ms": calls.total_ms,
             "share_pct": calls.share_pct,
             "window_ms": calls.window_ms,
             "steady_state": calls.steady_state,
+            "spread_pct": calls.spread_pct,
             "by_name": calls.by_name,
         }
         findings.append(rule.finding(evidence, locations=ctx.locations(list(calls.events)), rank=rank))
@@ -38,8 +44,10 @@ ALLOCATOR_CHURN = Rule(
     "PYTORCH_NO_CUDA_MEMORY_CACHING, and against fragmentation PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
     docs=Docs(
         what="`cudaMalloc`/`cudaFree` (`hipMalloc`/`hipFree`, `cuMemAlloc`/`cuMemFree`) runtime calls inside "
-        "steady-state work: the marked steps after the first, or without markers the whole window less the "
-        "first call of each name (the one that creates the context or the pool).",
+        "steady-state work: the marked steps after the first; without markers, the iterations after the first "
+        "inferred from DataLoader fetches or optimizer steps, or else the whole window cut into 8 equal slices. "
+        "Calls inside one-time work (see cold_start) are left out. The calls must recur in `min_spread_pct` of the steps (slices) "
+        "or more: a pool that grows during the first iterations, or frees its cache once at exit, is a burst.",
         why="PyTorch's caching allocator keeps freed blocks and reuses them, so after the first step it should "
         "not call the driver at all. A driver allocation costs 0.1-10 ms and a free synchronises the device; in "
         "the loop they stall host and device on every step. They appear when caching is disabled "

@@ -14,7 +14,7 @@ def _check_missing(ctx: Context, rule: Rule) -> Outcome:
     result = ctx.result("recording", lambda: device_recording(ctx.trace))
     findings = []
     for rank, recording in result.ranks.items():
-        if recording.launch_calls < limits.floor or recording.missing_pct < limits.share_pct:
+        if recording.launch_calls < limits.floor or recording.missing_pct < limits.share_pct or not recording.linking_works:
             continue
         none = recording.device_events == 0
         evidence = {

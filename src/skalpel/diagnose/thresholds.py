@@ -141,7 +141,7 @@ ALLOCATOR_CHURN = Threshold(
     "of the steady-state window in cudaMalloc/cudaFree (hipMalloc/hipFree) calls",
     10.0,
     "calls in steady state",
-    params=(("min_ms", 1.0),),
+    params=(("min_ms", 1.0), ("min_spread_pct", 50.0)),  # ... recurring in half the steps (or window slices) or more
 )
 # A GPU run: launch calls on the host but (almost) none of their device work recorded.
 DEVICE_ACTIVITY_MISSING = Threshold(90.0, "of the launch calls with no device work recorded", 10.0, "launch calls")
