@@ -225,3 +225,82 @@ def test_launch_bound_from_the_model_keeps_the_fusing_fix(tmp_path):
     assert finding.evidence["tiny_ops_by_source_pct"]["model and the rest"] > 80
     assert "torch.compile" in finding.fix and "whole batches" not in finding.fix
     assert any("model.py:40" in where for where in finding.locations)
+
+
+# --- class 6: attention through SDPA's slow path ---------------------------------------------------
+
+SDPA_DIMS = [[8, 12, 1024, 64], [8, 12, 1024, 64], [8, 12, 1024, 64], [8, 1, 1024, 1024], [], []]
+
+
+def _sdpa_steps(builder: TraceBuilder, *, backend: str, dims: list) -> None:
+    """Three steps: one SDPA call (its inner ops launch the attention kernels) and a 1 ms matmul."""
+    for number in range(3):
+        start = number * 10_000.0
+        builder.step(number + 1, start, 9_999)
+        builder.frame("model.py(88): forward", start + 5, 700)
+        builder.host("aten::scaled_dot_product_attention", start + 10, 600, **{"Input Dims": dims})
+        if backend == "math":
+            builder.host("aten::_scaled_dot_product_attention_math", start + 20, 580)
+            for offset, op, kernel in ((30, "aten::bmm", "gemm_qk"), (200, "aten::_softmax", "softmax_warp_forward"),
+                                       (400, "aten::bmm", "gemm_pv")):  # fmt: skip
+                external = builder.host(op, start + offset, 100)
+                builder.launch(start + offset + 10, 5, work_ts=start + 1000 + offset * 10, work_dur=1500, external=external,
+                               kernel=kernel)  # fmt: skip
+        else:
+            external = builder.host("aten::_scaled_dot_product_flash_attention", start + 20, 580)
+            builder.launch(start + 30, 5, work_ts=start + 1000, work_dur=1200, external=external,
+                           kernel="pytorch_flash::flash_fwd_kernel")  # fmt: skip
+        external = builder.host("aten::addmm", start + 700, 50)
+        builder.launch(start + 710, 5, work_ts=start + 7000, work_dur=1000, external=external, kernel="sm90_gemm")
+
+
+def test_sdpa_math_path_names_the_backend_and_the_reasons(tmp_path):
+    builder = TraceBuilder()
+    _sdpa_steps(builder, backend="math", dims=SDPA_DIMS)
+    report = _report(builder, tmp_path)
+    (finding,) = _found(report, "attention_hotspot")
+    evidence = finding.evidence
+    assert evidence["backend"] == "math (eager fallback)" and finding.severity == "warning"
+    assert evidence["share_pct"] == pytest.approx(100 * 4500 / 5500, abs=0.1)
+    assert evidence["ms_per_step"] == pytest.approx(4.5) and evidence["calls"] == 3
+    assert evidence["head_dim"] == 64 and evidence["explicit_mask"] is True
+    assert any("attn_mask" in reason for reason in evidence["reasons"]) and "fp16/bf16" in finding.fix
+    assert "math" in finding.title
+    assert any("model.py:88" in where for where in finding.locations)
+
+
+def test_sdpa_on_its_flash_kernel_stays_quiet(tmp_path):
+    builder = TraceBuilder()
+    _sdpa_steps(builder, backend="flash", dims=[[8, 12, 1024, 64], [8, 12, 1024, 64], [8, 12, 1024, 64], [], [], []])
+    assert _found(_report(builder, tmp_path), "attention_hotspot") == []
+
+
+# --- the new ids are explained with their thresholds -----------------------------------------------
+
+
+@pytest.mark.parametrize(("finding_id", "fires_at"), [
+    ("cold_start", ">= 20% of the recorded window in one-time work and >= 50 ms; critical at >= 50%"),
+    ("allocator_churn", "in cudaMalloc/cudaFree (hipMalloc/hipFree) calls and >= 10 calls in steady state"),
+    ("device_activity_missing", ">= 90% of the launch calls with no device work recorded and >= 10 launch calls"),
+])  # fmt: skip
+def test_explain_documents_the_new_findings(capsys, finding_id, fires_at):
+    from skalpel.cli import main
+
+    assert main(["explain", finding_id]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert fires_at in out and "How to fix" in out and "Known false positives" in out
+
+
+def test_allocator_churn_in_an_unmarked_loop_is_judged_over_inferred_iterations(tmp_path):
+    """No markers: iterations start at each DataLoader fetch; the calls recur in every one after the first."""
+    builder = TraceBuilder()
+    for iteration in range(6):
+        start = iteration * 10_000.0
+        builder.host(LOADER, start, 500, cat="user_annotation")
+        builder.launch(start + 600, 5, work_ts=start + 620, work_dur=6000)
+        for index in range(3):
+            builder.runtime("cudaMalloc", start + 1000 + index * 1500, 300)
+            builder.runtime("cudaFree", start + 1500 + index * 1500, 500)
+    (finding,) = _found(_report(builder, tmp_path), "allocator_churn")
+    assert finding.evidence["steady_state"].startswith("iterations after the first, inferred from DataLoader fetches")
+    assert finding.evidence["calls"] == 30 and finding.evidence["spread_pct"] == 100

@@ -199,7 +199,7 @@ def inferred_iterations(trace: Trace, rank: int, *, minimum: int = 3) -> tuple[n
     host = (trace.rank == rank) & np.isin(trace.kind, _HOST_SPAN)
     if not host.any():
         return None
-    last = float(trace.end[host].max())
+    last = float(trace.end[(trace.rank == rank) & (trace.kind != Kind.PYTHON)].max())  # runtime calls and kernels too
     fetches = np.flatnonzero((trace.kind == Kind.DATALOADER) & (trace.rank == rank))
     if len(fetches) >= minimum:
         starts, source = np.sort(trace.ts[fetches]), "DataLoader fetches"

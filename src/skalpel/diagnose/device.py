@@ -13,6 +13,7 @@ from ..trace.kinds import DEVICE_KINDS, Kind
 from . import thresholds
 from .overhead import check_cpu_overhead, source_fix, tiny_op_sources
 from .rule import Context, Docs, NotJudged, Outcome, Rule
+from .sdpa import SDPA, check_sdpa
 
 _DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 
@@ -239,16 +240,19 @@ def _check_attention(ctx: Context, rule: Rule) -> Outcome:
     findings = []
     for rank_ops in table.ranks:
         rows = {row.name: row for row in rank_ops.rows}
+        device_ms = sum(row.device_ms for row in rank_ops.rows)
+        steps = _steps_on(ctx, rank_ops.rank)
+        if SDPA in rows:  # its math path runs bmm + softmax inside: judged as SDPA, with the backend it used
+            findings.extend(check_sdpa(ctx, rule, rank_ops.rank, steps, device_ms))
+            continue
         softmax = [rows[name] for name in _SOFTMAX if name in rows]
         matmul = [rows[name] for name in _ATTENTION_MATMUL if name in rows]
         softmax_calls = max((row.calls for row in softmax), default=0)  # softmax wraps _softmax: count once
         matmul_calls = sum(row.calls for row in matmul)
         if softmax_calls == 0 or matmul_calls < softmax_calls:
             continue  # no softmax between batched matmuls: not the eager attention pattern
-        steps = _steps_on(ctx, rank_ops.rank)
         softmax_ms = sum(row.device_ms for row in softmax)
         matmul_ms = sum(row.device_ms for row in matmul)
-        device_ms = sum(row.device_ms for row in rank_ops.rows)
         share = 100.0 * (softmax_ms + matmul_ms) / device_ms if device_ms > 0 else 0.0
         ms = (softmax_ms + matmul_ms) / steps
         if share < rule.thresholds.share_pct or ms < rule.thresholds.floor:
@@ -286,12 +290,17 @@ ATTENTION_HOTSPOT = Rule(
     "e.g. attn_implementation='sdpa' in Hugging Face models",
     docs=Docs(
         what="Attention computed eagerly as batched matmuls around a softmax (`aten::bmm` / `baddbmm` + "
-        "`aten::softmax`), taking a large share of device time, instead of a fused attention kernel.",
+        "`aten::softmax`), taking a large share of device time, instead of a fused attention kernel; or "
+        "`scaled_dot_product_attention` landing in its math fallback (a warning) or its memory-efficient kernel "
+        "(an info note), named with the backend it actually ran and the device time of the kernels it launched.",
         why="Eager attention writes the full sequence x sequence score matrix to memory and reads it back several "
         "times; fused kernels (FlashAttention, memory-efficient attention) keep it on chip, running several times "
         "faster and using far less memory at long sequence lengths.",
         evidence="Device time share and ms per step of the bmm + softmax ops, their call counts, and whether any "
-        "fused attention op or kernel appears elsewhere in the trace. Locations: the code calling softmax.",
+        "fused attention op or kernel appears elsewhere in the trace. Locations: the code calling softmax. For "
+        "SDPA: the backend, its share and ms per step (forward kernels), the calls, the query's head dim and "
+        "whether an explicit mask was passed (from the recorded shapes), and the usual reasons flash was not "
+        "chosen (an explicit mask, head dim, fp32 inputs, dropout before torch 2.1).",
         fix="Call `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...)`; in "
         "Hugging Face models pass `attn_implementation='sdpa'` (or 'flash_attention_2').",
         false_positives="Models that use bmm and softmax for something other than attention (mixture-of-experts "
