@@ -194,7 +194,7 @@ def inferred_iterations(trace: Trace, rank: int, *, minimum: int = 3) -> tuple[n
 
     An iteration starts at each DataLoader fetch (``enumerate(DataLoader)#...__next__``), or
     else right after each optimizer step (``Optimizer.step#...``); the last one ends with the
-    rank's last host op. Fewer than ``minimum`` fetches or steps: no loop to infer.
+    rank's last event. Fewer than ``minimum`` fetches or steps: no loop to infer.
     """
     host = (trace.rank == rank) & np.isin(trace.kind, _HOST_SPAN)
     if not host.any():
