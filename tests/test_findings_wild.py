@@ -7,6 +7,7 @@ and runs the real loader, analyses and rules; beside it, a look-alike must stay 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,43 @@ def test_allocator_churn_in_an_unmarked_loop_is_judged_over_inferred_iterations(
     (finding,) = _found(_report(builder, tmp_path), "allocator_churn")
     assert finding.evidence["steady_state"].startswith("iterations after the first, inferred from DataLoader fetches")
     assert finding.evidence["calls"] == 30 and finding.evidence["spread_pct"] == 100
+
+
+# --- class 10: the pre-Kineto exporter (torch <= 1.8 autograd profiler) -----------------------------
+
+
+def _legacy_trace(path: Path, iterations: int = 5) -> Path:
+    """What torch 1.7/1.8's EventList.export_chrome_trace wrote: a bare JSON list, no 'cat', pids
+    "CPU functions" / "CUDA functions", and cpu_to_cuda flow arrows from an op to its kernels."""
+    events, ts = [], 0
+    for index in range(iterations):
+        events += [
+            {"name": "aten::conv2d", "ph": "X", "ts": ts, "dur": 900, "tid": 1, "pid": "CPU functions", "args": {}},
+            {"name": "aten::convolution", "ph": "X", "ts": ts + 5, "dur": 880, "tid": 1, "pid": "CPU functions", "args": {}},
+            {"name": "aten::add_", "ph": "X", "ts": ts + 950, "dur": 40, "tid": 1, "pid": "CPU functions", "args": {}},
+            {"name": "aten::add_", "ph": "s", "ts": ts + 950, "tid": 1, "pid": "CPU functions", "id": index, "cat": "cpu_to_cuda", "args": {}},
+            {"name": "aten::add_", "ph": "f", "ts": ts + 1000, "tid": 0, "pid": "CUDA functions", "id": index, "cat": "cpu_to_cuda", "args": {}},
+            {"name": "vectorized_elementwise_kernel", "ph": "X", "ts": ts + 1000, "dur": 30, "tid": 0, "pid": "CUDA functions", "args": {}},
+        ]  # fmt: skip
+        ts += 1100
+    path.write_text(json.dumps(events))
+    return path
+
+
+def test_pre_kineto_export_is_read(tmp_path):
+    report = analyze(_legacy_trace(tmp_path / "legacy.json"))
+    (rank,) = report.ranks
+    assert {row.name: row.calls for row in rank.top_ops} == {"aten::conv2d": 5, "aten::convolution": 5, "aten::add_": 5}
+    assert rank.step_breakdown_pct["cpu_exec"] > 80 and rank.step_breakdown_pct["other"] < 15
+    assert rank.step_breakdown_pct["kernel"] > 2  # 30 us kernels, no longer "other 100%"
+    assert [row.calls for row in rank.top_kernels] == [5]
+    assert report.source.device == "gpu"
+
+
+def test_events_without_a_category_elsewhere_stay_unclassified():
+    """Only the legacy exporter's own pids carry a meaning; a modern event keeps its category."""
+    from skalpel.trace.kinds import legacy_category
+
+    assert legacy_category(None, "CPU functions") == "cpu_op" and legacy_category("", "CUDA functions") == "kernel"
+    assert legacy_category(None, "Spans") is None and legacy_category(None, 1234) is None
+    assert legacy_category("user_annotation", "CPU functions") == "user_annotation"

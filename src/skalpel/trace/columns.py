@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 
 from .events import EMPTY, MISSING, Event, decode_args, decode_memory_args, full_args
-from .kinds import DEVICE_KINDS, Kind, classify
+from .kinds import DEVICE_KINDS, Kind, classify, legacy_category
 
 _KEPT_ARG_KINDS = np.array([Kind.COMM_OP, Kind.COMM_KERNEL, Kind.DEVICE_SYNC, Kind.MEMCPY], np.int8)
 _DEVICE_KINDS = np.array(sorted(DEVICE_KINDS), np.int8)
@@ -118,7 +118,7 @@ class ColumnBuilder:
             return
         interner, categories = self.interner, self._categories
         name = np.fromiter([interner[text] for text in names], np.int32, len(names))
-        kind = self._kinds.of([categories[e.cat] for e in events], name)
+        kind = self._kinds.of([categories[legacy_category(e.cat, e.pid)] for e in events], name)
         pid = self._ids([e.pid for e in events])
         tid = self._ids([e.tid for e in events])
         no_args = kind == Kind.PYTHON  # python_function args (Python ids) hold nothing skalpel reads

@@ -76,6 +76,20 @@ _COMM_OP_PREFIXES = ("nccl:", "gloo:", "c10d::", "mpi:", "ucc:", "xccl:", "recor
 _COMM_KERNEL_MARKERS = ("nccl", "rccl", "multimem_all_reduce", "cross_device_reduce", "all_reduce_kernel", "allreduce")
 
 
+_LEGACY_PIDS = {"CPU functions": "cpu_op", "CUDA functions": "kernel"}
+
+
+def legacy_category(category: str | None, pid: object) -> str | None:
+    """The category of an event of the pre-Kineto exporter (torch <= 1.8's autograd profiler).
+
+    Its ``export_chrome_trace`` wrote no ``cat``: host ops under pid "CPU functions" and
+    kernels under pid "CUDA functions". Any other event keeps its own category.
+    """
+    if category or not isinstance(pid, str):
+        return category
+    return _LEGACY_PIDS.get(pid, category)
+
+
 def classify(category: str | None, name: str, phase: str) -> Kind:
     """Return the kind of one event from its category, name and phase."""
     if phase in ("i", "I"):
