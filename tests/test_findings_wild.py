@@ -345,3 +345,46 @@ def test_events_without_a_category_elsewhere_stay_unclassified():
     assert legacy_category(None, "CPU functions") == "cpu_op" and legacy_category("", "CUDA functions") == "kernel"
     assert legacy_category(None, "Spans") is None and legacy_category(None, 1234) is None
     assert legacy_category("user_annotation", "CPU functions") == "user_annotation"
+
+
+# --- class 7: a materialised broadcast -----------------------------------------------------------------
+
+MIB = 2**20
+
+
+def _pairwise_layer(builder: TraceBuilder, *, before: str, before_dims: list) -> None:
+    """A pairwise layer: x[256, 1, 100] expanded to [256, 256, 100] and made contiguous (25 MiB of a 50 MiB peak)."""
+    builder.memory(10, 20 * MIB, 20 * MIB)  # the weights
+    for number in range(3):
+        start = 1000 + number * 10_000.0
+        builder.step(number + 1, start, 9_999)
+        builder.frame("pairwise.py(31): forward", start + 5, 300)
+        builder.host(before, start + 10, 5, **{"Input Dims": before_dims})
+        builder.host("aten::contiguous", start + 20, 200, **{"Input Dims": [[256, 256, 100]]})
+        builder.host("aten::clone", start + 25, 190, **{"Input Dims": [[256, 256, 100], []]})
+        builder.host("aten::empty_like", start + 30, 20)
+        builder.host("aten::empty", start + 32, 10)
+        builder.memory(start + 35, 25 * MIB, 45 * MIB)
+        builder.memory(start + 400, 5 * MIB, 50 * MIB)
+        builder.memory(start + 5000, -30 * MIB, 20 * MIB)
+        builder.launch(start + 100, 5, work_ts=start + 120, work_dur=3000)
+
+
+def test_memory_spike_names_a_materialised_broadcast_below_the_floor(tmp_path):
+    builder = TraceBuilder()
+    _pairwise_layer(builder, before="aten::expand", before_dims=[[256, 1, 100], []])
+    (finding,) = _found(_report(builder, tmp_path), "memory_spike")
+    evidence = finding.evidence
+    assert evidence["alloc_mib"] == pytest.approx(25) and evidence["share_pct"] == pytest.approx(50)
+    assert evidence["op"] == "aten::contiguous"
+    assert evidence["broadcast_from"] == [256, 1, 100] and evidence["broadcast_to"] == [256, 256, 100]
+    assert evidence["broadcast_ratio"] == pytest.approx(256)
+    assert "materialises a broadcast" in finding.title and "expand" in finding.fix
+    assert any("pairwise.py:31" in where for where in finding.locations)
+
+
+def test_memory_spike_of_the_same_size_without_a_broadcast_stays_quiet(tmp_path):
+    """25 MiB copied from a permuted view: no broadcast, below the generic 32 MiB floor."""
+    builder = TraceBuilder()
+    _pairwise_layer(builder, before="aten::permute", before_dims=[[256, 100, 256], []])
+    assert _found(_report(builder, tmp_path), "memory_spike") == []

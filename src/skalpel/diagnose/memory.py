@@ -9,6 +9,7 @@ import numpy as np
 from ..analysis.memory import memory
 from ..trace.kinds import Kind
 from . import thresholds
+from .broadcast import materialised_broadcast
 from .common import pct
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
@@ -122,32 +123,46 @@ def _check_spike(ctx: Context, rule: Rule) -> Outcome:
     for device in _main_devices(ctx, result):
         size, peak = device.largest_alloc_bytes, device.peak_bytes
         share = pct(size, peak)
-        if size < limits.floor * MIB or share < limits.share_pct:
+        op_event = device.largest_alloc_op_event
+        outer = _outer_event(ctx, op_event)
+        broadcast = materialised_broadcast(ctx, outer) if share >= limits.share_pct else None
+        if broadcast is not None and broadcast.ratio < limits.param("min_broadcast_ratio"):
+            broadcast = None
+        floor = limits.param("broadcast_floor_mib") if broadcast is not None else limits.floor
+        if size < floor * MIB or share < limits.share_pct:
             continue
         evidence = {
             "alloc_mib": size / MIB,
             "share_pct": share,
             "peak_mib": peak / MIB,
-            "op": _outer_op(ctx, device.largest_alloc_op_event) or device.largest_alloc_op or "unknown",
+            "op": ctx.trace.name_of(outer) if outer >= 0 else device.largest_alloc_op or "unknown",
             "inner_op": device.largest_alloc_op or "unknown",
             "device": device.device,
             "op_event": device.largest_alloc_op_event,
         }
-        locations = ctx.locations([device.largest_alloc_op_event]) if device.largest_alloc_op_event >= 0 else ()
-        findings.append(rule.finding(evidence, locations=locations, rank=device.rank))
+        title = None
+        if broadcast is not None:
+            evidence.update(broadcast_from=broadcast.from_dims, broadcast_to=broadcast.to_dims, broadcast_ratio=broadcast.ratio)
+            title = (
+                f"{evidence['op']} materialises a broadcast: {broadcast.from_dims} expanded to {broadcast.to_dims} "
+                f"({broadcast.ratio:.0f}x the elements) allocates {size / MIB:.1f} MiB, {share:.0f}% of the "
+                f"{peak / MIB:.0f} MiB peak on {device.device}"
+            )
+        locations = ctx.locations([op_event]) if op_event >= 0 else ()
+        findings.append(rule.finding(evidence, locations=locations, rank=device.rank, title=title))
     return findings
 
 
-def _outer_op(ctx: Context, event: int) -> str | None:
+def _outer_event(ctx: Context, event: int) -> int:
     """The outermost host op around an op on its thread: what the user called (aten::contiguous, not aten::empty)."""
     if event < 0:
-        return None
+        return -1
     trace = ctx.trace
     same = (trace.rank == trace.rank[event]) & (trace.pid == trace.pid[event]) & (trace.tid == trace.tid[event])
     around = np.flatnonzero(
         same & (trace.kind == Kind.CPU_OP) & (trace.ts <= trace.ts[event]) & (trace.ts + trace.dur >= trace.ts[event] + trace.dur[event])
     )
-    return trace.name_of(int(around[np.argmin(trace.ts[around])])) if len(around) else None
+    return int(around[np.argmin(trace.ts[around])]) if len(around) else event
 
 
 MEMORY_SPIKE = Rule(
@@ -161,13 +176,17 @@ MEMORY_SPIKE = Rule(
     "compute in chunks, or use in-place / fused ops",
     docs=Docs(
         what="The largest single allocation in the trace is a large share of the peak allocated memory, and big "
-        "in absolute terms: one op sets the memory high-water mark.",
+        "in absolute terms: one op sets the memory high-water mark. When the recorded shapes show that the op "
+        "materialised a broadcast (an `aten::expand` just before it, whose input has size-1 dims where the op's "
+        "input is `min_broadcast_ratio` or more times larger), the pattern is named whatever the absolute size, "
+        "down to `broadcast_floor_mib`: it grows with the product of the broadcast dims.",
         why="The peak decides the batch size that fits and whether the job fits at all. A single oversized "
         "temporary, typically `expand()` followed by `.contiguous()`, `.clone()`, `reshape()` or an op that "
         "materialises the broadcast, can often be avoided entirely.",
         evidence="Size of the allocation in MiB and its share of the peak, the peak, the outermost op the user "
         "called around the allocation (`op`) and the innermost one that allocated (`inner_op`), the device, and the "
-        "op's event index. The location is the user code calling that op.",
+        "op's event index; for a broadcast, the expanded shape, the shape written and the ratio of their elements. "
+        "The location is the user code calling that op.",
         fix="Keep broadcasts as views (`expand` costs nothing until materialised) and let broadcasting ops consume "
         "them; process in chunks; use in-place ops or fused kernels (SDPA instead of materialised attention "
         "masks).",

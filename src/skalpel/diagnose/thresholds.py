@@ -96,7 +96,13 @@ ATTENTION_HOTSPOT = Threshold(20.0, "of device time in unfused attention (bmm + 
 MEMORY_GROWTH = Threshold(
     5.0, "of the peak gained per step", 1.0, "MiB/step", params=(("min_steps", 3), ("min_rising_pct", 75.0))
 )
-MEMORY_SPIKE = Threshold(25.0, "of the peak allocated by one op", 32.0, "MiB")
+MEMORY_SPIKE = Threshold(
+    25.0,
+    "of the peak allocated by one op",
+    32.0,
+    "MiB",
+    params=(("min_broadcast_ratio", 8.0), ("broadcast_floor_mib", 1.0)),  # a materialised broadcast: any size from 1 MiB
+)
 
 # --- compile -------------------------------------------------------------------------------
 RECOMPILATION = Threshold(10.0, "of the profiled steps recompiling", 1.0, "recompiles in the profiled steps")
