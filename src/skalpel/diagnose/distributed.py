@@ -223,6 +223,8 @@ def _check_straggler(ctx: Context, rule: Rule) -> Outcome:
         "extra_time_in": top.category if top else "unknown",
         "extra_ms_per_step": top.extra_ms_per_step if top else 0.0,
         "wait_ms_per_step_by_rank": {t.rank: t.wait_ms_per_step for t in comparison.ranks},
+        "comm_share_with_waits_pct_by_rank": {r.rank: r.share_pct for r in _comm(ctx).ranks},  # never hidden
+        "comm_share_max_pct": max((r.share_pct for r in _comm(ctx).ranks), default=0.0),
     }
     locations = _straggler_locations(ctx, straggler.rank, top) if top else ()
     fix = rule.fix
@@ -331,7 +333,8 @@ STRAGGLER_RANK = Rule(
     family="distributed",
     severity="warning",
     title="Rank {rank} is the straggler: the other ranks wait {others_wait_ms_per_step:.1f} ms/step for it in collectives "
-    "({share_pct:.0f}% of the step; extra time in {extra_time_in})",
+    "({share_pct:.0f}% of the step; extra time in {extra_time_in}); collectives with the waits take up to "
+    "{comm_share_max_pct:.0f}% of the step",
     thresholds=thresholds.STRAGGLER_RANK,
     check=_check_straggler,
     needs_steps=True,
@@ -346,7 +349,8 @@ STRAGGLER_RANK = Rule(
         why="A synchronous job runs at the speed of its slowest rank: every other rank idles for the difference, "
         "every step.",
         evidence="The straggler's `rank`, the other ranks' median wait per step and its own, the share of the step, "
-        "how often it arrived last, every rank's wait, and where its extra time goes (`extra_time_in`: a top-level "
+        "how often it arrived last, every rank's wait, every rank's collective share with the waits (never hidden "
+        "behind the verdict), and where its extra time goes (`extra_time_in`: a top-level "
         f"op, a kernel, or {OUTSIDE_OPS}) against the median of the others.",
         fix="Remove the extra work the straggler does (see `extra_time_in` and the location), balance the data, "
         "or replace the slow node.",
