@@ -204,12 +204,16 @@ def _tiny_op_steps(builder: TraceBuilder, *, loader_ops: int, optimizer_ops: int
             ts += count * 5.0 + 10
 
 
-def test_launch_bound_groups_tiny_ops_by_source_and_fixes_the_largest(tmp_path):
+def _launch_bound(tmp_path: Path, **ops: int):
     builder = TraceBuilder()
-    builder.device_properties = []
-    _tiny_op_steps(builder, loader_ops=1100, optimizer_ops=400, model_ops=200)
-    report = _report(builder, tmp_path)
-    (finding,) = _found(report, "launch_bound")
+    builder.device_properties = []  # a CPU run
+    _tiny_op_steps(builder, **ops)
+    (finding,) = _found(_report(builder, tmp_path), "launch_bound")
+    return finding
+
+
+def test_launch_bound_groups_tiny_ops_by_source_and_fixes_the_largest(tmp_path):
+    finding = _launch_bound(tmp_path, loader_ops=1100, optimizer_ops=400, model_ops=200)
     by_source = finding.evidence["tiny_ops_by_source_pct"]
     assert by_source["data loading"] == pytest.approx(100 * 1100 / 1700, abs=0.5)
     assert by_source["optimizer step"] == pytest.approx(100 * 400 / 1700, abs=0.5)
@@ -218,11 +222,7 @@ def test_launch_bound_groups_tiny_ops_by_source_and_fixes_the_largest(tmp_path):
 
 
 def test_launch_bound_from_the_model_keeps_the_fusing_fix(tmp_path):
-    builder = TraceBuilder()
-    builder.device_properties = []
-    _tiny_op_steps(builder, loader_ops=0, optimizer_ops=300, model_ops=1400)
-    report = _report(builder, tmp_path)
-    (finding,) = _found(report, "launch_bound")
+    finding = _launch_bound(tmp_path, loader_ops=0, optimizer_ops=300, model_ops=1400)
     assert finding.evidence["tiny_ops_by_source_pct"]["model and the rest"] > 80
     assert "torch.compile" in finding.fix and "whole batches" not in finding.fix
     assert any("model.py:40" in where for where in finding.locations)

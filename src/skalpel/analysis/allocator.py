@@ -18,6 +18,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
+from . import intervals
 from .onetime import OneTimeResult
 from .steps import StepSegmentation, inferred_iterations
 
@@ -72,13 +73,11 @@ def _inside_one_time(trace: Trace, calls: np.ndarray, one_time: OneTimeResult) -
 _SLICES = 8
 
 
-def _spread_pct(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> float:
-    """Share of the [start, end) ranges (sorted, disjoint) holding at least one of the instants."""
-    if len(starts) == 0:
-        return 0.0
-    index = np.searchsorted(starts, ts, side="right") - 1
-    inside = (index >= 0) & (ts < ends[np.maximum(index, 0)])
-    return 100.0 * len(np.unique(index[inside])) / len(starts)
+def _in_ranges(trace: Trace, calls: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """(the calls inside the sorted, disjoint ranges, their total length in us, share of ranges holding a call)."""
+    where = intervals.containing(starts, ends, trace.ts[calls])
+    spread = 100.0 * len(np.unique(where[where >= 0])) / len(starts) if len(starts) else 0.0
+    return calls[where >= 0], float((ends - starts).sum()), spread
 
 
 def _rank_calls(trace: Trace, steps: StepSegmentation, rank: int, calls: np.ndarray) -> RankAllocatorCalls:
@@ -88,24 +87,16 @@ def _rank_calls(trace: Trace, steps: StepSegmentation, rank: int, calls: np.ndar
         steady = "marked steps after the first" if len(own) > 1 else "the one marked step"
         starts = np.array([step.start_us for step in window])
         ends = np.array([step.end_us for step in window])
-        index = np.searchsorted(starts, trace.ts[calls], side="right") - 1
-        inside = (index >= 0) & (trace.ts[calls] < ends[np.maximum(index, 0)])
-        calls, window_us = calls[inside], float((ends - starts).sum())
-        spread = _spread_pct(trace.ts[calls], starts, ends)
+        calls, window_us, spread = _in_ranges(trace, calls, starts, ends)
     elif (loop := inferred_iterations(trace, rank)) is not None:
         starts, ends, source = loop
-        starts, ends = starts[1:], ends[1:]  # the first iteration grows the pool
-        index = np.searchsorted(starts, trace.ts[calls], side="right") - 1
-        inside = (index >= 0) & (trace.ts[calls] < ends[np.maximum(index, 0)])
-        calls, window_us = calls[inside], float((ends - starts).sum())
-        spread = _spread_pct(trace.ts[calls], starts, ends)
+        calls, window_us, spread = _in_ranges(trace, calls, starts[1:], ends[1:])  # the first iteration grows the pool
         steady = f"iterations after the first, inferred from {source} (no ProfilerStep markers)"
     else:  # the whole window cut in equal slices: churn recurs in most of them, a pool growing once does not
         on_rank = (trace.rank == rank) & (trace.kind != Kind.PYTHON)
         first, last = (float(trace.ts[on_rank].min()), float(trace.end[on_rank].max())) if on_rank.any() else (0.0, 0.0)
         edges = np.linspace(first, last, _SLICES + 1)
-        window_us = last - first
-        spread = _spread_pct(trace.ts[calls], edges[:-1], edges[1:])
+        calls, window_us, spread = _in_ranges(trace, calls, edges[:-1], edges[1:])
         steady = f"the whole window in {_SLICES} slices (no ProfilerStep markers)"
     longest = calls[np.argsort(-trace.dur[calls], kind="stable")[:20]]
     return RankAllocatorCalls(

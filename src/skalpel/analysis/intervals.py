@@ -61,3 +61,12 @@ def outermost(starts: np.ndarray, ends: np.ndarray, groups: np.ndarray) -> np.nd
     outer[1:] = shifted_starts[1:] >= running_end[:-1]
     result[order] = outer
     return result
+
+
+def containing(starts: np.ndarray, ends: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """For each point, the index of the range of sorted, disjoint [start, end) ranges holding it; -1 outside."""
+    if len(starts) == 0:
+        return np.full(len(points), -1)
+    index = np.searchsorted(starts, points, side="right") - 1
+    inside = (index >= 0) & (points < ends[np.maximum(index, 0)])
+    return np.where(inside, index, -1)

@@ -100,8 +100,7 @@ def _inside(trace, events: np.ndarray, ranges: np.ndarray) -> np.ndarray:
     if len(ranges) == 0:
         return np.zeros(len(events), dtype=bool)
     starts, ends = intervals.union(trace.ts[ranges], trace.end[ranges])
-    index = np.searchsorted(starts, trace.ts[events], side="right") - 1
-    return (index >= 0) & (trace.ts[events] < ends[np.maximum(index, 0)])
+    return intervals.containing(starts, ends, trace.ts[events]) >= 0
 
 
 def _substantial(names: np.ndarray, self_us: np.ndarray, tiny_us: float) -> np.ndarray:
