@@ -61,9 +61,9 @@ def is_launch_call(name: str) -> bool:
 def _during_graph_capture(trace: Trace, runtime: np.ndarray, launches: np.ndarray) -> np.ndarray:
     """Launches between a stream's BeginCapture and EndCapture are recorded into a graph, not run."""
     inside = np.zeros(len(launches), dtype=bool)
-    names = [trace.names[i] for i in trace.name[runtime]]
-    begins = runtime[[name.endswith("StreamBeginCapture") for name in names]]
-    ends = runtime[[name.endswith("StreamEndCapture") for name in names]]
+    names = np.unique(trace.name[runtime])
+    begins = runtime[np.isin(trace.name[runtime], [i for i in names if trace.names[i].endswith("StreamBeginCapture")])]
+    ends = runtime[np.isin(trace.name[runtime], [i for i in names if trace.names[i].endswith("StreamEndCapture")])]
     for begin in begins:
         later = ends[(trace.ts[ends] > trace.ts[begin]) & (trace.rank[ends] == trace.rank[begin])]
         stop = float(trace.ts[later].min()) if len(later) else np.inf
