@@ -100,8 +100,12 @@ def test_torchrun_ranks_write_one_folder_and_rank0_the_merged_report(runs: dict[
 def test_clean_ddp_baseline_is_quiet(runs: dict[str, Path]) -> None:
     """Two ranks with identical work on one loaded machine: no straggler, no network bottleneck, no overlap
     problem (one small DDP bucket per step); when the ranks waited for each other, an info note says why."""
+    from skalpel.diagnose import lookup
+
     report = _report(runs["small"])
-    serious = [(f.id, f.severity, f.title) for f in report.findings if f.severity != "info"]
+    # Measurement notes (a first step slowed by the loaded machine: no_warmup) judge the measurement, not the job.
+    serious = [(f.id, f.severity, f.title) for f in report.findings
+               if f.severity != "info" and lookup(f.id).family != "measurement"]  # fmt: skip
     assert not serious
     for note in [f for f in report.findings if f.id == "straggler_rank"]:
         assert note.title.startswith("No straggler") and "identical work" in note.title
