@@ -25,7 +25,6 @@ class RankRecording:
     launch_calls: int
     launch_calls_with_work: int  # with device work linked to them (by correlation id)
     device_events: int
-    first_unrecorded_us: float | None  # start of the first launch with no device work after the last recorded one
 
     @property
     def linking_works(self) -> bool:
@@ -85,15 +84,10 @@ def device_recording(trace: Trace) -> RecordingResult:
     ranks = {}
     for rank in trace.rank_ids:
         own = launches[trace.rank[launches] == rank]
-        with_work = linked[own]
-        after = own[~with_work]
-        if with_work.any():
-            after = after[trace.ts[after] > trace.ts[own[with_work]].max()]
         ranks[rank] = RankRecording(
             rank=rank,
             launch_calls=len(own),
-            launch_calls_with_work=int(with_work.sum()),
+            launch_calls_with_work=int(linked[own].sum()),
             device_events=int((trace.rank[device] == rank).sum()),
-            first_unrecorded_us=float(trace.ts[after].min()) if len(after) else None,
         )
     return RecordingResult(ranks)

@@ -46,7 +46,7 @@ NO_BOTTLENECK = Rule(
         why="It is a statement with numbers behind it (step time and where it goes), so it can be checked, and "
         "it tells the user the remaining speed-ups are in the model's own math, not in the loop around it.",
         evidence="The median step time, the largest category of the step-time breakdown and its share, and the "
-        "GPU idle share when there is a device.",
+        "GPU idle share when there is a device (of the marked steps; without markers, of the device's span).",
         fix="Nothing in the training loop; speed-ups now come from the model (mixed precision, fused or "
         "cheaper ops, torch.compile) or a bigger batch.",
         false_positives="Rules that could not judge this trace (see not_judged notes) were not checked.",
@@ -74,7 +74,7 @@ def no_bottleneck(ctx: Context) -> Finding:
         if shares:
             name = max(shares, key=shares.get)
             evidence.update(largest_category=name, largest_pct=shares[name], breakdown_pct=shares)
-    gpu = ctx.result("gpu_time")
+    gpu = ctx.result("step_device") if ctx.steps.marked else ctx.result("gpu_time")  # the steps the user waits for
     if gpu is not None:
         idle = [rank.idle_pct for rank in gpu.ranks.values() if rank is not None]
         if idle:
