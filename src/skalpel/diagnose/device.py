@@ -186,13 +186,20 @@ def _graph_launched_pct(ctx: Context, rank: int) -> float:
 
 
 def _idle_not_waiting_for_data(ctx: Context, idle, rank: int) -> float:
-    """Device idle share of the step, less the time the step waited for data (dataloader_bound's part)."""
-    gpu = idle.for_rank(rank) if idle is not None else None
-    if gpu is None or gpu.span_us <= 0:
-        return 0.0
+    """Device idle share of the step, less the time the step waited for data (dataloader_bound's part).
+
+    Of the marked steps when there are markers, else of HTA's device span.
+    """
     breakdown = ctx.result("breakdown")
     rank_breakdown = breakdown.for_rank(rank) if breakdown is not None else None
     data_ms = rank_breakdown.ms_per_step.get("dataloader", 0.0) if rank_breakdown is not None else 0.0
+    in_steps = ctx.result("step_device", lambda: device_in_steps(ctx.trace, ctx.steps))
+    device = in_steps.for_rank(rank) if in_steps is not None and ctx.steps.marked else None
+    if device is not None and device.mean_step_ms > 0:  # the marked steps, as gpu_idle judges them
+        return 100.0 * max(device.idle_ms_per_step - data_ms, 0.0) / device.mean_step_ms
+    gpu = idle.for_rank(rank) if idle is not None else None
+    if gpu is None or gpu.span_us <= 0:
+        return 0.0
     steps = _steps_on(ctx, rank)
     idle_ms = max(gpu.idle_us / 1000.0 / steps - data_ms, 0.0)
     return 100.0 * idle_ms / (gpu.span_us / 1000.0 / steps)
