@@ -388,3 +388,53 @@ def test_memory_spike_of_the_same_size_without_a_broadcast_stays_quiet(tmp_path)
     builder = TraceBuilder()
     _pairwise_layer(builder, before="aten::permute", before_dims=[[256, 100, 256], []])
     assert _found(_report(builder, tmp_path), "memory_spike") == []
+
+
+# --- class 8: ranks with identical work taking turns are not stragglers -------------------------------
+
+STEP = 40_000.0
+
+
+def _two_ranks(tmp_path: Path, late_rank_of_step, *, outside_ops: bool = False) -> Path:
+    """Two gloo ranks on one host, 6 steps of 40 ms: each computes (aten::mm), then all_reduces 4 MB on gloo's
+    thread; the late rank of a step arrives 16 ms after the other, by a slower aten::mm (identical work) or,
+    with ``outside_ops``, by 16 ms of Python outside any op before the same aten::mm (extra work)."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for rank in (0, 1):
+        builder = TraceBuilder()
+        builder.device_properties = []
+        builder.header = {"distributedInfo": {"rank": rank, "world_size": 2, "backend": "gloo"}, "host_name": "node0"}
+        for number in range(6):
+            start = number * STEP
+            late = late_rank_of_step(number) == rank
+            builder.step(number + 1, start, STEP - 1)
+            mm_start = start + 10 + (16_000 if late and outside_ops else 0)
+            mm_us = 24_000 if late and not outside_ops else 8_000
+            builder.host("aten::mm", mm_start, mm_us)
+            arrive = mm_start + mm_us
+            builder.host("gloo:all_reduce", arrive, start + 26_010 + 2_000 - arrive, tid=200,
+                         **{"In msg nelems": 1_000_000, "Out msg nelems": 1_000_000, "dtype": "Float", "Group size": 2})
+        builder.write(folder / f"trace-rank{rank}.json")
+    return folder
+
+
+@pytest.mark.parametrize(("late_rank", "last_arrivals"), [(lambda number: number % 2, {"0": 3, "1": 3}),
+                                                          (lambda number: 1, {"0": 0, "1": 6})], ids=["turns", "same-rank"])
+def test_ranks_with_identical_work_on_one_machine_are_not_stragglers(tmp_path, late_rank, last_arrivals):
+    """Taking turns, or one rank running the same ops slower on a shared machine: its load, not the code."""
+    report = analyze(_two_ranks(tmp_path, late_rank))
+    assert not [(f.id, f.severity) for f in report.findings if f.severity != "info"]
+    (note,) = _found(report, "straggler_rank")
+    assert note.title.startswith("No straggler") and "identical work" in note.title
+    assert note.evidence["last_arrivals_by_rank"] == last_arrivals
+    assert note.evidence["wait_ms_per_step"] == pytest.approx(16 * last_arrivals["1"] / 6, abs=0.5)
+    assert set(note.evidence["comm_share_with_waits_pct_by_rank"]) == {"0", "1"}
+
+
+def test_a_rank_doing_extra_work_is_the_straggler(tmp_path):
+    report = analyze(_two_ranks(tmp_path, lambda number: 1, outside_ops=True))
+    (finding,) = _found(report, "straggler_rank", serious=True)
+    assert finding.evidence["rank"] == 1 and finding.evidence["last_arrival_pct"] == 100
+    assert finding.evidence["extra_time_in"].startswith("(host time outside any op")
+    assert finding.evidence["comm_share_max_pct"] > 40  # the waiting rank's collectives, never hidden

@@ -21,15 +21,16 @@ class TraceBuilder:
         self.events: list[dict] = []
         self._ids = 1000
         self.device_properties = [{"id": 0, "name": "Test GPU", "totalGlobalMem": 16 * 2**30}]
+        self.header: dict = {}  # more header keys: distributedInfo, host_name, ...
 
     def _next_id(self) -> int:
         self._ids += 1
         return self._ids
 
-    def host(self, name: str, ts: float, dur: float, cat: str = "cpu_op", **args) -> int:
+    def host(self, name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = HOST, **args) -> int:
         external = self._next_id()
         self.events.append(
-            {"ph": "X", "cat": cat, "name": name, "pid": HOST, "tid": HOST, "ts": ts, "dur": dur,
+            {"ph": "X", "cat": cat, "name": name, "pid": HOST, "tid": tid, "ts": ts, "dur": dur,
              "args": {"External id": external, **args}}
         )  # fmt: skip
         return external
@@ -69,6 +70,7 @@ class TraceBuilder:
                             "Total Reserved": max(total_allocated, 1 << 30)}})  # fmt: skip
 
     def write(self, path: Path) -> Path:
-        document = {"schemaVersion": 1, "deviceProperties": self.device_properties, "traceEvents": self.events}
+        document = {"schemaVersion": 1, "deviceProperties": self.device_properties, **self.header,
+                    "traceEvents": self.events}  # fmt: skip
         path.write_text(json.dumps(document))
         return path

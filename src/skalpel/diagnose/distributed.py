@@ -255,7 +255,7 @@ def _load_note(ctx: Context, rule: Rule, comparison: RankComparison) -> Finding:
         f"No straggler: the ranks do identical work on one machine and wait up to {wait_ms:.1f} ms/step for each other "
         f"({evidence['wait_share_pct']:.0f}% of the step; collectives with the waits take up to "
         f"{max(comm_share.values(), default=0.0):.0f}% of the step); the slower rank runs the same ops slower, so who arrives "
-        "last follows the machine's load"
+        f"last follows the machine's load (last arrivals: {', '.join(f'rank {t.rank} {t.last_arrivals}' for t in timings)})"
     )
     fix = ("nothing in the code: give each rank its own cores (ranks x OMP_NUM_THREADS <= cores), stop other load "
            "on the machine, and measure again")  # fmt: skip
