@@ -77,8 +77,12 @@ def test_gpu_idle_small_steps_look_alikes_stay_quiet(tmp_path, busy_us):
     """Small steps with a busy device, one idle step among busy ones, or too few steps to call it a pattern."""
     builder = TraceBuilder()
     _small_steps(builder, busy_us)
-    found, _ = _findings(builder, tmp_path, "gpu_idle")
+    found, report = _findings(builder, tmp_path, "gpu_idle")
     assert found == []
+    if busy_us == [900.0] * 5:  # the verdict's numbers give the steps' idle share, then HTA's span
+        from skalpel.report import html
+
+        assert "GPU idle 9.9% of the steps (HTA, first to last device event: 8.2%)" in html.render(report)
 
 
 def test_gpu_idle_is_judged_over_the_steps_not_htas_device_span(tmp_path):
@@ -95,6 +99,11 @@ def test_gpu_idle_is_judged_over_the_steps_not_htas_device_span(tmp_path):
     assert finding.severity == "critical"
     assert report.ranks[0].gpu.compute_pct == pytest.approx(100)  # HTA's numbers stay HTA's
     assert report.ranks[0].extra["step_device"]["busy_pct"] == pytest.approx(100 * 11 / 33_700, abs=0.001)
+    from skalpel.report import terminal
+
+    out = " ".join(terminal.render_text(report, width=200).split())
+    assert "GPU in marked steps: busy 0.0%, idle 100.0% (33.69 ms/step)" in out
+    assert "GPU (HTA, first to last device event): idle 0.0%" in out
 
 
 # --- launch_bound ---------------------------------------------------------------------------

@@ -99,7 +99,10 @@ def _numbers(report: Report) -> str:
     if rank and rank.step_breakdown_pct:
         top = sorted(rank.step_breakdown_pct.items(), key=lambda item: -item[1])[:3]
         text += "; step time: " + ", ".join(f"{name} {value:.1f}%" for name, value in top)
-    if rank and rank.gpu:
+    in_steps = rank.extra.get("step_device") if rank else None
+    if rank and rank.gpu and in_steps and in_steps.get("marked"):  # the steps the user waits for, then HTA's span
+        text += f"; GPU idle {in_steps['idle_pct']:.1f}% of the steps (HTA, first to last device event: {rank.gpu.idle_pct:.1f}%)"
+    elif rank and rank.gpu:
         text += f"; GPU idle {rank.gpu.idle_pct:.1f}%"
     return text + "."
 
