@@ -127,9 +127,8 @@ def _rank_panel(report: Report, rank: RankReport) -> Panel:
         idle = ", ".join(f"{key} {value:.1f}%" for key, value in gpu.idle_breakdown_pct.items())
         overlap = f", comm overlap {gpu.comm_overlap_pct:.1f}%" if gpu.comm_overlap_pct is not None else ""
         in_steps = rank.extra.get("step_device")
-        if in_steps:  # the steps the user waits for; HTA's span (first to last device event) follows
-            where = "marked steps" if in_steps.get("marked") else "the whole window"
-            parts.append(Text(f"GPU in {where}: busy {in_steps['busy_pct']:.1f}%, idle {in_steps['idle_pct']:.1f}% "
+        if in_steps and in_steps.get("marked"):  # the steps the user waits for; HTA's span follows
+            parts.append(Text(f"GPU in marked steps: busy {in_steps['busy_pct']:.1f}%, idle {in_steps['idle_pct']:.1f}% "
                               f"({in_steps['idle_ms_per_step']:.2f} ms/step)"))  # fmt: skip
         parts.append(
             Text(f"GPU (HTA, first to last device event): idle {gpu.idle_pct:.1f}% ({idle}), compute {gpu.compute_pct:.1f}%, "
