@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(commands)
     _add_explain(commands)
     _add_commbench(commands)
+    _add_tune(commands)
     return parser
 
 
@@ -253,6 +254,12 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     else:
         Console().print(explain.render_rule(rule))
     return 0
+
+
+def _add_tune(commands: argparse._SubParsersAction) -> None:
+    from .tune.command import add_parser  # the handler lives there: tune's options are its own
+
+    add_parser(commands)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,9 +39,7 @@ def step_timing(intervals: list[tuple[int, float]], settings: CaptureSettings) -
     overhead = None
     if unprofiled_ms and profiled_ms is not None:
         overhead = round((profiled_ms / unprofiled_ms - 1.0) * 100.0, 2)
-    noise = None
-    if len(medians) >= 2 and min(medians) > 0:
-        noise = round((max(medians) - min(medians)) / float(np.mean(medians)) * 100.0, 2)
+    noise = spread_pct(medians)
     return {
         "overhead_pct": overhead,
         "noise_pct": noise,
@@ -49,6 +47,13 @@ def step_timing(intervals: list[tuple[int, float]], settings: CaptureSettings) -
         "profiled_step_ms": round(profiled_ms, 4) if profiled_ms is not None else None,
         "window_medians_ms": medians,
     }
+
+
+def spread_pct(values: tuple[float, ...] | list[float]) -> float | None:
+    """The spread of repeated measurements, (max - min) / mean in percent; None with fewer than 2."""
+    if len(values) < 2 or min(values) <= 0:
+        return None
+    return round((max(values) - min(values)) / float(np.mean(values)) * 100.0, 2)
 
 
 def with_noise_note(report: Report) -> Report:

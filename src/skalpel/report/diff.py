@@ -145,7 +145,7 @@ def _step_change(before: Report, after: Report, options: DiffOptions) -> StepCha
     change = (a_med - b_med) / b_med * 100
     low = high = None
     if min(len(b), len(a)) >= options.min_steps_for_interval:
-        low, high = _bootstrap_interval(b, a, options)
+        low, high = bootstrap_change_interval(b, a, options)
     noise = _combined_noise(before, after)
     band = max(options.min_band_pct, noise or 0.0)
     inside = abs(change) <= band or (low is not None and high is not None and low <= 0 <= high)
@@ -165,11 +165,13 @@ def _step_change(before: Report, after: Report, options: DiffOptions) -> StepCha
     )
 
 
-def _bootstrap_interval(b: np.ndarray, a: np.ndarray, options: DiffOptions) -> tuple[float, float]:
+def bootstrap_change_interval(b: np.ndarray, a: np.ndarray, options: DiffOptions, *,
+                              statistic=np.median) -> tuple[float, float]:  # fmt: skip
+    """The ``options.confidence`` interval of the change (percent) of ``statistic`` from ``b`` to ``a``."""
     rng = np.random.default_rng(options.seed)
     n = options.bootstrap_samples
-    b_meds = np.median(rng.choice(b, size=(n, len(b)), replace=True), axis=1)
-    a_meds = np.median(rng.choice(a, size=(n, len(a)), replace=True), axis=1)
+    b_meds = statistic(rng.choice(b, size=(n, len(b)), replace=True), axis=1)
+    a_meds = statistic(rng.choice(a, size=(n, len(a)), replace=True), axis=1)
     changes = (a_meds - b_meds) / b_meds * 100
     tail = (1 - options.confidence) / 2 * 100
     return float(np.percentile(changes, tail)), float(np.percentile(changes, 100 - tail))

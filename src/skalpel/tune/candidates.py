@@ -1,0 +1,271 @@
+"""The fixes ``skalpel tune`` can try, when each is relevant, and the edit each one stands for.
+
+A candidate is a mechanical fix: a ``fix`` dict for the launcher (``patches.Patcher`` reads it)
+and, for the report, the exact change at the line of the user's code that it acts on. Which
+candidates run follows the profile's findings (``dataloader_bound`` -> more workers) and the
+device (a GPU: pinned memory, bf16, cudnn autotuning; a CPU: intra-op threads), filtered by
+what the script builds (no DataLoader, no DataLoader candidate). ``--try NAME`` runs one anyway.
+
+``facts`` is what the baseline run recorded (``Patcher.facts``): loaders, optimizers, the model,
+threads, device. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+Facts = dict[str, Any]
+Fix = dict[str, Any]
+MAX_WORKERS = 8  # more rarely helps one process and costs memory per worker
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    what: str
+    findings: tuple[str, ...]  # finding ids that make it relevant
+    device_rule: Callable[[Facts], bool]  # relevant from the device alone
+    why_not: Callable[[Facts, int], str | None]  # None when it applies to this script, else why not
+    fix: Callable[[Facts, int], Fix]
+    changes: Callable[[Facts, int], list[dict[str, Any]]]  # [{location, before, after, edit}]
+    device_note: str = ""  # when device_rule holds, in words (for --list)
+
+
+def _gpu(facts: Facts) -> bool:
+    return facts.get("device") == "cuda"
+
+
+def _never(facts: Facts) -> bool:
+    return False
+
+
+def _workers(cores: int) -> int:
+    return max(1, min(cores, MAX_WORKERS))
+
+
+def set_keyword(code: str, key: str, value: str) -> str | None:
+    """``code`` (one line with a call) with ``key=value`` set in its outermost call; None when unsure."""
+    if not code or code.count("(") != code.count(")") or not code.rstrip().endswith(")"):
+        return None
+    pattern = re.compile(rf"\b{re.escape(key)}\s*=\s*[^,()]+")
+    if pattern.search(code):
+        return pattern.sub(f"{key}={value}", code, count=1)
+    body = code.rstrip()[:-1]
+    joiner = "" if body.rstrip().endswith("(") else ", "
+    return f"{body}{joiner}{key}={value})"
+
+
+def _keyword_changes(objects: list[dict[str, Any]], key: str, value: str, call: str) -> list[dict[str, Any]]:
+    changes = []
+    for item in objects:
+        site = item.get("site") or {}
+        code = site.get("code", "")
+        changes.append({"location": site.get("location"), "before": code or None,
+                        "after": set_keyword(code, key, value), "edit": f"pass {key}={value} to {call}(...)"})  # fmt: skip
+    return changes
+
+
+def _loader_candidate(name: str, key: str, what: str, findings: tuple[str, ...], *, value: Callable[[int], Any],
+                      needs_workers: bool = False, gpu_only: bool = False) -> Candidate:  # fmt: skip
+    def targets(facts: Facts, cores: int) -> list[dict[str, Any]]:
+        wanted = value(cores)
+        return [loader for loader in facts.get("loaders", [])
+                if (not needs_workers or loader.get("num_workers")) and _less(loader.get(key), wanted)]  # fmt: skip
+
+    def why_not(facts: Facts, cores: int) -> str | None:
+        if not facts.get("loaders"):
+            return "the script builds no DataLoader"
+        if gpu_only and not _gpu(facts):
+            return "pinned memory only speeds up copies to a GPU"
+        if not targets(facts, cores):
+            return f"every DataLoader already has {key}={_text(value(cores))}" + (" or no workers" if needs_workers else "")
+        return None
+
+    return Candidate(
+        name=name, what=what, findings=findings, device_rule=_gpu if gpu_only else _never, why_not=why_not,
+        fix=lambda facts, cores: {"dataloader": {key: value(cores)}},
+        changes=lambda facts, cores: _keyword_changes(targets(facts, cores), key, _text(value(cores)), "DataLoader"),
+        device_note="on a GPU" if gpu_only else "",
+    )  # fmt: skip
+
+
+def _less(current: Any, wanted: Any) -> bool:
+    if isinstance(wanted, bool):
+        return not current
+    return current is None or current < wanted
+
+
+def _text(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _optimizer_candidate(key: str, findings: tuple[str, ...], *, gpu_only: bool) -> Candidate:
+    def targets(facts: Facts) -> list[dict[str, Any]]:
+        return [opt for opt in facts.get("optimizers", []) if key in opt.get("accepts", ()) and not opt.get(key)]
+
+    def why_not(facts: Facts, cores: int) -> str | None:
+        if not facts.get("optimizers"):
+            return "the script builds no torch.optim optimizer"
+        if not targets(facts):
+            return f"no optimizer takes {key}=True, or it is already set"
+        return None
+
+    return Candidate(
+        name=f"{key}_optimizer", what=f"{key}=True in the optimizer: one kernel (or a few) for all parameters",
+        findings=findings, device_rule=_gpu if gpu_only else _never, why_not=why_not,
+        fix=lambda facts, cores: {"optimizer": {key: True}},
+        changes=lambda facts, cores: _keyword_changes(targets(facts), key, "True", "the optimizer"),
+        device_note="on a GPU" if gpu_only else "",
+    )  # fmt: skip
+
+
+def _model_changes(wrap: str) -> Callable[[Facts, int], list[dict[str, Any]]]:
+    def changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
+        model = facts.get("model") or {}
+        site = model.get("site") or {}
+        code = site.get("code") or ""
+        match = re.match(r"^(?P<name>[A-Za-z_][\w.]*)\s*=", code)
+        after = f"{code}\n{match['name']} = {wrap.format(match['name'])}" if match else None
+        return [{"location": site.get("location"), "before": code or None, "after": after,
+                 "edit": f"wrap the model built here ({model.get('class', 'model')}) as {wrap.format('model')}"}]  # fmt: skip
+
+    return changes
+
+
+def _model_why_not(gpu_only: bool) -> Callable[[Facts, int], str | None]:
+    def why_not(facts: Facts, cores: int) -> str | None:
+        if not facts.get("model"):
+            return "no nn.Module with parameters was called"
+        if gpu_only and not _gpu(facts):
+            return "CUDA graphs need a GPU"
+        return None
+
+    return why_not
+
+
+def _autocast_why_not(facts: Facts, cores: int) -> str | None:
+    if not facts.get("model"):
+        return "no nn.Module with parameters was called"
+    return None
+
+
+def _autocast_changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
+    model = facts.get("model") or {}
+    site = model.get("call_site") or {}
+    device = "cuda" if _gpu(facts) else "cpu"
+    return [{"location": site.get("location"), "before": site.get("code") or None, "after": None,
+             "edit": f'run this forward pass under `with torch.autocast("{device}", dtype=torch.bfloat16):`'}]  # fmt: skip
+
+
+def _threads_why_not(facts: Facts, cores: int) -> str | None:
+    if _gpu(facts):
+        return "the model runs on a GPU; host threads are not its limit"
+    if facts.get("threads", 0) >= cores:
+        return f"torch already uses {facts.get('threads')} threads for {cores} usable cores"
+    return None
+
+
+def _threads_changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
+    call = facts.get("threads_call") or {}
+    site = call.get("site") or {}
+    if site.get("code"):
+        after = re.sub(r"set_num_threads\(\s*[^)]*\)", f"set_num_threads({cores})", site["code"], count=1)
+        return [{"location": site.get("location"), "before": site["code"], "after": after,
+                 "edit": f"torch.set_num_threads({cores})"}]  # fmt: skip
+    return [{"location": None, "before": None, "after": f"torch.set_num_threads({cores})",
+             "edit": f"call torch.set_num_threads({cores}) at the start of the script"}]  # fmt: skip
+
+
+def _cudnn_why_not(facts: Facts, cores: int) -> str | None:
+    if not _gpu(facts):
+        return "cuDNN autotuning needs a GPU"
+    return "torch.backends.cudnn.benchmark is already True" if facts.get("cudnn_benchmark") else None
+
+
+_LOADER = ("dataloader_bound",)
+_LAUNCH = ("launch_bound", "gpu_idle")
+
+CATALOGUE: tuple[Candidate, ...] = (
+    _loader_candidate("num_workers", "num_workers",
+                      "build batches in worker processes (up to the cores this process may use)",
+                      _LOADER, value=_workers),
+    _loader_candidate("pin_memory", "pin_memory", "page-locked batches: faster, asynchronous copies to the GPU",
+                      _LOADER + ("pageable_memcpy",), value=lambda cores: True, gpu_only=True),
+    _loader_candidate("persistent_workers", "persistent_workers", "keep the workers between epochs",
+                      _LOADER, value=lambda cores: True, needs_workers=True),
+    _loader_candidate("prefetch_factor", "prefetch_factor", "each worker keeps 4 batches ready instead of 2",
+                      _LOADER, value=lambda cores: 4, needs_workers=True),
+    Candidate("threads", "intra-op threads: one per usable core", ("cpu_contention",),
+              device_rule=lambda facts: not _gpu(facts), why_not=_threads_why_not,
+              fix=lambda facts, cores: {"threads": cores}, changes=_threads_changes, device_note="on a CPU"),
+    Candidate("compile", "torch.compile the model (default mode)", _LAUNCH, device_rule=_never,
+              why_not=_model_why_not(False), fix=lambda facts, cores: {"compile": "default"},
+              changes=_model_changes("torch.compile({})")),
+    Candidate("compile_reduce_overhead", 'torch.compile the model with mode="reduce-overhead" (CUDA graphs)',
+              _LAUNCH, device_rule=_never, why_not=_model_why_not(True),
+              fix=lambda facts, cores: {"compile": "reduce-overhead"},
+              changes=_model_changes('torch.compile({}, mode="reduce-overhead")')),
+    Candidate("autocast_bf16", "bf16 autocast around the model's forward pass", (),
+              device_rule=lambda facts: _gpu(facts) and bool(facts.get("bf16_supported")),
+              why_not=_autocast_why_not, fix=lambda facts, cores: {"autocast": "bfloat16"},
+              changes=_autocast_changes, device_note="on a GPU with bf16"),
+    _optimizer_candidate("foreach", ("launch_bound",), gpu_only=False),
+    _optimizer_candidate("fused", ("launch_bound",), gpu_only=True),
+    Candidate("cudnn_benchmark", "let cuDNN time its algorithms once and keep the fastest", (),
+              device_rule=_gpu, why_not=_cudnn_why_not, fix=lambda facts, cores: {"cudnn_benchmark": True},
+              changes=lambda facts, cores: [{"location": None, "before": None,
+                                             "after": "torch.backends.cudnn.benchmark = True",
+                                             "edit": "set torch.backends.cudnn.benchmark = True at the start"}],
+              device_note="on a GPU"),
+)  # fmt: skip
+
+BY_NAME = {candidate.name: candidate for candidate in CATALOGUE}
+
+
+@dataclass(frozen=True)
+class Choice:
+    candidate: Candidate
+    reason: str  # why it runs: the finding, the device, or --try
+
+
+def select(facts: Facts, finding_ids: set[str], cores: int, forced: tuple[str, ...] = ()) -> tuple[list[Choice], list[dict[str, str]]]:
+    """The candidates to run (forced first, then in catalogue order) and the relevant ones that cannot run."""
+    chosen: list[Choice] = []
+    skipped: list[dict[str, str]] = []
+    for name in forced:
+        why = BY_NAME[name].why_not(facts, cores)
+        if why is None:
+            chosen.append(Choice(BY_NAME[name], "--try"))
+        else:
+            skipped.append({"name": name, "why": why})
+    for candidate in CATALOGUE:
+        if candidate.name in forced:
+            continue
+        found = sorted(finding_ids & set(candidate.findings))
+        if not found and not candidate.device_rule(facts):
+            continue
+        why = candidate.why_not(facts, cores)
+        if why is not None:
+            skipped.append({"name": candidate.name, "why": why})
+            continue
+        reason = f"finding {', '.join(found)}" if found else f"device {facts.get('device', 'cpu')}"
+        chosen.append(Choice(candidate, reason))
+    return chosen, skipped
+
+
+def combine(fixes: list[Fix]) -> Fix:
+    """One fix with all of ``fixes``; for a key two of them set (two compile modes), the first wins."""
+    merged: Fix = {}
+    for fix in fixes:
+        for key, value in fix.items():
+            if isinstance(value, dict):
+                group = merged.setdefault(key, {})
+                if key == "optimizer" and group:  # foreach and fused exclude each other
+                    continue
+                for inner, inner_value in value.items():
+                    group.setdefault(inner, inner_value)
+            else:
+                merged.setdefault(key, value)
+    return merged

@@ -1,0 +1,84 @@
+"""``skalpel tune``'s arguments and what it does once they are parsed (``cli.py`` only registers it)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import SkalpelError
+from ..files import write_file
+from .candidates import BY_NAME
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "tune",
+        help="rerun a script with each applicable fix, measure the gain, recommend only what helped",
+        description="Profile SCRIPT once for its findings, then rerun it unchanged (the baseline) and with each "
+        "fix that applies (DataLoader workers, threads, torch.compile, ...), applied by skalpel without editing "
+        "the file, timing steady-state steps without the profiler, interleaved with baseline runs. Recommends "
+        "only what was measured faster, with the change to make at the line of your code. Options go before "
+        "SCRIPT; everything after it is the script's.",
+    )
+    parser.add_argument("--list", action="store_true", help="list the candidates and when each is tried")
+    parser.add_argument("--try", dest="forced", action="append", default=[], metavar="NAME",
+                        help="run this candidate whatever the findings (repeatable; see --list)")  # fmt: skip
+    parser.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
+                        help="total time for the whole session (300); candidates that do not fit are not run")  # fmt: skip
+    parser.add_argument("--warmup", type=int, default=3, metavar="N", help="steps run before timing, per run (3)")
+    parser.add_argument("--steps", type=int, default=10, metavar="N", help="steps timed per run (10)")
+    parser.add_argument("--repeats", type=int, default=2, metavar="N", help="runs per candidate (2)")
+    parser.add_argument("--from", dest="findings_from", metavar="PATH",
+                        help="take the findings from this run folder, report.json or trace instead of profiling")  # fmt: skip
+    parser.add_argument("--json", nargs="?", const="-", metavar="FILE", help="write skalpel.tune/1 JSON to FILE (or stdout)")
+    parser.add_argument("--html", metavar="FILE", help="write the result as a self-contained HTML page")
+    parser.add_argument("target", nargs="?", metavar="SCRIPT", help="the training script")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
+    parser.set_defaults(handler=execute)
+
+
+def check(args: argparse.Namespace) -> None:
+    unknown = [name for name in args.forced if name not in BY_NAME]
+    if unknown:
+        raise SkalpelError(f"unknown candidate {unknown[0]!r}; skalpel tune --list shows them: {', '.join(BY_NAME)}")
+    if not 0 < args.budget < float("inf"):
+        raise SkalpelError(f"--budget must be a positive number of seconds, not {args.budget}")
+    for name, value, low in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0)):
+        if value < low:
+            raise SkalpelError(f"{name} must be at least {low}, not {value}")
+    if not args.target:
+        raise SkalpelError("give a script to tune: skalpel tune train.py [ARGS] (or skalpel tune --list)")
+
+
+def execute(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from . import render
+
+    if args.list:
+        Console().print(render.catalogue_table())
+        return 0
+    check(args)
+    from .measure import Window
+    from .session import TuneFailed, TuneOptions, tune
+
+    options = TuneOptions(window=Window(args.warmup, args.steps), repeats=args.repeats, budget_s=args.budget,
+                          forced=tuple(dict.fromkeys(args.forced)), findings_from=args.findings_from)  # fmt: skip
+    try:
+        result = tune(args.target, tuple(args.args), options)
+    except TuneFailed as failed:
+        if failed.output:
+            print(failed.output.rstrip(), file=sys.stderr)
+        raise
+    if args.html:
+        from . import html
+
+        write_file(Path(args.html), html.render(result))
+    if args.json == "-":
+        sys.stdout.buffer.write(result.to_json() + b"\n")
+    else:
+        render.print_result(result)
+        if args.json:
+            write_file(Path(args.json), result.to_json())
+    return 130 if result.interrupted else 0

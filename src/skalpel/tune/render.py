@@ -1,0 +1,104 @@
+"""The tune result in the terminal: the table (candidate -> step time ± noise -> speed-up -> verdict), then the
+recommended changes at the lines of the user's code."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .candidates import CATALOGUE
+from .result import CandidateResult, TuneResult
+
+VERDICT_STYLE = {"faster": "bold green", "slower": "red", "error": "bold red", "no_gain": ""}
+
+
+def ms_text(median_ms: float | None, noise_pct: float | None) -> str:
+    if median_ms is None:
+        return "–"
+    noise = f" ± {noise_pct:.1f}%" if noise_pct is not None else ""
+    return f"{median_ms:.2f} ms{noise}"
+
+
+def note(entry: CandidateResult) -> str:
+    """What a reader must know beside the verdict: the error, an early stop, a changed loss."""
+    pieces = []
+    if entry.error:
+        pieces.append(entry.error.strip().splitlines()[-1])
+    if entry.stopped_early:
+        pieces.append(f"stopped early: {entry.stopped_early}")
+    if entry.loss is not None and not entry.loss.within_tolerance:
+        pieces.append(f"loss after step {entry.loss.step} changed {entry.loss.change_pct:+.2f}% "
+                      f"(tolerance {entry.loss.tolerance_pct:g}%)")  # fmt: skip
+    return "; ".join(pieces)
+
+
+def table(result: TuneResult) -> Table:
+    grid = Table(title=f"skalpel tune: {result.script}", title_justify="left")
+    for name, right in (("candidate", False), ("why", False), ("step time", True), ("speed-up", True),
+                        ("verdict", False), ("note", False)):  # fmt: skip
+        grid.add_column(name, justify="right" if right else "left", overflow="fold")
+    base = result.baseline
+    grid.add_row("baseline", "the script unchanged", ms_text(base.median_ms, base.noise_pct), "1.00x", "", f"{base.runs} runs")
+    for entry in result.candidates:
+        verdict = entry.verdict or "not measured"
+        speedup = f"{entry.speedup:.2f}x" if entry.speedup is not None else "–"
+        grid.add_row(entry.name, entry.reason, ms_text(entry.median_ms, entry.noise_pct), speedup,
+                     Text(verdict, style=VERDICT_STYLE.get(verdict, "dim")), note(entry))  # fmt: skip
+    return grid
+
+
+def print_result(result: TuneResult, *, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(table(result))
+    console.print(Text(f"step time: the median over runs of each run's mean step ({result.window_steps} steps after "
+                       f"{result.warmup_steps} warm-up), ± the spread between runs; {result.cores} usable cores; "
+                       f"findings from {result.findings_source or 'nowhere'}: {', '.join(result.findings) or 'none'}",
+                       style="dim"))  # fmt: skip
+    for item in result.not_run:
+        console.print(Text(f"not run: {item['name']}: {item['why']}", style="dim"))
+    for line in result.notes:
+        console.print(Text(f"note: {line}", style="dim"))
+    if result.interrupted:
+        console.print(Text("interrupted: the results above are those measured so far", style="yellow"))
+    console.print(recommendation(result))
+
+
+def recommendation(result: TuneResult) -> Text:
+    if not result.recommended:
+        return Text("Recommended: nothing; no candidate was measured faster than the baseline.", style="bold")
+    by_name = {entry.name: entry for entry in result.candidates}
+    text = Text("Recommended (measured faster):\n", style="bold green")
+    for name in result.recommended:
+        entry = by_name[name]
+        text.append(f"  {name}: {entry.speedup:.2f}x, {entry.what}\n", style="bold")
+        for change in entry.changes:
+            text.append(change_text(change, indent="    ") + "\n")
+        if entry.loss is not None and not entry.loss.within_tolerance:
+            text.append(f"    caution: the loss after step {entry.loss.step} changed {entry.loss.change_pct:+.2f}%; "
+                        "check that the results are still what you want\n", style="yellow")  # fmt: skip
+    return text
+
+
+def change_text(change: dict, *, indent: str) -> str:
+    where = change.get("location") or "the script"
+    lines = [f"{indent}{where}: {change.get('edit')}"]
+    if change.get("before") and change.get("after"):
+        lines.append(f"{indent}  - {change['before']}")
+        lines += [f"{indent}  + {line}" for line in str(change["after"]).splitlines()]
+    elif change.get("after"):
+        lines.append(f"{indent}  + {change['after']}")
+    return "\n".join(lines)
+
+
+def catalogue_table() -> Table:
+    """``skalpel tune --list``."""
+    grid = Table(title="skalpel tune candidates", title_justify="left")
+    for name in ("name", "what it changes", "tried when"):
+        grid.add_column(name, overflow="fold")
+    for candidate in CATALOGUE:
+        findings = ", ".join(candidate.findings)
+        parts = (f"finding {findings}" if findings else "", candidate.device_note)
+        when = " or ".join(part for part in parts if part) or "only with --try"
+        grid.add_row(candidate.name, candidate.what, when)
+    return grid

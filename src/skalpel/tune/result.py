@@ -1,0 +1,92 @@
+"""What ``skalpel tune`` found: the baseline, each candidate's measurement and verdict, the recommendation.
+
+Plain dataclasses; ``to_dict`` gives the ``skalpel.tune/1`` JSON (schema: ``tune.schema.json``
+beside this file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+TUNE_SCHEMA = "skalpel.tune/1"
+VERDICTS = ("faster", "no_gain", "slower", "error")
+
+
+@dataclass
+class LossCheck:
+    step: int  # the step after which both losses were taken
+    baseline: float
+    candidate: float
+    change_pct: float
+    tolerance_pct: float
+    within_tolerance: bool
+
+
+@dataclass
+class Baseline:
+    median_ms: float | None = None
+    noise_pct: float | None = None
+    run_ms: list[float] = field(default_factory=list)
+    runs: int = 0
+    steps: int = 0
+    loss: float | None = None
+    loss_step: int | None = None
+
+
+@dataclass
+class CandidateResult:
+    name: str
+    what: str
+    reason: str  # why it ran: a finding, the device, --try, or the winners combined
+    fix: dict[str, Any]
+    changes: list[dict[str, Any]]  # the edit at each line of the user's code: location, before, after, edit
+    members: list[str] = field(default_factory=list)  # for the combination: the candidates in it
+    verdict: str | None = None  # faster | no_gain | slower | error; None before any run finished
+    median_ms: float | None = None
+    noise_pct: float | None = None
+    speedup: float | None = None
+    change_pct: float | None = None
+    band_pct: float | None = None
+    ci_low_pct: float | None = None
+    ci_high_pct: float | None = None
+    run_ms: list[float] = field(default_factory=list)
+    runs: int = 0
+    steps: int = 0
+    stopped_early: str | None = None  # why its runs ended before the planned number
+    error: str | None = None
+    loss: LossCheck | None = None
+
+
+@dataclass
+class TuneResult:
+    script: str
+    args: list[str]
+    warmup_steps: int
+    window_steps: int
+    repeats: int
+    cores: int
+    device: str | None
+    findings: list[str]  # finding ids the candidates were chosen from
+    findings_source: str  # where they came from: a profile run, --from PATH, or nowhere
+    baseline: Baseline
+    candidates: list[CandidateResult]
+    not_run: list[dict[str, str]]  # {name, why}: relevant or asked for, but not run
+    recommended: list[str]
+    budget_s: float
+    elapsed_s: float = 0.0
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+    schema: str = TUNE_SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2)
+
+    def measured(self) -> list[CandidateResult]:
+        return [c for c in self.candidates if c.verdict is not None]

@@ -1,0 +1,287 @@
+"""The tune session: which candidates, in which order, within which budget, and what to recommend.
+
+1. Findings: a short profiled run of the script (``skalpel run --stop-after-capture``), or a
+   report given with ``--from``.
+2. A first baseline run: the script unchanged; it also records the facts (loaders, optimizers,
+   model, threads, device) the candidates are chosen from. If it fails, tune stops with its error.
+3. Rounds: every candidate once, then a baseline run; the next round in reverse order (so drift
+   over the session weighs on both sides alike). A run that fails makes its candidate ``error``
+   and the others go on; a first run clearly slower ends its candidate early.
+4. The winners (``faster``) combined in one more candidate, measured the same way.
+5. Recommended: the winners measured together, when that is at least as fast as the best alone;
+   else the best one alone. Nothing that was not measured ``faster`` is ever recommended.
+
+Ctrl-C returns what was measured so far, marked ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..errors import SkalpelError
+from . import candidates as catalogue
+from . import stats
+from .cores import usable_cores
+from .measure import RunOutcome, Window, run_once
+from .result import Baseline, CandidateResult, LossCheck, TuneResult
+
+LOSS_TOLERANCE_PCT = 0.1
+COMPILE_ALLOWANCE_S = 120.0  # a cold torch.compile takes tens of seconds before the first step
+MIN_RUN_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    window: Window = field(default_factory=Window)
+    repeats: int = 2  # runs per candidate
+    budget_s: float = 300.0
+    forced: tuple[str, ...] = ()
+    findings_from: str | None = None  # a run folder, report.json or trace: skip the profiled run
+
+
+class TuneFailed(SkalpelError):
+    """The script failed unchanged (or tune could not start it): nothing can be compared."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
+
+
+def tune(script: str, args: tuple[str, ...], options: TuneOptions, *,
+         say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> TuneResult:  # fmt: skip
+    session = _Session(script, args, options, say)
+    try:
+        session.run()
+    except KeyboardInterrupt:
+        session.result.interrupted = True
+        say("tune: interrupted; the results so far follow")
+    return session.finish()
+
+
+class _Session:
+    def __init__(self, script: str, args: tuple[str, ...], options: TuneOptions, say: Callable[[str], None]) -> None:
+        self.script, self.args, self.options, self.say = script, args, options, say
+        self.started = time.monotonic()
+        self.cores = usable_cores()
+        self.baseline_runs: list[RunOutcome] = []
+        self.runs: dict[str, list[RunOutcome]] = {}
+        self.result = TuneResult(script, list(args), options.window.warmup, options.window.steps, options.repeats,
+                                 self.cores, None, [], "", Baseline(), [], [], [], options.budget_s)  # fmt: skip
+
+    def run(self) -> None:
+        findings, source = self._findings()
+        self.result.findings, self.result.findings_source = sorted(findings), source
+        first = self._baseline_run()
+        facts = first.facts
+        self.result.device = facts.get("device")
+        chosen, skipped = catalogue.select(facts, findings, self.cores, self.options.forced)
+        self.result.not_run.extend(skipped)
+        self.result.candidates = [self._entry(choice, facts) for choice in chosen]
+        if not chosen:
+            self.result.notes.append("no candidate applies: no finding with a mechanical fix, and none asked for "
+                                     "with --try (skalpel tune --list shows them all)")  # fmt: skip
+        for round_index in range(self.options.repeats):
+            order = self.result.candidates if round_index % 2 == 0 else self.result.candidates[::-1]
+            for entry in order:
+                self._measure(entry)
+            self._baseline_run()
+        self._combine_winners()
+
+    def finish(self) -> TuneResult:
+        result = self.result
+        for entry in result.candidates:
+            if entry.runs and entry.verdict is None:
+                self._judge(entry)
+        result.recommended = recommend(result.candidates)
+        result.elapsed_s = round(time.monotonic() - self.started, 2)
+        return result
+
+    # -- findings and baseline -------------------------------------------------------------
+
+    def _findings(self) -> tuple[set[str], str]:
+        if self.options.findings_from:
+            from ..report.diff import load_side
+
+            report = load_side(self.options.findings_from, which="--from")
+            return {f.id for f in report.findings}, self.options.findings_from
+        self.say(f"tune: profiling {self.script} once for its findings")
+        return profile_findings(self.script, self.args, timeout_s=self._left()), "a profiled run (skalpel run)"
+
+    def _baseline_run(self) -> RunOutcome:
+        first = not self.baseline_runs
+        outcome = run_once(self.script, self.args, {}, self.options.window, max_seconds=None,
+                           timeout_s=max(self._left(), MIN_RUN_TIMEOUT_S) if first else self._timeout({}))  # fmt: skip
+        if outcome.failed:
+            if first:
+                raise TuneFailed(f"{self.script} failed on the baseline run, unchanged: {_last_line(outcome)}",
+                                 outcome.error or outcome.log_tail)  # fmt: skip
+            self.result.notes.append(f"a later baseline run failed ({_last_line(outcome)}); it is left out")
+            return outcome
+        timed = outcome.timed(self.options.window)
+        if not timed:
+            raise TuneFailed(f"no step found in {self.script}: skalpel looks for optimizer.step() calls and DataLoader "
+                             "iterations, and needs at least two steps")  # fmt: skip
+        self.baseline_runs.append(outcome)
+        self._update_baseline()
+        self.say(f"tune: baseline run {len(self.baseline_runs)}: {_mean(timed):.2f} ms/step ({len(timed)} steps, "
+                 f"{outcome.wall_s:.1f} s)")  # fmt: skip
+        if len(outcome.steps_ms) < self.options.window.warmup + self.options.window.steps and first:
+            self.result.notes.append(f"the script ran {len(outcome.steps_ms)} steps, fewer than the window's "
+                                     f"{self.options.window.warmup} + {self.options.window.steps}: the results "
+                                     f"come from {len(timed)} timed steps per run")  # fmt: skip
+        return outcome
+
+    def _update_baseline(self) -> None:
+        runs = [run.timed(self.options.window) for run in self.baseline_runs]
+        timing = stats.timing(runs)
+        base = self.result.baseline
+        if timing is not None:
+            base.median_ms, base.noise_pct, base.run_ms, base.steps = timing.median_ms, timing.noise_pct, list(timing.run_ms), timing.steps
+        base.runs = len(self.baseline_runs)
+        base.loss, base.loss_step = self.baseline_runs[0].loss, self.baseline_runs[0].loss_step
+
+    # -- candidates ---------------------------------------------------------------------------
+
+    def _entry(self, choice: catalogue.Choice, facts: dict) -> CandidateResult:
+        candidate = choice.candidate
+        return CandidateResult(candidate.name, candidate.what, choice.reason, candidate.fix(facts, self.cores),
+                               candidate.changes(facts, self.cores))  # fmt: skip
+
+    def _measure(self, entry: CandidateResult) -> None:
+        if entry.verdict == "error" or entry.stopped_early:
+            return
+        needed = self._estimate(entry.fix)
+        if self._left() < needed:
+            entry.stopped_early = entry.stopped_early or f"budget: {self._left():.0f} s left, a run needs about {needed:.0f} s"
+            return
+        outcome = run_once(self.script, self.args, entry.fix, self.options.window,
+                           max_seconds=self._max_window_s(), timeout_s=self._timeout(entry.fix))  # fmt: skip
+        self.runs.setdefault(entry.name, []).append(outcome)
+        if outcome.failed:
+            entry.verdict, entry.error = "error", outcome.error or outcome.log_tail or f"exit status {outcome.exit_status}"
+            entry.runs += 1
+            self.say(f"tune: {entry.name}: error: {_last_line(outcome)}")
+            return
+        self._judge(entry)
+        timed = outcome.timed(self.options.window)
+        self.say(f"tune: {entry.name} run {entry.runs}: {_mean(timed):.2f} ms/step ({len(timed)} steps, "
+                 f"{outcome.wall_s:.1f} s): {entry.verdict}")  # fmt: skip
+        if outcome.end == "time_limit" or (entry.runs == 1 and stats.clearly_worse(self._comparison(entry))):
+            entry.stopped_early = "clearly slower than the baseline after its first run"
+
+    def _comparison(self, entry: CandidateResult) -> stats.Comparison | None:
+        window = self.options.window
+        good = [run for run in self.runs.get(entry.name, []) if not run.failed]
+        return stats.compare([run.timed(window) for run in self.baseline_runs], [run.timed(window) for run in good])
+
+    def _judge(self, entry: CandidateResult) -> None:
+        runs = [run for run in self.runs.get(entry.name, []) if not run.failed]
+        entry.runs = len(self.runs.get(entry.name, []))
+        if entry.verdict == "error":
+            return
+        timing = stats.timing([run.timed(self.options.window) for run in runs])
+        comparison = self._comparison(entry)
+        if timing is None or comparison is None:
+            entry.verdict, entry.error = "error", "the run timed no step"
+            return
+        entry.median_ms, entry.noise_pct, entry.run_ms, entry.steps = timing.median_ms, timing.noise_pct, list(timing.run_ms), timing.steps
+        entry.verdict, entry.speedup, entry.change_pct = comparison.verdict, comparison.speedup, comparison.change_pct
+        entry.band_pct, entry.ci_low_pct, entry.ci_high_pct = comparison.band_pct, comparison.ci_low_pct, comparison.ci_high_pct
+        entry.loss = loss_check(self.baseline_runs, runs[-1])
+
+    def _combine_winners(self) -> None:
+        winners = sorted((c for c in self.result.candidates if c.verdict == "faster"), key=lambda c: -(c.speedup or 0))
+        if len(winners) < 2:
+            return
+        combined = CandidateResult("combined", "the faster candidates together", "the winners combined",
+                                   catalogue.combine([w.fix for w in winners]),
+                                   [change for w in winners for change in w.changes], members=[w.name for w in winners])  # fmt: skip
+        self.result.candidates.append(combined)
+        for _ in range(self.options.repeats):
+            self._measure(combined)
+            self._baseline_run()
+
+    # -- time ------------------------------------------------------------------------------------
+
+    def _left(self) -> float:
+        return self.options.budget_s - (time.monotonic() - self.started)
+
+    def _estimate(self, fix: dict) -> float:
+        walls = [run.wall_s for run in self.baseline_runs]
+        base = max(walls) if walls else 10.0
+        return base * 1.2 + (COMPILE_ALLOWANCE_S / 4 if fix.get("compile") else 0.0)
+
+    def _timeout(self, fix: dict) -> float:
+        walls = [run.wall_s for run in self.baseline_runs] or [10.0]
+        allowance = COMPILE_ALLOWANCE_S if fix.get("compile") else 0.0
+        return max(MIN_RUN_TIMEOUT_S, 4 * max(walls) + allowance)
+
+    def _max_window_s(self) -> float | None:
+        """A candidate's timed steps may take this long: three times the baseline's window."""
+        median = self.result.baseline.median_ms
+        return None if median is None else max(5.0, 3 * median * self.options.window.steps / 1000)
+
+
+def loss_check(baseline_runs: list[RunOutcome], run: RunOutcome) -> LossCheck | None:
+    """The candidate's loss against the baseline's after the same step; the tolerance grows with the baseline's own spread."""
+    same = [b.loss for b in baseline_runs if b.loss is not None and b.loss_step == run.loss_step]
+    if run.loss is None or run.loss_step is None or not same:
+        return None
+    reference = same[0]
+    scale = abs(reference) or 1.0
+    spread = (max(same) - min(same)) / scale * 100
+    tolerance = max(LOSS_TOLERANCE_PCT, 2 * spread)
+    change = (run.loss - reference) / scale * 100
+    finite = change == change and abs(change) != float("inf")
+    return LossCheck(run.loss_step, reference, run.loss, round(change, 4) if finite else change, round(tolerance, 4),
+                     finite and abs(change) <= tolerance)  # fmt: skip
+
+
+def recommend(entries: list[CandidateResult]) -> list[str]:
+    """Names to recommend: only candidates measured ``faster`` (see the module docstring)."""
+    singles = sorted((c for c in entries if c.verdict == "faster" and not c.members), key=lambda c: -(c.speedup or 0))
+    if not singles:
+        return []
+    combined = next((c for c in entries if c.members), None)
+    if combined is not None and combined.verdict == "faster" and (combined.speedup or 0) >= (singles[0].speedup or 0):
+        return list(combined.members)
+    return [singles[0].name] if combined is not None else [c.name for c in singles]
+
+
+def profile_findings(script: str, args: tuple[str, ...], *, timeout_s: float) -> set[str]:
+    """Finding ids of one short ``skalpel run --stop-after-capture`` of the script."""
+    with tempfile.TemporaryDirectory(prefix="skalpel-tune-profile-") as folder:
+        out = Path(folder) / "run"
+        command = [sys.executable, "-m", "skalpel", "run", "--stop-after-capture", "--out", str(out), script, *args]
+        try:
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=max(timeout_s, MIN_RUN_TIMEOUT_S))  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise TuneFailed(f"the profiled run of {script} took longer than {timeout_s:.0f} s; "
+                             "give a larger --budget, or a report with --from") from None  # fmt: skip
+        try:
+            report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            why = next((line for line in reversed(lines) if line.startswith("skalpel: error:")), lines[-1] if lines else "")
+            raise TuneFailed(f"{script} failed on the profiled run, unchanged (exit status {done.returncode}): "
+                             f"{why.removeprefix('skalpel: error: ')}", done.stderr[-4000:]) from None  # fmt: skip
+    return {str(finding.get("id")) for finding in report.get("findings", [])}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _last_line(outcome: RunOutcome) -> str:
+    text = (outcome.error or outcome.log_tail or f"exit status {outcome.exit_status}").strip()
+    return text.splitlines()[-1] if text else f"exit status {outcome.exit_status}"
