@@ -79,8 +79,10 @@ def _loader_candidate(name: str, key: str, what: str, findings: tuple[str, ...],
             return "the script builds no DataLoader"
         if gpu_only and not _gpu(facts):
             return "pinned memory only speeds up copies to a GPU"
+        if needs_workers and not any(loader.get("num_workers") for loader in facts["loaders"]):
+            return f"{key} needs a DataLoader with workers (num_workers > 0)"
         if not targets(facts, cores):
-            return f"every DataLoader already has {key}={_text(value(cores))}" + (" or no workers" if needs_workers else "")
+            return f"every DataLoader already has {key}={_text(value(cores))}"
         return None
 
     return Candidate(
@@ -248,7 +250,8 @@ def select(facts: Facts, finding_ids: set[str], cores: int, forced: tuple[str, .
             continue
         why = candidate.why_not(facts, cores)
         if why is not None:
-            skipped.append({"name": candidate.name, "why": why})
+            if found:  # a finding pointed at it: say why it cannot run (a device default that does not apply is no news)
+                skipped.append({"name": candidate.name, "why": why})
             continue
         reason = f"finding {', '.join(found)}" if found else f"device {facts.get('device', 'cpu')}"
         chosen.append(Choice(candidate, reason))

@@ -31,6 +31,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--repeats", type=int, default=2, metavar="N", help="runs per candidate (2)")
     parser.add_argument("--from", dest="findings_from", metavar="PATH",
                         help="take the findings from this run folder, report.json or trace instead of profiling")  # fmt: skip
+    parser.add_argument("--no-profile", dest="profile", action="store_false",
+                        help="skip the profiled run: candidates from the device and --try only")  # fmt: skip
     parser.add_argument("--json", nargs="?", const="-", metavar="FILE", help="write skalpel.tune/1 JSON to FILE (or stdout)")
     parser.add_argument("--html", metavar="FILE", help="write the result as a self-contained HTML page")
     parser.add_argument("target", nargs="?", metavar="SCRIPT", help="the training script")
@@ -64,7 +66,8 @@ def execute(args: argparse.Namespace) -> int:
     from .session import TuneFailed, TuneOptions, tune
 
     options = TuneOptions(window=Window(args.warmup, args.steps), repeats=args.repeats, budget_s=args.budget,
-                          forced=tuple(dict.fromkeys(args.forced)), findings_from=args.findings_from)  # fmt: skip
+                          forced=tuple(dict.fromkeys(args.forced)), findings_from=args.findings_from,
+                          profile=args.profile)  # fmt: skip
     try:
         result = tune(args.target, tuple(args.args), options)
     except TuneFailed as failed:

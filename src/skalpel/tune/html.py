@@ -32,7 +32,7 @@ def _recommended(result: TuneResult) -> str:
     items = []
     for name in result.recommended:
         entry = by_name[name]
-        changes = "".join(_change(change) for change in entry.changes)
+        changes = "".join(_change(change) for change in entry.change)
         items.append(f'<li class="better"><strong>{escape(name)}</strong> ({entry.speedup:.2f}x): '
                      f"{escape(entry.what)}<ul>{changes}</ul></li>")  # fmt: skip
     return f"<ul>{''.join(items)}</ul>"

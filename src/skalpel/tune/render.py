@@ -29,8 +29,14 @@ def note(entry: CandidateResult) -> str:
         pieces.append(f"stopped early: {entry.stopped_early}")
     if entry.loss is not None and not entry.loss.within_tolerance:
         pieces.append(f"loss after step {entry.loss.step} changed {entry.loss.change_pct:+.2f}% "
-                      f"(tolerance {entry.loss.tolerance_pct:g}%)")  # fmt: skip
+                      f"(tolerance {entry.loss.tolerance_pct:g}%){_loss_why(entry)}")  # fmt: skip
     return "; ".join(pieces)
+
+
+def _loss_why(entry: CandidateResult) -> str:
+    if (entry.fix.get("dataloader") or {}).get("num_workers"):
+        return ": DataLoader workers draw random numbers from their own seeds"
+    return ""
 
 
 def table(result: TuneResult) -> Table:
@@ -72,11 +78,11 @@ def recommendation(result: TuneResult) -> Text:
     for name in result.recommended:
         entry = by_name[name]
         text.append(f"  {name}: {entry.speedup:.2f}x, {entry.what}\n", style="bold")
-        for change in entry.changes:
+        for change in entry.change:
             text.append(change_text(change, indent="    ") + "\n")
         if entry.loss is not None and not entry.loss.within_tolerance:
-            text.append(f"    caution: the loss after step {entry.loss.step} changed {entry.loss.change_pct:+.2f}%; "
-                        "check that the results are still what you want\n", style="yellow")  # fmt: skip
+            text.append(f"    caution: the loss after step {entry.loss.step} changed {entry.loss.change_pct:+.2f}%"
+                        f"{_loss_why(entry)}; check that the results are still what you want\n", style="yellow")  # fmt: skip
     return text
 
 

@@ -43,7 +43,7 @@ class CandidateResult:
     what: str
     reason: str  # why it ran: a finding, the device, --try, or the winners combined
     fix: dict[str, Any]
-    changes: list[dict[str, Any]]  # the edit at each line of the user's code: location, before, after, edit
+    change: list[dict[str, Any]]  # the edit at each line of the user's code: location, before, after, edit
     members: list[str] = field(default_factory=list)  # for the combination: the candidates in it
     verdict: str | None = None  # faster | no_gain | slower | error; None before any run finished
     median_ms: float | None = None
@@ -83,7 +83,8 @@ class TuneResult:
     schema: str = TUNE_SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        return {"schema": data.pop("schema"), **data}  # the schema first, as in skalpel's other JSON
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2)

@@ -44,6 +44,7 @@ class TuneOptions:
     budget_s: float = 300.0
     forced: tuple[str, ...] = ()
     findings_from: str | None = None  # a run folder, report.json or trace: skip the profiled run
+    profile: bool = True  # False: no profiled run, candidates from the device and --try only
 
 
 class TuneFailed(SkalpelError):
@@ -113,6 +114,8 @@ class _Session:
 
             report = load_side(self.options.findings_from, which="--from")
             return {f.id for f in report.findings}, self.options.findings_from
+        if not self.options.profile:
+            return set(), "nowhere (--no-profile)"
         self.say(f"tune: profiling {self.script} once for its findings")
         return profile_findings(self.script, self.args, timeout_s=self._left()), "a profiled run (skalpel run)"
 
@@ -135,9 +138,9 @@ class _Session:
         self.say(f"tune: baseline run {len(self.baseline_runs)}: {_mean(timed):.2f} ms/step ({len(timed)} steps, "
                  f"{outcome.wall_s:.1f} s)")  # fmt: skip
         if len(outcome.steps_ms) < self.options.window.warmup + self.options.window.steps and first:
-            self.result.notes.append(f"the script ran {len(outcome.steps_ms)} steps, fewer than the window's "
-                                     f"{self.options.window.warmup} + {self.options.window.steps}: the results "
-                                     f"come from {len(timed)} timed steps per run")  # fmt: skip
+            self.result.notes.append(f"the script ended after {len(outcome.steps_ms)} measured steps, fewer than "
+                                     f"the window's {self.options.window.warmup} warm-up + {self.options.window.steps}: "
+                                     f"the results come from {len(timed)} timed steps per run")  # fmt: skip
         return outcome
 
     def _update_baseline(self) -> None:
@@ -204,7 +207,7 @@ class _Session:
             return
         combined = CandidateResult("combined", "the faster candidates together", "the winners combined",
                                    catalogue.combine([w.fix for w in winners]),
-                                   [change for w in winners for change in w.changes], members=[w.name for w in winners])  # fmt: skip
+                                   [change for w in winners for change in w.change], members=[w.name for w in winners])  # fmt: skip
         self.result.candidates.append(combined)
         for _ in range(self.options.repeats):
             self._measure(combined)

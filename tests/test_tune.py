@@ -1,0 +1,244 @@
+"""`skalpel tune`'s parts without running a script: candidate choice, the edits, statistics, verdicts,
+the recommendation, the result file, the schema and the HTML page. The real runs are in test_tune_runs.py."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from skalpel.cli import main
+from skalpel.diagnose import RULES
+from skalpel.tune import candidates, stats
+from skalpel.tune.cores import cgroup_quota_cores, usable_cores
+from skalpel.tune.html import render as render_html
+from skalpel.tune.measure import Window, read_result
+from skalpel.tune.result import Baseline, CandidateResult, LossCheck, TuneResult
+from skalpel.tune.session import loss_check, recommend
+
+DESIGN = Path(__file__).resolve().parent.parent.parent / "shared" / "DESIGN.md"
+
+
+def _site(path: str, line: int, code: str) -> dict:
+    return {"location": f"{path}:{line} in train", "path": path, "line": line, "code": code}
+
+
+STARVED_FACTS = {
+    "device": "cpu", "threads": 1, "cudnn_benchmark": False,
+    "threads_call": {"site": _site("train.py", 16, "torch.set_num_threads(1)"), "threads": 1},
+    "loaders": [{"site": _site("train.py", 31, "loader = DataLoader(SlowDataset(), batch_size=16, num_workers=0)"),
+                 "batch_size": 16, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
+                 "prefetch_factor": None}],
+    "optimizers": [{"class": "SGD", "site": _site("train.py", 30, "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)"),
+                    "foreach": None, "fused": None, "accepts": ["foreach", "fused"]}],
+    "model": {"class": "Sequential", "site": _site("train.py", 29, "model = nn.Sequential(nn.Linear(256, 10))"),
+              "call_site": _site("train.py", 34, "loss = loss_fn(model(x), y)"), "device": "cpu"},
+}  # fmt: skip
+
+
+def _names(chosen: list[candidates.Choice]) -> list[str]:
+    return [choice.candidate.name for choice in chosen]
+
+
+def test_a_starving_loader_gets_more_workers_at_its_line() -> None:
+    chosen, skipped = candidates.select(STARVED_FACTS, {"dataloader_bound"}, cores=4)
+    assert _names(chosen) == ["num_workers", "threads"]  # threads: a CPU run with fewer threads than cores
+    assert chosen[0].reason == "finding dataloader_bound"
+    assert {item["name"] for item in skipped} == {"pin_memory", "persistent_workers", "prefetch_factor"}
+    workers = candidates.BY_NAME["num_workers"]
+    assert workers.fix(STARVED_FACTS, 4) == {"dataloader": {"num_workers": 4}}
+    (change,) = workers.changes(STARVED_FACTS, 4)
+    assert change["location"] == "train.py:31 in train"
+    assert change["after"] == "loader = DataLoader(SlowDataset(), batch_size=16, num_workers=4)"
+
+
+def test_workers_never_exceed_the_usable_cores() -> None:
+    assert candidates.BY_NAME["num_workers"].fix(STARVED_FACTS, 1) == {"dataloader": {"num_workers": 1}}
+    assert candidates.BY_NAME["num_workers"].fix(STARVED_FACTS, 64)["dataloader"]["num_workers"] == candidates.MAX_WORKERS
+
+
+def test_no_finding_no_loader_candidate_and_a_gpu_brings_its_own() -> None:
+    chosen, _ = candidates.select(STARVED_FACTS, set(), cores=1)  # threads already == cores
+    assert chosen == []
+    gpu = {**STARVED_FACTS, "device": "cuda", "bf16_supported": True}
+    names = _names(candidates.select(gpu, set(), cores=8)[0])
+    assert names == ["pin_memory", "autocast_bf16", "fused_optimizer", "cudnn_benchmark"]
+
+
+def test_try_forces_a_candidate_and_says_why_one_cannot_run() -> None:
+    no_loader = {**STARVED_FACTS, "loaders": []}
+    chosen, skipped = candidates.select(no_loader, set(), cores=1, forced=("compile", "num_workers"))
+    assert _names(chosen) == ["compile"] and chosen[0].reason == "--try"
+    assert skipped == [{"name": "num_workers", "why": "the script builds no DataLoader"}]
+    (change,) = candidates.BY_NAME["compile"].changes(no_loader, 1)
+    assert change["after"].splitlines() == ["model = nn.Sequential(nn.Linear(256, 10))", "model = torch.compile(model)"]
+
+
+def test_set_keyword_edits_one_line_calls_only() -> None:
+    assert candidates.set_keyword("DataLoader(ds)", "num_workers", "2") == "DataLoader(ds, num_workers=2)"
+    assert candidates.set_keyword("DataLoader()", "num_workers", "2") == "DataLoader(num_workers=2)"
+    assert candidates.set_keyword("DataLoader(ds, num_workers=n_cpu)", "num_workers", "2") == "DataLoader(ds, num_workers=2)"
+    assert candidates.set_keyword("loader = DataLoader(", "num_workers", "2") is None  # a call spread over lines
+
+
+def test_combined_fix_keeps_one_of_two_exclusive_settings() -> None:
+    merged = candidates.combine([{"dataloader": {"num_workers": 2}}, {"optimizer": {"fused": True}},
+                                 {"optimizer": {"foreach": True}}, {"dataloader": {"pin_memory": True}}])  # fmt: skip
+    assert merged == {"dataloader": {"num_workers": 2, "pin_memory": True}, "optimizer": {"fused": True}}
+
+
+def test_candidate_findings_are_registered_or_being_added() -> None:
+    known = {rule.id for rule in RULES}
+    if DESIGN.exists():
+        being_added = DESIGN.read_text().split("## Findings being added", 1)[1].split("## ", 1)[0]
+        known |= {line.split("`")[1] for line in being_added.splitlines() if line.startswith("| `")}
+    for candidate in candidates.CATALOGUE:
+        assert set(candidate.findings) <= known, candidate.name
+
+
+def test_run_step_time_is_the_mean_not_a_mode_of_alternating_steps() -> None:
+    alternating = [[5.0, 27.0] * 5]  # two workers: one step waits, the next does not
+    assert stats.timing(alternating).median_ms == pytest.approx(16.0)
+
+
+def test_verdicts_against_the_noise() -> None:
+    rng = np.random.default_rng(1)
+    base = [list(30 + rng.normal(0, 1, 10)) for _ in range(3)]
+    faster = stats.compare(base, [list(15 + rng.normal(0, 1, 10)) for _ in range(2)])
+    assert faster.verdict == "faster" and faster.speedup == pytest.approx(2.0, rel=0.1)
+    same = stats.compare(base, [list(30.2 + rng.normal(0, 1, 10)) for _ in range(2)])
+    assert same.verdict == "no_gain"
+    slower = stats.compare(base, [list(60 + rng.normal(0, 1, 10))])
+    assert slower.verdict == "slower" and stats.clearly_worse(slower)
+    drifting = [[30.0] * 10, [45.0] * 10]  # baseline runs 40% apart: a 20% gain is inside that
+    assert stats.compare(drifting, [[30.0] * 10, [30.0] * 10]).verdict == "no_gain"
+    assert stats.compare(base, [[]]) is None
+
+
+def _entry(name: str, verdict: str | None, speedup: float | None, members: list[str] | None = None) -> CandidateResult:
+    return CandidateResult(name, name, "test", {}, [], members=members or [], verdict=verdict, speedup=speedup)
+
+
+def test_only_candidates_measured_faster_are_recommended() -> None:
+    assert recommend([_entry("a", "no_gain", 1.05), _entry("b", "slower", 0.5), _entry("c", "error", None)]) == []
+    assert recommend([_entry("a", "faster", 1.3), _entry("b", "no_gain", 1.5)]) == ["a"]
+    together = [_entry("a", "faster", 1.3), _entry("b", "faster", 1.2)]
+    assert recommend([*together, _entry("combined", "faster", 1.5, ["a", "b"])]) == ["a", "b"]
+    assert recommend([*together, _entry("combined", "no_gain", 1.0, ["a", "b"])]) == ["a"]
+    assert recommend([*together, _entry("combined", "error", None, ["a", "b"])]) == ["a"]
+
+
+def test_loss_is_compared_after_the_same_step(tmp_path: Path) -> None:
+    base = read_result(_result_file(tmp_path / "b", [10.0] * 5, loss=2.30, loss_step=6))
+    same = read_result(_result_file(tmp_path / "s", [10.0] * 5, loss=2.3001, loss_step=6))
+    changed = read_result(_result_file(tmp_path / "c", [10.0] * 5, loss=2.20, loss_step=6))
+    shorter = read_result(_result_file(tmp_path / "x", [10.0] * 3, loss=2.20, loss_step=4))
+    assert loss_check([base], same).within_tolerance
+    check = loss_check([base], changed)
+    assert not check.within_tolerance and check.change_pct == pytest.approx(-4.3478, abs=1e-3)
+    assert loss_check([base], shorter) is None  # not the same step: nothing to compare
+    nan = read_result(_result_file(tmp_path / "n", [10.0] * 5, loss=float("nan"), loss_step=6))
+    assert not loss_check([base], nan).within_tolerance
+
+
+def _result_file(path: Path, steps: list[float], *, loss: float | None = None, loss_step: int | None = None,
+                 end: str | None = "window") -> Path:  # fmt: skip
+    lines = [json.dumps({"step_ms": value}) for value in steps]
+    if end is not None:
+        lines.append(json.dumps({"end": end, "exit_status": 0, "error": None, "loss": loss, "loss_step": loss_step,
+                                 "steps_seen": len(steps) + 1, "facts": {"device": "cpu"}}))  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_killed_run_keeps_its_steps_and_a_short_script_still_gives_a_result(tmp_path: Path) -> None:
+    path = _result_file(tmp_path / "k", [50.0, 10.0, 11.0, 12.0], end=None)
+    path.write_text(path.read_text() + '{"step_ms": 1')  # cut mid-line by the kill
+    killed = read_result(path, killed=True, timeout_s=60)
+    assert killed.failed and killed.end == "killed" and "60 s" in killed.error
+    assert killed.steps_ms == [50.0, 10.0, 11.0, 12.0]
+    window = Window(warmup=3, steps=10)
+    assert killed.timed(window) == [12.0]
+    assert read_result(_result_file(tmp_path / "s", [50.0, 10.0])).timed(window) == [10.0]  # shorter than the warm-up
+
+
+def test_cgroup_quota_lowers_the_usable_cores(tmp_path: Path) -> None:
+    v2 = tmp_path / "cpu.max"
+    v1 = (tmp_path / "quota", tmp_path / "period")
+    v2.write_text("150000 100000\n")
+    assert cgroup_quota_cores(v2, v1) == 1.5
+    v2.write_text("max 100000\n")
+    assert cgroup_quota_cores(v2, v1) is None
+    v2.unlink()
+    v1[0].write_text("-1\n")
+    v1[1].write_text("100000\n")
+    assert cgroup_quota_cores(v2, v1) is None
+    v1[0].write_text("50000\n")
+    assert cgroup_quota_cores(v2, v1) == 0.5
+    assert 1 <= usable_cores()
+
+
+def _result(*, hostile: str = "") -> TuneResult:
+    winner = CandidateResult(
+        "num_workers", "build batches in worker processes", "finding dataloader_bound", {"dataloader": {"num_workers": 2}},
+        [{"location": f"train{hostile}.py:31 in train", "before": f"DataLoader(ds{hostile})",
+          "after": f"DataLoader(ds{hostile}, num_workers=2)", "edit": "pass num_workers=2 to DataLoader(...)"}],
+        verdict="faster", median_ms=20.0, noise_pct=3.0, speedup=1.8, change_pct=-44.4, band_pct=3.0,
+        run_ms=[20.0, 20.6], runs=2, steps=20, loss=LossCheck(13, 2.3, 2.31, 0.43, 0.1, False))  # fmt: skip
+    broken = CandidateResult("compile", "torch.compile the model", "--try", {"compile": "default"}, [],
+                             verdict="error", runs=1, error=f"RuntimeError: {hostile or 'boom'}")  # fmt: skip
+    return TuneResult(f"train{hostile}.py", ["--lr", hostile], 3, 10, 2, 2, "cpu", ["dataloader_bound"],
+                      "a profiled run (skalpel run)", Baseline(36.0, 2.5, [36.0, 35.2, 36.4], 3, 30, 2.3, 13),
+                      [winner, broken], [{"name": "pin_memory", "why": "needs a GPU"}], ["num_workers"], 300.0)  # fmt: skip
+
+
+def _validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads(resources.files("skalpel.tune").joinpath("tune.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_result_validates_against_the_shipped_schema_and_broken_ones_do_not() -> None:
+    check = _validator()
+    document = json.loads(_result().to_json())
+    assert next(iter(document)) == "schema" and document["schema"] == "skalpel.tune/1"
+    check.validate(document)
+    for breakage in (lambda d: d["candidates"][0].update(verdict="better"), lambda d: d.pop("recommended"),
+                     lambda d: d["baseline"].update(median_ms="fast"), lambda d: d.update(schema="skalpel.tune/2")):  # fmt: skip
+        broken = json.loads(json.dumps(document))
+        breakage(broken)
+        assert not check.is_valid(broken)
+
+
+def test_schema_documents_every_result_field() -> None:
+    import dataclasses
+
+    schema = json.loads(resources.files("skalpel.tune").joinpath("tune.schema.json").read_text())
+    where = {TuneResult: schema["properties"], Baseline: schema["properties"]["baseline"]["properties"],
+             CandidateResult: schema["$defs"]["candidate"]["properties"], LossCheck: schema["$defs"]["loss"]["properties"]}  # fmt: skip
+    missing = [f"{cls.__name__}.{f.name}" for cls, props in where.items() for f in dataclasses.fields(cls) if f.name not in props]
+    assert missing == []
+
+
+def test_html_page_escapes_every_name_from_the_script() -> None:
+    hostile = "<img src=x onerror=alert(1)>"
+    page = render_html(_result(hostile=hostile))
+    assert hostile not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "num_workers=2" in page and "1.80x" in page and "faster" in page and "error" in page
+
+
+def test_list_and_bad_arguments_answer_in_one_line(capsys: pytest.CaptureFixture) -> None:
+    assert main(["tune", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(candidate.name in out for candidate in candidates.CATALOGUE)
+    for argv, words in ((["tune", "--try", "warp_drive", "train.py"], "unknown candidate 'warp_drive'"),
+                        (["tune", "--budget", "-5", "train.py"], "--budget must be a positive number"),
+                        (["tune", "--steps", "0", "train.py"], "--steps must be at least 1"),
+                        (["tune"], "give a script to tune")):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1 and "Traceback" not in err

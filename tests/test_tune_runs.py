@@ -1,0 +1,177 @@
+"""`skalpel tune` end to end: real scripts, real subprocess runs, short windows.
+
+The starving-loader scenario sleeps 2 ms per sample in ``__getitem__``, so that more workers
+halve its step however loaded the machine is (sleep, not CPU); that is the one verdict these
+tests hold to a direction. The others check what tune does around the measurement: errors,
+script arguments, the baseline failing, Ctrl-C, and that nothing unmeasured is recommended.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from skalpel.tune.cores import usable_cores
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = REPO / "examples" / "scenarios"
+
+# Needs its arguments; under the spawn start method a DataLoader with workers must pickle its lambda and fails.
+SPAWN_LAMBDA = """
+import argparse
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset, default_collate
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, required=True)
+args = parser.parse_args()
+torch.multiprocessing.set_start_method("spawn", force=True)
+torch.manual_seed(0)
+torch.set_num_threads(1)
+data = TensorDataset(torch.randn(64 * 16, 64), torch.randint(0, 4, (64 * 16,)))
+loader = DataLoader(data, batch_size=16, collate_fn=lambda batch: default_collate(batch))
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step, (x, y) in enumerate(loader):
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    if step + 1 == args.steps:
+        break
+"""
+
+FAILS_AT_STEP_3 = """
+import torch
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    if step == 3:
+        raise RuntimeError("boom at step 3")
+    optimizer.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+"""
+
+SLOW_STEPS = """
+import time
+import torch
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(100000):
+    optimizer.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    time.sleep(0.02)
+"""
+
+
+def _tune(*args: str, cwd: Path = REPO, timeout: float = 400) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "skalpel", "tune", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _script(tmp_path: Path, source: str, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def _validated(path: Path) -> dict:
+    schema = json.loads(resources.files("skalpel.tune").joinpath("tune.schema.json").read_text())
+    document = json.loads(path.read_text())
+    jsonschema.Draft202012Validator(schema).validate(document)
+    return document
+
+
+@pytest.mark.skipif(usable_cores() < 2, reason="more workers than one core cannot be faster")
+def test_starving_loader_more_workers_measured_faster_and_recommended_at_its_line(tmp_path: Path) -> None:
+    out, page = tmp_path / "tune.json", tmp_path / "tune.html"
+    done = _tune("--repeats", "1", "--json", str(out), "--html", str(page), "examples/scenarios/dataloader_starved.py")
+    assert done.returncode == 0, done.stderr
+    result = _validated(out)
+    assert "dataloader_bound" in result["findings"]  # from the profiled run
+    workers = next(c for c in result["candidates"] if c["name"] == "num_workers")
+    assert workers["reason"] == "finding dataloader_bound"
+    assert workers["verdict"] == "faster" and workers["speedup"] > 1.2, workers
+    assert "num_workers" in result["recommended"]
+    for name in result["recommended"]:
+        assert next(c for c in result["candidates"] if c["name"] == name)["verdict"] == "faster"
+    (change,) = workers["change"]
+    assert change["location"] == "examples/scenarios/dataloader_starved.py:31 in train"
+    assert change["after"] == f"loader = DataLoader(SlowDataset(), batch_size=16, num_workers={min(usable_cores(), 8)})"
+    assert any("fewer than the window" in note for note in result["notes"])  # 12 steps: a shorter window
+    assert "num_workers=" in done.stdout and "dataloader_starved.py:31" in done.stdout
+    assert "num_workers" in page.read_text()
+
+
+def test_clean_baseline_recommends_nothing_that_was_not_measured_faster(tmp_path: Path) -> None:
+    out = tmp_path / "tune.json"
+    done = _tune("--repeats", "1", "--json", str(out), "examples/scenarios/baseline.py")
+    assert done.returncode == 0, done.stderr
+    result = _validated(out)
+    assert not {"dataloader_bound", "launch_bound"} & set(result["findings"])
+    assert all(c["reason"].startswith("device") for c in result["candidates"])  # nothing from a finding
+    assert all(c["verdict"] in ("faster", "no_gain", "slower") for c in result["candidates"])
+    verdicts = {c["name"]: c["verdict"] for c in result["candidates"]}
+    assert all(verdicts[name] == "faster" for name in result["recommended"])
+    if not result["recommended"]:
+        assert "Recommended: nothing" in done.stdout
+
+
+def test_a_candidate_that_crashes_is_error_and_the_others_still_run(tmp_path: Path) -> None:
+    script = _script(tmp_path, SPAWN_LAMBDA)
+    out = tmp_path / "tune.json"
+    done = _tune("--no-profile", "--try", "num_workers", "--try", "foreach_optimizer", "--repeats", "1",
+                 "--warmup", "1", "--steps", "4", "--json", str(out), str(script), "--steps", "8", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr  # the script got its --steps: the baseline ran
+    result = _validated(out)
+    by_name = {c["name"]: c for c in result["candidates"]}
+    assert by_name["num_workers"]["verdict"] == "error"
+    assert "pickle" in by_name["num_workers"]["error"].lower()
+    assert by_name["foreach_optimizer"]["verdict"] in ("faster", "no_gain", "slower")
+    assert by_name["foreach_optimizer"]["runs"] == 1 and by_name["foreach_optimizer"]["median_ms"] > 0
+    assert "num_workers" not in result["recommended"]
+    assert result["args"] == ["--steps", "8"]
+
+
+def test_a_script_failing_on_the_baseline_stops_tune_with_its_error(tmp_path: Path) -> None:
+    script = _script(tmp_path, FAILS_AT_STEP_3)
+    done = _tune("--no-profile", "--try", "foreach_optimizer", str(script), cwd=tmp_path)
+    assert done.returncode == 1
+    assert "RuntimeError: boom at step 3" in done.stderr
+    assert done.stderr.rstrip().splitlines()[-1].startswith("skalpel: error: ")
+    assert "failed on the baseline run" in done.stderr
+    assert "foreach_optimizer" not in done.stdout  # nothing else was run
+
+
+def test_ctrl_c_prints_the_results_measured_so_far(tmp_path: Path) -> None:
+    script = _script(tmp_path, SLOW_STEPS)
+    command = [sys.executable, "-m", "skalpel", "tune", "--no-profile", "--try", "foreach_optimizer",
+               "--warmup", "1", "--steps", "400", str(script)]  # fmt: skip
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    progress = []
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        progress.append(line)
+        if "baseline run 1:" in line or not line:
+            break
+    assert any("baseline run 1:" in line for line in progress), progress
+    time.sleep(1.0)  # the candidate's run has started
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "baseline" in stdout and "interrupted" in stdout
+    assert "foreach_optimizer" in stdout and "Traceback" not in stderr
