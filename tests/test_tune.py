@@ -16,6 +16,7 @@ from skalpel.diagnose import RULES
 from skalpel.tune import candidates, stats
 from skalpel.tune.cores import cgroup_quota_cores, usable_cores
 from skalpel.tune.html import render as render_html
+from skalpel.tune.launch import StepClock, WindowDone
 from skalpel.tune.measure import Window, read_result
 from skalpel.tune.result import Baseline, CandidateResult, LossCheck, TuneResult
 from skalpel.tune.session import loss_check, recommend
@@ -47,7 +48,7 @@ def _names(chosen: list[candidates.Choice]) -> list[str]:
 def test_a_starving_loader_gets_more_workers_at_its_line() -> None:
     chosen, skipped = candidates.select(STARVED_FACTS, {"dataloader_bound"}, cores=4)
     assert _names(chosen) == ["num_workers", "threads"]  # threads: a CPU run with fewer threads than cores
-    assert chosen[0].reason == "finding dataloader_bound"
+    assert chosen[0].reason == "dataloader_bound"
     assert {item["name"] for item in skipped} == {"pin_memory", "persistent_workers", "prefetch_factor"}
     workers = candidates.BY_NAME["num_workers"]
     assert workers.fix(STARVED_FACTS, 4) == {"dataloader": {"num_workers": 4}}
@@ -242,3 +243,22 @@ def test_list_and_bad_arguments_answer_in_one_line(capsys: pytest.CaptureFixture
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_step_clock_times_the_window_syncs_its_ends_and_stops_after_it() -> None:
+    import io
+
+    out, synced = io.StringIO(), []
+    clock = StepClock(out, warmup=1, steps=2, max_seconds=None, sync=lambda: synced.append(clock.boundaries + 1))
+    for _ in range(3):
+        clock.boundary()
+    with pytest.raises(WindowDone) as done:
+        clock.boundary()
+    assert done.value.reason == "window"
+    assert synced == [2, 4]  # where the timed steps start and where they end
+    assert len([json.loads(line) for line in out.getvalue().splitlines()]) == 3
+    slow = StepClock(io.StringIO(), warmup=0, steps=100, max_seconds=0.0)
+    slow.boundary()
+    with pytest.raises(WindowDone) as done:
+        slow.boundary()
+    assert done.value.reason == "time_limit"

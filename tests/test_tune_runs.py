@@ -103,7 +103,7 @@ def test_starving_loader_more_workers_measured_faster_and_recommended_at_its_lin
     result = _validated(out)
     assert "dataloader_bound" in result["findings"]  # from the profiled run
     workers = next(c for c in result["candidates"] if c["name"] == "num_workers")
-    assert workers["reason"] == "finding dataloader_bound"
+    assert workers["reason"] == "dataloader_bound"
     assert workers["verdict"] == "faster" and workers["speedup"] > 1.2, workers
     assert "num_workers" in result["recommended"]
     for name in result["recommended"]:
@@ -174,4 +174,5 @@ def test_ctrl_c_prints_the_results_measured_so_far(tmp_path: Path) -> None:
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "baseline" in stdout and "interrupted" in stdout
-    assert "foreach_optimizer" in stdout and "Traceback" not in stderr
+    assert "foreach_optimizer" in stdout and "not measured" in stdout, stdout
+    assert "Traceback" not in stderr

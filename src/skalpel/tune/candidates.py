@@ -253,7 +253,7 @@ def select(facts: Facts, finding_ids: set[str], cores: int, forced: tuple[str, .
             if found:  # a finding pointed at it: say why it cannot run (a device default that does not apply is no news)
                 skipped.append({"name": candidate.name, "why": why})
             continue
-        reason = f"finding {', '.join(found)}" if found else f"device {facts.get('device', 'cpu')}"
+        reason = ", ".join(found) if found else f"device {facts.get('device', 'cpu')}"
         chosen.append(Choice(candidate, reason))
     return chosen, skipped
 

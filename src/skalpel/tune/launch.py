@@ -6,7 +6,8 @@
 The script runs in this process as ``python train.py --lr 0.1`` would (``skalpel run``'s
 ``__main__`` set-up). Step boundaries come from ``capture/steps.py`` (after each
 ``optimizer.step()``, or each DataLoader batch without an optimizer); each step's time is
-``perf_counter`` between boundaries. Once ``warmup + steps`` steps have run (or the timed
+``perf_counter`` between boundaries (on a GPU the device is synchronised where the timed steps
+start and end, so that work still queued counts in them). Once ``warmup + steps`` steps have run (or the timed
 steps pass ``--max-seconds``), the script is stopped at the next boundary.
 
 The result file gets one JSON object per line as the run goes, so a run killed from outside
@@ -24,7 +25,7 @@ import runpy
 import sys
 import time
 import traceback
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 _OWN_FRAMES = ("runpy.py", "<frozen runpy>", "skalpel/tune/launch.py")
 
@@ -40,8 +41,10 @@ class WindowDone(BaseException):
 class StepClock:
     """Times the steps between boundaries, writes each, and ends the run when the window is done."""
 
-    def __init__(self, out: IO[str], *, warmup: int, steps: int, max_seconds: float | None) -> None:
+    def __init__(self, out: IO[str], *, warmup: int, steps: int, max_seconds: float | None,
+                 sync: Callable[[], None] = lambda: None) -> None:  # fmt: skip
         self.out = out
+        self.sync = sync
         self.warmup = warmup
         self.stop_after = warmup + steps
         self.max_seconds = max_seconds
@@ -50,6 +53,8 @@ class StepClock:
         self._last: float | None = None
 
     def boundary(self) -> None:
+        if self.boundaries + 1 in (self.warmup + 1, self.stop_after + 1):
+            self.sync()  # the timed window starts and ends with the device idle: queued work is counted in it
         now = time.perf_counter()
         if self._last is not None:
             seconds = now - self._last
@@ -98,7 +103,13 @@ def run(options: argparse.Namespace, out: IO[str]) -> int:
         return 2
     from .patches import Patcher
 
-    clock = StepClock(out, warmup=options.warmup, steps=options.steps, max_seconds=options.max_seconds)
+    import torch
+
+    def sync() -> None:
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    clock = StepClock(out, warmup=options.warmup, steps=options.steps, max_seconds=options.max_seconds, sync=sync)
     patcher = Patcher(json.loads(options.fix), current_step=lambda: clock.boundaries)
     detector = StepDetector(clock.boundary)
     end, status, error = "script_end", 0, None

@@ -41,22 +41,24 @@ def _loss_why(entry: CandidateResult) -> str:
 
 def table(result: TuneResult) -> Table:
     grid = Table(title=f"skalpel tune: {result.script}", title_justify="left")
-    for name, right in (("candidate", False), ("why", False), ("step time", True), ("speed-up", True),
-                        ("verdict", False), ("note", False)):  # fmt: skip
-        grid.add_column(name, justify="right" if right else "left", overflow="fold")
+    for name, right in (("candidate", False), ("why", False), ("step time", True), ("speed-up", True), ("verdict", False)):
+        grid.add_column(name, justify="right" if right else "left", overflow="fold", no_wrap=name != "why")
     base = result.baseline
-    grid.add_row("baseline", "the script unchanged", ms_text(base.median_ms, base.noise_pct), "1.00x", "", f"{base.runs} runs")
+    grid.add_row("baseline", f"unchanged, {base.runs} runs", ms_text(base.median_ms, base.noise_pct), "1.00x", "")
     for entry in result.candidates:
         verdict = entry.verdict or "not measured"
         speedup = f"{entry.speedup:.2f}x" if entry.speedup is not None else "–"
         grid.add_row(entry.name, entry.reason, ms_text(entry.median_ms, entry.noise_pct), speedup,
-                     Text(verdict, style=VERDICT_STYLE.get(verdict, "dim")), note(entry))  # fmt: skip
+                     Text(verdict, style=VERDICT_STYLE.get(verdict, "dim")))  # fmt: skip
     return grid
 
 
 def print_result(result: TuneResult, *, console: Console | None = None) -> None:
     console = console or Console()
     console.print(table(result))
+    for entry in result.candidates:
+        if note(entry):
+            console.print(Text(f"{entry.name}: {note(entry)}", style=VERDICT_STYLE.get(entry.verdict or "", "")))
     console.print(Text(f"step time: the median over runs of each run's mean step ({result.window_steps} steps after "
                        f"{result.warmup_steps} warm-up), ± the spread between runs; {result.cores} usable cores; "
                        f"findings from {result.findings_source or 'nowhere'}: {', '.join(result.findings) or 'none'}",
