@@ -21,6 +21,8 @@ import jsonschema
 import pytest
 
 from skalpel.tune.cores import usable_cores
+from skalpel.tune.measure import Window, run_once
+from skalpel.tune.session import loss_check
 
 pytestmark = pytest.mark.slow
 
@@ -176,3 +178,16 @@ def test_ctrl_c_prints_the_results_measured_so_far(tmp_path: Path) -> None:
     assert "baseline" in stdout and "interrupted" in stdout
     assert "foreach_optimizer" in stdout and "not measured" in stdout, stdout
     assert "Traceback" not in stderr
+
+
+def test_compile_fix_compiles_the_model_the_script_calls_and_trains_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".inductor-cache"))  # warm after the first run
+    script, window = str(SCENARIOS / "baseline.py"), Window(warmup=2, steps=3)
+    baseline = run_once(script, (), {}, window, max_seconds=None, timeout_s=300)
+    compiled = run_once(script, (), {"compile": "default"}, window, max_seconds=None, timeout_s=300)
+    assert not compiled.failed, compiled.log_tail
+    assert compiled.end == "window" and compiled.facts["applied"] == ["compile"]
+    assert baseline.facts["applied"] == [] and baseline.facts["model"]["class"] == "Sequential"
+    assert baseline.facts["model"]["site"]["location"].endswith("baseline.py:17 in make_model")
+    check = loss_check([baseline], compiled)
+    assert check is not None and abs(check.change_pct) < 0.5, check  # the same training, compiled

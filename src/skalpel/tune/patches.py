@@ -7,7 +7,7 @@ constructors the fixes act on, so that the script's own calls get the fix's argu
   (the last two only where the loader ends up with workers: they are errors without);
 * the ``torch.optim`` optimizers that take them: ``foreach=True`` or ``fused=True``;
 * the model, found as the first top-level ``nn.Module`` with parameters that the script calls:
-  ``model.compile(mode=...)`` and a bf16 ``torch.autocast`` around its forward, from its second
+  ``torch.compile(model.forward, mode=...)`` and a bf16 ``torch.autocast`` around its forward, from its second
   call on (the first is already running when it is found);
 * ``torch.set_num_threads(N)`` before the script starts, the script's own calls then ignored;
   ``torch.backends.cudnn.benchmark = True``.
@@ -69,18 +69,21 @@ class Patcher:
         self._pending_model: tuple[Any, dict[str, Any] | None] | None = None
         self._restore: list[tuple[Any, str, Any]] = []
         self._hooks: list[Any] = []
+        self.applied: set[str] = set()  # the fix's parts that found something to act on
 
     def install(self) -> None:
         threads = self.fix.get("threads")
         if threads:
             torch.set_num_threads(int(threads))
+            self.applied.add("threads")
         if self.fix.get("cudnn_benchmark"):
             torch.backends.cudnn.benchmark = True
+            self.applied.add("cudnn_benchmark")
         self._wrap(DataLoader, "__init__", self._loader_init)
         self._wrap(Optimizer, "__init__", self._optimizer_init)
         for key, value in (self.fix.get("optimizer") or {}).items():
             for cls in _optimizers_taking(key):
-                self._wrap(cls, "__init__", _with_argument(key, value))
+                self._wrap(cls, "__init__", _with_argument(key, value, on_apply=lambda: self.applied.add("optimizer")))
         self._wrap(torch.nn.Module, "__init__", self._module_init)
         self._wrap(torch, "set_num_threads", self._set_num_threads)
         self._wrap(torch.autograd, "backward", self._backward)
@@ -104,6 +107,7 @@ class Patcher:
             "loaders": self.loaders,
             "optimizers": self.optimizers,
             "model": self.model,
+            "applied": sorted(self.applied),
         }
 
     def loss_value(self) -> float | None:
@@ -128,6 +132,7 @@ class Patcher:
                 if key not in NEEDS_WORKERS or workers:
                     bound.arguments[key] = value
             args, kwargs = bound.args[1:], bound.kwargs
+            self.applied.add("dataloader")
         original(loader, *args, **kwargs)
         settings = {key: getattr(loader, key, None) for key in LOADER_KEYS}
         self.loaders.append({"site": user_site(owner=loader), "batch_size": loader.batch_size, **settings})
@@ -173,9 +178,11 @@ class Patcher:
                       "call_site": call_site, "device": device}  # fmt: skip
         if self.fix.get("autocast"):
             module.forward = _autocast_forward(module.forward, device)
-        if self.fix.get("compile"):
+            self.applied.add("autocast")
+        if self.fix.get("compile"):  # the forward, not module.compile(): that one leaves _call_impl eager in torch 2.13
             mode = self.fix["compile"]
-            module.compile(mode=None if mode == "default" else mode)
+            module.forward = torch.compile(module.forward, mode=None if mode == "default" else mode)
+            self.applied.add("compile")
 
     def _remove_hooks(self) -> None:
         for hook in self._hooks:
@@ -183,7 +190,7 @@ class Patcher:
         self._hooks = []
 
 
-def _with_argument(key: str, value: Any) -> Callable[..., None]:
+def _with_argument(key: str, value: Any, *, on_apply: Callable[[], None]) -> Callable[..., None]:
     """An optimizer constructor called with ``key=value`` whatever the script passed (``fused`` replaces ``foreach``)."""
     other = {"fused": "foreach", "foreach": "fused"}[key]
 
@@ -192,6 +199,7 @@ def _with_argument(key: str, value: Any) -> Callable[..., None]:
         bound.arguments[key] = value
         if other in bound.arguments:
             bound.arguments[other] = None
+        on_apply()
         original(*bound.args, **bound.kwargs)
 
     return init

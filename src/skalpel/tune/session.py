@@ -174,6 +174,9 @@ class _Session:
             entry.runs += 1
             self.say(f"tune: {entry.name}: error: {_last_line(outcome)}")
             return
+        missing = sorted(set(entry.fix) - set(outcome.facts.get("applied", ())))
+        if missing and entry.runs == 0:
+            self.result.notes.append(f"{entry.name}: the run found nothing to apply {', '.join(missing)} to")
         self._judge(entry)
         timed = outcome.timed(self.options.window)
         self.say(f"tune: {entry.name} run {entry.runs}: {_mean(timed):.2f} ms/step ({len(timed)} steps, "
