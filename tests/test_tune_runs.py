@@ -152,10 +152,23 @@ def test_a_script_failing_on_the_baseline_stops_tune_with_its_error(tmp_path: Pa
     script = _script(tmp_path, FAILS_AT_STEP_3)
     done = _tune("--no-profile", "--try", "foreach_optimizer", str(script), cwd=tmp_path)
     assert done.returncode == 1
+    assert 'raise RuntimeError("boom at step 3")' in done.stderr  # the script's traceback
     assert "RuntimeError: boom at step 3" in done.stderr
     assert done.stderr.rstrip().splitlines()[-1].startswith("skalpel: error: ")
     assert "failed on the baseline run" in done.stderr
     assert "foreach_optimizer" not in done.stdout  # nothing else was run
+
+
+def test_a_candidate_outside_the_budget_is_not_run_and_says_so(tmp_path: Path) -> None:
+    script = _script(tmp_path, FAILS_AT_STEP_3.replace("if step == 3:", "if step == 99:"))
+    out = tmp_path / "tune.json"
+    done = _tune("--no-profile", "--try", "foreach_optimizer", "--budget", "1", "--warmup", "1", "--steps", "4",
+                 "--json", str(out), str(script), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = _validated(out)
+    assert result["baseline"]["runs"] == 1 and result["candidates"] == [] and result["recommended"] == []
+    (skipped,) = result["not_run"]
+    assert skipped["name"] == "foreach_optimizer" and skipped["why"].startswith("the budget: ")
 
 
 def test_ctrl_c_prints_the_results_measured_so_far(tmp_path: Path) -> None:

@@ -79,6 +79,9 @@ class _Session:
                                  self.cores, None, [], "", Baseline(), [], [], [], options.budget_s)  # fmt: skip
 
     def run(self) -> None:
+        from ..capture.runner import Target, check_target  # a missing script or a syntax error: one line, now
+
+        check_target(Target(self.script, self.args))
         findings, source = self._findings()
         self.result.findings, self.result.findings_source = sorted(findings), source
         first = self._baseline_run()
@@ -92,8 +95,8 @@ class _Session:
                                      "with --try (skalpel tune --list shows them all)")  # fmt: skip
         for round_index in range(self.options.repeats):
             order = self.result.candidates if round_index % 2 == 0 else self.result.candidates[::-1]
-            for entry in order:
-                self._measure(entry)
+            if not [entry for entry in order if self._measure(entry)]:
+                break  # nothing left to measure (errors, early stops, the budget): no baseline run either
             self._baseline_run()
         self._combine_winners()
 
@@ -102,6 +105,10 @@ class _Session:
         for entry in result.candidates:
             if entry.runs and entry.verdict is None:
                 self._judge(entry)
+        unmeasured = [entry for entry in result.candidates if not entry.runs]
+        result.not_run.extend({"name": entry.name, "why": entry.stopped_early or "interrupted before it ran"}
+                              for entry in unmeasured)  # fmt: skip
+        result.candidates = [entry for entry in result.candidates if entry.runs]
         result.recommended = recommend(result.candidates)
         result.elapsed_s = round(time.monotonic() - self.started, 2)
         return result
@@ -159,13 +166,14 @@ class _Session:
         return CandidateResult(candidate.name, candidate.what, choice.reason, candidate.fix(facts, self.cores),
                                candidate.changes(facts, self.cores))  # fmt: skip
 
-    def _measure(self, entry: CandidateResult) -> None:
+    def _measure(self, entry: CandidateResult) -> bool:
+        """One more run of ``entry``, unless it is done with; True when the script ran."""
         if entry.verdict == "error" or entry.stopped_early:
-            return
+            return False
         needed = self._estimate(entry.fix)
         if self._left() < needed:
-            entry.stopped_early = entry.stopped_early or f"budget: {self._left():.0f} s left, a run needs about {needed:.0f} s"
-            return
+            entry.stopped_early = f"the budget: {max(0.0, self._left()):.0f} s left, a run needs about {needed:.0f} s"
+            return False
         outcome = run_once(self.script, self.args, entry.fix, self.options.window,
                            max_seconds=self._max_window_s(), timeout_s=self._timeout(entry.fix))  # fmt: skip
         self.runs.setdefault(entry.name, []).append(outcome)
@@ -173,7 +181,7 @@ class _Session:
             entry.verdict, entry.error = "error", outcome.error or outcome.log_tail or f"exit status {outcome.exit_status}"
             entry.runs += 1
             self.say(f"tune: {entry.name}: error: {_last_line(outcome)}")
-            return
+            return True
         missing = sorted(set(entry.fix) - set(outcome.facts.get("applied", ())))
         if missing and entry.runs == 0:
             self.result.notes.append(f"{entry.name}: the run found nothing to apply {', '.join(missing)} to")
@@ -183,6 +191,7 @@ class _Session:
                  f"{outcome.wall_s:.1f} s): {entry.verdict}")  # fmt: skip
         if outcome.end == "time_limit" or (entry.runs == 1 and stats.clearly_worse(self._comparison(entry))):
             entry.stopped_early = "clearly slower than the baseline after its first run"
+        return True
 
     def _comparison(self, entry: CandidateResult) -> stats.Comparison | None:
         window = self.options.window
@@ -213,7 +222,8 @@ class _Session:
                                    [change for w in winners for change in w.change], members=[w.name for w in winners])  # fmt: skip
         self.result.candidates.append(combined)
         for _ in range(self.options.repeats):
-            self._measure(combined)
+            if not self._measure(combined):
+                break
             self._baseline_run()
 
     # -- time ------------------------------------------------------------------------------------
@@ -277,11 +287,34 @@ def profile_findings(script: str, args: tuple[str, ...], *, timeout_s: float) ->
         try:
             report = json.loads((out / "report.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            lines = [line for line in done.stderr.splitlines() if line.strip()]
-            why = next((line for line in reversed(lines) if line.startswith("skalpel: error:")), lines[-1] if lines else "")
+            why = _profile_error(done.stderr)
             raise TuneFailed(f"{script} failed on the profiled run, unchanged (exit status {done.returncode}): "
-                             f"{why.removeprefix('skalpel: error: ')}", done.stderr[-4000:]) from None  # fmt: skip
+                             f"{why}", _traceback_in(done.stderr)) from None  # fmt: skip
     return {str(finding.get("id")) for finding in report.get("findings", [])}
+
+
+def _profile_error(stderr: str) -> str:
+    """``skalpel run``'s own error line, else the script's exception line (the last unindented one)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    own = [line for line in lines if line.startswith("skalpel: error:")]
+    if own:
+        return own[-1].removeprefix("skalpel: error: ")
+    script = [line for line in lines if not line.startswith(("skalpel:", " ", "Traceback"))]
+    return script[-1] if script else (lines[-1] if lines else "no output")
+
+
+def _traceback_in(stderr: str) -> str:
+    """The script's traceback in ``skalpel run``'s output, without skalpel's own lines around it."""
+    lines = stderr.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return ""
+    kept = []
+    for line in lines[starts[-1]:]:
+        if line.startswith("skalpel:"):
+            break
+        kept.append(line)
+    return "\n".join(kept)[-4000:]
 
 
 def _mean(values: list[float]) -> float:
