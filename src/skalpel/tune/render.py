@@ -44,7 +44,7 @@ def table(result: TuneResult) -> Table:
     for name, right in (("candidate", False), ("why", False), ("step time", True), ("speed-up", True), ("verdict", False)):
         grid.add_column(name, justify="right" if right else "left", overflow="fold", no_wrap=name != "why")
     base = result.baseline
-    grid.add_row("baseline", f"unchanged, {base.runs} runs", ms_text(base.median_ms, base.noise_pct), "1.00x", "")
+    grid.add_row("baseline", f"unchanged, {base.runs} run{'s' if base.runs != 1 else ''}", ms_text(base.median_ms, base.noise_pct), "1.00x", "")
     for entry in result.candidates:
         verdict = entry.verdict or "not measured"
         speedup = f"{entry.speedup:.2f}x" if entry.speedup is not None else "–"

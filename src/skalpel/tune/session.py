@@ -106,7 +106,7 @@ class _Session:
             if entry.runs and entry.verdict is None:
                 self._judge(entry)
         unmeasured = [entry for entry in result.candidates if not entry.runs]
-        result.not_run.extend({"name": entry.name, "why": entry.stopped_early or "interrupted before it ran"}
+        result.not_run.extend({"name": entry.name, "why": entry.stopped_early or "interrupted before a run of it finished"}
                               for entry in unmeasured)  # fmt: skip
         result.candidates = [entry for entry in result.candidates if entry.runs]
         result.recommended = recommend(result.candidates)
