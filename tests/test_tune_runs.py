@@ -148,14 +148,16 @@ def test_a_candidate_that_crashes_is_error_and_the_others_still_run(tmp_path: Pa
     assert result["args"] == ["--steps", "8"]
 
 
-def test_a_script_failing_on_the_baseline_stops_tune_with_its_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("first_run", ["profiled", "baseline"])
+def test_a_script_failing_unchanged_stops_tune_with_its_error(tmp_path: Path, first_run: str) -> None:
     script = _script(tmp_path, FAILS_AT_STEP_3)
-    done = _tune("--no-profile", "--try", "foreach_optimizer", str(script), cwd=tmp_path)
+    options = ("--no-profile",) if first_run == "baseline" else ()
+    done = _tune(*options, "--try", "foreach_optimizer", str(script), cwd=tmp_path)
     assert done.returncode == 1
     assert 'raise RuntimeError("boom at step 3")' in done.stderr  # the script's traceback
     assert "RuntimeError: boom at step 3" in done.stderr
     assert done.stderr.rstrip().splitlines()[-1].startswith("skalpel: error: ")
-    assert "failed on the baseline run" in done.stderr
+    assert f"failed on the {first_run} run" in done.stderr
     assert "foreach_optimizer" not in done.stdout  # nothing else was run
 
 

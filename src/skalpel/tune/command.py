@@ -63,7 +63,8 @@ def execute(args: argparse.Namespace) -> int:
         return 0
     check(args)
     from .measure import Window
-    from .session import TuneFailed, TuneOptions, tune
+    from .result import TuneFailed
+    from .session import TuneOptions, tune
 
     options = TuneOptions(window=Window(args.warmup, args.steps), repeats=args.repeats, budget_s=args.budget,
                           forced=tuple(dict.fromkeys(args.forced)), findings_from=args.findings_from,

@@ -12,8 +12,20 @@ from typing import Any
 
 import orjson
 
+from ..errors import SkalpelError
+
 TUNE_SCHEMA = "skalpel.tune/1"
 VERDICTS = ("faster", "no_gain", "slower", "error")
+
+
+class TuneFailed(SkalpelError):
+    """The script failed unchanged (or tune could not start it): nothing can be compared."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output  # the script's traceback, shown before the one-line error
 
 
 @dataclass

@@ -16,21 +16,17 @@ Ctrl-C returns what was measured so far, marked ``interrupted``.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
-from ..errors import SkalpelError
 from . import candidates as catalogue
 from . import stats
 from .cores import usable_cores
+from .findings import findings_for
 from .measure import RunOutcome, Window, run_once
-from .result import Baseline, CandidateResult, LossCheck, TuneResult
+from .result import Baseline, CandidateResult, LossCheck, TuneFailed, TuneResult
 
 LOSS_TOLERANCE_PCT = 0.1
 COMPILE_ALLOWANCE_S = 120.0  # a cold torch.compile takes tens of seconds before the first step
@@ -45,16 +41,6 @@ class TuneOptions:
     forced: tuple[str, ...] = ()
     findings_from: str | None = None  # a run folder, report.json or trace: skip the profiled run
     profile: bool = True  # False: no profiled run, candidates from the device and --try only
-
-
-class TuneFailed(SkalpelError):
-    """The script failed unchanged (or tune could not start it): nothing can be compared."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, output: str = "") -> None:
-        super().__init__(message)
-        self.output = output
 
 
 def tune(script: str, args: tuple[str, ...], options: TuneOptions, *,
@@ -116,15 +102,10 @@ class _Session:
     # -- findings and baseline -------------------------------------------------------------
 
     def _findings(self) -> tuple[set[str], str]:
-        if self.options.findings_from:
-            from ..report.diff import load_side
-
-            report = load_side(self.options.findings_from, which="--from")
-            return {f.id for f in report.findings}, self.options.findings_from
-        if not self.options.profile:
-            return set(), "nowhere (--no-profile)"
-        self.say(f"tune: profiling {self.script} once for its findings")
-        return profile_findings(self.script, self.args, timeout_s=self._left()), "a profiled run (skalpel run)"
+        if self.options.profile and not self.options.findings_from:
+            self.say(f"tune: profiling {self.script} once for its findings")
+        return findings_for(self.script, self.args, source=self.options.findings_from, profile=self.options.profile,
+                            timeout_s=max(self._left(), MIN_RUN_TIMEOUT_S))  # fmt: skip
 
     def _baseline_run(self) -> RunOutcome:
         first = not self.baseline_runs
@@ -271,50 +252,6 @@ def recommend(entries: list[CandidateResult]) -> list[str]:
     if combined is not None and combined.verdict == "faster" and (combined.speedup or 0) >= (singles[0].speedup or 0):
         return list(combined.members)
     return [singles[0].name] if combined is not None else [c.name for c in singles]
-
-
-def profile_findings(script: str, args: tuple[str, ...], *, timeout_s: float) -> set[str]:
-    """Finding ids of one short ``skalpel run --stop-after-capture`` of the script."""
-    with tempfile.TemporaryDirectory(prefix="skalpel-tune-profile-") as folder:
-        out = Path(folder) / "run"
-        command = [sys.executable, "-m", "skalpel", "run", "--stop-after-capture", "--out", str(out), script, *args]
-        try:
-            done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=max(timeout_s, MIN_RUN_TIMEOUT_S))  # fmt: skip
-        except subprocess.TimeoutExpired:
-            raise TuneFailed(f"the profiled run of {script} took longer than {timeout_s:.0f} s; "
-                             "give a larger --budget, or a report with --from") from None  # fmt: skip
-        try:
-            report = json.loads((out / "report.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            why = _profile_error(done.stderr)
-            raise TuneFailed(f"{script} failed on the profiled run, unchanged (exit status {done.returncode}): "
-                             f"{why}", _traceback_in(done.stderr)) from None  # fmt: skip
-    return {str(finding.get("id")) for finding in report.get("findings", [])}
-
-
-def _profile_error(stderr: str) -> str:
-    """``skalpel run``'s own error line, else the script's exception line (the last unindented one)."""
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    own = [line for line in lines if line.startswith("skalpel: error:")]
-    if own:
-        return own[-1].removeprefix("skalpel: error: ")
-    script = [line for line in lines if not line.startswith(("skalpel:", " ", "Traceback"))]
-    return script[-1] if script else (lines[-1] if lines else "no output")
-
-
-def _traceback_in(stderr: str) -> str:
-    """The script's traceback in ``skalpel run``'s output, without skalpel's own lines around it."""
-    lines = stderr.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
-    if not starts:
-        return ""
-    kept = []
-    for line in lines[starts[-1]:]:
-        if line.startswith("skalpel:"):
-            break
-        kept.append(line)
-    return "\n".join(kept)[-4000:]
 
 
 def _mean(values: list[float]) -> float:
