@@ -170,9 +170,9 @@ def bootstrap_change_interval(b: np.ndarray, a: np.ndarray, options: DiffOptions
     """The ``options.confidence`` interval of the change (percent) of ``statistic`` from ``b`` to ``a``."""
     rng = np.random.default_rng(options.seed)
     n = options.bootstrap_samples
-    b_meds = statistic(rng.choice(b, size=(n, len(b)), replace=True), axis=1)
-    a_meds = statistic(rng.choice(a, size=(n, len(a)), replace=True), axis=1)
-    changes = (a_meds - b_meds) / b_meds * 100
+    b_stats = statistic(rng.choice(b, size=(n, len(b)), replace=True), axis=1)
+    a_stats = statistic(rng.choice(a, size=(n, len(a)), replace=True), axis=1)
+    changes = (a_stats - b_stats) / b_stats * 100
     tail = (1 - options.confidence) / 2 * 100
     return float(np.percentile(changes, tail)), float(np.percentile(changes, 100 - tail))
 
