@@ -262,3 +262,18 @@ def test_step_clock_times_the_window_syncs_its_ends_and_stops_after_it() -> None
     with pytest.raises(WindowDone) as done:
         slow.boundary()
     assert done.value.reason == "time_limit"
+
+
+def test_findings_from_a_stored_gpu_trace_choose_loader_and_compile_candidates() -> None:
+    from skalpel.tune.findings import findings_for
+    from tests.conftest import corpus
+
+    trace = corpus("kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz")
+    findings, source = findings_for("train.py", (), source=str(trace), profile=True, timeout_s=1)
+    assert {"dataloader_bound", "gpu_idle"} <= findings and source == str(trace)
+    gpu = {**STARVED_FACTS, "device": "cuda", "bf16_supported": True}
+    chosen, _ = candidates.select(gpu, findings, cores=8)
+    reasons = {choice.candidate.name: choice.reason for choice in chosen}
+    assert reasons["num_workers"].startswith("dataloader_bound") and "gpu_idle" in reasons["compile"]
+    assert reasons["compile_reduce_overhead"] == reasons["compile"]
+    assert set(findings_for("train.py", (), source=None, profile=False, timeout_s=1)[0]) == set()
