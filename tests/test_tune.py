@@ -65,6 +65,10 @@ def test_workers_never_exceed_the_usable_cores() -> None:
 def test_no_finding_no_loader_candidate_and_a_gpu_brings_its_own() -> None:
     chosen, _ = candidates.select(STARVED_FACTS, set(), cores=1)  # threads already == cores
     assert chosen == []
+    oversubscribed = {**STARVED_FACTS, "threads": 8}
+    chosen, _ = candidates.select(oversubscribed, {"cpu_contention"}, cores=2)
+    assert _names(chosen) == ["threads"] and chosen[0].reason == "cpu_contention"
+    assert chosen[0].candidate.fix(oversubscribed, 2) == {"threads": 2}
     gpu = {**STARVED_FACTS, "device": "cuda", "bf16_supported": True}
     names = _names(candidates.select(gpu, set(), cores=8)[0])
     assert names == ["pin_memory", "autocast_bf16", "fused_optimizer", "cudnn_benchmark"]

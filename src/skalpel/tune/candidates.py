@@ -164,7 +164,7 @@ def _autocast_changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
 def _threads_why_not(facts: Facts, cores: int) -> str | None:
     if _gpu(facts):
         return "the model runs on a GPU; host threads are not its limit"
-    if facts.get("threads", 0) >= cores:
+    if facts.get("threads", 0) == cores:  # fewer threads than cores leave some idle; more fight over them
         return f"torch already uses {facts.get('threads')} threads for {cores} usable cores"
     return None
 
