@@ -88,6 +88,9 @@ def test_set_keyword_edits_one_line_calls_only() -> None:
     assert candidates.set_keyword("DataLoader()", "num_workers", "2") == "DataLoader(num_workers=2)"
     assert candidates.set_keyword("DataLoader(ds, num_workers=n_cpu)", "num_workers", "2") == "DataLoader(ds, num_workers=2)"
     assert candidates.set_keyword("loader = DataLoader(", "num_workers", "2") is None  # a call spread over lines
+    assert (candidates.set_keyword("DataLoader(ds, num_workers=min(4, os.cpu_count()), shuffle=True)", "num_workers", "2")
+            == "DataLoader(ds, num_workers=2, shuffle=True)")  # fmt: skip
+    assert candidates.set_keyword("SGD(p, lr=0.1, foreach=False)", "foreach", "True") == "SGD(p, lr=0.1, foreach=True)"
 
 
 def test_combined_fix_keeps_one_of_two_exclusive_settings() -> None:

@@ -49,12 +49,27 @@ def set_keyword(code: str, key: str, value: str) -> str | None:
     """``code`` (one line with a call) with ``key=value`` set in its outermost call; None when unsure."""
     if not code or code.count("(") != code.count(")") or not code.rstrip().endswith(")"):
         return None
-    pattern = re.compile(rf"\b{re.escape(key)}\s*=\s*[^,()]+")
-    if pattern.search(code):
-        return pattern.sub(f"{key}={value}", code, count=1)
+    found = re.search(rf"\b{re.escape(key)}\s*=", code)
+    if found:
+        end = _argument_end(code, found.end())
+        return None if end is None else f"{code[:found.start()]}{key}={value}{code[end:]}"
     body = code.rstrip()[:-1]
     joiner = "" if body.rstrip().endswith("(") else ", "
     return f"{body}{joiner}{key}={value})"
+
+
+def _argument_end(code: str, start: int) -> int | None:
+    """Where the argument value starting at ``start`` ends: the next ``,`` or ``)`` outside brackets."""
+    depth = 0
+    for index in range(start, len(code)):
+        char = code[index]
+        if char in "([{":
+            depth += 1
+        elif char in ")]}" and depth:
+            depth -= 1
+        elif char in ",)" and not depth:
+            return index
+    return None
 
 
 def _keyword_changes(objects: list[dict[str, Any]], key: str, value: str, call: str) -> list[dict[str, Any]]:
@@ -63,7 +78,7 @@ def _keyword_changes(objects: list[dict[str, Any]], key: str, value: str, call: 
         site = item.get("site") or {}
         code = site.get("code", "")
         changes.append({"location": site.get("location"), "before": code or None,
-                        "after": set_keyword(code, key, value), "edit": f"pass {key}={value} to {call}(...)"})  # fmt: skip
+                        "after": set_keyword(code, key, value), "edit": f"pass {key}={value} to {item.get('class') or call}(...)"})  # fmt: skip
     return changes
 
 
