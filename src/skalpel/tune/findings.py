@@ -36,20 +36,19 @@ def profile_findings(script: str, args: tuple[str, ...], *, timeout_s: float) ->
         try:
             report = json.loads((out / "report.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            why = _profile_error(done.stderr)
-            raise TuneFailed(f"{script} failed on the profiled run, unchanged (exit status {done.returncode}): "
-                             f"{why}", _traceback_in(done.stderr)) from None  # fmt: skip
+            raise TuneFailed(_profile_error(script, done), _traceback_in(done.stderr)) from None
     return {str(finding.get("id")) for finding in report.get("findings", [])}
 
 
-def _profile_error(stderr: str) -> str:
-    """``skalpel run``'s own error line, else the script's exception line (the last unindented one)."""
-    lines = [line for line in stderr.splitlines() if line.strip()]
+def _profile_error(script: str, done: subprocess.CompletedProcess) -> str:
+    """``skalpel run``'s own error (no steps found, ...), else the script's exception line (the last unindented one)."""
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
     own = [line for line in lines if line.startswith("skalpel: error:")]
     if own:
         return own[-1].removeprefix("skalpel: error: ")
-    script = [line for line in lines if not line.startswith(("skalpel:", " ", "Traceback"))]
-    return script[-1] if script else (lines[-1] if lines else "no output")
+    errors = [line for line in lines if not line.startswith(("skalpel:", " ", "Traceback"))]
+    why = errors[-1] if errors else (lines[-1] if lines else "no output")
+    return f"{script} failed on the profiled run, unchanged (exit status {done.returncode}): {why}"
 
 
 def _traceback_in(stderr: str) -> str:
