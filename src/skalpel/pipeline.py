@@ -32,7 +32,7 @@ _NO_STEPS_WARNING = (
 def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
     analyses = run_analyses(trace)
     findings = _diagnose(analyses, capture)
-    warnings = tuple(trace.warnings) + (() if analyses.steps.marked else (_NO_STEPS_WARNING,))
+    warnings = tuple(trace.warnings) + (() if analyses.steps.marked else (_NO_STEPS_WARNING,)) + analyses.steps.notes
     if analyses.steps.dropped_tail:
         warnings += (
             f"{analyses.steps.dropped_tail} trailing step(s) left out: the trace lacks (some of) the device work "

@@ -63,6 +63,7 @@ class StepSegmentation:
     steps: tuple[Step, ...]
     marked: bool  # False: no ProfilerStep markers, each rank's whole trace is one step
     dropped_tail: int = 0  # trailing steps dropped because their device work was not (fully) recorded
+    notes: tuple[str, ...] = ()  # what was done to step markers that do not tile (overlaps, duplicates)
 
     def for_rank(self, rank: int) -> list[Step]:
         return [step for step in self.steps if step.rank == rank]
@@ -89,25 +90,59 @@ def segment_steps(trace: Trace) -> StepSegmentation:
     marked = len(step_events) > 0
     steps: list[Step] = []
     dropped = 0
+    cut, overlapped, unnumbered = 0, 0, 0
     for rank in trace.rank_ids:
         on_rank = step_events[trace.rank[step_events] == rank]
         work = _device_work(trace, rank)
         if len(on_rank) == 0:
             start, end = _host_span(trace, rank)
             numbers, starts, host_ends = np.zeros(1, np.int64), np.array([start]), np.array([end])
+            host_starts = starts
         else:
-            on_rank = on_rank[np.argsort(trace.ts[on_rank], kind="stable")]
-            numbers = np.array([step_number(trace.name_of(i)) or 0 for i in on_rank], dtype=np.int64)
-            starts = trace.ts[on_rank]
-            host_ends = starts + trace.dur[on_rank]
+            # Longest first at equal starts, so that a range inside another is the one dropped.
+            on_rank = on_rank[np.lexsort((-trace.dur[on_rank], trace.ts[on_rank]))]
+            host_starts, host_ends = trace.ts[on_rank], trace.ts[on_rank] + trace.dur[on_rank]
+            kept, starts = _tiling(host_starts, host_ends)
+            cut += int((starts[kept] > host_starts[kept]).sum())
+            overlapped += len(on_rank) - len(kept)
+            on_rank, host_starts, host_ends, starts = on_rank[kept], host_starts[kept], host_ends[kept], starts[kept]
+            found = [step_number(trace.name_of(i)) for i in on_rank]
+            unnumbered += found.count(None)
+            numbers = np.array([number or 0 for number in found], dtype=np.int64)
         new_starts, ends, matched = _extend_to_device_work(starts, host_ends, work)
         keep = _kept_steps(matched) if len(on_rank) else 1
         dropped += len(starts) - keep
         for i in range(keep):
-            steps.append(
-                Step(rank, int(numbers[i]), float(new_starts[i]), float(host_ends[i]), float(ends[i]), float(starts[i]))
-            )
-    return StepSegmentation(tuple(steps), marked=marked, dropped_tail=dropped)
+            steps.append(Step(rank, int(numbers[i]), float(new_starts[i]), float(host_ends[i]), float(ends[i]),
+                              float(host_starts[i])))  # fmt: skip
+    return StepSegmentation(tuple(steps), marked=marked, dropped_tail=dropped, notes=_marker_notes(cut, overlapped, unnumbered))
+
+
+def _tiling(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which step ranges (sorted by start) to keep, and their starts, so that kept ranges never overlap.
+
+    A range starting before the previous kept one ends starts at that end instead; one that
+    ends there or before (a duplicate, a range with the same start, one inside another) is dropped.
+    """
+    previous_end = np.maximum.accumulate(ends)
+    bound = np.concatenate([[-np.inf], previous_end[:-1]])  # the furthest end of any range before
+    new_starts = np.maximum(starts, bound)
+    kept = np.flatnonzero((ends > new_starts) | ((ends == starts) & (starts >= bound)))
+    return kept, new_starts
+
+
+def _marker_notes(cut: int, dropped: int, unnumbered: int) -> tuple[str, ...]:
+    notes = []
+    if unnumbered:
+        notes.append(f"{unnumbered} ProfilerStep marker(s) without a readable step number (numbered 0)")
+    if dropped:
+        notes.append(
+            f"{dropped} ProfilerStep range(s) left out: they repeat or lie inside the step before them "
+            "(a duplicate marker or a damaged trace)"
+        )
+    if cut:
+        notes.append(f"{cut} ProfilerStep range(s) began before the step before them ended: cut to start at its end")
+    return tuple(notes)
 
 
 def _host_span(trace: Trace, rank: int) -> tuple[float, float]:

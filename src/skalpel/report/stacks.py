@@ -209,21 +209,38 @@ class _Spans:
         return np.array(order, dtype=np.int64), np.array(parents, dtype=np.int64)
 
 
+MAX_DEPTH = 96
+"""Frames below this depth are folded into one frame: every renderer walks the tree by recursion
+(and the HTML page's JSON nests two levels per frame, where orjson stops at 254)."""
+FOLDED = "[deeper frames folded]"
+
+
 def merged_tree(trace: Trace, threads: list[ThreadStacks]) -> Node:
-    """Merge the threads' call trees by name path; one frame per thread when there are several."""
+    """Merge the threads' call trees by name path; one frame per thread when there are several.
+
+    Events deeper than ``MAX_DEPTH`` give their time to one ``FOLDED`` frame under their
+    ancestor at that depth.
+    """
     root = Node("all", -1)
     canonical = [_ADDRESS.sub(">", name) if name.startswith("<") else name for name in trace.names]
     for stacks in threads:
         top = root if len(threads) == 1 else root.child(f"thread {stacks.tid}", -1)
         nodes: list[Node] = []
+        depths: list[int] = []
         names = [canonical[name] for name in trace.name[stacks.events].tolist()]
         kinds = trace.kind[stacks.events].tolist()
         durations = (stacks.end - stacks.start).tolist()
         for i, parent in enumerate(stacks.parent.tolist()):
             above = nodes[parent] if parent >= 0 else top
-            node = above.child(names[i], kinds[i])
+            depth = depths[parent] + 1 if parent >= 0 else 1
+            if depth > MAX_DEPTH + 1:  # inside a folded frame: its time is already counted there
+                nodes.append(above)
+                depths.append(depth)
+                continue
+            node = above.child(FOLDED, -1) if depth > MAX_DEPTH else above.child(names[i], kinds[i])
             node.total_us += durations[i]
             nodes.append(node)
+            depths.append(depth)
             if parent < 0:
                 top.total_us += durations[i]
         if top is not root:

@@ -8,6 +8,8 @@ strings, nulls) take a slower per-value path only in the batches that have them.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import orjson
 
@@ -19,6 +21,8 @@ _DEVICE_KINDS = np.array(sorted(DEVICE_KINDS), np.int8)
 _ON_DEVICE = np.array(sorted(DEVICE_KINDS | {Kind.DEVICE_SYNC, Kind.GPU_ANNOTATION}), np.int8)
 _MOVES_BYTES = np.array([Kind.MEMCPY, Kind.MEMSET], np.int8)
 _FLOW_CATEGORIES = ("ac2g", "async")
+# Every phase of the Trace Event Format (and its legacy async ones); skalpel reads X, i/I and f.
+_PHASES = frozenset("BEXiICbnestfPONDMRcSTpF()")
 COLUMNS = ("ts", "dur", "kind", "name", "pid", "tid", "device", "stream", "correlation", "external_id",
            "stack", "shapes", "nbytes")  # fmt: skip
 MEMORY_COLUMNS = ("ts", "nbytes", "total_allocated", "total_reserved", "device_type", "device_id", "tid")
@@ -85,6 +89,8 @@ class ColumnBuilder:
         self.skipped = 0
         self.seen = 0  # objects decoded from the events array
         self.phased = False  # whether any of them had a 'ph' (phase), as every trace event does
+        self.unphased = 0  # objects without a 'ph' (or with one that is not a string): ignored
+        self.unknown_phases: dict[str, int] = {}  # phases the Trace Event Format does not define: ignored
         self._flow_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._uncorrelated: list[np.ndarray] = []
 
@@ -94,8 +100,13 @@ class ColumnBuilder:
 
     def add(self, events: list[Event]) -> None:
         self.seen += len(events)
-        if not self.phased:
-            self.phased = any(e.ph is not None for e in events)
+        phases = [e.ph for e in events]
+        unphased = phases.count(None)
+        self.unphased += unphased
+        self.phased = self.phased or unphased < len(events)
+        for phase in set(phases) - _PHASES:  # counted at C speed: the set of phases is tiny
+            if phase is not None:
+                self.unknown_phases[phase] = self.unknown_phases.get(phase, 0) + phases.count(phase)
         self._add_ranges([e for e in events if e.ph == "X" and e.cat != "Trace"])  # Trace: the profiler's own spans
         memory = [e for e in events if e.name == "[memory]" and e.ph in ("i", "I")]
         if memory:
@@ -155,7 +166,9 @@ class ColumnBuilder:
         self.count += len(events)
 
     def _add_memory(self, events: list[Event]) -> None:
-        events = [e for e in events if e.args and e.ts is not None]
+        usable = [e for e in events if e.args and e.ts is not None and math.isfinite(e.ts)]
+        self.skipped += len(events) - len(usable)
+        events = usable
         if not events:
             return
         args = decode_memory_args([e.args for e in events])

@@ -78,6 +78,8 @@ def decode_events(buffer: bytes) -> tuple[list[Event], int]:
         pass  # valid JSON, unexpected types somewhere: go the slow way
     except msgspec.DecodeError as error:
         raise BatchSyntaxError(str(error)) from None
+    except RecursionError:  # args nested hundreds deep: the loader decodes event by event and skips that one
+        raise BatchSyntaxError("nested too deeply") from None
     try:
         items = orjson.loads(buffer)
     except orjson.JSONDecodeError as error:

@@ -71,7 +71,7 @@ _CATEGORY_KINDS = {
     "memory": Kind.MEMORY,
 }
 
-_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d{1,18})$")  # fits in 64 bits
 _COMM_OP_PREFIXES = ("nccl:", "gloo:", "c10d::", "mpi:", "ucc:", "xccl:", "record_param_comms")
 _COMM_KERNEL_MARKERS = ("nccl", "rccl", "multimem_all_reduce", "cross_device_reduce", "all_reduce_kernel", "allreduce")
 
@@ -118,6 +118,6 @@ def is_comm_kernel_name(name: str) -> bool:
 
 
 def step_number(name: str) -> int | None:
-    """The N of ``ProfilerStep#N``, or None for any other name."""
+    """The N of ``ProfilerStep#N``, or None for any other name (and for an N beyond 64 bits)."""
     match = _STEP_NAME.match(name)
     return int(match.group(1)) if match else None

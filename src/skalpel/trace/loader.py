@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 
+from ..display import cut_name
 from ..errors import TraceError
 from .assemble import FileColumns, assemble
 from .columns import ColumnBuilder
@@ -28,6 +29,7 @@ from .events import BatchSyntaxError, decode_events
 from .fastsplit import Layout, guess_layout, next_cut
 from .jsonscan import NotATraceError, iter_batch_ranges, split_document
 from .model import RankInfo, Trace
+from .outliers import set_aside_far_events
 from .source import describe_foreign, read_source
 
 ProgressCallback = Callable[[int, int], None]
@@ -126,14 +128,28 @@ def _parse_file(path: Path, report: Callable[[float], None]) -> FileColumns:
         raise TraceError(f"{path}: the file is cut off before its first complete event")
     del data
     columns, memory = builder.finish()
-    info = _rank_info(path, outcome.header, truncated, builder.count)
+    far = set_aside_far_events(columns, memory, builder.extra, builder.names)
+    if far is not None:
+        warnings.append(f"{path.name}: {far}")
+    info = _rank_info(path, outcome.header, truncated, len(columns["ts"]))
     return FileColumns(path, info, builder.names, columns, memory, builder.extra, warnings)
 
 
 def _warnings(path: Path, builder: ColumnBuilder, outcome: _Outcome, truncated: bool, size: int) -> list[str]:
     warnings = []
     if builder.skipped:
-        warnings.append(f"{path.name}: skipped {builder.skipped:,} malformed events (missing fields or negative durations)")
+        warnings.append(
+            f"{path.name}: skipped {builder.skipped:,} malformed events (missing or invalid fields, negative "
+            "durations, nesting too deep)"
+        )
+    if builder.unphased:
+        warnings.append(f"{path.name}: ignored {builder.unphased:,} events without a valid 'ph' (phase) field")
+    if builder.unknown_phases:
+        phases = ", ".join(repr(cut_name(phase, 12)) for phase in sorted(builder.unknown_phases)[:5])
+        warnings.append(
+            f"{path.name}: ignored {sum(builder.unknown_phases.values()):,} events of phases the trace format "
+            f"does not define ({phases})"
+        )
     if outcome.repaired:
         warnings.append(f"{path.name}: some strings held bytes that are not UTF-8; they were replaced with U+FFFD")
     if truncated:
@@ -233,7 +249,8 @@ def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInf
     if not isinstance(rank, int):
         match = _RANK_IN_NAME.search(path.name)
         rank = int(match.group(1)) if match else 0
-    devices = tuple(d for d in header.get("deviceProperties") or header.get("computeProperties") or () if isinstance(d, dict))
+    listed = header.get("deviceProperties") or header.get("computeProperties")
+    devices = tuple(d for d in listed if isinstance(d, dict)) if isinstance(listed, list) else ()
     versions = {
         key: header[key]
         for key in ("cuda_runtime_version", "cuda_driver_version", "cupti_version", "hip_runtime_version", "schemaVersion")
