@@ -182,7 +182,7 @@ def test_run_folder_side_reads_its_report_json(tmp_path: Path) -> None:
 def test_missing_and_unreadable_sides_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     good = _write(tmp_path / "good.json", run(TIGHT))
     assert main(["diff", str(tmp_path / "nope"), str(good)]) == 2
-    assert capsys.readouterr().err.strip() == f"skalpel: error: BEFORE: no such file or folder: {tmp_path / 'nope'}"
+    assert capsys.readouterr().err.strip() == f"skalpel: error: BEFORE: {tmp_path / 'nope'}: no such file or folder"
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text('{"traceEvents": [{"ph": "X", "na')
     assert main(["diff", str(good), str(corrupt)]) == 2

@@ -7,6 +7,8 @@ subcommand is one small handler. No analysis happens here.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -102,12 +104,12 @@ def _add_commbench(commands: argparse._SubParsersAction) -> None:
         "time each collective over a range of message sizes; print algorithm and bus bandwidth (nccl-tests "
         "definitions). Feed the --json result to `skalpel analyze --commbench FILE` to compare a run with it.",
     )
-    parser.add_argument("--nproc", type=int, default=2, metavar="N", help="processes (ranks) to spawn (2)")
+    parser.add_argument("--nproc", type=_positive_int, default=2, metavar="N", help="processes (ranks) to spawn (2)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl with N GPUs, else gloo")
     parser.add_argument("--min-bytes", default=None, metavar="SIZE", help="smallest message, e.g. 1K (1K)")
     parser.add_argument("--max-bytes", default=None, metavar="SIZE", help="largest message (4M on CPU, 64M on GPU)")
     parser.add_argument("--ops", default=None, metavar="LIST", help="comma-separated collectives (all five)")
-    parser.add_argument("--iters", type=int, default=10, metavar="N", help="calls timed per measurement (10)")
+    parser.add_argument("--iters", type=_positive_int, default=10, metavar="N", help="calls timed per measurement (10)")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE")
     parser.set_defaults(handler=_cmd_commbench)
 
@@ -140,7 +142,7 @@ def _add_diff(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", nargs="?", const="-", metavar="FILE", help="write the skalpel.diff/1 JSON to FILE (or stdout)")
     parser.add_argument("--html", metavar="FILE", help="write the comparison as a self-contained HTML page")
     parser.add_argument(
-        "--fail-if-slower", type=float, metavar="PCT",
+        "--fail-if-slower", type=_percent, metavar="PCT",
         help="exit with status 1 when AFTER is slower by more than PCT percent and outside the noise (a CI gate)",
     )  # fmt: skip
     parser.set_defaults(handler=_cmd_diff)
@@ -186,7 +188,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, run as python -m would")
     add_capture_options(parser)
     parser.add_argument(
-        "--nproc", type=int, default=1, metavar="N",
+        "--nproc", type=_positive_int, default=1, metavar="N",
         help="run N ranks on this machine through torch.distributed.run (torchrun) and merge their traces "
         "into one report (1); under your own torchrun, leave it out: every rank profiles itself",
     )  # fmt: skip
@@ -211,7 +213,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         "`skalpel run`, and print the diagnosis. No download.",
     )
     add_capture_options(parser, repeat=2)
-    parser.add_argument("--steps", type=int, default=18, help="training steps the demo runs (18)")
+    parser.add_argument("--steps", type=_positive_int, default=18, help="training steps the demo runs (18)")
     parser.set_defaults(handler=_cmd_demo)
 
 
@@ -262,6 +264,26 @@ def _add_tune(commands: argparse._SubParsersAction) -> None:
     add_parser(commands)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage such as 5, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite percentage of 0 or more, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -271,11 +293,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except SkalpelError as error:
-        print(f"skalpel: error: {error}", file=sys.stderr)
+        _error(str(error))
         return error.exit_code
     except KeyboardInterrupt:
         print("skalpel: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        _error("out of memory: the input needs more memory than this machine has free")
+        return 2
+    except Exception as error:  # a bug: one line, not a traceback (SKALPEL_TRACEBACK=1 shows it)
+        if os.environ.get("SKALPEL_TRACEBACK"):
+            raise
+        _error(f"internal error ({type(error).__name__}: {error}); please report it with the input "
+               "(SKALPEL_TRACEBACK=1 shows where)", internal=True)  # fmt: skip
+        return INTERNAL_ERROR
+
+
+INTERNAL_ERROR = 3
+
+
+def _error(message: str, *, internal: bool = False) -> None:
+    """One line on stderr; text from a trace (file names, keys) cannot drive the terminal."""
+    from .display import cut_name
+
+    print(f"skalpel: {'' if internal else 'error: '}{cut_name(message, 2000)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

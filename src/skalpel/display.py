@@ -3,12 +3,19 @@
 A trace is input like any other: an op name may hold terminal escape sequences (clear
 the screen, set the window title, a hidden link) or be megabytes long. Every name
 shown on a terminal or written to summary.txt goes through ``plain`` (control
-characters replaced by visible escapes) and is cut by ``cut_name``.
+characters replaced by visible escapes) and is cut by ``cut_name``; ``for_terminal``
+does both to every string of a report before the terminal renderers see it. Those
+renderers pass such strings to rich as ``Text``, never as markup, so ``aten::mm[/]``
+or ``[memory]`` show as written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from typing import TypeVar
+
+T = TypeVar("T")
 
 NAME_CHARS = 200
 # C0 controls (but tab and newline, handled below), DEL, C1 controls; and the Unicode
@@ -34,3 +41,24 @@ def cut_name(text: str, limit: int = NAME_CHARS) -> str:
     if len(text) > limit:
         text = f"{text[: limit - 1]}… ({len(text):,} chars)"
     return plain(text)
+
+
+TEXT_CHARS = 1000  # any one string of a report on a terminal: prose fits, a megabyte name does not
+
+
+def for_terminal(value: T) -> T:
+    """A copy of a report (dataclasses, dicts, tuples and lists of them) with every string made safe to print.
+
+    Control characters are escaped and each string is cut to ``TEXT_CHARS``: a terminal
+    shows what the trace says, and nothing in the trace can drive the terminal or stall it.
+    """
+    if isinstance(value, str):
+        return cut_name(value, TEXT_CHARS)  # type: ignore[return-value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: for_terminal(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, dict):
+        return {for_terminal(key): for_terminal(item) for key, item in value.items()}  # type: ignore[return-value]
+    if isinstance(value, (tuple, list)):
+        return type(value)(for_terminal(item) for item in value)  # type: ignore[return-value]
+    return value

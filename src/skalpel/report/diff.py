@@ -13,13 +13,16 @@ when the runs carry it. A change inside either is reported as noise.
 from __future__ import annotations
 
 import math
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import orjson
 
-from ..errors import SkalpelError
+from ..errors import SkalpelError, TraceError
+from ..trace.loader import path_mode
+from ..trace.source import without_bom
 from .model import Finding, Report
 
 DIFF_SCHEMA = "skalpel.diff/1"
@@ -281,10 +284,14 @@ def load_side(path: str | Path, *, which: str) -> Report:
     """A Report for one side of a diff: a report.json, a run folder, or trace files/folders."""
     from ..api import analyze
 
+    if str(path) == "":
+        raise SkalpelError(f"{which}: an empty path ('') was given: name a run folder, trace or report.json")
     path = Path(path)
-    if not path.exists():
-        raise SkalpelError(f"{which}: no such file or folder: {path}")
-    report_json = path / "report.json" if path.is_dir() else path
+    try:
+        is_dir = stat.S_ISDIR(path_mode(path))
+    except TraceError as error:
+        raise SkalpelError(f"{which}: {error}") from None
+    report_json = path / "report.json" if is_dir else path
     if report_json.is_file() and report_json.suffix == ".json":
         report = _read_skalpel_json(report_json, which=which)
         if report is not None:
@@ -297,7 +304,7 @@ def _read_skalpel_json(path: Path, *, which: str) -> Report | None:
     if path.stat().st_size > _SKALPEL_JSON_MAX_BYTES or not _looks_like_skalpel(path):
         return None
     try:
-        data = orjson.loads(path.read_bytes())
+        data = orjson.loads(without_bom(path.read_bytes()))
     except (OSError, orjson.JSONDecodeError):
         return None
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("skalpel."):

@@ -12,6 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ..display import cut_name, for_terminal
 from . import html_parts as parts
 from .diff import DiffResult, FindingChange, OpDelta, StepChange
 
@@ -48,6 +49,7 @@ def noise_text(step: StepChange) -> str:
 
 def render(result: DiffResult) -> list:
     """Rich renderables, the verdict first."""
+    result = for_terminal(result)  # names from the traces: control characters escaped, lengths bounded
     out: list = []
     if result.mismatches:
         out.append(Panel(Text("\n".join(result.mismatches)), title="these runs may not be comparable",
@@ -59,13 +61,13 @@ def render(result: DiffResult) -> list:
     body += [_finding_line("appeared", "red", change.after) for change in result.appeared]
     body += [_finding_line("disappeared", "green", change.before) for change in result.disappeared]
     body += [_finding_line("still there", "yellow", change.after) for change in _serious(result.persisting)]
-    out.append(Panel(Group(*body), title=f"{result.before_label} -> {result.after_label}", title_align="left"))
+    out.append(Panel(Group(*body), title=Text(f"{result.before_label} -> {result.after_label}"), title_align="left"))
     if result.categories:
         table = Table(title="step time by category (biggest movers first)", title_justify="left")
         for name in ("category", "before %", "after %", "Δ points", "before ms/step", "after ms/step", "Δ ms/step"):
             table.add_column(name, justify="left" if name == "category" else "right", no_wrap=name == "category")
         for row in result.categories:
-            table.add_row(row.category, f"{row.before_pct:.1f}", f"{row.after_pct:.1f}", f"{row.delta_pct:+.1f}",
+            table.add_row(Text(row.category), f"{row.before_pct:.1f}", f"{row.after_pct:.1f}", f"{row.delta_pct:+.1f}",
                           f"{row.before_ms_per_step:.2f}", f"{row.after_ms_per_step:.2f}", f"{row.delta_ms_per_step:+.2f}")  # fmt: skip
         out.append(table)
     for title, rows in ((f"ops ({result.op_metric} per step)", result.ops), ("kernels (ms per step)", result.kernels)):
@@ -99,7 +101,7 @@ def _movers_table(title: str, rows: tuple[OpDelta, ...]) -> Table:
     for name in ("before", "after", "Δ"):
         table.add_column(name, justify="right")
     for row in rows:
-        table.add_row(row.name, _ms(row.before_ms_per_step), _ms(row.after_ms_per_step), f"{row.delta_ms_per_step:+.3f}")
+        table.add_row(Text(cut_name(row.name)), _ms(row.before_ms_per_step), _ms(row.after_ms_per_step), f"{row.delta_ms_per_step:+.3f}")
     return table
 
 

@@ -8,6 +8,8 @@ written to JSON and read back without the trace, so any renderer can run again l
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,16 +138,19 @@ class Report:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
+        """Read a report back; a field of the wrong type (a hand-edited file) raises ReportFormatError naming it."""
+        if not isinstance(data, dict):
+            raise ReportFormatError("the document is not a JSON object")
         if data.get("schema") != SCHEMA:
-            raise ValueError(f"not a {SCHEMA} document (schema: {data.get('schema')!r})")
-        ranks = tuple(_rank_from_dict(rank) for rank in data.get("ranks", ()))
+            raise ReportFormatError(f"not a {SCHEMA} document (schema: {data.get('schema')!r})")
+        ranks = tuple(_rank_from_dict(rank, f"ranks[{i}]") for i, rank in enumerate(_list(data, "ranks", "")))
         return cls(
-            source=_build(Source, data["source"]),
-            steps=_build(StepStats, data["steps"]),
+            source=_build(Source, _required(data, "source", ""), "source"),
+            steps=_build(StepStats, _required(data, "steps", ""), "steps"),
             ranks=ranks,
-            findings=tuple(_build(Finding, finding) for finding in data.get("findings", ())),
-            capture=_build(CaptureInfo, data["capture"]) if data.get("capture") else None,
-            warnings=tuple(data.get("warnings", ())),
+            findings=tuple(_build(Finding, item, f"findings[{i}]") for i, item in enumerate(_list(data, "findings", ""))),
+            capture=_build(CaptureInfo, data["capture"], "capture") if data.get("capture") else None,
+            warnings=_checked(tuple(_list(data, "warnings", "")), tuple[str, ...], "warnings"),
         )
 
     @classmethod
@@ -153,23 +158,101 @@ class Report:
         return cls.from_dict(orjson.loads(text))
 
 
-def _rank_from_dict(data: dict[str, Any]) -> RankReport:
+class ReportFormatError(ValueError):
+    """A report document that does not have the shape of skalpel.report/1; the message names the field."""
+
+
+def _rank_from_dict(data: Any, where: str) -> RankReport:
+    if not isinstance(data, dict):
+        raise ReportFormatError(f"{where}: expected an object, got {_kind(data)}")
     values = dict(data)
-    values["gpu"] = _build(GpuSummary, data["gpu"]) if data.get("gpu") else None
-    values["memory"] = _build(MemorySummary, data["memory"]) if data.get("memory") else None
-    values["top_ops"] = tuple(_build(OpRow, row) for row in data.get("top_ops", ()))
-    values["top_kernels"] = tuple(_build(KernelRow, row) for row in data.get("top_kernels", ()))
-    return _build(RankReport, values)
+    values["gpu"] = _build(GpuSummary, data["gpu"], f"{where}.gpu") if data.get("gpu") else None
+    values["memory"] = _build(MemorySummary, data["memory"], f"{where}.memory") if data.get("memory") else None
+    values["top_ops"] = tuple(_build(OpRow, row, f"{where}.top_ops[{i}]") for i, row in enumerate(_list(data, "top_ops", where)))
+    values["top_kernels"] = tuple(
+        _build(KernelRow, row, f"{where}.top_kernels[{i}]") for i, row in enumerate(_list(data, "top_kernels", where))
+    )
+    return _build(RankReport, values, where)
 
 
-def _build(cls: type, data: dict[str, Any]) -> Any:
-    """Construct a dataclass from a dict, ignoring unknown keys and turning lists into tuples."""
-    names = {f.name: f for f in dataclasses.fields(cls)}
+def _build(cls: type, data: Any, where: str) -> Any:
+    """Construct a dataclass from a dict, checking each field's type; unknown keys are ignored."""
+    if not isinstance(data, dict):
+        raise ReportFormatError(f"{where}: expected an object, got {_kind(data)}")
+    hints = typing.get_type_hints(cls)
     values = {}
-    for key, value in data.items():
-        if key not in names:
+    for spec in dataclasses.fields(cls):
+        if spec.name not in data:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                raise ReportFormatError(f"{where}: the field '{spec.name}' is missing")
             continue
-        if isinstance(value, list) and "tuple" in str(names[key].type):
+        value = data[spec.name]
+        if isinstance(value, list):
             value = tuple(tuple(item) if isinstance(item, list) else item for item in value)
-        values[key] = value
+        values[spec.name] = _checked(value, hints[spec.name], f"{where}.{spec.name}")
+    if cls is Finding and values["severity"] not in SEVERITIES:
+        raise ReportFormatError(f"{where}.severity: expected one of {', '.join(SEVERITIES)}, got {values['severity']!r}")
     return cls(**values)
+
+
+def _checked(value: Any, hint: Any, where: str) -> Any:
+    if not _conforms(value, hint):
+        raise ReportFormatError(f"{where}: expected {_describe(hint)}, got {_kind(value)}")
+    return value
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a field's annotation (lists stand for tuples; an int is a float)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is dict:
+        return isinstance(value, dict) and all(_conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items())
+    if origin is tuple:
+        if not isinstance(value, (tuple, list)):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_conforms(item, args[0]) for item in value)
+        return len(value) == len(args) and all(_conforms(item, arg) for item, arg in zip(value, args))
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in args)
+    if origin is tuple or origin is list:
+        return "a list"
+    if origin is dict:
+        return "an object"
+    return {float: "a number", int: "an integer", str: "a string", bool: "true or false", type(None): "null"}.get(
+        hint, f"a {getattr(hint, '__name__', hint)} object"
+    )
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list",
+            tuple: "a list", dict: "an object"}.get(type(value), type(value).__name__)  # fmt: skip
+
+
+def _list(data: dict, key: str, where: str) -> list | tuple:
+    value = data.get(key, ())
+    if not isinstance(value, (list, tuple)):
+        raise ReportFormatError(f"{where + '.' if where else ''}{key}: expected a list, got {_kind(value)}")
+    return value
+
+
+def _required(data: dict, key: str, where: str) -> Any:
+    if key not in data:
+        raise ReportFormatError(f"{where + '.' if where else ''}{key}: the field is missing")
+    return data[key]

@@ -15,6 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ..display import cut_name, for_terminal, plain
 from .model import SEVERITIES, Finding, RankReport, Report
 from .terminal_comm import comm_line, ranks_table
 
@@ -32,7 +33,7 @@ def print_report(report: Report, *, console: Console | None = None) -> None:
 def print_written(paths: Iterable[Path], *, console: Console | None = None) -> None:
     console = console or Console()
     for path in paths:
-        console.print(f"wrote {path}", style="dim", highlight=False)
+        console.print(Text(f"wrote {plain(str(path))}", style="dim"))
 
 
 def render_text(report: Report, *, width: int = 100) -> str:
@@ -51,6 +52,7 @@ class _Discard:
 
 
 def render(report: Report) -> list:
+    report = for_terminal(report)  # names from the trace: control characters escaped, lengths bounded
     parts: list = [_verdict(report), _steps(report)]
     ranks = ranks_table(report)
     if ranks is not None:
@@ -168,7 +170,7 @@ def _ops_table(rank: RankReport, *, device: bool) -> Table:
     if device:
         table.add_column("self device", justify="right", no_wrap=True)
     for row in rank.top_ops[:TOP_OPS]:
-        label = Text(row.name)
+        label = Text(cut_name(row.name))
         if row.input_shapes:
             shapes = row.input_shapes if len(row.input_shapes) <= 60 else row.input_shapes[:59] + "…"
             label.append(f"\n{shapes}", style="dim")

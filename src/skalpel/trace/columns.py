@@ -209,8 +209,9 @@ class ColumnBuilder:
 
     def finish(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The columns, with device events that lack a 'correlation' arg linked through their flow."""
-        columns = {key: _concat(parts, key) for key, parts in self._parts.items()}
-        memory = {key: _concat(parts, key, memory=True) for key, parts in self._memory_parts.items()}
+        # Each column's batches are released as soon as it is joined: never all columns twice.
+        columns = {key: _concat(self._parts.pop(key), key) for key in list(self._parts)}
+        memory = {key: _concat(self._memory_parts.pop(key), key, memory=True) for key in list(self._memory_parts)}
         if self._uncorrelated and self._flow_parts:
             pid, tid, ts, ids = (np.concatenate(part).tolist() for part in zip(*self._flow_parts))
             flow_ends = dict(zip(zip(pid, tid, ts), ids))

@@ -15,7 +15,9 @@ recovers every whole event. Only one batch of decoded events is alive at a time.
 from __future__ import annotations
 
 import ast
+import errno
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -46,17 +48,44 @@ def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
     """Expand folders into the trace files inside them, skipping skalpel's own outputs."""
     found: list[Path] = []
     for raw in paths:
+        if str(raw) == "":
+            raise TraceError("an empty path ('') was given: name a trace file or folder")
         path = Path(raw)
-        if path.is_dir():
+        mode = path_mode(path)
+        if stat.S_ISDIR(mode):
             inside = sorted(p for p in path.rglob("*") if p.is_file() and _looks_like_trace_file(p))
             if not inside:
                 raise TraceError(f"{path}: no trace files (*.json or *.json.gz) in this folder")
             found.extend(inside)
-        elif path.is_file():
+        elif stat.S_ISREG(mode):
             found.append(path)
         else:
-            raise TraceError(f"{path}: no such file or folder")
+            raise TraceError(f"{path}: {_special_file(mode)}, not a trace file")
     return found
+
+
+def path_mode(path: Path) -> int:
+    """The file type bits of ``path`` (following links), or a TraceError that names the problem."""
+    try:
+        return path.stat().st_mode
+    except OSError as error:
+        if error.errno == errno.ENOENT:
+            raise TraceError(f"{path}: no such file or folder") from None
+        if error.errno == errno.ELOOP:
+            raise TraceError(f"{path}: a loop of symbolic links (it never reaches a file)") from None
+        if error.errno == errno.ENAMETOOLONG:
+            raise TraceError(f"{cut_name(str(path), 80)}: the path is too long for the file system") from None
+        raise TraceError(f"{path}: cannot read it ({error.strerror or error})") from None
+
+
+def _special_file(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device file"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
 
 
 def _looks_like_trace_file(path: Path) -> bool:
@@ -72,8 +101,20 @@ def load(paths: str | Path | Iterable[str | Path], *, on_progress: ProgressCallb
         paths = [paths]
     files = find_trace_files(paths)
     progress = _Progress(files, on_progress)
-    parsed = [_parse_file(path, progress.of_file(index)) for index, path in enumerate(files)]
+    parsed: list[FileColumns] = []
+    failed: list[str] = []
+    for index, path in enumerate(files):
+        try:
+            parsed.append(_parse_file(path, progress.of_file(index)))
+        except TraceError as error:
+            if len(files) == 1:
+                raise
+            failed.append(str(error))
+    if not parsed:
+        raise TraceError(f"none of the {len(files)} files loads; the first: {failed[0]}")
     parsed = _drop_duplicate_ranks(parsed)
+    if failed:  # one damaged rank file should not hide the others
+        parsed[0].warnings.extend(f"skipped a file that does not load: {message}" for message in failed)
     return assemble(parsed)
 
 

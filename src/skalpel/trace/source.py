@@ -5,15 +5,18 @@ from __future__ import annotations
 import re
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import orjson
 
 from ..errors import TraceError
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_BOM = b"\xef\xbb\xbf"
 _IN_CHUNK = 1 << 20
 _OUT_CHUNK = 1 << 20  # zlib doubles its output buffer up to this: keep the transient small
+_HEAD_BYTES = 1 << 20  # decompressed bytes looked at before deciding that a file cannot be a trace
+_PLAUSIBLE_RATIO = 40  # traces compress 10-20x; a trailer claiming more is checked by counting
 _OTHER_COMPRESSIONS = {
     b"BZh": "bzip2",
     b"\xfd7zXZ\x00": "xz",
@@ -31,50 +34,139 @@ def read_source(path: Path, on_fraction: Callable[[float], None] | None = None) 
     except OSError as error:
         raise TraceError(f"{path}: cannot read the file ({error.strerror or error})") from None
     if raw[:2] != _GZIP_MAGIC:
-        return raw, False
-    return _gunzip(raw, path, on_fraction)
+        return without_bom(raw), False
+    try:
+        data, cut = _gunzip(raw, path, on_fraction)
+    except MemoryError:
+        raise TraceError(f"{path}: not enough memory to decompress it") from None
+    if data[:3] == _BOM:
+        del data[:3]
+    return data, cut
+
+
+def without_bom(data: bytes) -> bytes:
+    """The bytes without a leading UTF-8 byte order mark (some editors on Windows write one; JSON has none)."""
+    return data[3:] if data[:3] == _BOM else data
+
+
+class _Inflater:
+    """Yields the decompressed bytes of every gzip member in ``raw``, in pieces of at most _OUT_CHUNK.
+
+    Stops quietly at corrupt data (``error``) or at a stream cut short (``cut``), as gzip -d
+    would after writing what it could; ``position`` is how far into ``raw`` it has read.
+    """
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self.position = 0
+        self.error: zlib.error | None = None
+        self.cut = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        raw, view = self.raw, memoryview(self.raw)
+        while self.position < len(raw):
+            decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            try:
+                while self.position < len(raw) and not decompressor.eof:
+                    pending = view[self.position : self.position + _IN_CHUNK]
+                    self.position += len(pending)
+                    while pending and not decompressor.eof:
+                        yield decompressor.decompress(pending, _OUT_CHUNK)
+                        pending = decompressor.unconsumed_tail
+            except zlib.error as error:
+                self.error = error
+                return
+            if not decompressor.eof:
+                self.cut = True
+                return
+            self.position -= len(decompressor.unused_data)  # the next member, if any, starts here
+            if raw[self.position : self.position + 2] != _GZIP_MAGIC:
+                return  # padding or trailing garbage after the last member: ignored, as gzip does
 
 
 def _gunzip(raw: bytes, path: Path, on_fraction: Callable[[float], None] | None) -> tuple[bytearray, bool]:
-    """Decompress every gzip member into one buffer sized from the gzip trailer (no regrowth copies).
+    """Decompress every gzip member into one buffer of the exact size (no regrowth copies).
 
-    Keeps what decompressed when the stream ends early or turns corrupt, as for a cut-off file.
+    The size comes from the gzip trailer when it is plausible, else from a first pass that
+    only counts (and rejects a file that cannot be a trace after its first megabyte, such
+    as a gzip of zeros, before inflating gigabytes). Keeps what decompressed when the
+    stream ends early or turns corrupt, as for a cut-off file.
     """
-    out = bytearray(_expected_size(raw))
+    size = _trailer_size(raw)
+    if size is None:
+        size = _counted_size(raw, path)
+    _check_memory(size, path)
+    out = bytearray(size)
     filled = 0
-    view = memoryview(raw)
-    position = 0
-    while position < len(raw):
-        decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16)
-        try:
-            while position < len(raw) and not decompressor.eof:
-                pending = view[position : position + _IN_CHUNK]
-                position += len(pending)
-                while pending and not decompressor.eof:
-                    piece = decompressor.decompress(pending, _OUT_CHUNK)
-                    out[filled : filled + len(piece)] = piece  # grows the buffer only past the trailer's size
-                    filled += len(piece)
-                    pending = decompressor.unconsumed_tail
-                if on_fraction is not None:
-                    on_fraction(position / len(raw))
-        except zlib.error as error:
-            if not filled:
-                raise TraceError(f"{path}: corrupt gzip data ({error})") from None
-            return _trimmed(out, filled), True
-        if not decompressor.eof:
-            if not filled:
-                raise TraceError(f"{path}: the gzip stream is cut off before any data")
-            return _trimmed(out, filled), True
-        position -= len(decompressor.unused_data)  # the next member, if any, starts here
-        if raw[position : position + 2] != _GZIP_MAGIC:
-            break  # padding or trailing garbage after the last member: ignored, as gzip does
-    return _trimmed(out, filled), False
+    inflater = _Inflater(raw)
+    checked = False
+    for piece in inflater:
+        out[filled : filled + len(piece)] = piece  # grows the buffer only past the expected size
+        filled += len(piece)
+        if not checked and filled >= _HEAD_BYTES:
+            _reject_foreign(bytes(out[:filled]), path)
+            checked = True
+        if on_fraction is not None:
+            on_fraction(inflater.position / len(raw))
+    if not filled:
+        if inflater.error is not None:
+            raise TraceError(f"{path}: corrupt gzip data ({inflater.error})")
+        if inflater.cut:
+            raise TraceError(f"{path}: the gzip stream is cut off before any data")
+    return _trimmed(out, filled), inflater.error is not None or inflater.cut
 
 
-def _expected_size(raw: bytes) -> int:
-    """The uncompressed size from the gzip trailer (modulo 4 GiB; 0 when implausible, e.g. a cut file)."""
+def _trailer_size(raw: bytes) -> int | None:
+    """The uncompressed size from the gzip trailer (modulo 4 GiB); None when implausible, e.g. a cut file."""
     size = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
-    return size if size <= 40 * len(raw) else 0  # traces compress 10-20x; a cut file has no trailer
+    return size if 0 < size <= _PLAUSIBLE_RATIO * len(raw) else None
+
+
+def _counted_size(raw: bytes, path: Path) -> int:
+    """Inflate without keeping the output, to learn its size; reject non-traces as soon as they show."""
+    size = 0
+    head = bytearray()
+    blank = True  # only whitespace so far
+    for piece in _Inflater(raw):
+        size += len(piece)
+        if len(head) < _HEAD_BYTES:
+            head += piece[: _HEAD_BYTES - len(head)]
+            if len(head) >= _HEAD_BYTES:
+                _reject_foreign(bytes(head), path)
+        if blank and piece.strip():
+            blank = False
+    if blank and size:
+        raise TraceError(f"{path}: the file is empty (only whitespace)")
+    return size
+
+
+def _reject_foreign(head: bytes, path: Path) -> None:
+    """Fail early when the first megabyte of a document shows that it is not a trace."""
+    foreign = describe_foreign(head)
+    if foreign is not None and not head.isspace():
+        raise TraceError(f"{path}: {foreign}")
+
+
+def _check_memory(size: int, path: Path) -> None:
+    """A clear error instead of a MemoryError (or the OOM killer) for a document larger than free memory."""
+    available = _available_memory()
+    if available is not None and size > available:
+        raise TraceError(
+            f"{path}: decompresses to {size / 2**30:.1f} GiB, more than the {available / 2**30:.1f} GiB of "
+            "memory available"
+        )
+
+
+def _available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), None where unknown."""
+    try:
+        with open("/proc/meminfo", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _trimmed(out: bytearray, filled: int) -> bytearray:
