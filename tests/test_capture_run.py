@@ -113,6 +113,5 @@ def test_demo_shows_data_loading_as_the_largest_share(tmp_path: Path) -> None:
     assert report.capture is not None and report.capture.repeats == 2
     assert len(report.capture.window_medians_ms) == 2 and report.capture.noise_pct is not None
     breakdown = report.ranks[0].step_breakdown_pct
-    if not breakdown:
-        pytest.skip("the step breakdown analysis is not wired into the report yet")
+    assert breakdown, "the report has no step breakdown"
     assert max(breakdown, key=breakdown.get) == "dataloader"

@@ -17,6 +17,7 @@ from skalpel.capture.settings import CaptureSettings
 from skalpel.cli import main
 from skalpel.errors import SkalpelError
 
+pytestmark = pytest.mark.slow  # most tests here start a `skalpel run` or skalpel.profile() (README: "not slow" skips them)
 torch.set_num_threads(1)
 
 

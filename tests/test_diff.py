@@ -16,7 +16,7 @@ from skalpel.report import diff_render
 from skalpel.report.diff import DiffOptions, diff_reports, load_side
 from skalpel.report.model import CaptureInfo, Finding, OpRow, RankReport, Report, Source, StepStats
 from tests.conftest import corpus
-from tests.report_fixtures import CHROMIUM, DomSummary, chromium, console_messages
+from tests.report_fixtures import DomSummary, chromium, console_messages, needs_browser
 
 NW0 = "kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
 NW4 = "kineto/tb_plugin/samples/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz"
@@ -194,7 +194,7 @@ def test_missing_and_unreadable_sides_are_one_line_errors(tmp_path: Path, capsys
     assert "AFTER" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+@needs_browser
 @pytest.mark.slow
 def test_diff_page_opens_in_chromium(resnet: tuple[Path, Path, dict], tmp_path: Path) -> None:
     page = tmp_path / "diff.html"

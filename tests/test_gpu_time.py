@@ -27,7 +27,10 @@ from .conftest import corpus
 
 GOLDEN = Path(__file__).parent / "golden" / "hta"
 HTA_WINDOW = GpuTimeOptions(exclude_last_step=True)
-TOLERANCE_PP = 0.5
+# What the references justify: our temporal breakdown equals HTA's exact microseconds to 1e-10 points;
+# HTA rounds comp_comm_overlap_pctg to 2 decimals, so the overlap may differ by up to 0.005 points (0.00487 seen).
+TEMPORAL_TOLERANCE_PP = 1e-6
+OVERLAP_TOLERANCE_PP = 0.005 + 1e-9
 
 
 def _golden_cases() -> list[str]:
@@ -68,7 +71,7 @@ def test_temporal_breakdown_matches_hta(case, results):
         }
         mine = {"idle": ours.idle_pct, "compute": ours.compute_pct, "non_compute": ours.non_compute_pct}
         for key in hta:
-            assert mine[key] == pytest.approx(hta[key], abs=TOLERANCE_PP), (case, row["rank"], key)
+            assert mine[key] == pytest.approx(hta[key], abs=TEMPORAL_TOLERANCE_PP), (case, row["rank"], key)
         assert ours.events == exact["per_rank"][str(row["rank"])]["gpu_events_counted"] or case.startswith("triton_example")
 
 
@@ -80,7 +83,7 @@ def test_comm_overlap_matches_hta(case, results):
         if row["comp_comm_overlap_pctg"] is None:  # HTA: 0/0, no communication kernels
             assert ours is None
         else:
-            assert ours == pytest.approx(row["comp_comm_overlap_pctg"], abs=TOLERANCE_PP)
+            assert ours == pytest.approx(row["comp_comm_overlap_pctg"], abs=OVERLAP_TOLERANCE_PP)
 
 
 @pytest.mark.parametrize("case", _golden_cases())

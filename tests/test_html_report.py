@@ -22,11 +22,11 @@ from skalpel.report import html
 from skalpel.report.model import RankReport, Report, Source, StepStats
 from tests.conftest import corpus
 from tests.report_fixtures import (
-    CHROMIUM, EVIL, EVIL_SCRIPT, EVIL_TITLE, DomSummary, chromium, console_messages, flame_tree, full_report, tiny_kineto,
+    EVIL, EVIL_SCRIPT, EVIL_TITLE, DomSummary, chromium, console_messages, flame_tree, full_report, needs_browser,
+    tiny_kineto,
 )  # fmt: skip
 
 RESNET_NW0 = "kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
-needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
 SECTIONS = ("Verdict", "Step time per step", "Step time breakdown", "GPU time and idle breakdown", "Top ops and kernels",
             "Memory", "Flame graph", "Per-rank comparison", "More analyses", "Capture facts", "Notes on the trace")  # fmt: skip
 

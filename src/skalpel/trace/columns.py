@@ -68,9 +68,10 @@ class _ShapeIds(dict):
     def __missing__(self, raw: bytes) -> int:
         try:
             value = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            value = None
-        index = self[raw] = self.interner[orjson.dumps(value).decode()] if value else -1
+            text = orjson.dumps(value).decode() if value else ""
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError):  # not JSON, or nested hundreds deep
+            text = ""
+        index = self[raw] = self.interner[text] if text else -1
         return index
 
 

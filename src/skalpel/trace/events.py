@@ -94,6 +94,9 @@ def event_from_dict(item: object) -> Event | None:
     if not isinstance(item, dict):
         return None
     args = item.get("args")
+    raw_args = _raw(args) if isinstance(args, dict) else EMPTY
+    if raw_args is None:
+        return None  # args nested deeper than JSON can be written back: a damaged event
     return Event(
         ph=_text(item.get("ph")),
         cat=_text(item.get("cat")),
@@ -103,7 +106,7 @@ def event_from_dict(item: object) -> Event | None:
         pid=_label(item.get("pid")),
         tid=_label(item.get("tid")),
         id=_label(item.get("id")),
-        args=Raw(orjson.dumps(args)) if isinstance(args, dict) else EMPTY,
+        args=raw_args,
     )
 
 
@@ -147,6 +150,14 @@ def full_args(raws: list[Raw]) -> list[dict]:
     return kept
 
 
+def _raw(value: object) -> Raw | None:
+    """``value`` as raw JSON, or None when it nests too deeply to be written (orjson stops at 255 levels)."""
+    try:
+        return Raw(orjson.dumps(value))
+    except orjson.JSONEncodeError:
+        return None
+
+
 def _loads_or_none(raw: Raw) -> object:
     try:
         return orjson.loads(bytes(raw)) if raw else None
@@ -165,7 +176,7 @@ def _args_from_dict(value: object) -> Args:
         device=_number_like(value.get("device"), MISSING),
         stream=_number_like(value.get("stream"), MISSING),
         stack=_text(value.get("Call stack")),
-        dims=Raw(orjson.dumps(dims)) if dims else EMPTY,
+        dims=(_raw(dims) or EMPTY) if dims else EMPTY,
         nbytes=_number_like(value.get("bytes"), 0),
     )
 
