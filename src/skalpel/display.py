@@ -18,6 +18,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 NAME_CHARS = 200
+_CUT = re.compile(r"… \(([\d,]+) chars\)$")
 # C0 controls (but tab and newline, handled below), DEL, C1 controls; and the Unicode
 # line/paragraph separators and bidirectional overrides that can reorder what a terminal shows.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -37,9 +38,14 @@ def plain(text: str, *, keep_newlines: bool = False) -> str:
 
 
 def cut_name(text: str, limit: int = NAME_CHARS) -> str:
-    """At most ``limit`` characters of a name, with its length said when cut; control characters escaped."""
+    """At most ``limit`` characters of a name, with its length said when cut; control characters escaped.
+
+    Cutting a name that was cut before keeps the length it first had.
+    """
     if len(text) > limit:
-        text = f"{text[: limit - 1]}… ({len(text):,} chars)"
+        earlier = _CUT.search(text)
+        length = earlier[1] if earlier else f"{len(text):,}"
+        text = f"{text[: limit - 1]}… ({length} chars)"
     return plain(text)
 
 

@@ -296,7 +296,10 @@ def load_side(path: str | Path, *, which: str) -> Report:
         report = _read_skalpel_json(report_json, which=which)
         if report is not None:
             return report
-    return analyze(path)
+    try:
+        return analyze(path)
+    except TraceError as error:
+        raise TraceError(f"{which}: {error}") from None
 
 
 def _read_skalpel_json(path: Path, *, which: str) -> Report | None:
