@@ -242,3 +242,39 @@ def test_a_five_megabyte_name_is_cut_for_display(tmp_path: Path) -> None:
     text = terminal.render_text(report)
     assert len(text) < 50_000 and "(5,000,006chars)" in re.sub(r"[\s│]", "", text)  # the table folds the name
     assert name in {row.name for row in report.ranks[0].top_ops}  # cut for display only: the report keeps it
+
+
+DEEP_SCRIPT = '''
+import torch
+
+def recurse(depth, x):
+    if depth == 0:
+        return x @ x
+    return recurse(depth - 1, x)
+
+x = torch.randn(64, 64)
+model = torch.nn.Linear(64, 64)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(8):
+    loss = model(recurse(160, x)).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+
+
+@pytest.mark.slow
+def test_skalpel_run_on_a_script_160_frames_deep_keeps_its_report(tmp_path: Path) -> None:
+    """Through the real command: the run folder gets its HTML report and flame graph, the deep frames folded."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "deep.py"
+    script.write_text(DEEP_SCRIPT)
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "skalpel", "run", "--out", str(out), "--wait", "0", "--warmup", "1",
+                           "--active", "3", "--stop-after-capture", str(script)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert FOLDED in (out / "report.html").read_text()
+    assert (out / "flamegraph.svg").stat().st_size > 0 and (out / "report.json").is_file()
