@@ -132,7 +132,8 @@ def wrong_arg(document: dict, rng: random.Random) -> str:
 
 def header(document: dict, rng: random.Random) -> str:
     key = rng.choice(("deviceProperties", "distributedInfo", "schemaVersion", "traceName", "baseTimeNanoseconds"))
-    value = rng.choice(WRONG_VALUES + ([{"name": 5}], "{'rank': 'x'}", {"rank": 2**70, "world_size": -1}))
+    value = rng.choice(WRONG_VALUES + ([{"name": 5}], "{'rank': 'x'}", {"rank": 2**70, "world_size": -1},
+                                       {"rank": 2**40, "world_size": 2**62}, "{'rank': 2**40}"))  # fmt: skip
     document[key] = copy.deepcopy(value)
     return f"header {key}={value!r:.40}"
 

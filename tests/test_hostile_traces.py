@@ -125,6 +125,16 @@ def test_device_properties_of_any_shape(tmp_path: Path, value) -> None:
     assert trace.ranks[0].device_names == (("H100",) if isinstance(value, list) else ())
 
 
+@pytest.mark.parametrize(
+    ("file_name", "distributed", "rank", "world"),
+    [("rank3.json", {"rank": 2**40, "world_size": 2**40}, 3, None), ("rank99999999999999.json", {}, 0, None),
+     ("t.json", {"rank": True, "world_size": -2}, 0, None), ("t.json", {"rank": 1, "world_size": 2}, 1, 2)],
+)  # fmt: skip
+def test_ranks_beyond_the_rank_column(tmp_path: Path, file_name, distributed, rank, world) -> None:
+    info = load(_write(tmp_path / file_name, OPS, distributedInfo=distributed)).ranks[0]
+    assert (info.rank, info.world_size) == (rank, world)
+
+
 def test_args_nested_a_thousand_deep(tmp_path: Path) -> None:
     deep = "1"
     for _ in range(1000):

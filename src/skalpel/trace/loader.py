@@ -287,9 +287,9 @@ def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInf
     if not isinstance(distributed, dict):
         distributed = {}
     rank = distributed.get("rank")
-    if not isinstance(rank, int):
+    if not _is_count(rank):
         match = _RANK_IN_NAME.search(path.name)
-        rank = int(match.group(1)) if match else 0
+        rank = int(match.group(1)) if match and _is_count(int(match.group(1))) else 0
     listed = header.get("deviceProperties") or header.get("computeProperties")
     devices = tuple(d for d in listed if isinstance(d, dict)) if isinstance(listed, list) else ()
     versions = {
@@ -304,7 +304,7 @@ def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInf
     return RankInfo(
         rank=rank,
         path=str(path),
-        world_size=world if isinstance(world, int) else None,
+        world_size=world if _is_count(world) and world > 0 else None,
         backend=distributed.get("backend") if isinstance(distributed.get("backend"), str) else None,
         device_names=tuple(str(d.get("name", "")) for d in devices),
         device_properties=devices,
@@ -316,6 +316,11 @@ def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInf
         truncated=truncated,
         event_count=count,
     )
+
+
+def _is_count(value: object) -> bool:
+    """A rank or world size as a trace may state it: a whole number that fits the int32 rank column."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
 
 
 def _torch_version(header: dict) -> str | None:
