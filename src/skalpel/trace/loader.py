@@ -281,8 +281,8 @@ def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInf
     distributed = header.get("distributedInfo")
     if isinstance(distributed, str):
         try:
-            distributed = ast.literal_eval(distributed)
-        except (ValueError, SyntaxError):
+            distributed = ast.literal_eval(distributed[:4096])  # a small dict as text; more is not one
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
             distributed = None
     if not isinstance(distributed, dict):
         distributed = {}
