@@ -299,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("skalpel: interrupted", file=sys.stderr)
         return 130
     except MemoryError:
-        _error("out of memory: the input needs more memory than this machine has free")
+        _error("out of memory: analysing this input needs more memory than skalpel may use here")
         return 2
     except Exception as error:  # a bug: one line, not a traceback (SKALPEL_TRACEBACK=1 shows it)
         if os.environ.get("SKALPEL_TRACEBACK"):

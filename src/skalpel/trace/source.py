@@ -158,15 +158,22 @@ def _check_memory(size: int, path: Path) -> None:
 
 
 def _available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), None where unknown."""
+    """MemAvailable from /proc/meminfo (Linux), or the address-space limit when lower; None where unknown."""
+    limits = []
     try:
         with open("/proc/meminfo", "rb") as handle:
-            for line in handle:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            limits += [int(line.split()[1]) * 1024 for line in handle if line.startswith(b"MemAvailable:")]
     except (OSError, ValueError, IndexError):
-        return None
-    return None
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            limits.append(soft)
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(limits) if limits else None
 
 
 def _trimmed(out: bytearray, filled: int) -> bytearray:
