@@ -89,8 +89,10 @@ def _with_commbench(report, path: str | None):
         return report
     from .commbench import CommBench, compare
 
+    from .trace.source import without_bom
+
     try:
-        text = Path(path).read_bytes()
+        text = without_bom(Path(path).read_bytes())
     except OSError as error:
         raise SkalpelError(f"cannot read {path}: {error.strerror or error}") from None
     return compare(report, CommBench.from_json(text, source=path))
