@@ -94,3 +94,15 @@ def test_members_after_the_first_and_a_cut_stream_still_load(tmp_path: Path) -> 
     cut.write_bytes(gzip.compress(text)[: len(gzip.compress(text)) * 3 // 4])
     trace = load(cut)
     assert 0 < len(trace) < 2000 and trace.ranks[0].truncated
+
+
+@pytest.mark.slow
+def test_nested_brackets_are_scanned_in_bounded_memory(tmp_path: Path) -> None:
+    """50 MB of '[' then ']' (a 49 KB gzip) inside traceEvents: the exact scanner keeps only the top-level
+    brackets, so its memory follows the events, not the nesting (it peaked at 1.9 GB)."""
+    depth = 25_000_000
+    path = tmp_path / "brackets.json.gz"
+    path.write_bytes(gzip.compress(b'{"traceEvents": [' + b"[" * depth + b"]" * depth + b"]}", compresslevel=6))
+    status, peak, stderr = _analyze_peak(path)
+    assert status == 2 and "the trace holds no events" in stderr and stderr.count("\n") == 1, stderr
+    assert peak < 1 << 30, f"peak RSS {peak / 2**20:.0f} MiB"

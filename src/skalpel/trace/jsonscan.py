@@ -25,7 +25,7 @@ import orjson
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _OPENERS = (ord("{"), ord("["))
 _CLOSERS = (ord("}"), ord("]"))
-_SCAN_CHUNK = 32 << 20
+_SCAN_CHUNK = 4 << 20  # bounds the per-chunk arrays (a few words per byte at worst) to some 200 MB
 BATCH_BYTES = 4 << 20
 _LEADING_SPACE = re.compile(rb"\s*")
 
@@ -36,19 +36,29 @@ class NotATraceError(ValueError):
 
 @dataclass(frozen=True)
 class Structure:
-    """Positions of structural characters outside string literals, with the depth after each."""
+    """Positions of structural characters outside string literals, with the depth after each.
 
-    positions: np.ndarray  # int64 byte offsets of { } [ ] outside strings
+    Only brackets at the top levels are kept (opening to or closing from at most depth
+    ``KEPT_DEPTH`` + 1: the document, the events array and the events themselves); the
+    brackets inside an event are counted for the depth but not stored, so memory follows
+    the number of events, not the nesting a hostile document may pile up.
+    """
+
+    positions: np.ndarray  # int64 byte offsets of { } [ ] outside strings, at the top levels
     depths: np.ndarray  # int32 nesting depth *after* the character at that position
     truncated: bool  # the document ends inside a string or with unclosed brackets
     in_string: bool = False  # the bytes end inside a string literal
 
 
+KEPT_DEPTH = 2
+
+
 def scan_structure(data: bytes | bytearray | memoryview) -> Structure:
-    """Locate every bracket of ``data`` that is not inside a string literal."""
+    """Locate the top-level brackets of ``data`` that are not inside a string literal."""
     buffer = np.frombuffer(data, dtype=np.uint8)
     positions_parts: list[np.ndarray] = []
-    deltas_parts: list[np.ndarray] = []
+    depths_parts: list[np.ndarray] = []
+    depth = 0  # after the chunks so far
     in_string = False
     escape_pending = False  # the chunk before ended on an odd run of backslashes
     for start in range(0, len(buffer), _SCAN_CHUNK):
@@ -63,14 +73,17 @@ def scan_structure(data: bytes | bytearray | memoryview) -> Structure:
         brackets, is_open = candidates[is_bracket], is_open[is_bracket]
         # A bracket is structural when an even number of quotes precede it (plus the carried state).
         outside = (np.searchsorted(quotes, brackets) % 2 == 0) != in_string
-        positions_parts.append(brackets[outside].astype(np.int64) + start)
-        deltas_parts.append(np.where(is_open[outside], 1, -1).astype(np.int32))
+        opens = is_open[outside]
+        depths = np.cumsum(np.where(opens, 1, -1)) + depth
+        depth = int(depths[-1]) if len(depths) else depth
+        shallow = depths <= KEPT_DEPTH + opens  # an open from KEPT_DEPTH, a close to it, and all above
+        positions_parts.append(brackets[outside][shallow].astype(np.int64) + start)
+        depths_parts.append(depths[shallow].astype(np.int32))
         if len(quotes) % 2:
             in_string = not in_string
     positions = np.concatenate(positions_parts) if positions_parts else np.zeros(0, np.int64)
-    deltas = np.concatenate(deltas_parts) if deltas_parts else np.zeros(0, np.int32)
-    depths = np.cumsum(deltas, dtype=np.int32)
-    truncated = in_string or (len(depths) > 0 and depths[-1] != 0)
+    depths = np.concatenate(depths_parts) if depths_parts else np.zeros(0, np.int32)
+    truncated = in_string or depth != 0
     return Structure(positions, depths, truncated, in_string)
 
 
