@@ -8,7 +8,7 @@ from typing import Any
 from ..trace.model import Trace
 from .breakdown import StepBreakdown, step_breakdown
 from .comm import CommAnalysis, analyze_comm
-from .compile import CompileResult, compile_events
+from .compile import CompileLog, CompileResult, compile_events, compile_log
 from .gpu_time import GpuTimeResult, gpu_time
 from .kernels import KernelTable, kernel_table
 from .launches import LaunchResult, launches
@@ -41,6 +41,7 @@ class Analyses:
     syncs: SyncResult | None = None  # host-device synchronisations and pageable copies
     memory: MemoryResult | None = None  # allocated-memory curves; None without [memory] events
     compile: CompileResult | None = None  # torch.compile regions, compilations, Triton kernels
+    compile_log: CompileLog | None = None  # causes from skalpel run's compile log: guards, graph breaks, limits
     comm: CommAnalysis | None = None  # collectives per rank: by type, bandwidth, share, overlap
     rank_comparison: RankComparison | None = None  # aligned clocks, waits, straggler; None for one rank
     results: dict[str, Any] = field(default_factory=dict)  # name -> typed result, for analyses added later
@@ -59,6 +60,7 @@ def run_analyses(trace: Trace) -> Analyses:
     analyses.syncs = syncs(trace, steps)
     analyses.memory = memory(trace, steps)
     analyses.compile = compile_events(trace, steps)
+    analyses.compile_log = compile_log(trace, steps)
     analyses.comm = analyze_comm(trace, steps)
     if len(trace.ranks) > 1:
         analyses.rank_comparison = compare_ranks(trace, steps, analyses.comm)

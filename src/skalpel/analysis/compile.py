@@ -155,3 +155,198 @@ def _triton(trace: Trace) -> dict[str, float]:
         "triton_device_ms": triton_us / 1000.0,
         "triton_share_pct": 100.0 * triton_us / kernel_us if kernel_us > 0 else 0.0,
     }
+
+
+# -- the causes: what skalpel's capture logged from dynamo (capture/compile_log.py) ---------------
+
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<frame>.+)_at_(?P<line>\d+)$")
+
+
+@dataclass(frozen=True)
+class LoggedCompilation:
+    """One compilation dynamo reported (forward, or a lazy backward with the same compile id)."""
+
+    rank: int
+    compile_id: str
+    frame: str  # the compiled function (a resume function after a graph break: torch_dynamo_resume_in_...)
+    location: str  # "file:line in frame": where the compiled function starts
+    call_site: str | None  # the user's line that called the compiled code when it compiled
+    duration_ms: float
+    step: int | None  # N of the ProfilerStep#N it happened in; None before profiling started
+    in_window: bool  # during a recorded step
+    backward: bool
+    recompile_reason: str | None  # the guard that failed, in torch's words
+    failed: str | None  # why the compilation failed (e.g. the recompile limit reached)
+
+
+@dataclass(frozen=True)
+class LoggedBreak:
+    location: str  # "file:line" of the user code that broke the graph
+    reason: str
+    hints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoggedLimit:
+    function: str  # "'forward' (model.py:30)"
+    limit: str  # recompile_limit (cache_size_limit before torch 2.6)
+    value: int | None
+    last_reason: str
+    in_window: bool
+
+
+@dataclass(frozen=True)
+class CompileLog:
+    compilations: tuple[LoggedCompilation, ...]
+    graph_breaks: tuple[LoggedBreak, ...]  # distinct (location, reason)
+    limits: tuple[LoggedLimit, ...]
+    stacks_off: bool  # the capture recorded without Python stacks because the script compiles
+    sources: tuple[str, ...]  # dynamo hooks the capture read
+
+    @property
+    def recompiles(self) -> tuple[LoggedCompilation, ...]:
+        return tuple(item for item in self.compilations if item.recompile_reason and not item.backward)
+
+    @property
+    def broken_frames(self) -> set[str]:
+        """Functions split by graph breaks: the original function and its resume functions."""
+        frames = set()
+        for item in self.compilations:
+            found = _RESUME.match(item.frame)
+            if found:
+                frames.update((item.frame, found["frame"]))
+        return frames
+
+    def region_ids(self, frames: set[str]) -> set[int]:
+        """Frame numbers N (of ``Torch-Compiled Region: N/M``) of these functions."""
+        return {int(item.compile_id.split("/")[0]) for item in self.compilations if item.frame in frames and _is_id(item.compile_id)}
+
+
+def compile_log(trace: Trace, steps: StepSegmentation) -> CompileLog | None:
+    """The compile events the capture wrote into each rank's trace header; None when there are none."""
+    logs = [(info.rank, info.compile_log) for info in trace.ranks if isinstance(info.compile_log, dict)]
+    if not logs:
+        return None
+    compilations: list[LoggedCompilation] = []
+    breaks: dict[tuple[str, str], LoggedBreak] = {}
+    limits: list[LoggedLimit] = []
+    for rank, log in logs:
+        recorded = {step.number for step in steps.for_rank(rank)} if steps.marked else set()
+        items = _dicts(log.get("compilations"))
+        compilations.extend(_compilation(rank, item, recorded) for item in items)
+        hints = {str(reason): tuple(item.get("break_hints") or ()) for item in items for reason in item.get("break_reasons") or ()}
+        for item in _dicts(log.get("graph_breaks")):  # the graph_breaks log: the user's line
+            reason = str(item.get("reason", ""))
+            location = _location(item.get("file"), item.get("line")) + _enclosing(items, item.get("file"), item.get("line"))
+            breaks.setdefault((location, reason), LoggedBreak(location, reason, hints.get(reason, ())))
+        if not _dicts(log.get("graph_breaks")):  # no log lines (an older torch): the metrics' reasons, at the function
+            for item in items:
+                for reason in item.get("break_reasons") or ():
+                    location = _location(item.get("file"), item.get("line"))
+                    breaks.setdefault((location, str(reason)), LoggedBreak(location, str(reason), hints.get(str(reason), ())))
+        for item in _dicts(log.get("limits")):
+            value = item.get("value")
+            limits.append(LoggedLimit(
+                function=str(item.get("function", "")), limit=str(item.get("limit", "recompile_limit")),
+                value=value if isinstance(value, int) else None, last_reason=str(item.get("last_reason", "")),
+                in_window=item.get("step") in recorded,
+            ))  # fmt: skip
+    return CompileLog(
+        compilations=tuple(compilations),
+        graph_breaks=tuple(breaks.values()),
+        limits=tuple(limits),
+        stacks_off=any(bool(log.get("stacks_off")) for _, log in logs),
+        sources=tuple(sorted({str(source) for _, log in logs for source in log.get("sources") or ()})),
+    )
+
+
+def _compilation(rank: int, item: dict, recorded: set[int]) -> LoggedCompilation:
+    step = item.get("step")
+    duration = item.get("duration_ms")
+    frame = str(item.get("frame") or "?")
+    return LoggedCompilation(
+        rank=rank,
+        compile_id=str(item.get("compile_id") or "?"),
+        frame=frame,
+        location=f"{_location(item.get('file'), item.get('line'))} in {frame}",
+        call_site=str(item["call_site"]) if item.get("call_site") else None,
+        duration_ms=float(duration) if isinstance(duration, (int, float)) else 0.0,
+        step=step if isinstance(step, int) else None,
+        in_window=isinstance(step, int) and step in recorded,
+        backward=bool(item.get("backward")),
+        recompile_reason=str(item["recompile_reason"]) if item.get("recompile_reason") else None,
+        failed=str(item["fail_reason"]) if item.get("fail_reason") else None,
+    )
+
+
+def _enclosing(compilations: list[dict], file: object, line: object) -> str:
+    """' in forward': the compiled function whose code holds the line (the nearest start above it)."""
+    if not isinstance(line, int):
+        return ""
+    starts = [
+        (item["line"], str(item.get("frame")))
+        for item in compilations
+        if item.get("file") == file and isinstance(item.get("line"), int) and item["line"] <= line
+        and not _RESUME.match(str(item.get("frame")))
+    ]  # fmt: skip
+    return f" in {max(starts)[1]}" if starts else ""
+
+
+def _dicts(value: object) -> list[dict]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _location(file: object, line: object) -> str:
+    return f"{file or '?'}:{line if isinstance(line, int) else '?'}"
+
+
+def _is_id(text: str) -> bool:
+    return bool(re.fullmatch(r"\d+/\d+", text))
+
+
+@dataclass(frozen=True)
+class BreakTime:
+    """Time in the compiled regions of functions split by graph breaks, inside the profiled steps."""
+
+    region_ms: float  # host time inside the outermost regions of the split functions
+    eager_ms: float  # of which outside the graphs (AOTAutograd's CompiledFunction, nested regions): eager code
+    calls: int  # outermost regions that ran
+    measured: bool  # False: no CompiledFunction inside the regions (backend="eager"), graphs and eager code not separable
+
+
+def graph_break_time(trace: Trace, steps: StepSegmentation, frames: set[int]) -> BreakTime:
+    """Eager code between the graphs of split functions: the region minus the graphs run inside it."""
+    host = np.isin(trace.kind, _HOST)
+    names = {i: _REGION.match(trace.names[i]) for i in np.unique(trace.name[host])}
+    all_regions = [i for i, found in names.items() if found]
+    split = [i for i in all_regions if int(names[i].group(1)) in frames]
+    regions = np.flatnonzero(host & np.isin(trace.name, split))
+    regions = regions[_in_steps(trace, regions, steps)]
+    graphs = np.flatnonzero(host & np.isin(trace.name, [*all_regions, trace.name_id("CompiledFunction")]))
+    graph_start, graph_end = trace.ts[graphs], trace.ts[graphs] + trace.dur[graphs]
+    region_us = eager_us = 0.0
+    calls = 0
+    measured = False
+    outer = (-1, -1.0)  # (rank, end) of the last outermost region
+    for event in regions[np.lexsort((trace.ts[regions], trace.rank[regions]))]:
+        start, end = float(trace.ts[event]), float(trace.ts[event] + trace.dur[event])
+        if outer[0] == trace.rank[event] and start < outer[1]:
+            continue  # a resume function's region inside its caller's region
+        outer = (int(trace.rank[event]), end)
+        inside = (graph_start >= start) & (graph_end <= end) & (graphs != event)
+        inside &= (trace.tid[graphs] == trace.tid[event]) & (trace.rank[graphs] == trace.rank[event])
+        calls += 1
+        region_us += end - start
+        if trace.name_id("CompiledFunction") in set(trace.name[graphs[inside]].tolist()):
+            measured = True
+        eager_us += (end - start) - intervals.length(graph_start[inside], graph_end[inside])
+    return BreakTime(region_us / 1000.0, max(eager_us, 0.0) / 1000.0 if measured else 0.0, calls, measured)
+
+
+def _in_steps(trace: Trace, events: np.ndarray, steps: StepSegmentation) -> np.ndarray:
+    if not steps.marked:
+        return np.ones(len(events), dtype=bool)
+    keep = np.zeros(len(events), dtype=bool)
+    for step in steps.steps:
+        keep |= (trace.rank[events] == step.rank) & (trace.ts[events] >= step.start_us) & (trace.ts[events] < step.end_us)
+    return keep

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import SkalpelError
 from ..report.model import Report
-from . import distributed, session
+from . import compile_log, distributed, session
 from .session import ProfileRun
 from .settings import CaptureSettings
 from .steps import StepDetector
@@ -61,6 +61,7 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
     capture = _Capture(ProfileRun(settings, out=folder, name=label, auto=True), stop_after_capture)
     error: BaseException | None = None
     status = 0
+    compile_log.install()  # before the script: its first compilation comes before the first step
     with capture.installed(), _as_main(target, code_path):
         try:
             if target.module:
@@ -79,6 +80,7 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
     chosen.script = target.name
     chosen.exit_status = status
     chosen.stop()
+    compile_log.uninstall()
     if not chosen.trace_paths:
         if error is None and status == 0:
             raise SkalpelError(capture.why_nothing(target))

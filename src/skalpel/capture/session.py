@@ -29,7 +29,7 @@ from torch.profiler import ProfilerAction
 
 from ..errors import SkalpelError
 from ..report.model import CaptureInfo, Report
-from . import distributed, runfolder
+from . import compile_log, distributed, runfolder
 from .settings import CaptureSettings, profiler_kwargs, torch_schedule
 from .timing import step_timing, with_noise_note
 
@@ -92,6 +92,7 @@ class ProfileRun:
         self._tagged_window = -1
         self._phases = [settings.phase(number) for number in range(settings.total_steps + 1)]
         self._discarded = False
+        self._owns_compile_log = False
 
     # -- the session -------------------------------------------------------------------------
     def start(self) -> ProfileRun:
@@ -104,6 +105,8 @@ class ProfileRun:
         self._prof = torch.profiler.profile(
             schedule=torch_schedule(self.settings), on_trace_ready=self._on_trace_ready, **profiler_kwargs(self.settings)
         )
+        self._owns_compile_log = compile_log.install()  # `skalpel run` installs it before the script starts
+        compile_log.before_step(self._prof)
         with _quiet():
             self._prof.start()
         self._last = time.perf_counter()
@@ -123,6 +126,7 @@ class ProfileRun:
         if number + 1 < len(phases) and phases[number] == phases[number + 1]:
             prof.step()  # no change of phase: the cheap path, nothing of ours in the recorded step
         else:
+            compile_log.before_step(prof)
             with _quiet():
                 prof.step()
             self._tag_trace()
@@ -167,8 +171,11 @@ class ProfileRun:
         if self._stopped:
             return
         self._stopped = True
+        compile_log.before_stop(self._prof)
         with _quiet():
             self._prof.stop()
+        if self._owns_compile_log:
+            compile_log.uninstall()
 
     def _tag_trace(self) -> None:
         # Header keys must be added while the profiler records; once per window.

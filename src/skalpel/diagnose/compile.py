@@ -1,46 +1,209 @@
-"""torch.compile findings: recompilation in steady state."""
+"""torch.compile findings: recompilation in steady state, graph breaks, compile time in the steps.
+
+The trace shows that compilation happened (``dynamo`` ranges, compile ids); why it happened
+comes from the compile log ``skalpel run`` writes into the trace header (the failed guard,
+the graph-break reasons and lines, the recompile limit). Without it (a trace from elsewhere)
+the rules say what the trace shows and how to get the cause.
+"""
 
 from __future__ import annotations
 
-from ..analysis.compile import compile_events
+import re
+
+from ..analysis.compile import CompileLog, LoggedCompilation, compile_events, compile_log, graph_break_time
 from . import thresholds
 from .common import pct
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
-_GUARD_HINT = "not recorded in the trace: rerun with TORCH_LOGS=recompiles to print the failing guard"
+_GUARD_HINT = "not recorded in the trace: run it under `skalpel run` (or with TORCH_LOGS=recompiles) for the failing guard"
+
+# The failed guard, in torch's words, decides the fix (first match wins).
+_GUARD_FIXES = (
+    ("shape", re.compile(r"size mismatch|stride mismatch|dim mismatch|rank mismatch|ndim|sizes? of|\.size\(\)", re.I),
+     "the input shape changed: mark the varying dimension dynamic (torch._dynamo.mark_dynamic(x, dim) or "
+     "torch.compile(dynamic=True)) or pad batches and sequence lengths to a few bucket sizes (drop_last=True for "
+     "the last batch)"),
+    ("grad_mode", re.compile(r"grad_mode|GLOBAL_STATE|no_grad|inference_mode", re.I),
+     "the grad mode changed around the compiled model (evaluation under torch.no_grad()): keep train/eval and "
+     "no-grad switches outside the compiled region: compile the evaluation path separately (a second "
+     "torch.compile of the eval function) or run evaluation eagerly on the uncompiled model"),
+    ("training", re.compile(r"\.training\b|training ==|'training'", re.I),
+     "module.train()/eval() flipped the `training` flag the graph was specialised on: evaluate with a separately "
+     "compiled function (or the uncompiled model) instead of switching the compiled one"),
+    ("dtype_device", re.compile(r"dtype|device|requires_grad|dispatch key", re.I),
+     "an input's dtype, device or requires_grad changed: keep them the same on every call (cast once, outside)"),
+    ("python_value", re.compile(r"==|ID_MATCH|TYPE_MATCH|EQUALS_MATCH|___check_obj_id|len\(", re.I),
+     "a Python value the graph was specialised on changed (a number, a flag, an object): pass it as a tensor, "
+     "keep it constant, or move it out of the compiled function"),
+)
+_GENERIC_FIX = (
+    "make shapes static (pad or bucket batch sizes and sequence lengths, drop_last=True) or compile with "
+    "dynamic=True / torch._dynamo.mark_dynamic(x, 0); keep Python values that guards check constant"
+)
 
 
 def _check_recompilation(ctx: Context, rule: Rule) -> Outcome:
     result = ctx.result("compile", lambda: compile_events(ctx.trace, ctx.steps))
-    if result is None or not result.used:
+    log = ctx.result("compile_log", lambda: compile_log(ctx.trace, ctx.steps))
+    used = (result is not None and result.used) or (log is not None and bool(log.compilations))
+    if not used:
         return []  # no torch.compile in this trace: nothing to judge
     if not ctx.steps.marked:
         return NotJudged("no steps marked: cannot tell steady-state recompilation from the first compilation")
     limits = rule.thresholds
-    steps = ctx.steps.steps
-    step_count = max(len(steps), 1)
-    step_ms = sum(step.duration_ms for step in steps)
-    steady = result.compilations_after_first_step
+    step_count = max(len(ctx.steps.steps), 1)
+    step_ms = sum(step.duration_ms for step in ctx.steps.steps)
+    recompiles = log.recompiles if log is not None else ()
+    in_window = [item for item in recompiles if item.in_window]
+    steady = len({(item.rank, item.step) for item in in_window}) if log is not None else result.compilations_after_first_step
     share = pct(steady, step_count)
+    shown = in_window or list(recompiles)
+    guard = shown[0].recompile_reason if shown else None
+    kind, fix = _fix_for(guard)
     evidence = {
         "recompiles_in_steps": steady,
         "recompiling_steps_pct": share,
-        "compile_ms": result.compile_ms,
-        "compile_share_pct": pct(result.compile_ms, step_ms),
-        "compile_ids": list(result.compile_ids),
-        "recompiles_seen": result.recompiles,
-        "guard": _GUARD_HINT,
+        "compile_ms": result.compile_ms if result is not None else 0.0,
+        "compile_share_pct": pct(result.compile_ms, step_ms) if result is not None else 0.0,
+        "compile_ids": sorted({item.compile_id for item in recompiles} | set(result.compile_ids if result else ())),
+        "recompiles_seen": max(len(recompiles), result.recompiles if result is not None else 0),
+        "guard": _short(guard) if guard else _GUARD_HINT,
+        "guard_kind": kind,
+        "recompiled": [_described(item) for item in shown[:8]],
     }
+    if shown:
+        evidence["function"] = shown[0].location
+    locations = _locations(ctx, shown, result)
     if steady >= limits.floor and share >= limits.share_pct:
-        events = list(result.compile_events)
-        return [rule.finding(evidence, locations=ctx.locations(events))]
-    if result.recompiles >= limits.floor:
-        title = (
-            f"torch.compile recompiled {result.recompiles} time(s) before the profiled steps "
-            f"(compile ids {', '.join(result.compile_ids[:6])})"
+        title = f"torch.compile recompiles in {steady} profiled step(s) ({share:.0f}% of steps)" + (
+            f": {_short(guard, 90)}" if guard else f", {evidence['compile_ms']:.0f} ms compiling"
         )
-        return [rule.finding(evidence, severity="info", title=title)]
+        return [rule.finding(evidence, locations=locations, fix=fix, title=title)]
+    if evidence["recompiles_seen"] >= limits.floor:
+        title = f"torch.compile recompiled {evidence['recompiles_seen']} time(s) before the profiled steps" + (
+            f": {_short(guard, 90)}" if guard else f" (compile ids {', '.join(evidence['compile_ids'][:6])})"
+        )
+        return [rule.finding(evidence, severity="info", title=title, locations=locations, fix=fix)]
     return []
+
+
+def _fix_for(guard: str | None) -> tuple[str, str]:
+    if guard:
+        for kind, pattern, fix in _GUARD_FIXES:
+            if pattern.search(guard):
+                return kind, fix
+    return "unknown", _GENERIC_FIX
+
+
+def _described(item: LoggedCompilation) -> dict:
+    return {"compile_id": item.compile_id, "step": item.step, "function": item.frame, "guard": _short(item.recompile_reason or "")}
+
+
+def _locations(ctx: Context, items: list[LoggedCompilation], result) -> tuple[str, ...]:
+    """The user's lines that called the compiled code when it recompiled, then the compiled function."""
+    found: list[str] = []
+    for item in items:
+        for location in (item.call_site, item.location):
+            if location and location not in found:
+                found.append(location)
+    if found:
+        return tuple(found[:3])
+    return ctx.locations(list(result.compile_events)) if result is not None else ()
+
+
+def _short(text: str | None, limit: int = 240) -> str:
+    """The guard's first part: torch appends the source line and a user stack after ' # ' and ' | '."""
+    text = (text or "").split(" | ", 1)[0]
+    text = re.sub(r"\s{2,}#.*$", "", text).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- graph breaks ----------------------------------------------------------------------------------
+def _check_graph_break(ctx: Context, rule: Rule) -> Outcome:
+    log: CompileLog | None = ctx.result("compile_log", lambda: compile_log(ctx.trace, ctx.steps))
+    if log is None:
+        result = ctx.result("compile", lambda: compile_events(ctx.trace, ctx.steps))
+        if result is not None and result.regions:
+            return NotJudged("graph breaks are known from the compile log `skalpel run` writes into the trace header; this trace has none")
+        return []
+    if not log.graph_breaks:
+        return []
+    steps = ctx.steps.steps
+    step_ms = sum(step.duration_ms for step in steps) or 1.0
+    step_count = max(len(steps), 1)
+    frames = log.region_ids(log.broken_frames)
+    time = graph_break_time(ctx.trace, ctx.steps, frames)
+    region_share = pct(time.region_ms, step_ms)
+    breaks = log.graph_breaks
+    evidence = {
+        "graph_breaks": len(breaks),
+        "reasons": [item.reason for item in breaks[:8]],
+        "lines": [item.location for item in breaks[:8]],
+        "region_ms_per_step": time.region_ms / step_count,
+        "share_pct": region_share,
+        "eager_ms_per_step": time.eager_ms / step_count if time.measured else None,
+        "eager_share_pct": pct(time.eager_ms, step_ms) if time.measured else None,
+        "split_calls_per_step": time.calls / step_count,
+    }
+    hints = sorted({hint for item in breaks for hint in item.hints})
+    fix = "remove what breaks the graph from the compiled code: " + "; ".join(
+        f"{item.location}: {_short(item.reason, 100)}" for item in breaks[:3]
+    ) + (f" ({hints[0]})" if hints else "") + "; or move it outside the compiled function (fullgraph=True makes a break an error)"
+    first = breaks[0]
+    title_tail = f"{_short(first.reason, 80)} at {first.location}"
+    ran = time.calls > 0 and len(breaks) >= rule.thresholds.floor
+    if ran and region_share >= rule.thresholds.share_pct:
+        eager = f", {evidence['eager_share_pct']:.1f}% of the step eager between graphs" if time.measured else ""
+        title = f"torch.compile graph break{'s' if len(breaks) > 1 else ''} split {region_share:.0f}% of the step{eager}: {title_tail}"
+        return [rule.finding(evidence, locations=[item.location for item in breaks[:3]], fix=fix, title=title)]
+    title = f"torch.compile graph break{'s' if len(breaks) > 1 else ''} ({len(breaks)}): {title_tail}"
+    return [rule.finding(evidence, severity="info", locations=[item.location for item in breaks[:3]], fix=fix, title=title)]
+
+
+# -- compile time inside the steps, the recompile limit ---------------------------------------------
+def _check_compile_overhead(ctx: Context, rule: Rule) -> Outcome:
+    result = ctx.result("compile", lambda: compile_events(ctx.trace, ctx.steps))
+    log: CompileLog | None = ctx.result("compile_log", lambda: compile_log(ctx.trace, ctx.steps))
+    if (result is None or not result.used) and log is None:
+        return []
+    findings = []
+    if log is not None and log.limits:
+        limit = log.limits[-1]
+        evidence = {
+            "limit": limit.limit, "limit_value": limit.value, "function": limit.function,
+            "last_guard": _short(limit.last_reason), "in_profiled_steps": limit.in_window, "share_pct": 100.0,
+        }  # fmt: skip
+        kind, fix = _fix_for(limit.last_reason)
+        title = (
+            f"torch.compile hit {limit.limit} ({limit.value}) for {limit.function}: it now runs eagerly "
+            f"(last guard: {_short(limit.last_reason, 80)})"
+        )
+        fix = f"{fix}; raising torch._dynamo.config.{limit.limit} only hides the recompilations"
+        findings.append(rule.finding(evidence, title=title, fix=fix, locations=_limit_locations(log)))
+    if not ctx.steps.marked:
+        return findings
+    steps = ctx.steps.steps
+    step_ms = sum(step.duration_ms for step in steps) or 1.0
+    compile_ms = _compile_ms_in_steps(result, log)
+    share = pct(compile_ms, step_ms)
+    if compile_ms >= rule.thresholds.floor and share >= rule.thresholds.share_pct:
+        evidence = {"compile_ms": compile_ms, "share_pct": share, "steps": len(steps), "step_ms": step_ms}
+        title = f"torch.compile compiles for {compile_ms:.0f} ms inside the profiled steps ({share:.0f}% of their time)"
+        locations = _locations(ctx, [item for item in (log.compilations if log else ()) if item.in_window], result)
+        findings.append(rule.finding(evidence, title=title, locations=locations))
+    return findings
+
+
+def _compile_ms_in_steps(result, log: CompileLog | None) -> float:
+    """Compile time inside the profiled steps: dynamo's own ranges in the trace, else the log's durations."""
+    traced = result.compile_ms if result is not None and result.compilations_after_first_step else 0.0
+    logged = sum(item.duration_ms for item in log.compilations if item.in_window) if log is not None else 0.0
+    return max(traced, logged)
+
+
+def _limit_locations(log: CompileLog) -> tuple[str, ...]:
+    found = [item.call_site for item in log.recompiles if item.call_site] + [item.location for item in log.recompiles]
+    return tuple(dict.fromkeys(found))[:3]
 
 
 RECOMPILATION = Rule(
@@ -50,24 +213,76 @@ RECOMPILATION = Rule(
     title="torch.compile recompiles in {recompiles_in_steps} profiled step(s) ({recompiling_steps_pct:.0f}% of steps, {compile_ms:.0f} ms compiling)",
     thresholds=thresholds.RECOMPILATION,
     check=_check_recompilation,
-    fix="make shapes static (pad or bucket batch sizes and sequence lengths, drop_last=True) or compile with "
-    "dynamic=True / torch._dynamo.mark_dynamic(x, 0); keep Python values that guards check constant",
+    fix=_GENERIC_FIX,
     docs=Docs(
-        what="torch.compile compiles again after the first step: compilation ranges (`dynamo`, "
-        "`entire_frame_compile`) inside the profiled steps, or compiled regions `Torch-Compiled Region: N/M` "
-        "with compile id M >= 1 (the M-th recompilation of frame N).",
+        what="torch.compile compiles again after the first step: the compile log of `skalpel run` (dynamo's "
+        "compilation metrics) reports a recompilation with its failed guard inside the profiled steps, or the "
+        "trace has compilation ranges (`dynamo`, `entire_frame_compile`) there, or compiled regions "
+        "`Torch-Compiled Region: N/M` with compile id M >= 1 (the M-th recompilation of frame N).",
         why="Each recompilation costs from hundreds of milliseconds to minutes of Python-side compilation, and "
-        "after `cache_size_limit` (8) recompilations the frame silently falls back to eager mode.",
-        evidence="Compilations inside the profiled steps and the share of steps that recompiled, time spent "
-        "compiling, the compile ids seen, and the failing guard when it is known (the trace itself does not "
-        "record it). The location is the user code that calls the compiled function.",
-        fix="Keep input shapes static (pad/bucket sequence lengths, `drop_last=True` for the last batch) or mark "
-        "the varying dimension dynamic (`torch.compile(dynamic=True)`, `torch._dynamo.mark_dynamic`); avoid "
-        "guards on changing Python values (global flags, ints passed as arguments).",
+        "after `recompile_limit` (8) recompilations the frame silently falls back to eager mode.",
+        evidence="Recompiling steps and their share, time spent compiling, the compile ids, the guard that failed "
+        "in torch's words (e.g. `tensor 'x' size mismatch at index 0. expected 8, actual 9`, `GLOBAL_STATE "
+        "changed: grad_mode`) and its kind (shape, grad_mode, training, dtype_device, python_value). The locations "
+        "are the user's line that called the compiled code and the compiled function.",
+        fix="The fix follows the guard: for sizes, `torch._dynamo.mark_dynamic` / `dynamic=True` or padding to "
+        "buckets; for grad mode or train/eval, keep those switches outside the compiled region (compile the "
+        "evaluation separately); for Python values, pass them as tensors or keep them constant.",
         false_positives="A second compilation for the backward graph or a one-time recompilation when training "
         "switches to evaluation is expected; a profile that records the first steps sees the first compilation "
         "(use warm-up steps).",
     ),
 )
 
-RULES = (RECOMPILATION,)
+GRAPH_BREAK = Rule(
+    id="graph_break",
+    family="compile",
+    severity="warning",
+    title="torch.compile graph breaks ({graph_breaks})",
+    thresholds=thresholds.GRAPH_BREAK,
+    check=_check_graph_break,
+    fix="remove what breaks the graph from the compiled code, or move it outside the compiled function",
+    docs=Docs(
+        what="Dynamo could not trace part of a compiled function (`.item()`, `print`, data-dependent control "
+        "flow, an unsupported call) and split it into several graphs with eager Python between them. Read from "
+        "the compile log `skalpel run` writes (dynamo's graph_breaks log and compilation metrics).",
+        why="Each break ends a graph: no fusion across it, a guard check and a Python call per piece on every "
+        "call, and often a host-device sync (`.item()`). On a GPU the device idles while the host runs the eager "
+        "part.",
+        evidence="How many breaks, their reasons in torch's words and the user's lines; the time per step in the "
+        "split functions' compiled regions and its share of the step; the eager time between the graphs (the "
+        "regions minus the graphs run inside them, with AOTAutograd backends such as Inductor).",
+        fix="Remove the break: keep `.item()`, `print` and logging out of the compiled function (return the "
+        "tensor and read it outside), replace data-dependent `if` with `torch.where`, or set "
+        "`torch._dynamo.config.capture_scalar_outputs = True` for `.item()`. `fullgraph=True` turns a break "
+        "into an error so it cannot come back.",
+        false_positives="A break in a function that is a small part of the step (below the share) is reported "
+        "as info only; breaks the user accepts on purpose (a debugging print) still show as info.",
+    ),
+)
+
+COMPILE_OVERHEAD = Rule(
+    id="compile_overhead",
+    family="compile",
+    severity="warning",
+    title="torch.compile compiles for {compile_ms:.0f} ms inside the profiled steps",
+    thresholds=thresholds.COMPILE_OVERHEAD,
+    check=_check_compile_overhead,
+    fix="make the compiled code stable across steps (see the recompilation finding), and warm up before measuring",
+    docs=Docs(
+        what="Compilation inside the profiled (steady-state) steps, from the trace's compilation ranges or the "
+        "compile log's durations; and dynamo reaching its recompile limit (`recompile_limit`, "
+        "`cache_size_limit` before torch 2.6), after which the function runs eagerly, without a word.",
+        why="Compiling costs from tenths of a second to minutes; inside the steps it dominates their time. A "
+        "function past the recompile limit loses the speed-up of compiling at all while still paying for guard "
+        "checks.",
+        evidence="Milliseconds compiling inside the profiled steps and their share of the steps' time; for a "
+        "limit reached, the limit, its value, the function and the last guard that failed.",
+        fix="Remove the cause of the recompilations (the recompilation finding names the guard and its fix); "
+        "compile before measuring (warm-up steps). Raising the recompile limit only hides the problem.",
+        false_positives="A one-time compilation of an evaluation path inside the window is real time spent, but "
+        "it will not repeat; lazy backward compilation in the first profiled step of a run without warm-up.",
+    ),
+)
+
+RULES = (RECOMPILATION, GRAPH_BREAK, COMPILE_OVERHEAD)

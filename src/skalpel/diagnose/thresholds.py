@@ -106,6 +106,12 @@ MEMORY_SPIKE = Threshold(
 
 # --- compile -------------------------------------------------------------------------------
 RECOMPILATION = Threshold(10.0, "of the profiled steps recompiling", 1.0, "recompiles in the profiled steps")
+# A graph break matters where the split function is a real part of the step; one break is enough to act on.
+GRAPH_BREAK = Threshold(
+    10.0, "of the step in the compiled regions of functions split by graph breaks", 1.0, "graph break(s) that ran in the profiled steps"
+)
+# Compiling costs seconds; 50 ms of it inside the measured steps already distorts them.
+COMPILE_OVERHEAD = Threshold(10.0, "of the profiled steps' time spent compiling", 50.0, "ms compiling in the profiled steps")
 
 # --- measurement ---------------------------------------------------------------------------
 NO_WARMUP = Threshold(50.0, "slower first step than the median of the others", 2.0, "ms")

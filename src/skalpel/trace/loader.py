@@ -315,6 +315,7 @@ def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInf
         host=header["host_name"] if isinstance(header.get("host_name"), str) and header["host_name"] else None,
         truncated=truncated,
         event_count=count,
+        compile_log=header["skalpel_compile"] if isinstance(header.get("skalpel_compile"), dict) else None,
     )
 
 

@@ -37,6 +37,7 @@ class RankInfo:
     host: str | None = None  # host_name from the header: ranks on one host share one clock
     truncated: bool = False
     event_count: int = 0
+    compile_log: dict | None = None  # torch.compile events skalpel's capture wrote into the header (skalpel_compile)
 
 
 @dataclass
