@@ -29,6 +29,12 @@ _NO_STEPS_WARNING = (
 )
 
 
+_STACKS_OFF_WARNING = (
+    "Python stacks were not recorded: the script compiles with torch.compile, and recording the compiler's "
+    "Python frames would take minutes and gigabytes; compile findings take their lines from dynamo instead"
+)
+
+
 def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
     analyses = run_analyses(trace)
     findings = _diagnose(analyses, capture)
@@ -40,6 +46,8 @@ def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
         )
     if analyses.rank_comparison is not None:
         warnings += analyses.rank_comparison.warnings
+    if analyses.compile_log is not None and analyses.compile_log.stacks_off:
+        warnings += (_STACKS_OFF_WARNING,)
     return Report(
         source=_source(trace, analyses),
         steps=_step_stats(analyses),
@@ -114,12 +122,38 @@ def _extra(analyses: Analyses, rank: int) -> dict:
         extra["syncs"] = _rounded(sync.to_dict())
     if analyses.compile is not None and analyses.compile.used:
         extra["compile"] = _rounded(analyses.compile.to_dict())
+    compiled = _compiled(analyses, rank)
+    if compiled:
+        extra["compiled"] = compiled
     comm = analyses.comm.for_rank(rank) if analyses.comm else None
     if comm is not None and comm.collectives:
         extra["comm"] = comm.to_summary()
     if analyses.rank_comparison is not None:
         extra["distributed"] = analyses.rank_comparison.summary_of(rank)
     return extra
+
+
+def _compiled(analyses: Analyses, rank: int) -> dict:
+    """Compiled regions in the user's terms and what the compile log says, for the tables."""
+    from .analysis.compiled_regions import compiled_regions
+
+    log = analyses.compile_log
+    regions = compiled_regions(analyses.trace, rank, log) if analyses.compile is not None and analyses.compile.regions else ()
+    if not regions and log is None:
+        return {}
+    summary: dict = {"regions": [row.to_dict() for row in regions[:_TOP_ROWS]]}
+    if log is not None:
+        mine = [item for item in log.compilations if item.rank == rank]
+        summary.update(
+            compilations=len(mine),
+            recompilations=sum(1 for item in mine if item.recompile_reason and not item.backward),
+            compile_ms=round(sum(item.duration_ms for item in mine), 3),
+            graph_breaks=len(log.graph_breaks),
+            limits_reached=len(log.limits),
+            stacks_off=log.stacks_off,
+            sources=list(log.sources),
+        )
+    return summary
 
 
 def _rounded(values: dict) -> dict:

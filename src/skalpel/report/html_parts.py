@@ -174,7 +174,7 @@ def tables(report: Report) -> str:
     body = []
     for i, rank in enumerate(report.ranks[:DETAIL_RANKS]):
         device = report.has_device or any(row.device_ms > 0 for row in rank.top_ops)
-        inner = _ops_table(rank, device) + _kernels_table(rank)
+        inner = _ops_table(rank, device) + _kernels_table(rank) + _regions_table(rank, device)
         if len(report.ranks) == 1:
             body.append(inner)
         else:
@@ -212,6 +212,24 @@ def _kernels_table(rank: RankReport) -> str:
         for row in rank.top_kernels[:TABLE_ROWS]
     ]  # fmt: skip
     return "<h3>Top kernels</h3>" + table(headers, rows)
+
+
+def _regions_table(rank: RankReport, device: bool) -> str:
+    regions = (rank.extra.get("compiled") or {}).get("regions")
+    if not regions:
+        return ""
+    headers = [("region", False), ("compiled function", False), ("calls", True), ("host ms", True)]
+    headers += [("device ms", True), ("kernels", True), ("Triton kernels", True)] if device else []
+    headers += [("generated graphs", False)]
+    rows = []
+    for row in regions[:TABLE_ROWS]:
+        cells = [name_cell(row["region"]), name_cell(row.get("location") or "?"), num(row["calls"]),
+                 num(row["host_ms"], f"{row['host_ms']:.3f}")]  # fmt: skip
+        if device:
+            cells += [num(row["device_ms"], f"{row['device_ms']:.3f}"), num(row["kernels"]), num(row["triton_kernels"])]
+        cells.append(name_cell(", ".join(row.get("graphs") or ())))
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return "<h3>torch.compile regions and the functions they compile</h3>" + table(headers, rows)
 
 
 def downsample_max(points: Sequence[Sequence[float]], limit: int = CURVE_POINTS) -> list[tuple[float, float]]:

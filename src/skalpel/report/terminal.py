@@ -145,6 +145,9 @@ def _rank_panel(report: Report, rank: RankReport) -> Panel:
         parts.append(Text(f"memory ({memory.device}): peak {memory.peak_bytes / 2**20:.1f} MiB{growth}"))
     if rank.top_ops:
         parts.append(_ops_table(rank, device=report.has_device))
+    regions = (rank.extra.get("compiled") or {}).get("regions")
+    if regions:
+        parts.append(_regions_table(regions, device=report.has_device))
     if not parts:
         parts.append(Text("no per-rank analyses available"))
     return Panel(Group(*parts), title=f"rank {rank.rank}", title_align="left")
@@ -177,6 +180,23 @@ def _ops_table(rank: RankReport, *, device: bool) -> Table:
         cells = [label, str(row.calls), f"{row.self_ms:.2f}", f"{row.total_ms:.2f}"]
         if device:
             cells.append(f"{row.device_ms:.2f}")
+        table.add_row(*cells)
+    return table
+
+
+def _regions_table(regions: list[dict], *, device: bool) -> Table:
+    table = Table(title="torch.compile regions (ms over the profiled steps)", title_justify="left", expand=False)
+    table.add_column("region", no_wrap=True)
+    table.add_column("compiled function", overflow="fold", min_width=20, max_width=60)
+    table.add_column("calls", justify="right", no_wrap=True)
+    table.add_column("host", justify="right", no_wrap=True)
+    if device:
+        table.add_column("device", justify="right", no_wrap=True)
+        table.add_column("kernels (Triton)", justify="right", no_wrap=True)
+    for row in regions[:TOP_OPS]:
+        cells = [row["region"], row.get("location") or "?", str(row["calls"]), f"{row['host_ms']:.2f}"]
+        if device:
+            cells += [f"{row['device_ms']:.2f}", f"{row['kernels']} ({row['triton_kernels']})"]
         table.add_row(*cells)
     return table
 
