@@ -39,7 +39,15 @@ RUNS = {
     "tiny_ops": QUICK,
     "no_warmup": ("--wait", "0", "--warmup", "0", "--active", "1", "--stop-after-capture"),
 }
-SLOW_RUNS = {"recompile": ("--wait", "0", "--warmup", "1", "--active", "3", "--stop-after-capture")}
+COMPILED = ("--wait", "0", "--warmup", "1", "--active", "4", "--stop-after-capture")
+SLOW_RUNS = {
+    "recompile": ("--wait", "0", "--warmup", "1", "--active", "3", "--stop-after-capture"),
+    # Inductor on the CPU; its cache in ./.inductor-cache (git-ignored), kept between test runs.
+    "graph_break": COMPILED,
+    "compile_train_eval": COMPILED,
+    "compiled_clean": COMPILED,
+}
+COMPILE_FINDINGS = ("recompilation", "graph_break", "compile_overhead")
 LOCATION = re.compile(r"^(?P<path>.+):(?P<line>\d+) in (?P<func>.+)$")
 TIMEOUT_S = 900
 
@@ -206,3 +214,59 @@ def test_recompiling_on_changing_shapes(runs):
     assert evidence["recompiling_steps_pct"] >= 50
     assert len(evidence["compile_ids"]) >= 3
     _assert_located(finding, "recompile")
+    # The guard that failed, in torch's words: it names the tensor and its size; the fix matches it.
+    assert evidence["guard_kind"] == "shape"
+    assert re.search(r"tensor 'x' size mismatch at index 0\. expected \d+, actual \d+", evidence["guard"])
+    assert "mark_dynamic" in finding["fix"] and "dynamic=True" in finding["fix"]
+
+
+@pytest.fixture(scope="module")
+def compiled_runs(runs):
+    """The torch.compile scenarios start together (Inductor compiles for tens of seconds each)."""
+    runs.start({name: SLOW_RUNS[name] for name in ("graph_break", "compile_train_eval", "compiled_clean")})
+    return runs
+
+
+@pytest.mark.slow
+def test_graph_break_from_item(compiled_runs):
+    report = compiled_runs.report("graph_break")
+    finding = _finding(report, "graph_break")
+    assert finding["severity"] == "warning"
+    evidence = finding["evidence"]
+    assert evidence["graph_breaks"] == 1
+    assert "Tensor.item()" in evidence["reasons"][0]
+    _assert_located(finding, "graph_break")
+    assert evidence["share_pct"] >= 10  # the split forward is most of the step
+    assert evidence["eager_ms_per_step"] > 0  # Inductor's graphs are separable from the eager code between them
+    assert "capture_scalar_outputs" in finding["fix"]
+    compiled = report["ranks"][0]["extra"]["compiled"]
+    assert compiled["graph_breaks"] == 1 and compiled["stacks_off"] is True
+    functions = {row["location"].rsplit(" in ", 1)[-1] for row in compiled["regions"]}
+    assert {"forward", "torch_dynamo_resume_in_forward_at_32"} <= functions  # regions named by the user's function
+    assert all(row["graphs"] for row in compiled["regions"])  # each runs an Inductor graph
+
+
+@pytest.mark.slow
+def test_train_eval_switch_recompiles_on_grad_mode(compiled_runs):
+    report = compiled_runs.report("compile_train_eval")
+    finding = _finding(report, "recompilation")
+    assert finding["severity"] == "warning"
+    evidence = finding["evidence"]
+    assert evidence["recompiles_in_steps"] == 1
+    assert "GLOBAL_STATE changed: grad_mode" in evidence["guard"] and evidence["guard_kind"] == "grad_mode"
+    assert "outside the compiled region" in finding["fix"] and "mark_dynamic" not in finding["fix"]
+    _assert_located(finding, "compile_train_eval")
+    overhead = _finding(report, "compile_overhead")  # compiling the eval graph inside a measured step
+    assert overhead["evidence"]["compile_ms"] >= 50 and overhead["evidence"]["share_pct"] >= 10
+
+
+@pytest.mark.slow
+def test_clean_compiled_loop_stays_quiet(compiled_runs):
+    report = compiled_runs.report("compiled_clean")
+    assert not [f for f in report["findings"] if f["id"] in COMPILE_FINDINGS], report["findings"]
+    # Timing noise on a loaded machine may still warn about the measurement; nothing else may.
+    serious = [f for f in _serious(report) if f["id"] not in ("no_warmup", "noisy_measurement", "profiler_overhead")]
+    assert serious == [], [(f["id"], f["title"]) for f in serious]
+    compiled = report["ranks"][0]["extra"]["compiled"]
+    assert compiled["recompilations"] == 0 and compiled["graph_breaks"] == 0 and compiled["limits_reached"] == 0
+    assert compiled["regions"][0]["location"].endswith("in train_step")  # the compiled module's call site

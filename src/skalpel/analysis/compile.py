@@ -159,6 +159,7 @@ def _triton(trace: Trace) -> dict[str, float]:
 
 # -- the causes: what skalpel's capture logged from dynamo (capture/compile_log.py) ---------------
 
+_LIBRARY_FILE = re.compile(r"[/\\]torch[/\\]_dynamo[/\\]")  # older logs without the "library" flag
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<frame>.+)_at_(?P<line>\d+)$")
 
 
@@ -169,7 +170,7 @@ class LoggedCompilation:
     rank: int
     compile_id: str
     frame: str  # the compiled function (a resume function after a graph break: torch_dynamo_resume_in_...)
-    location: str  # "file:line in frame": where the compiled function starts
+    location: str  # "file:line in frame": where it starts; the user's call site when the frame is torch's module wrapper
     call_site: str | None  # the user's line that called the compiled code when it compiled
     duration_ms: float
     step: int | None  # N of the ProfilerStep#N it happened in; None before profiling started
@@ -264,11 +265,14 @@ def _compilation(rank: int, item: dict, recorded: set[int]) -> LoggedCompilation
     step = item.get("step")
     duration = item.get("duration_ms")
     frame = str(item.get("frame") or "?")
+    location = f"{_location(item.get('file'), item.get('line'))} in {frame}"
+    if (item.get("library") or _LIBRARY_FILE.search(str(item.get("file") or ""))) and item.get("call_site"):
+        location = str(item["call_site"])  # a compiled nn.Module runs through torch's wrapper: name the user's call
     return LoggedCompilation(
         rank=rank,
         compile_id=str(item.get("compile_id") or "?"),
         frame=frame,
-        location=f"{_location(item.get('file'), item.get('line'))} in {frame}",
+        location=location,
         call_site=str(item["call_site"]) if item.get("call_site") else None,
         duration_ms=float(duration) if isinstance(duration, (int, float)) else 0.0,
         step=step if isinstance(step, int) else None,

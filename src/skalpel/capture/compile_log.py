@@ -170,6 +170,7 @@ class CompileLog:
             "fail_type": value("fail_type"),
             "fail_reason": _clip(_first_paragraph(value("fail_reason") or "")) or None,
             "call_site": call_site,
+            "library": str(value("co_filename") or "").startswith(_LIBRARY_DIRS),  # torch's wrapper of a compiled module
             "step": step,
         }
 
@@ -227,7 +228,7 @@ def uninstall() -> None:
         _active = None
 
 
-def before_step(prof: Any) -> None:
+def before_step(prof: Any, *, starting: bool = False) -> None:
     """Called before ``prof.step()`` at a change of phase (and before ``prof.start()``).
 
     When this step ends a window, the events go into the trace header while the profiler still
@@ -241,7 +242,7 @@ def before_step(prof: Any) -> None:
     action = getattr(prof, "current_action", None)
     if action == ProfilerAction.RECORD_AND_SAVE:
         _add_header(log, prof)
-    elif action in (None, ProfilerAction.NONE) and getattr(prof, "with_stack", False) and log.compiled:
+    elif (starting or action == ProfilerAction.NONE) and getattr(prof, "with_stack", False) and log.compiled:
         prof.with_stack = False
         log.stacks_off = True
 

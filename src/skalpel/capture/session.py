@@ -106,7 +106,7 @@ class ProfileRun:
             schedule=torch_schedule(self.settings), on_trace_ready=self._on_trace_ready, **profiler_kwargs(self.settings)
         )
         self._owns_compile_log = compile_log.install()  # `skalpel run` installs it before the script starts
-        compile_log.before_step(self._prof)
+        compile_log.before_step(self._prof, starting=True)
         with _quiet():
             self._prof.start()
         self._last = time.perf_counter()
