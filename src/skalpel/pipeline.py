@@ -15,6 +15,7 @@ from .report.model import (
     GpuSummary,
     KernelRow,
     MemorySummary,
+    MfuSummary,
     OpRow,
     RankReport,
     Report,
@@ -76,6 +77,7 @@ def _rank_report(analyses: Analyses, rank: int) -> RankReport:
         data_wait_ms_per_step=round(breakdown.data_wait_ms_per_step, 4) if breakdown else None,
         gpu=_gpu_summary(analyses, rank),
         memory=_memory_summary(analyses, rank),
+        mfu=_mfu_summary(analyses, rank),
         extra=_extra(analyses, rank),
     )
 
@@ -92,6 +94,17 @@ def _gpu_summary(analyses: Analyses, rank: int) -> GpuSummary | None:
         comm_overlap_pct=round(overlap, 2) if overlap is not None else None,
         idle_breakdown_pct={name: round(pct, 2) for name, pct in gpu.idle_breakdown_pct.items()},
     )
+
+
+def _mfu_summary(analyses: Analyses, rank: int) -> MfuSummary | None:
+    found = next((item for item in analyses.mfu if item.rank == rank), None)
+    if found is None:
+        return None
+    return MfuSummary(
+        achieved_tflops=round(found.achieved_tflops, 6), flops_per_step=found.flops_per_step, dtype=found.dtype,
+        peak_tflops=found.peak_tflops, mfu_pct=round(found.mfu_pct, 2) if found.mfu_pct is not None else None,
+        device=found.device, note=found.note,
+    )  # fmt: skip
 
 
 def _memory_summary(analyses: Analyses, rank: int) -> MemorySummary | None:

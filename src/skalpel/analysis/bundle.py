@@ -13,6 +13,7 @@ from .gpu_time import GpuTimeResult, gpu_time
 from .kernels import KernelTable, kernel_table
 from .launches import LaunchResult, launches
 from .memory import MemoryResult, memory
+from .mfu import Mfu, mfu
 from .ops import OpTable, op_table
 from .ranks import RankComparison, compare_ranks
 from .recorded import RecordingResult, device_recording
@@ -42,6 +43,7 @@ class Analyses:
     memory: MemoryResult | None = None  # allocated-memory curves; None without [memory] events
     compile: CompileResult | None = None  # torch.compile regions, compilations, Triton kernels
     compile_log: CompileLog | None = None  # causes from skalpel run's compile log: guards, graph breaks, limits
+    mfu: tuple[Mfu, ...] = ()  # achieved FLOP/s and MFU per rank; empty without flop counts (with_flops)
     comm: CommAnalysis | None = None  # collectives per rank: by type, bandwidth, share, overlap
     rank_comparison: RankComparison | None = None  # aligned clocks, waits, straggler; None for one rank
     results: dict[str, Any] = field(default_factory=dict)  # name -> typed result, for analyses added later
@@ -61,6 +63,7 @@ def run_analyses(trace: Trace) -> Analyses:
     analyses.memory = memory(trace, steps)
     analyses.compile = compile_events(trace, steps)
     analyses.compile_log = compile_log(trace, steps)
+    analyses.mfu = mfu(trace, steps)
     analyses.comm = analyze_comm(trace, steps)
     if len(trace.ranks) > 1:
         analyses.rank_comparison = compare_ranks(trace, steps, analyses.comm)

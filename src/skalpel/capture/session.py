@@ -51,7 +51,7 @@ def profile(
     record_shapes: bool = True,
     profile_memory: bool = True,
     with_stack: bool = True,
-    with_flops: bool = False,
+    with_flops: bool | None = None,
     with_modules: bool = False,
     cuda: bool | None = None,
     write: bool = True,

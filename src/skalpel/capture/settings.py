@@ -25,7 +25,7 @@ class CaptureSettings:
     record_shapes: bool = True
     profile_memory: bool = True
     with_stack: bool = True
-    with_flops: bool = False
+    with_flops: bool | None = None  # None: on with CUDA (flop counts for MFU), off on CPUs (no peak to compare with)
     with_modules: bool = False
     cuda: bool | None = None  # None: record CUDA activity when CUDA is available
 
@@ -70,7 +70,7 @@ def profiler_kwargs(settings: CaptureSettings) -> dict[str, Any]:
         "record_shapes": settings.record_shapes,
         "profile_memory": settings.profile_memory,
         "with_stack": settings.with_stack,
-        "with_flops": settings.with_flops,
+        "with_flops": cuda if settings.with_flops is None else settings.with_flops,
         "with_modules": settings.with_modules,
     }
     if settings.with_stack:

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Sequence
 
 from . import html_svg as svg
 from .model import Finding, RankReport, Report
-from .terminal import sorted_findings
+from .terminal import mfu_text, sorted_findings
 
 TABLE_ROWS = 50
 DETAIL_RANKS = 8
@@ -136,7 +136,12 @@ def steps(report: Report) -> str:
         note += f'<p class="note">{longest} steps: every {every}th step shown.</p>'
     if len(report.ranks) > DETAIL_RANKS:
         note += f'<p class="note">The first {DETAIL_RANKS} of {len(report.ranks)} ranks; all are in the per-rank comparison.</p>'
-    return section("steps", "Step time per step", note + svg.step_bars(series, label="step time per step"))
+    return section("steps", "Step time per step", note + svg.step_bars(series, label="step time per step") + _mfu(report))
+
+
+def _mfu(report: Report) -> str:
+    lines = [f"rank {r.rank}: {mfu_text(r.mfu)}" for r in report.ranks[:DETAIL_RANKS] if r.mfu is not None]
+    return f'<p class="note">Model FLOP utilisation: {escape("; ".join(lines))}</p>' if lines else ""
 
 
 def breakdown(report: Report) -> str:

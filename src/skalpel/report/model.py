@@ -102,6 +102,19 @@ class MemorySummary:
 
 
 @dataclass(frozen=True)
+class MfuSummary:
+    """Model FLOP utilisation from the profiler's flop counts (with_flops)."""
+
+    achieved_tflops: float  # flops per step / median step time
+    flops_per_step: float
+    dtype: str  # the dtype whose peak is used (bf16 unless told)
+    peak_tflops: float | None = None  # dense datasheet peak of the device; None for CPUs and unknown devices
+    mfu_pct: float | None = None
+    device: str | None = None
+    note: str | None = None  # why there is no MFU
+
+
+@dataclass(frozen=True)
 class RankReport:
     rank: int
     step_ms: tuple[float, ...]
@@ -111,6 +124,7 @@ class RankReport:
     top_ops: tuple[OpRow, ...] = ()
     top_kernels: tuple[KernelRow, ...] = ()
     data_wait_ms_per_step: float | None = None
+    mfu: MfuSummary | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # further analyses: launch delays, syncs, comm
 
 
@@ -168,6 +182,7 @@ def _rank_from_dict(data: Any, where: str) -> RankReport:
     values = dict(data)
     values["gpu"] = _build(GpuSummary, data["gpu"], f"{where}.gpu") if data.get("gpu") else None
     values["memory"] = _build(MemorySummary, data["memory"], f"{where}.memory") if data.get("memory") else None
+    values["mfu"] = _build(MfuSummary, data["mfu"], f"{where}.mfu") if data.get("mfu") else None
     values["top_ops"] = tuple(_build(OpRow, row, f"{where}.top_ops[{i}]") for i, row in enumerate(_list(data, "top_ops", where)))
     values["top_kernels"] = tuple(
         _build(KernelRow, row, f"{where}.top_kernels[{i}]") for i, row in enumerate(_list(data, "top_kernels", where))

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..display import cut_name, for_terminal, plain
-from .model import SEVERITIES, Finding, RankReport, Report
+from .model import SEVERITIES, Finding, MfuSummary, RankReport, Report
 from .terminal_comm import comm_line, ranks_table
 
 NOT_JUDGED = "not_judged"
@@ -143,6 +143,8 @@ def _rank_panel(report: Report, rank: RankReport) -> Panel:
         memory = rank.memory
         growth = f", growth {memory.growth_bytes_per_step / 2**20:+.1f} MiB/step" if memory.growth_bytes_per_step is not None else ""
         parts.append(Text(f"memory ({memory.device}): peak {memory.peak_bytes / 2**20:.1f} MiB{growth}"))
+    if rank.mfu is not None:
+        parts.append(Text(mfu_text(rank.mfu)))
     if rank.top_ops:
         parts.append(_ops_table(rank, device=report.has_device))
     regions = (rank.extra.get("compiled") or {}).get("regions")
@@ -182,6 +184,14 @@ def _ops_table(rank: RankReport, *, device: bool) -> Table:
             cells.append(f"{row.device_ms:.2f}")
         table.add_row(*cells)
     return table
+
+
+def mfu_text(mfu: MfuSummary) -> str:
+    """'41.2% of the NVIDIA H100 bf16 peak (407.5 of 989.4 TFLOP/s)', or the achieved rate and why there is no MFU."""
+    if mfu.mfu_pct is not None:
+        return (f"MFU {mfu.mfu_pct:.1f}% of the {mfu.device} {mfu.dtype} peak "
+                f"({mfu.achieved_tflops:.1f} of {mfu.peak_tflops:g} TFLOP/s, {mfu.flops_per_step / 1e12:.3g} TFLOP/step)")  # fmt: skip
+    return f"{mfu.achieved_tflops * 1000:.3g} GFLOP/s achieved, no MFU: {mfu.note}"
 
 
 def _regions_table(regions: list[dict], *, device: bool) -> Table:

@@ -163,6 +163,9 @@ class ColumnBuilder:
         if kept:
             whole = full_args([events[index].args for index in kept])
             self.extra.update(zip([self.count + index for index in kept], whole))
+        flops = _ints([a.flops for a in args], 0)  # with_flops: few ops carry a count, kept beside their other args
+        for index in np.flatnonzero(flops > 0).tolist():
+            self.extra.setdefault(self.count + index, {})["flops"] = float(flops[index])
         uncorrelated = np.flatnonzero(np.isin(kind, _DEVICE_KINDS) & (correlation == 0))
         if len(uncorrelated):
             self._uncorrelated.append(uncorrelated + self.count)

@@ -46,6 +46,7 @@ class Args(Struct, gc=False):
     stack: str | None = field(default=None, name="Call stack")
     dims: Raw = field(default=EMPTY, name="Input Dims")
     nbytes: Number = field(default=0, name="bytes")
+    flops: Number = 0  # with_flops: the op's floating-point operations
 
 
 class MemoryArgs(Struct, gc=False):

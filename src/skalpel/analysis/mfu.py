@@ -1,0 +1,118 @@
+"""Model FLOP utilisation: achieved FLOP/s per step against the device's peak.
+
+The achieved FLOP/s come from the profiler's own counts (``with_flops=True`` puts a ``flops``
+argument on matrix multiplies, convolutions and elementwise ops): their sum over the profiled
+steps divided by the steps' time. The peak is the dense (no sparsity) tensor-core figure of
+the device's datasheet for the training dtype; MFU is achieved / peak, as in the PaLM paper
+(Chowdhery et al. 2022, appendix B) and nanoGPT's ``estimate_mfu``. CPUs have no entry: their
+peak depends on cores, clocks and vector units the trace does not record.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.model import Trace
+from .steps import StepSegmentation
+
+DEFAULT_DTYPE = "bf16"  # the training dtype MFU is usually quoted for; fp16 has the same peak on these devices
+
+# Dense peak TFLOP/s per device and dtype, from the vendors' datasheets. The first pattern that
+# matches the device name (``deviceProperties[].name``) wins, so the specific forms come first.
+PEAK_TFLOPS: tuple[tuple[str, str, dict[str, float]], ...] = (
+    # NVIDIA B200 datasheet (DGX B200 / HGX B200, per GPU): FP16/BF16 2.25 PFLOPS, TF32 1.1 PFLOPS dense
+    (r"B200", "NVIDIA B200", {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp8": 4500.0}),
+    # NVIDIA H200 datasheet (SXM): same compute as the H100 SXM; BF16 989 TFLOPS, TF32 494, FP32 67 dense
+    (r"H200", "NVIDIA H200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 67.0, "fp8": 1978.9}),
+    # NVIDIA H100 datasheet: PCIe BF16 756 TFLOPS, TF32 378, FP32 51 dense
+    (r"H100.*PCIe", "NVIDIA H100 PCIe", {"bf16": 756.5, "fp16": 756.5, "tf32": 378.0, "fp32": 51.0, "fp8": 1513.0}),
+    # NVIDIA H100 datasheet: SXM (and "H100 80GB HBM3") BF16 989 TFLOPS, TF32 494, FP32 67 dense
+    (r"H100", "NVIDIA H100 SXM", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 67.0, "fp8": 1978.9}),
+    # NVIDIA A100 datasheet (SXM and PCIe): BF16/FP16 312 TFLOPS, TF32 156, FP32 19.5 dense
+    (r"A100", "NVIDIA A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    # NVIDIA L40S datasheet: BF16 362 TFLOPS, TF32 183, FP32 91.6 dense
+    (r"L40S", "NVIDIA L40S", {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6}),
+    # NVIDIA L4 datasheet: BF16 121 TFLOPS, TF32 60, FP32 30.3 dense
+    (r"\bL4\b", "NVIDIA L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    # NVIDIA A10 datasheet: BF16 125 TFLOPS, TF32 62.5, FP32 31.2 dense
+    (r"\bA10\b", "NVIDIA A10", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
+    # NVIDIA V100 datasheet (SXM2): FP16 tensor 125 TFLOPS, FP32 15.7; no BF16
+    (r"V100", "NVIDIA V100", {"fp16": 125.0, "fp32": 15.7}),
+    # NVIDIA T4 datasheet: FP16 65 TFLOPS, FP32 8.1; no BF16
+    (r"\bT4\b", "NVIDIA T4", {"fp16": 65.0, "fp32": 8.1}),
+    # AMD Instinct MI355X / MI325X / MI300X datasheets: dense FP16/BF16 2516.6 / 1307.4 / 1307.4 TFLOPS
+    (r"MI355X", "AMD Instinct MI355X", {"bf16": 2516.6, "fp16": 2516.6, "fp32": 157.3}),
+    (r"MI325X", "AMD Instinct MI325X", {"bf16": 1307.4, "fp16": 1307.4, "tf32": 653.7, "fp32": 163.4}),
+    (r"MI300X", "AMD Instinct MI300X", {"bf16": 1307.4, "fp16": 1307.4, "tf32": 653.7, "fp32": 163.4}),
+    # AMD Instinct MI250X datasheet: FP16/BF16 383 TFLOPS, FP32 matrix 95.7
+    (r"MI250X?", "AMD Instinct MI250X", {"bf16": 383.0, "fp16": 383.0, "fp32": 95.7}),
+)
+
+
+@dataclass(frozen=True)
+class Mfu:
+    rank: int
+    device: str | None
+    flops_per_step: float  # 0 when the trace has no flop counts
+    achieved_tflops: float  # flops per step / median step time
+    peak_tflops: float | None  # dense peak of the device for ``dtype``; None for a CPU or a device not in the table
+    dtype: str
+    mfu_pct: float | None
+    note: str | None = None  # why there is no MFU
+
+    def to_dict(self) -> dict:
+        return {
+            "device": self.device, "flops_per_step": self.flops_per_step,
+            "achieved_tflops": round(self.achieved_tflops, 4), "peak_tflops": self.peak_tflops,
+            "dtype": self.dtype, "mfu_pct": round(self.mfu_pct, 2) if self.mfu_pct is not None else None,
+            "note": self.note,
+        }  # fmt: skip
+
+
+def peak_tflops(device: str | None, dtype: str = DEFAULT_DTYPE) -> tuple[str, float] | None:
+    """(table label, dense peak TFLOP/s) of a device for a dtype, None when it is not in the table."""
+    if not device:
+        return None
+    for pattern, label, peaks in PEAK_TFLOPS:
+        if re.search(pattern, device, re.IGNORECASE) and dtype in peaks:
+            return label, peaks[dtype]
+    return None
+
+
+def mfu(trace: Trace, steps: StepSegmentation, *, dtype: str = DEFAULT_DTYPE) -> tuple[Mfu, ...]:
+    """MFU per rank; empty when no op in the trace carries a flop count."""
+    counted = [index for index, args in trace.extra.items() if "flops" in args]
+    if not counted or not steps.marked:
+        return ()
+    events = np.array(counted, dtype=np.int64)
+    flops = np.array([trace.extra[int(index)]["flops"] for index in events], dtype=np.float64)
+    results = []
+    for info in trace.ranks:
+        rank_steps = steps.for_rank(info.rank)
+        if not rank_steps:
+            continue
+        mine = trace.rank[events] == info.rank
+        inside = np.zeros(len(events), dtype=bool)
+        for step in rank_steps:
+            inside |= mine & (trace.ts[events] >= step.start_us) & (trace.ts[events] < step.end_us)
+        per_step = float(flops[inside].sum()) / len(rank_steps)
+        step_s = float(np.median([step.duration_us for step in rank_steps])) / 1e6
+        device = info.device_names[0] if info.device_names else None
+        results.append(utilisation(info.rank, device, per_step, step_s, dtype, has_device=trace.has_device))
+    return tuple(results)
+
+
+def utilisation(rank: int, device: str | None, flops_per_step: float, step_s: float, dtype: str, *,
+                has_device: bool = True) -> Mfu:  # fmt: skip
+    """Achieved TFLOP/s and MFU of one rank from its flops per step and step time."""
+    achieved = flops_per_step / step_s / 1e12 if step_s > 0 else 0.0
+    if not has_device:
+        return Mfu(rank, "cpu", flops_per_step, achieved, None, dtype, None, "no peak FLOP/s for CPUs: MFU is for accelerators")
+    peak = peak_tflops(device, dtype)
+    if peak is None:
+        note = f"{device or 'the device'} has no {dtype} peak in skalpel's table (analysis/mfu.py)"
+        return Mfu(rank, device, flops_per_step, achieved, None, dtype, None, note)
+    return Mfu(rank, device, flops_per_step, achieved, peak[1], dtype, 100.0 * achieved / peak[1])
