@@ -159,7 +159,7 @@ def _compiled(analyses: Analyses, rank: int) -> dict:
         mine = [item for item in log.compilations if item.rank == rank]
         summary.update(
             compilations=len(mine),
-            recompilations=sum(1 for item in mine if item.recompile_reason and not item.backward),
+            recompilations=sum(1 for item in log.recompiles if item.rank == rank),
             compile_ms=round(sum(item.duration_ms for item in mine), 3),
             graph_breaks=len(log.graph_breaks),
             limits_reached=len(log.limits),

@@ -206,7 +206,8 @@ class CompileLog:
 
     @property
     def recompiles(self) -> tuple[LoggedCompilation, ...]:
-        return tuple(item for item in self.compilations if item.recompile_reason and not item.backward)
+        """Recompilations that produced code (an attempt stopped by the recompile limit is in ``limits``)."""
+        return tuple(item for item in self.compilations if item.recompile_reason and not item.backward and not item.failed)
 
     @property
     def broken_frames(self) -> set[str]:

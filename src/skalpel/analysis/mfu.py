@@ -1,8 +1,12 @@
 """Model FLOP utilisation: achieved FLOP/s per step against the device's peak.
 
-The achieved FLOP/s come from the profiler's own counts (``with_flops=True`` puts a ``flops``
-argument on matrix multiplies, convolutions and elementwise ops): their sum over the profiled
-steps divided by the steps' time. The peak is the dense (no sparsity) tensor-core figure of
+The achieved FLOP/s are the FLOPs of the profiled steps divided by their time. An op's FLOPs
+are the profiler's own count where the trace has one (a ``flops`` argument, ``with_flops=True``
+in the torch versions that export it), else counted from its recorded input shapes the way
+torch's ``with_flops`` counts them: 2·M·K·N for ``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``
+(times the batch), 4·B·H·L·S·D for the forward of ``scaled_dot_product_attention`` kernels.
+Ops Inductor fused into generated kernels are not seen (their matrix multiplies are, as
+``aten::mm`` extern calls). The peak is the dense (no sparsity) tensor-core figure of
 the device's datasheet for the training dtype; MFU is achieved / peak, as in the PaLM paper
 (Chowdhery et al. 2022, appendix B) and nanoGPT's ``estimate_mfu``. CPUs have no entry: their
 peak depends on cores, clocks and vector units the trace does not record.
@@ -10,6 +14,7 @@ peak depends on cores, clocks and vector units the trace does not record.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -83,12 +88,10 @@ def peak_tflops(device: str | None, dtype: str = DEFAULT_DTYPE) -> tuple[str, fl
 
 
 def mfu(trace: Trace, steps: StepSegmentation, *, dtype: str = DEFAULT_DTYPE) -> tuple[Mfu, ...]:
-    """MFU per rank; empty when no op in the trace carries a flop count."""
-    counted = [index for index, args in trace.extra.items() if "flops" in args]
-    if not counted or not steps.marked:
+    """MFU per rank; empty when no op of the trace has a flop count or the shapes to count them."""
+    events, flops = op_flops(trace)
+    if not len(events) or not steps.marked:
         return ()
-    events = np.array(counted, dtype=np.int64)
-    flops = np.array([trace.extra[int(index)]["flops"] for index in events], dtype=np.float64)
     results = []
     for info in trace.ranks:
         rank_steps = steps.for_rank(info.rank)
@@ -103,6 +106,51 @@ def mfu(trace: Trace, steps: StepSegmentation, *, dtype: str = DEFAULT_DTYPE) ->
         device = info.device_names[0] if info.device_names else None
         results.append(utilisation(info.rank, device, per_step, step_s, dtype, has_device=trace.has_device))
     return tuple(results)
+
+
+_MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+# The (batch, heads, length, dim) entry points only: the kernels' own ops below them would count twice.
+_ATTENTION = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+              "aten::_scaled_dot_product_cudnn_attention")  # fmt: skip
+
+
+def op_flops(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """(event indices, FLOPs) of the ops with a count: the trace's own, else from their input shapes."""
+    counted = {index: float(args["flops"]) for index, args in trace.extra.items() if "flops" in args}
+    names = {trace.name_id(name): name for name in (*_MATMUL, *_ATTENTION)}
+    names.pop(-1, None)
+    candidates = np.flatnonzero(np.isin(trace.name, list(names)) & (trace.shapes >= 0))
+    by_shapes: dict[tuple[int, int], float] = {}
+    for index in candidates.tolist():
+        if index in counted:
+            continue
+        key = (int(trace.name[index]), int(trace.shapes[index]))
+        if key not in by_shapes:
+            by_shapes[key] = _from_shapes(names[key[0]], trace.names[key[1]])
+        if by_shapes[key] > 0:
+            counted[index] = by_shapes[key]
+    events = np.array(sorted(counted), dtype=np.int64)
+    return events, np.array([counted[int(index)] for index in events], dtype=np.float64)
+
+
+def _from_shapes(name: str, dims_json: str) -> float:
+    """FLOPs of one call from its 'Input Dims', as torch's with_flops counts them; 0 when the shapes do not fit."""
+    try:
+        dims = json.loads(dims_json)
+    except ValueError:
+        return 0.0
+    shapes = [shape for shape in dims if isinstance(shape, list)]
+    try:
+        if name in ("aten::mm", "aten::addmm"):
+            a, b = (shapes[1], shapes[2]) if name == "aten::addmm" else (shapes[0], shapes[1])
+            return 2.0 * a[0] * a[1] * b[1]
+        if name in ("aten::bmm", "aten::baddbmm"):
+            a, b = (shapes[1], shapes[2]) if name == "aten::baddbmm" else (shapes[0], shapes[1])
+            return 2.0 * a[0] * a[1] * a[2] * b[2]
+        q, k = shapes[0], shapes[1]  # (batch, heads, length, dim) x (batch, heads, source length, dim)
+        return 4.0 * q[0] * q[1] * q[2] * k[2] * q[3]
+    except (IndexError, TypeError):
+        return 0.0
 
 
 def utilisation(rank: int, device: str | None, flops_per_step: float, step_s: float, dtype: str, *,

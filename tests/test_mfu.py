@@ -1,0 +1,65 @@
+"""MFU: the peak table, the arithmetic, and achieved FLOP/s from a real with_flops capture (no MFU on a CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from skalpel.analysis.mfu import PEAK_TFLOPS, peak_tflops, utilisation
+from skalpel.report.model import Report
+
+
+@pytest.mark.parametrize(
+    ("device", "label", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM", 989.4),
+        ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe", 756.5),
+        ("NVIDIA H200", "NVIDIA H200", 989.4),
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA A100", 312.0),
+        ("NVIDIA B200", "NVIDIA B200", 2250.0),
+        ("AMD Instinct MI300X", "AMD Instinct MI300X", 1307.4),
+    ],
+)
+def test_peak_table_names_the_device(device, label, peak):
+    assert peak_tflops(device, "bf16") == (label, peak)
+
+
+def test_peak_table_has_no_entry_for_unknown_devices_or_dtypes():
+    assert peak_tflops("Test GPU") is None and peak_tflops(None) is None
+    assert peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16 on a V100
+    assert peak_tflops("Tesla V100-SXM2-16GB", "fp16") == ("NVIDIA V100", 125.0)
+    assert all(peaks and all(value > 0 for value in peaks.values()) for _, _, peaks in PEAK_TFLOPS)
+
+
+def test_utilisation_arithmetic():
+    result = utilisation(0, "NVIDIA A100-SXM4-80GB", flops_per_step=156e12 * 0.5, step_s=0.5, dtype="bf16")
+    assert result.achieved_tflops == pytest.approx(156.0) and result.mfu_pct == pytest.approx(50.0)
+    unknown = utilisation(0, "Test GPU", 1e12, 1.0, "bf16")
+    assert unknown.mfu_pct is None and "Test GPU" in unknown.note
+    cpu = utilisation(0, None, 1e9, 1.0, "bf16", has_device=False)
+    assert cpu.mfu_pct is None and cpu.peak_tflops is None and "CPU" in cpu.note
+
+
+def test_cpu_capture_with_flops_reports_achieved_flops_and_no_mfu(tmp_path):
+    torch = pytest.importorskip("torch")
+    import skalpel
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(128, 256), torch.randn(256, 64)
+    with skalpel.profile(wait=0, warmup=1, active=3, with_flops=True, with_stack=False, out=tmp_path) as run:
+        for _ in range(4):
+            torch.mm(a, b)
+            run.step()
+    mfu = run.report().ranks[0].mfu
+    assert mfu is not None and mfu.flops_per_step == pytest.approx(2 * 128 * 256 * 64)  # one mm per step
+    assert mfu.achieved_tflops > 0 and mfu.mfu_pct is None and "CPU" in mfu.note
+    document = json.loads((tmp_path / "report.json").read_text())
+    from importlib import resources
+
+    schema = json.loads(resources.files("skalpel.report").joinpath("report.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(document)
+    assert Report.from_dict(document).ranks[0].mfu == mfu  # reads back
+    assert "GFLOP/s achieved, no MFU" in (tmp_path / "summary.txt").read_text()
+    assert "Model FLOP utilisation" in (tmp_path / "report.html").read_text()
