@@ -56,14 +56,14 @@ def _command() -> list[str]:
     return [str(SKALPEL)] if SKALPEL.exists() else [sys.executable, "-m", "skalpel"]
 
 
-def _start(name: str, options: tuple[str, ...], out: Path) -> subprocess.Popen:
-    log = open(out.parent / f"{name}.log", "wb")
+def _start(name: str, options: tuple[str, ...], out: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    log = open(out.parent / f"{out.name}.log", "wb")
     return subprocess.Popen(
         [*_command(), "run", *options, "--out", str(out), str(SCENARIOS / f"{name}.py")],
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONHASHSEED": "0"},
+        env={**os.environ, "PYTHONHASHSEED": "0", **(env or {})},
     )
 
 
@@ -224,6 +224,9 @@ def test_recompiling_on_changing_shapes(runs):
 def compiled_runs(runs):
     """The torch.compile scenarios start together (Inductor compiles for tens of seconds each)."""
     runs.start({name: SLOW_RUNS[name] for name in ("graph_break", "compile_train_eval", "compiled_clean")})
+    runs.processes["compiled_clean_eager"] = _start(
+        "compiled_clean", COMPILED, runs.root / "compiled_clean_eager", env={"SKALPEL_SCENARIO_COMPILE": "0"}
+    )
     return runs
 
 
@@ -270,3 +273,19 @@ def test_clean_compiled_loop_stays_quiet(compiled_runs):
     compiled = report["ranks"][0]["extra"]["compiled"]
     assert compiled["recompilations"] == 0 and compiled["graph_breaks"] == 0 and compiled["limits_reached"] == 0
     assert compiled["regions"][0]["location"].endswith("in train_step")  # the compiled module's call site
+
+
+@pytest.mark.slow
+def test_diff_eager_against_compiled_names_the_region(compiled_runs, capsys):
+    from skalpel.cli import main
+
+    compiled_runs.report("compiled_clean")
+    compiled_runs.report("compiled_clean_eager")
+    out = compiled_runs.root / "diff.json"
+    eager, compiled = compiled_runs.root / "compiled_clean_eager", compiled_runs.root / "compiled_clean"
+    assert main(["diff", str(eager), str(compiled), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    (region,) = [row for row in result["regions"] if row["name"].endswith("in train_step")]
+    assert region["before_ms_per_step"] is None and region["after_ms_per_step"] > 0  # compiled on one side only
+    assert any("runs eagerly" in note for note in result["notes"])
+    assert "torch.compile regions" in capsys.readouterr().out

@@ -5,6 +5,7 @@
 Compiled once in the first step, before recording starts; the same shapes every step, no
 graph break, no train/eval switch: no compile finding at warning level or above. Inductor
 by default; its cache goes to ./.inductor-cache unless TORCHINDUCTOR_CACHE_DIR is set.
+SKALPEL_SCENARIO_COMPILE=0 runs the same loop eagerly (``skalpel diff`` eager against compiled).
 """
 
 import os
@@ -18,6 +19,7 @@ from torch import nn  # noqa: E402
 torch.manual_seed(0)
 torch.set_num_threads(1)
 BACKEND = os.environ.get("SKALPEL_SCENARIO_BACKEND", "inductor")
+COMPILE = os.environ.get("SKALPEL_SCENARIO_COMPILE", "1") != "0"  # 0: the same loop eagerly, to diff against
 
 
 def train_step(model, optimizer, x, y):
@@ -29,7 +31,7 @@ def train_step(model, optimizer, x, y):
 
 def main(steps: int = 12) -> None:
     model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-    compiled = torch.compile(model, backend=BACKEND)
+    compiled = torch.compile(model, backend=BACKEND) if COMPILE else model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = [(torch.randn(64, 256), torch.randint(0, 10, (64,))) for _ in range(steps)]
     for x, y in batches:

@@ -98,6 +98,7 @@ class DiffResult:
     appeared: tuple[FindingChange, ...]
     disappeared: tuple[FindingChange, ...]
     persisting: tuple[FindingChange, ...]
+    regions: tuple[OpDelta, ...] = ()  # torch.compile regions by the function they compile (host ms per step)
     schema: str = field(default=DIFF_SCHEMA)
 
     def slower_than(self, pct: float) -> bool:
@@ -127,6 +128,7 @@ def diff_reports(before: Report, after: Report, options: DiffOptions | None = No
         appeared=appeared,
         disappeared=disappeared,
         persisting=persisting,
+        regions=_row_deltas(_region_times(before), _region_times(after), options.top_movers),
     )
 
 
@@ -226,6 +228,17 @@ def _kernel_times(report: Report) -> dict[str, float]:
     return {name: value / steps for name, value in totals.items()}
 
 
+def _region_times(report: Report) -> dict[str, float]:
+    """Host ms per step in each compiled region, keyed by the function it compiles (region ids differ between runs)."""
+    totals: dict[str, float] = {}
+    for rank in report.ranks:
+        for row in (rank.extra.get("compiled") or {}).get("regions") or ():
+            name = f"compiled: {row.get('location') or row.get('region')}"
+            totals[name] = totals.get(name, 0.0) + float(row.get("host_ms") or 0.0)
+    steps = _steps_counted(report)
+    return {name: value / steps for name, value in totals.items()}
+
+
 def _row_deltas(before: dict[str, float], after: dict[str, float], limit: int) -> tuple[OpDelta, ...]:
     rows = []
     for name in set(before) | set(after):
@@ -260,6 +273,13 @@ def _comparability(before: Report, after: Report, options: DiffOptions) -> tuple
             )
     if bs.torch_version and as_.torch_version and bs.torch_version != as_.torch_version:
         notes.append(f"torch versions differ: {bs.torch_version} vs {as_.torch_version}")
+    compiled = (bool(_region_times(before)), bool(_region_times(after)))
+    if compiled[0] != compiled[1]:
+        eager, compiled_side = ("after", "before") if compiled[0] else ("before", "after")
+        notes.append(
+            f"{compiled_side} runs torch.compile regions and {eager} runs eagerly: the regions (named by the function "
+            f"they compile) replace {eager}'s aten ops; compare a region with the ops of that function"
+        )
     if before.steps.marked != after.steps.marked:
         notes.append("one side has ProfilerStep markers and the other does not: step times are not like for like")
     if not (_mean_breakdown(before) and _mean_breakdown(after)):

@@ -70,7 +70,9 @@ def render(result: DiffResult) -> list:
             table.add_row(Text(row.category), f"{row.before_pct:.1f}", f"{row.after_pct:.1f}", f"{row.delta_pct:+.1f}",
                           f"{row.before_ms_per_step:.2f}", f"{row.after_ms_per_step:.2f}", f"{row.delta_ms_per_step:+.2f}")  # fmt: skip
         out.append(table)
-    for title, rows in ((f"ops ({result.op_metric} per step)", result.ops), ("kernels (ms per step)", result.kernels)):
+    movers = ((f"ops ({result.op_metric} per step)", result.ops), ("kernels (ms per step)", result.kernels),
+              ("torch.compile regions (host ms per step)", result.regions))  # fmt: skip
+    for title, rows in movers:
         if rows:
             out.append(_movers_table(title, rows))
     for note in result.notes:
@@ -145,7 +147,11 @@ def render_html(result: DiffResult) -> str:
         body.append(parts.section("categories", "Step time by category", chart + parts.table(headers, table_rows)))
     else:
         body.append(parts.section("categories", "Step time by category", parts.na("a side has no step-time breakdown")))
-    for anchor, title, rows in (("ops", f"Ops ({result.op_metric} per step)", result.ops), ("kernels", "Kernels (ms per step)", result.kernels)):
+    movers = (("ops", f"Ops ({result.op_metric} per step)", result.ops), ("kernels", "Kernels (ms per step)", result.kernels),
+              ("regions", "torch.compile regions (host ms per step)", result.regions))  # fmt: skip
+    for anchor, title, rows in movers:
+        if anchor == "regions" and not rows:
+            continue
         headers = [("name", False), ("before", True), ("after", True), ("Δ", True)]
         table_rows = ["<tr>" + parts.name_cell(r.name) + _num3(r.before_ms_per_step) + _num3(r.after_ms_per_step)
                       + parts.num(r.delta_ms_per_step, f"{r.delta_ms_per_step:+.3f}") + "</tr>" for r in rows]  # fmt: skip
