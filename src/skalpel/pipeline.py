@@ -165,8 +165,18 @@ def _compiled(analyses: Analyses, rank: int) -> dict:
             limits_reached=len(log.limits),
             stacks_off=log.stacks_off,
             sources=list(log.sources),
+            events=[_compilation_row(item) for item in mine if not item.backward][:_TOP_ROWS],
         )
     return summary
+
+
+def _compilation_row(item) -> dict:
+    """One compilation as the JSON lists it: what, where, when, how long, and why (the guard that failed)."""
+    return {
+        "compile_id": item.compile_id, "function": item.location, "call_site": item.call_site,
+        "duration_ms": round(item.duration_ms, 3), "step": item.step, "in_profiled_steps": item.in_window,
+        "guard": item.recompile_reason, "failed": item.failed,
+    }  # fmt: skip
 
 
 def _rounded(values: dict) -> dict:

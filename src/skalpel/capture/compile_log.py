@@ -1,18 +1,22 @@
 """torch.compile events while a script runs: every compilation with its cause, every graph break.
 
-Nobody has to set ``TORCH_LOGS``. Which of dynamo's hooks this reads, and since when they exist:
+Nobody has to set ``TORCH_LOGS``. Which of dynamo's hooks this reads (tested on torch 2.13;
+the versions are when each appeared, from torch's history):
 
-* ``torch._dynamo.callback.on_compile_start`` / ``on_compile_end`` (torch 2.5+): when a
-  compilation (or a lazy backward compilation) starts and ends, with its compile id;
-* ``torch._dynamo.utils.get_compilation_metrics()`` (2.4+; ``recompile_reason`` 2.6+,
-  ``num_graph_breaks`` 2.7+): per compilation the frame, its file and line, the duration, the
-  guard that failed (in torch's words), the graph-break reasons, and a failure such as the
-  recompile limit being reached;
-* the ``graph_breaks`` log artifact (2.1+, a logger ``*.__graph_breaks`` per module): "Graph
-  break in user code at FILE:LINE / Graph Break Reason: ...". A handler of ours is attached and
-  the artifact enabled without propagation, so nothing is printed the user did not ask for;
-* the ``torch._dynamo`` warning "hit config.recompile_limit" (2.0+, ``cache_size_limit`` before
-  2.6): the function now runs eagerly.
+* ``torch._dynamo.callback`` start/end callbacks (torch 2.5; with a ``CallbackArgs`` carrying
+  the compile id since 2.8, before that with no argument): when a compilation (or a lazy
+  backward compilation) starts and ends. At the start, the user's line that called the
+  compiled code and the profiler step are noted;
+* ``torch._dynamo.utils.get_compilation_metrics()`` (a ``CompilationMetrics`` per compilation;
+  fields come and go between versions and are read by name): the frame, its file and line,
+  the duration, the guard that failed (``recompile_reason``), the graph-break reasons
+  (``restart_reasons``), and a failure such as the recompile limit being reached;
+* the ``graph_breaks`` log artifact (torch 2.1: a logger ``*.__graph_breaks`` per module):
+  "Graph break in user code at FILE:LINE / Graph Break Reason: ...". A handler of ours is
+  attached and the artifact enabled without propagation, so nothing is printed the user did
+  not ask for (with TORCH_LOGS=graph_breaks the user's own output is left as it was);
+* the ``torch._dynamo.convert_frame`` warning "hit config.recompile_limit" (``cache_size_limit``
+  before torch 2.6): the function now runs eagerly.
 
 Each hook is looked up and skipped where the running torch lacks it; ``sources`` says which
 worked. The events go into the trace header under ``skalpel_compile`` (see ``header``), so
@@ -20,7 +24,7 @@ worked. The events go into the trace header under ``skalpel_compile`` (see ``hea
 
 The same callbacks keep the capture cheap: Python stacks through dynamo and Inductor are
 millions of frames (minutes and gigabytes when recorded), so a window whose script has
-compiled before it starts records without stacks (``before_window``).
+compiled before it starts records without stacks (``before_step``).
 """
 
 from __future__ import annotations
@@ -59,10 +63,35 @@ class CompileLog:
         self._handler = _Handler(self)
         self._loggers: list[tuple[logging.Logger, int, bool]] = []
         self._callbacks: list[tuple[Any, Any]] = []
-        self._known_metrics: list[Any] = []
+        self._hooked = False
+        self._unwrap: Any = lambda: None  # puts torch.compile back when install() wrapped it
 
     # -- installing the hooks ------------------------------------------------------------------
     def install(self) -> None:
+        """Hook dynamo now if it is loaded; else when the script calls torch.compile (importing dynamo
+        costs seconds, which a script that never compiles should not pay)."""
+        if "torch._dynamo" in sys.modules:
+            self._hook(earlier_metrics=True)
+            return
+        original = torch.compile
+        self._unwrap = lambda: setattr(torch, "compile", original)
+
+        def compile(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)  # imports dynamo
+            self.hook_if_loaded()
+            return result
+
+        compile.__wrapped__ = original  # type: ignore[attr-defined]
+        torch.compile = compile
+
+    def hook_if_loaded(self) -> None:
+        """Hook dynamo once it is loaded (``torch._dynamo.optimize`` and friends import it without torch.compile)."""
+        if not self._hooked and "torch._dynamo" in sys.modules:
+            self._hook(earlier_metrics=False)
+
+    def _hook(self, *, earlier_metrics: bool) -> None:
+        self._hooked = True
+        self._unwrap()
         callback = _module("torch._dynamo.callback")
         handler = getattr(callback, "callback_handler", None)
         if handler is not None and hasattr(handler, "register_start_callback"):
@@ -72,8 +101,8 @@ class CompileLog:
             self.sources.append("torch._dynamo.callback")
         utils = _module("torch._dynamo.utils")
         if utils is not None and hasattr(utils, "get_compilation_metrics"):
-            self._known_metrics = list(utils.get_compilation_metrics())  # compiled before we came: not ours
-            self._seen_metrics = {id(item) for item in self._known_metrics}
+            if earlier_metrics:  # compiled before we came: not this run's
+                self._seen_metrics = {id(item) for item in utils.get_compilation_metrics()}
             self.sources.append("torch._dynamo.utils.get_compilation_metrics")
         if self._attach_artifact("graph_breaks"):
             self.sources.append("graph_breaks log artifact")
@@ -83,6 +112,7 @@ class CompileLog:
 
     def uninstall(self) -> None:
         self.collect()
+        self._unwrap()
         for remove, function in self._callbacks:
             try:
                 remove(function)
@@ -108,12 +138,12 @@ class CompileLog:
         return bool(names)
 
     # -- the hooks -----------------------------------------------------------------------------
-    def _on_start(self, args: Any) -> None:
-        compile_id = str(getattr(args, "compile_id", ""))
+    def _on_start(self, *args: Any) -> None:
+        compile_id = str(getattr(args[0], "compile_id", "")) if args else _current_compile_id()
         if compile_id and compile_id not in self._starts:  # a lazy backward compilation keeps its forward's id
             self._starts[compile_id] = (_user_call_site(), self._step())
 
-    def _on_end(self, args: Any) -> None:
+    def _on_end(self, *args: Any) -> None:
         self.collect()
 
     def on_log(self, record: logging.LogRecord) -> None:
@@ -137,7 +167,8 @@ class CompileLog:
 
     def collect(self) -> None:
         """Take in the compilation metrics dynamo recorded since the last call."""
-        utils = _module("torch._dynamo.utils")
+        self.hook_if_loaded()
+        utils = sys.modules.get("torch._dynamo.utils") if self._hooked else None
         if utils is None or not hasattr(utils, "get_compilation_metrics"):
             return
         for metrics in utils.get_compilation_metrics():
@@ -283,6 +314,7 @@ def _plain(value: Any) -> Any:
 
 # -- helpers -------------------------------------------------------------------------------------
 def _module(name: str) -> Any:
+    """A dynamo module (imported: only called once dynamo is loaded), None on a torch without it."""
     return sys.modules.get(name) or _import(name)
 
 
@@ -293,6 +325,16 @@ def _import(name: str) -> Any:
         return importlib.import_module(name)
     except Exception:  # noqa: BLE001 - an older torch without this hook
         return None
+
+
+def _current_compile_id() -> str:
+    """The compile id dynamo is working on, for callbacks that are not told it (torch before 2.8)."""
+    guards = _module("torch._guards")
+    context = getattr(guards, "CompileContext", None)
+    try:
+        return str(context.current_compile_id() or "") if context is not None else ""
+    except Exception:  # noqa: BLE001 - no compile context at this point
+        return ""
 
 
 def _user_call_site() -> str:
