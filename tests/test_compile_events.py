@@ -102,3 +102,14 @@ def test_compile_summary_in_report(recompiling_run):
     assert extra["compile"]["recompiles"] == 1
     assert extra["compile"]["compilations_after_first_step"] == 1
     assert all(isinstance(value, (int, float)) for value in extra["compile"].values())
+
+
+def test_compiled_region_groups_its_triton_kernels():
+    """TraceLens's torch.compile trace (GPU): the region's device work and Triton kernels are grouped back to it."""
+    from skalpel.analysis.compiled_regions import compiled_regions
+
+    trace = load([corpus("extra/AMD-AGI__TraceLens/tests/traces/torch_compile_triton/trace.json.gz")])
+    (row,) = compiled_regions(trace, trace.rank_ids[0])
+    assert row.region == "0/0" and row.calls == 1
+    assert row.kernels == 12 and row.triton_kernels == 4 and row.device_ms > row.host_ms > 0
+    assert row.function is None  # no compile log in a trace from elsewhere: the region cannot be named

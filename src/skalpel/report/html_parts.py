@@ -228,7 +228,7 @@ def _regions_table(rank: RankReport, device: bool) -> str:
     headers += [("generated graphs", False)]
     rows = []
     for row in regions[:TABLE_ROWS]:
-        cells = [name_cell(row["region"]), name_cell(row.get("location") or "?"), num(row["calls"]),
+        cells = [name_cell(row["region"]), name_cell(row.get("location") or "unknown (no compile log)"), num(row["calls"]),
                  num(row["host_ms"], f"{row['host_ms']:.3f}")]  # fmt: skip
         if device:
             cells += [num(row["device_ms"], f"{row['device_ms']:.3f}"), num(row["kernels"]), num(row["triton_kernels"])]
