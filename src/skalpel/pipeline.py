@@ -67,18 +67,19 @@ def _diagnose(analyses: Analyses, capture: CaptureInfo | None) -> tuple[Finding,
 
 def _rank_report(analyses: Analyses, rank: int) -> RankReport:
     steps = analyses.steps.for_rank(rank)
+    extra = _extra(analyses, rank)
     breakdown = analyses.breakdown.for_rank(rank) if analyses.breakdown else None
     return RankReport(
         rank=rank,
         step_ms=tuple(round(step.duration_ms, 4) for step in steps),
         step_breakdown_pct={name: round(pct, 2) for name, pct in breakdown.pct.items()} if breakdown else {},
-        top_ops=_top_ops(analyses, rank),
+        top_ops=_top_ops(analyses, rank, _compiled_names(extra.get("compiled"))),
         top_kernels=_top_kernels(analyses, rank),
         data_wait_ms_per_step=round(breakdown.data_wait_ms_per_step, 4) if breakdown else None,
         gpu=_gpu_summary(analyses, rank),
         memory=_memory_summary(analyses, rank),
         mfu=_mfu_summary(analyses, rank),
-        extra=_extra(analyses, rank),
+        extra=extra,
     )
 
 
@@ -186,15 +187,36 @@ def _rounded(values: dict) -> dict:
 _TOP_ROWS = 15
 
 
-def _top_ops(analyses: Analyses, rank: int) -> tuple[OpRow, ...]:
-    """The op table's first rows: by self device time when the rank has device activity, else by self host time."""
+def _top_ops(analyses: Analyses, rank: int, names: dict[str, str] | None = None) -> tuple[OpRow, ...]:
+    """The op table's first rows: by self device time when the rank has device activity, else by self host time.
+
+    ``names`` gives compiled regions and generated graphs the user's function ("... (model.py:30 in forward)").
+    """
     table = analyses.ops.for_rank(rank) if analyses.ops else None
     if table is None:
         return ()
+    names = names or {}
     return tuple(
-        OpRow(row.name, row.calls, round(row.self_ms, 4), round(row.total_ms, 4), round(row.device_ms, 4), row.input_shapes)
+        OpRow(names.get(row.name, row.name), row.calls, round(row.self_ms, 4), round(row.total_ms, 4),
+              round(row.device_ms, 4), row.input_shapes)  # fmt: skip
         for row in table.top(_TOP_ROWS)
     )
+
+
+def _compiled_names(compiled: dict | None) -> dict[str, str]:
+    """Op name -> the same name with the function it compiles, for regions and their generated graphs.
+
+    Regions come largest first: a resume function's region runs inside its caller's, whose graphs
+    therefore include the inner one's; the inner region, later, names its own graphs last.
+    """
+    names: dict[str, str] = {}
+    for row in (compiled or {}).get("regions") or ():
+        if not row.get("location"):
+            continue
+        names[f"Torch-Compiled Region: {row['region']}"] = f"Torch-Compiled Region: {row['region']} ({row['location']})"
+        for graph in row.get("graphs") or ():
+            names[f"## Call CompiledFxGraph {graph} ##"] = f"## Call CompiledFxGraph {graph} ## ({row['location']})"
+    return names
 
 
 def _top_kernels(analyses: Analyses, rank: int) -> tuple[KernelRow, ...]:
