@@ -204,7 +204,9 @@ def _regions_table(regions: list[dict], *, device: bool) -> Table:
         table.add_column("device", justify="right", no_wrap=True)
         table.add_column("kernels (Triton)", justify="right", no_wrap=True)
     for row in regions[:TOP_OPS]:
-        cells = [row["region"], row.get("location") or "unknown (no compile log)", str(row["calls"]), f"{row['host_ms']:.2f}"]
+        # Names from the trace header go to rich as Text, never as markup.
+        cells = [Text(str(row["region"])), Text(str(row.get("location") or "unknown (no compile log)")), str(row["calls"]),
+                 f"{row['host_ms']:.2f}"]  # fmt: skip
         if device:
             cells += [f"{row['device_ms']:.2f}", f"{row['kernels']} ({row['triton_kernels']})"]
         table.add_row(*cells)
