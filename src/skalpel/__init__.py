@@ -6,19 +6,30 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from .api import analyze
-from .report.model import Report
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 __all__ = ["Report", "analyze", "profile", "__version__"]
 
+if TYPE_CHECKING:
+    from .api import analyze
+    from .capture.session import profile
+    from .report.model import Report
+
 
 def __getattr__(name: str) -> Any:
-    # profile() needs torch; importing it lazily keeps `skalpel analyze` fast and torch-free.
+    # Imported on first use: profile() needs torch, analyze() numpy and the analyses, and
+    # `skalpel --help` or `skalpel explain` need neither.
     if name == "profile":
         from .capture.session import profile
 
         return profile
+    if name == "analyze":
+        from .api import analyze
+
+        return analyze
+    if name == "Report":
+        from .report.model import Report
+
+        return Report
     raise AttributeError(f"module 'skalpel' has no attribute {name!r}")

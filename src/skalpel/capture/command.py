@@ -10,10 +10,13 @@ import argparse
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import SkalpelError
-from .runner import RunResult, Target, run
 from .settings import CaptureSettings
+
+if TYPE_CHECKING:  # the runner imports torch: only once a script really runs (`skalpel --help` stays torch-free)
+    from .runner import RunResult, Target
 
 _OWN_FRAMES = ("runpy.py", "<frozen runpy>", "skalpel/capture/runner.py", "skalpel\\capture\\runner.py")
 
@@ -36,6 +39,7 @@ def add_capture_options(parser: argparse.ArgumentParser, *, repeat: int = 1) -> 
 def execute(target: Target, args: argparse.Namespace) -> int:
     """Profile ``target`` with the options in ``args``; returns the exit status to use."""
     from ..report import terminal
+    from .runner import run
 
     settings = CaptureSettings(wait=args.wait, warmup=args.warmup, active=args.active, repeat=args.repeat)
     windows = f", {settings.repeat} windows" if settings.repeat > 1 else ""
@@ -87,6 +91,8 @@ def _show_error(result: RunResult) -> None:
 
 
 def script_target(args: argparse.Namespace) -> Target:
+    from .runner import Target
+
     if not args.target:
         raise SkalpelError("give a script to run (skalpel run train.py [ARGS]) or a module (skalpel run -m MODULE)")
     return Target(args.target, tuple(args.args), module=args.module)

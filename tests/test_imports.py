@@ -1,0 +1,60 @@
+"""`skalpel analyze`, `diff`, `explain` and `--help` never import torch (only `capture/` may).
+
+Each command runs in a fresh interpreter, through the CLI entry point in-process, and the
+interpreter then lists what it imported: torch must not be there, nor the capture modules.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import corpus
+
+_PROBE = """
+import json, sys
+from skalpel.cli import main
+try:
+    status = main(json.loads(sys.argv[1]))
+except SystemExit as exit:
+    status = exit.code
+print(json.dumps({"status": status, "modules": sorted(sys.modules)}))
+"""
+
+
+def _imported_by(args: list[str], tmp_path) -> tuple[int, set[str]]:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(args)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["status"], set(result["modules"])
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["--help"],
+        ["explain"],
+        ["explain", "dataloader_bound", "--json"],
+        ["analyze", "{pair}", "--json", "out.json"],
+        ["analyze", "{pair}", "--html", "out.html", "--workers", "1"],
+        ["diff", "{pair}", "{pair}"],
+    ],
+    ids=["help", "explain", "explain-id", "analyze-json", "analyze-html", "diff"],
+)
+def test_command_never_imports_torch(command: list[str], tmp_path) -> None:
+    pair = str(corpus("hta/trace_filter"))
+    status, modules = _imported_by([part.format(pair=pair) for part in command], tmp_path)
+    assert status in (0, None)
+    assert "torch" not in modules
+    assert not {name for name in modules if name.startswith("skalpel.capture.")} - {"skalpel.capture.command", "skalpel.capture.settings"}
+
+
+def test_help_imports_no_analysis_or_terminal_renderer(tmp_path) -> None:
+    status, modules = _imported_by(["--help"], tmp_path)
+    assert status == 0
+    heavy = {"numpy", "rich.console", "skalpel.analysis", "skalpel.trace.loader", "skalpel.diagnose"}
+    assert not heavy & modules
