@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .analysis.bundle import Analyses, run_analyses
+from .analysis.memory import DeviceMemory
 from .report.model import (
     CaptureInfo,
     Finding,
@@ -39,6 +40,15 @@ _STACKS_OFF_WARNING = (
 def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
     analyses = run_analyses(trace)
     findings = _diagnose(analyses, capture)
+    return assemble_report(analyses, findings, tuple(rank_report(analyses, rank) for rank in trace.rank_ids), capture)
+
+
+def assemble_report(
+    analyses: Analyses, findings: tuple[Finding, ...], ranks: tuple[RankReport, ...], capture: CaptureInfo | None
+) -> Report:
+    """The Report of a job from its analyses; ``analyses.trace`` is the Trace, or a ``jobreport.JobView``
+    (rank infos, warnings, has_device) when the ranks were reduced one by one."""
+    trace = analyses.trace
     warnings = tuple(trace.warnings) + (() if analyses.steps.marked else (_NO_STEPS_WARNING,)) + analyses.steps.notes
     if analyses.steps.dropped_tail:
         warnings += (
@@ -52,7 +62,7 @@ def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
     return Report(
         source=_source(trace, analyses),
         steps=_step_stats(analyses),
-        ranks=tuple(_rank_report(analyses, rank) for rank in trace.rank_ids),
+        ranks=ranks,
         findings=findings,
         capture=capture,
         warnings=warnings,
@@ -65,7 +75,7 @@ def _diagnose(analyses: Analyses, capture: CaptureInfo | None) -> tuple[Finding,
     return diagnose(analyses, capture)
 
 
-def _rank_report(analyses: Analyses, rank: int) -> RankReport:
+def rank_report(analyses: Analyses, rank: int) -> RankReport:
     steps = analyses.steps.for_rank(rank)
     extra = _extra(analyses, rank)
     breakdown = analyses.breakdown.for_rank(rank) if analyses.breakdown else None
@@ -109,7 +119,12 @@ def _mfu_summary(analyses: Analyses, rank: int) -> MfuSummary | None:
 
 
 def _memory_summary(analyses: Analyses, rank: int) -> MemorySummary | None:
-    device = analyses.memory.main_device(rank) if analyses.memory else None
+    return memory_summary(analyses.memory.main_device(rank) if analyses.memory else None)
+
+
+def memory_summary(device: DeviceMemory | None, *, shift_us: float = 0.0) -> MemorySummary | None:
+    """The report's memory of one rank; ``shift_us`` moves times measured from that rank's own first
+    event onto the job's origin (a rank reduced on its own)."""
     if device is None:
         return None
     growth = device.growth_bytes_per_step
@@ -117,8 +132,8 @@ def _memory_summary(analyses: Analyses, rank: int) -> MemorySummary | None:
         peak_bytes=device.peak_bytes,
         growth_bytes_per_step=round(growth, 1) if growth is not None else None,
         device=device.device,
-        peak_ts_ms=round(device.peak_ts_us / 1000.0, 4),
-        curve=tuple((round(ts / 1000.0, 4), value) for ts, value in device.curve),
+        peak_ts_ms=round((device.peak_ts_us + shift_us) / 1000.0, 4),
+        curve=tuple((round((ts + shift_us) / 1000.0, 4), value) for ts, value in device.curve),
     )
 
 
@@ -242,7 +257,7 @@ def _step_stats(analyses: Analyses) -> StepStats:
     )
 
 
-def _source(trace: Trace, analyses: Analyses) -> Source:
+def _source(trace, analyses: Analyses) -> Source:
     device_names = sorted({name for info in trace.ranks for name in info.device_names if name})
     if trace.has_device:
         device = device_names[0] if device_names else "gpu"

@@ -142,7 +142,7 @@ def _world_size(trace: Trace, rank: int) -> int:
     for info in trace.ranks:
         if info.rank == rank and info.world_size:
             return info.world_size
-    return max(len(trace.ranks), 1)
+    return max(trace.job_ranks or len(trace.ranks), 1)
 
 
 def _host_ranges(trace: Trace, rank: int) -> np.ndarray:

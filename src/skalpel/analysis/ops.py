@@ -213,9 +213,11 @@ def _common_shapes(trace: Trace, ops: np.ndarray, group: np.ndarray, groups: int
         return best
     shapes = trace.shapes[ops][with_shapes].astype(np.int64)
     span = int(shapes.max()) + 1
-    pairs, counts = np.unique(group[with_shapes].astype(np.int64) * span + shapes, return_counts=True)
+    pairs, seen_at, counts = np.unique(group[with_shapes].astype(np.int64) * span + shapes, return_index=True, return_counts=True)
     pair_group, pair_shapes = pairs // span, pairs % span
-    order = np.lexsort((-counts, pair_group))  # by group, most frequent first
+    # By group, most frequent first; a tie goes to the shapes recorded first (not to the lower
+    # interned id, which depends on the other ranks loaded with this one).
+    order = np.lexsort((seen_at, -counts, pair_group))
     first = order[np.flatnonzero(np.diff(pair_group[order], prepend=-1) != 0)]
     best[pair_group[first]] = pair_shapes[first]
     return best

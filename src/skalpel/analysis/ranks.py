@@ -30,7 +30,7 @@ from ..trace.model import Trace
 from .collectives import SYNCHRONISING, Collective, busbw_factor
 from .comm import CommAnalysis
 from .rankcheck import consistency_warnings
-from .rankprofile import OUTSIDE_OPS, Excess, excess, time_profile  # noqa: F401 - OUTSIDE_OPS re-exported
+from .rankprofile import OUTSIDE_OPS, Excess, Profile, excess, time_profile  # noqa: F401 - OUTSIDE_OPS re-exported
 from .steps import StepSegmentation
 
 
@@ -90,8 +90,14 @@ class RankComparison:
         }
 
 
-def compare_ranks(trace: Trace, steps: StepSegmentation, comm: CommAnalysis) -> RankComparison:
-    """Compare the ranks of one job; meaningful from two ranks on."""
+def compare_ranks(
+    trace: Trace, steps: StepSegmentation, comm: CommAnalysis, *, profiles: dict[int, Profile] | None = None
+) -> RankComparison:
+    """Compare the ranks of one job; meaningful from two ranks on.
+
+    ``profiles`` (rank -> ``time_profile``) are given when the ranks were reduced one by one
+    (``skalpel.jobreport``); ``trace`` then only needs ``ranks`` and ``rank_ids``.
+    """
     by_rank = {item.rank: list(item.collectives) for item in comm.ranks}
     reference = trace.rank_ids[0]
     groups = _match(by_rank, reference)
@@ -105,7 +111,7 @@ def compare_ranks(trace: Trace, steps: StepSegmentation, comm: CommAnalysis) -> 
         ranks=timings,
         matched_groups=len(usable),
         aligned=all(t.clock != "raw" for t in timings),
-        straggler=_straggler(trace, steps, comm, timings, offsets, len(usable)) if len(timings) >= 2 else None,
+        straggler=_straggler(trace, steps, comm, timings, len(usable), profiles) if len(timings) >= 2 else None,
         warnings=warnings,
     )
 
@@ -236,13 +242,14 @@ def _clock_source(trace: Trace, rank: int, offsets: dict[int, float]) -> str:
     return "aligned" if rank in offsets else "raw"
 
 
-def _straggler(trace, steps, comm, timings, offsets, matched) -> Straggler | None:
+def _straggler(trace, steps, comm, timings, matched, profiles) -> Straggler | None:
     if matched == 0:
         return None
     candidate = min(timings, key=lambda t: (t.wait_ms_per_step, -t.last_arrivals))
     others = [t for t in timings if t.rank != candidate.rank]
     others_wait = float(np.median([t.wait_ms_per_step for t in others]))
-    profiles = {t.rank: time_profile(trace, steps, comm, t.rank) for t in timings}
+    if profiles is None:
+        profiles = {t.rank: time_profile(trace, steps, comm, t.rank) for t in timings}
     return Straggler(
         rank=candidate.rank,
         own_wait_ms_per_step=candidate.wait_ms_per_step,

@@ -15,7 +15,7 @@ from .registry import BY_ID, REDIRECTS, RULES, judged_rules, lookup
 from .rule import Context, NotJudged, Rule
 from .verdict import no_bottleneck, not_judged
 
-__all__ = ["BY_ID", "REDIRECTS", "RULES", "Rule", "diagnose", "lookup"]
+__all__ = ["BY_ID", "REDIRECTS", "RULES", "Rule", "conclude", "diagnose", "judge", "lookup", "unmet_need"]
 
 NO_DEVICE = "no device activity in the trace; GPU rules apply to GPU runs only"
 NOT_RECORDED = "kernels were launched but not recorded (see device_activity_missing): GPU rules cannot judge this GPU run"
@@ -24,19 +24,33 @@ NO_STEPS = "no steps marked (call prof.step() per iteration or use skalpel run):
 
 def diagnose(analyses: Any, capture: CaptureInfo | None = None) -> tuple[Finding, ...]:
     ctx = Context(analyses, capture)
+    return conclude(ctx, [(rule, judge(rule, ctx)) for rule in judged_rules()])
+
+
+def judge(rule: Rule, ctx: Context) -> list[Finding] | NotJudged:
+    """One rule's outcome: its findings, or why it could not judge this trace."""
+    return unmet_need(rule, ctx) or _run(rule, ctx)
+
+
+def unmet_need(rule: Rule, ctx: Context) -> NotJudged | None:
+    """Why the rule cannot run at all on this trace (no device, no marked steps); None when it can."""
+    if rule.needs_device and not ctx.trace.has_device:
+        recording = ctx.result("recording")
+        return NotJudged(NOT_RECORDED if recording is not None and recording.launches_without_work else NO_DEVICE)
+    if rule.needs_steps and not ctx.steps.marked:
+        return NotJudged(NO_STEPS)
+    return None
+
+
+def conclude(ctx: Context, outcomes: list[tuple[Rule, list[Finding] | NotJudged]]) -> tuple[Finding, ...]:
+    """The findings of every rule's outcome, most severe first, then the verdict and the not-judged notes.
+
+    ``outcomes`` are in registry order; a job analysed rank by rank (``skalpel.jobreport``)
+    merges its ranks' outcomes per rule and concludes here as a whole trace does.
+    """
     findings: list[Finding] = []
     unjudged: dict[str, list[str]] = defaultdict(list)
-    has_device = analyses.trace.has_device
-    recording = getattr(analyses, "recording", None)
-    no_device = NOT_RECORDED if recording is not None and recording.launches_without_work else NO_DEVICE
-    for rule in judged_rules():
-        if rule.needs_device and not has_device:
-            unjudged[no_device].append(rule.id)
-            continue
-        if rule.needs_steps and not analyses.steps.marked:
-            unjudged[NO_STEPS].append(rule.id)
-            continue
-        outcome = _run(rule, ctx)
+    for rule, outcome in outcomes:
         if isinstance(outcome, NotJudged):
             if outcome.applies:
                 unjudged[outcome.reason].append(rule.id)

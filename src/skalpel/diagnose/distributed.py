@@ -9,6 +9,8 @@ also read as a slow network.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..analysis.collectives import SYNCHRONISING, collective_type
@@ -179,6 +181,9 @@ def _one_small_bucket(rank: RankComm, rule: Rule) -> bool:
 
 def _issued_at(ctx: Context, rank: RankComm) -> tuple[str, ...]:
     """Where the user's code issues the costliest type of collective (backward for DDP's all_reduce)."""
+    known = ctx.result("rank_locations")  # a job reduced rank by rank: located where each rank was loaded
+    if known is not None:
+        return known[rank.rank].issued_at if rank.rank in known else ()
     if not rank.by_type:
         return ()
     kind = rank.by_type[0].type
@@ -263,11 +268,41 @@ def _load_note(ctx: Context, rule: Rule, comparison: RankComparison) -> Finding:
 
 
 def _straggler_locations(ctx: Context, rank: int, top) -> tuple[str, ...]:
-    if top.events:
-        return ctx.locations(np.array(top.events))
-    if top.instants_us:
-        return ctx.locations_at(rank, top.tid, top.instants_us)
+    known = ctx.result("rank_locations")
+    if known is not None:
+        return known[rank].by_category.get(top.category, ()) if rank in known else ()
+    return _located(ctx, rank, top.events, top.instants_us, top.tid)
+
+
+def _located(ctx: Context, rank: int, events: tuple[int, ...], instants_us: tuple[float, ...], tid: int | None) -> tuple[str, ...]:
+    if events:
+        return ctx.locations(np.array(events))
+    if instants_us:
+        return ctx.locations_at(rank, tid, instants_us)
     return ()
+
+
+@dataclass(frozen=True)
+class RankLocations:
+    """The user-code locations these rules may cite for one rank, found where its trace is loaded.
+
+    A job reduced rank by rank keeps no trace on the driver: each worker locates what the
+    job-level rules could cite for its rank (where it issues its costliest collective, and
+    each category of its time profile, should it be the straggler) and the rules read them
+    from ``Analyses.results['rank_locations']``.
+    """
+
+    issued_at: tuple[str, ...]
+    by_category: dict[str, tuple[str, ...]]
+
+
+def rank_locations(ctx: Context, rank: int, profile) -> RankLocations:
+    """``ctx`` holds this one rank's trace; ``profile`` is its ``analysis.rankprofile.Profile`` (None: one-rank job)."""
+    rank_comm = _comm(ctx).for_rank(rank)
+    issued = _issued_at(ctx, rank_comm) if rank_comm is not None and rank_comm.collectives else ()
+    where = profile.where if profile is not None else {}
+    by_category = {category: _located(ctx, rank, events, instants, profile.tid) for category, (events, instants) in where.items()}
+    return RankLocations(issued, {category: found for category, found in by_category.items() if found})
 
 
 COMMUNICATION_BOUND = Rule(

@@ -112,10 +112,21 @@ def load(paths: str | Path | Iterable[str | Path], *, on_progress: ProgressCallb
             failed.append(str(error))
     if not parsed:
         raise TraceError(f"none of the {len(files)} files loads; the first: {failed[0]}")
-    parsed = _drop_duplicate_ranks(parsed)
+    parsed = drop_duplicate_ranks(parsed)
     if failed:  # one damaged rank file should not hide the others
         parsed[0].warnings.extend(f"skipped a file that does not load: {message}" for message in failed)
     return assemble(parsed)
+
+
+def load_one(path: Path, *, on_fraction: Callable[[float], None] | None = None, job_ranks: int | None = None) -> Trace:
+    """One trace file on its own: one rank of a job that is reduced rank by rank (``skalpel.ranksummary``).
+
+    ``job_ranks`` is the number of rank files of the whole job, for what depends on it (the
+    group size of collectives whose trace does not say).
+    """
+    trace = assemble([_parse_file(Path(path), on_fraction or (lambda fraction: None))])
+    trace.job_ranks = job_ranks
+    return trace
 
 
 class _Progress:
@@ -336,8 +347,11 @@ def _torch_version(header: dict) -> str | None:
     return version if isinstance(version, str) else None
 
 
-def _drop_duplicate_ranks(parsed: list[FileColumns]) -> list[FileColumns]:
-    """Two files claiming one rank are two captures, not two ranks: keep the first, say so."""
+def drop_duplicate_ranks(parsed: list) -> list:
+    """Two files claiming one rank are two captures, not two ranks: keep the first, say so.
+
+    Items are loaded files (``FileColumns``) or rank summaries: anything with ``info``, ``path`` and ``warnings``.
+    """
     kept: dict[int, FileColumns] = {}
     dropped: list[str] = []
     for item in parsed:

@@ -81,6 +81,7 @@ class Trace:
     origin_us: float = 0.0  # absolute timestamp of ts == 0
     extra: dict[int, dict] = field(default_factory=dict)  # selected args of rare events, by event index
     warnings: list[str] = field(default_factory=list)
+    job_ranks: int | None = None  # rank files of the whole job, when this trace holds one rank of it
     _name_ids: dict[str, int] | None = field(default=None, repr=False)
     _derived: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 

@@ -1,0 +1,191 @@
+"""Join the rank summaries of a job into its Report: cross-rank analyses and findings on summaries.
+
+The driver never holds a trace. It moves each rank's times onto the job's origin (the
+earliest first event of any rank, as the whole-trace loader does), joins the per-rank
+results, compares the ranks (clock alignment, waits, the straggler) on their collectives
+and time profiles, merges each per-rank rule's outcomes, judges the job-level rules, and
+concludes as ``diagnose`` does on a whole trace; the report is the one the whole trace
+gives (``tests/test_jobreport.py`` checks it on every multi-rank set of the corpus).
+
+Shifting is exact: a time in a summary is (absolute - rank origin), and rank origin less
+job origin is exact too (both differences of nearby doubles), so their sum is the same
+double the whole-trace loader computes as (absolute - job origin).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .analysis.breakdown import StepBreakdown
+from .analysis.bundle import Analyses
+from .analysis.collectives import Collective
+from .analysis.comm import CommAnalysis, RankComm
+from .analysis.gpu_time import GpuTimeResult
+from .analysis.ranks import compare_ranks
+from .analysis.steps import Step, StepSegmentation
+from .diagnose import conclude, judge, unmet_need
+from .diagnose.registry import judged_rules
+from .diagnose.rule import Context, NotJudged
+from .errors import TraceError
+from .pipeline import assemble_report, memory_summary
+from .ranksummary import JOB_FAMILIES, RankFailure, RankSummary
+from .report.model import CaptureInfo, Finding, Report
+from .trace.loader import drop_duplicate_ranks
+from .trace.model import RankInfo
+
+EVENT_INDEX_KEYS = ("events",)
+"""Evidence keys whose values are event indices: a rank's own indices move by the events of the ranks before it."""
+
+
+@dataclass
+class JobView:
+    """What the report and the job-level rules read of a job's trace, without its events."""
+
+    ranks: tuple[RankInfo, ...]
+    has_device: bool
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def rank_ids(self) -> list[int]:
+        return [info.rank for info in self.ranks]
+
+
+def join_summaries(
+    results: list[RankSummary | RankFailure], *, capture: CaptureInfo | None = None
+) -> tuple[Report, list[RankSummary]]:
+    """The job's Report from its ranks' summaries (failed ranks are named in its warnings).
+
+    Also returns the summaries kept (one per rank, in rank order). Raises TraceError when no rank could be read.
+    """
+    failures = [item for item in results if isinstance(item, RankFailure)]
+    summaries = [item for item in results if isinstance(item, RankSummary)]
+    if not summaries:
+        if len(failures) == 1:
+            raise TraceError(failures[0].reason)
+        raise TraceError(f"none of the {len(failures)} rank files could be read: " + "; ".join(f.reason for f in failures[:3]))
+    summaries = drop_duplicate_ranks(summaries)
+    origin = min(summary.origin_us for summary in summaries)
+    shifts = {summary.info.rank: summary.origin_us - origin for summary in summaries}
+    offsets = _event_offsets(summaries)
+    job = JobView(
+        ranks=tuple(summary.info for summary in summaries),
+        has_device=any(summary.has_device for summary in summaries),
+        warnings=[text for summary in summaries for text in summary.warnings] + [_failed(item) for item in failures],
+    )
+    steps = _steps(summaries, shifts)
+    analyses = Analyses(trace=job, steps=steps)  # type: ignore[arg-type] - a JobView stands for the trace
+    analyses.breakdown = _breakdown(summaries)
+    analyses.gpu_time = _gpu_time(summaries)
+    analyses.comm = CommAnalysis(tuple(_shifted_comm(s, shifts, offsets) for s in summaries if s.comm is not None))
+    if len(summaries) > 1:
+        profiles = {summary.info.rank: summary.profile for summary in summaries if summary.profile is not None}
+        analyses.rank_comparison = compare_ranks(job, steps, analyses.comm, profiles=profiles)  # type: ignore[arg-type]
+    analyses.results["rank_locations"] = {s.info.rank: s.locations for s in summaries if s.locations is not None}
+    ctx = Context(analyses, capture)
+    findings = conclude(ctx, [(rule, _outcome(rule, ctx, summaries, offsets)) for rule in judged_rules()])
+    ranks = tuple(_rank_report(summary, analyses, shifts[summary.info.rank]) for summary in summaries)
+    return assemble_report(analyses, findings, ranks, capture), summaries
+
+
+def _failed(failure: RankFailure) -> str:
+    retried = " (after a retry)" if failure.attempts > 1 else ""
+    return f"rank file left out{retried}: {failure.reason}"
+
+
+def _event_offsets(summaries: list[RankSummary]) -> dict[int, int]:
+    """Index of each rank's first event in the whole trace (ranks are concatenated in rank order)."""
+    offsets, total = {}, 0
+    for summary in summaries:
+        offsets[summary.info.rank] = total
+        total += summary.info.event_count
+    return offsets
+
+
+def _steps(summaries: list[RankSummary], shifts: dict[int, float]) -> StepSegmentation:
+    steps = tuple(_shifted_step(step, shifts[step.rank]) for summary in summaries for step in summary.steps.steps)
+    return StepSegmentation(
+        steps,
+        marked=any(summary.steps.marked for summary in summaries),
+        dropped_tail=sum(summary.steps.dropped_tail for summary in summaries),
+    )
+
+
+def _shifted_step(step: Step, shift: float) -> Step:
+    host_start = step.host_start_us + shift if step.host_start_us is not None else None
+    return dataclasses.replace(
+        step, start_us=step.start_us + shift, host_end_us=step.host_end_us + shift, end_us=step.end_us + shift,
+        host_start_us=host_start,
+    )  # fmt: skip
+
+
+def _breakdown(summaries: list[RankSummary]) -> StepBreakdown | None:
+    parts = [summary.breakdown for summary in summaries if summary.breakdown is not None]
+    return StepBreakdown(tuple(rank for part in parts for rank in part.ranks)) if parts else None
+
+
+def _gpu_time(summaries: list[RankSummary]) -> GpuTimeResult | None:
+    parts = [summary.gpu_time for summary in summaries if summary.gpu_time is not None]
+    if not parts:
+        return None
+    ranks = {}
+    for summary in summaries:
+        ranks[summary.info.rank] = summary.gpu_time.for_rank(summary.info.rank) if summary.gpu_time else None
+    return GpuTimeResult(ranks=ranks, options=parts[0].options)
+
+
+def _shifted_comm(summary: RankSummary, shifts: dict[int, float], offsets: dict[int, int]) -> RankComm:
+    rank = summary.info.rank
+    comm = summary.comm.for_rank(rank)
+    return dataclasses.replace(comm, collectives=tuple(_shifted_call(c, shifts[rank], offsets[rank]) for c in comm.collectives))
+
+
+def _shifted_call(call: Collective, shift: float, offset: int) -> Collective:
+    return dataclasses.replace(call, event=call.event + offset, start_us=call.start_us + shift, end_us=call.end_us + shift)
+
+
+def _outcome(rule, ctx: Context, summaries: list[RankSummary], offsets: dict[int, int]) -> list[Finding] | NotJudged:
+    """A job-level rule judged here; a per-rank rule's outcomes of every rank merged, as one run would give them."""
+    if rule.family in JOB_FAMILIES:
+        return judge(rule, ctx)
+    unmet = unmet_need(rule, ctx)  # the job has no device, or no marked steps
+    if unmet is not None:
+        return unmet
+    outcomes = [(summary, summary.outcomes[rule.id]) for summary in summaries if rule.id in summary.outcomes]
+    judged = [(summary, outcome) for summary, outcome in outcomes if not isinstance(outcome, NotJudged)]
+    if not judged:
+        return outcomes[0][1] if outcomes else []
+    findings = [_moved(finding, offsets[summary.info.rank]) for summary, outcome in judged for finding in outcome]
+    return _without_repeats(findings)
+
+
+def _moved(finding: Finding, offset: int) -> Finding:
+    """A finding of one rank's trace with its event indices moved into the whole job's numbering."""
+    if not offset or not any(key in finding.evidence for key in EVENT_INDEX_KEYS):
+        return finding
+    evidence: dict[str, Any] = dict(finding.evidence)
+    for key in EVENT_INDEX_KEYS:
+        if isinstance(evidence.get(key), list):
+            evidence[key] = [index + offset for index in evidence[key]]
+    return dataclasses.replace(finding, evidence=evidence)
+
+
+def _without_repeats(findings: list[Finding]) -> list[Finding]:
+    """Job-wide findings (no rank) that several ranks raised alike are one finding, as on a whole trace."""
+    seen: set[tuple[str, str]] = set()
+    kept = []
+    for finding in findings:
+        if finding.rank is None:
+            if (finding.id, finding.title) in seen:
+                continue
+            seen.add((finding.id, finding.title))
+        kept.append(finding)
+    return kept
+
+
+def _rank_report(summary: RankSummary, analyses: Analyses, shift: float):
+    report = dataclasses.replace(summary.report, memory=memory_summary(summary.memory, shift_us=shift))
+    if analyses.rank_comparison is not None:
+        report = dataclasses.replace(report, extra={**report.extra, "distributed": analyses.rank_comparison.summary_of(summary.info.rank)})
+    return report

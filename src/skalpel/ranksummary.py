@@ -1,0 +1,114 @@
+"""One rank of a job reduced to a compact summary, in the worker that loaded it.
+
+A job is analysed rank by rank (``skalpel.workers`` runs ``summarize_rank`` in worker
+processes or Ray tasks): each worker loads one rank file, runs every analysis on it and
+the findings that need only that rank, and hands back a ``RankSummary`` of a few hundred
+kilobytes: its steps, breakdown, GPU time, collectives with their timestamps (for clock
+alignment and waits), time profile (for the straggler), decimated memory curve, the
+rank's part of the report, and the locations the cross-rank findings may cite. The trace
+itself stays in the worker. ``skalpel.jobreport`` joins the summaries into the report
+the whole trace would give.
+
+Times in a summary are microseconds from the rank's own first event (``origin_us``);
+the job's origin is the earliest of them, and the join moves each rank's times onto it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .analysis.breakdown import StepBreakdown
+from .analysis.bundle import run_analyses
+from .analysis.comm import CommAnalysis
+from .analysis.gpu_time import GpuTimeResult
+from .analysis.memory import DeviceMemory
+from .analysis.rankprofile import Profile, time_profile
+from .analysis.steps import StepSegmentation
+from .diagnose import judge
+from .diagnose.distributed import RankLocations, rank_locations
+from .diagnose.registry import judged_rules
+from .diagnose.rule import Context, NotJudged
+from .errors import TraceError
+from .pipeline import rank_report
+from .report.model import Finding, RankReport
+from .trace.loader import load_one
+from .trace.model import RankInfo
+
+JOB_FAMILIES = ("measurement", "distributed")
+"""Finding families judged on the whole job (on the driver, from the summaries); every other
+rule reads one rank at a time and is judged in that rank's worker."""
+
+
+@dataclass
+class RankSummary:
+    path: Path
+    info: RankInfo
+    warnings: list[str]
+    origin_us: float  # absolute time of this rank's first event: the summary's times count from it
+    has_device: bool
+    steps: StepSegmentation
+    breakdown: StepBreakdown | None
+    gpu_time: GpuTimeResult | None
+    comm: CommAnalysis | None
+    memory: DeviceMemory | None  # the main device's, curve decimated
+    report: RankReport  # this rank's part of the report (memory and cross-rank figures are set on the join)
+    outcomes: dict[str, list[Finding] | NotJudged]  # rule id -> outcome, for the rules judged per rank
+    profile: Profile | None = None  # where its step time goes (jobs of several ranks)
+    locations: RankLocations | None = None  # what the job-level findings may cite for it
+    flame: dict | None = None  # the HTML report's flame graph, when asked for
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """A rank file that could not be reduced, and why (one line)."""
+
+    path: Path
+    reason: str
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
+class SummaryRequest:
+    path: Path
+    job_ranks: int  # rank files in the job
+    flame: bool = False
+
+
+def summarize_rank(
+    request: SummaryRequest, on_fraction: Callable[[float], None] | None = None
+) -> RankSummary | RankFailure:
+    """Load one rank file and reduce it; a file that cannot be read becomes a ``RankFailure``."""
+    try:
+        trace = load_one(request.path, on_fraction=on_fraction, job_ranks=request.job_ranks)
+    except TraceError as error:
+        return RankFailure(request.path, str(error))
+    rank = trace.rank_ids[0]
+    analyses = run_analyses(trace)
+    ctx = Context(analyses)
+    outcomes = {rule.id: judge(rule, ctx) for rule in judged_rules() if rule.family not in JOB_FAMILIES}
+    profile = time_profile(trace, analyses.steps, analyses.comm, rank) if request.job_ranks > 1 else None
+    locations = rank_locations(ctx, rank, profile)
+    flame = None
+    if request.flame:
+        from .report import html
+
+        flame = html.flame_from_trace(trace, rank=rank)
+    return RankSummary(
+        path=Path(request.path),
+        info=trace.ranks[0],
+        warnings=list(trace.warnings),
+        origin_us=trace.origin_us,
+        has_device=trace.has_device,
+        steps=analyses.steps,
+        breakdown=analyses.breakdown,
+        gpu_time=analyses.gpu_time,
+        comm=analyses.comm,
+        memory=analyses.memory.main_device(rank) if analyses.memory else None,
+        report=rank_report(analyses, rank),
+        outcomes=outcomes,
+        profile=profile,
+        locations=locations,
+        flame=flame,
+    )
