@@ -51,29 +51,45 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--commbench", metavar="FILE", help="a `skalpel commbench --json` result: compare achieved bus bandwidth with it"
     )
+    parser.add_argument(
+        "--workers", type=_positive_int, metavar="N",
+        help="processes that reduce the rank files of a job, one rank each at a time (default: the cores this "
+        "process may use; 1: one rank after another in this process)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ray", nargs="?", const=True, default=False, metavar="ADDRESS",
+        help="reduce the ranks as Ray tasks on a cluster (traces on a shared filesystem): ADDRESS is the cluster's "
+        "(host:port, ray://host:port or auto; default RAY_ADDRESS, else a local instance). Needs skalpel[ray]; "
+        "put it after the PATHs",
+    )  # fmt: skip
     parser.set_defaults(handler=_cmd_analyze)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from .api import analyze, stored_capture
+    from .api import analyze_job
     from .report import terminal
-    from .report.progress import load_progress
+    from .report.progress import rank_progress
+    from .trace.loader import find_trace_files
 
-    html_page = None
-    with load_progress() as on_progress:
-        if args.html:  # the flame graph needs the trace, not only the report
-            from .pipeline import build_report
-            from .report import html
-            from .trace.loader import load
+    with rank_progress(find_trace_files(args.paths)) as on_rank_progress:
+        job = analyze_job(
+            args.paths, workers=args.workers, ray=args.ray, flame=bool(args.html), on_rank_progress=on_rank_progress
+        )
+    report = _with_commbench(job.report, args.commbench)
+    if args.html:
+        from .report import html
 
-            trace = load(args.paths, on_progress=on_progress)
-            report = _with_commbench(build_report(trace, capture=stored_capture(args.paths)), args.commbench)
-            rank = trace.rank_ids[0] if trace.ranks else 0
-            html_page = html.render(report, flame=html.flame_from_trace(trace, rank=rank))
-        else:
-            report = _with_commbench(analyze(args.paths, on_progress=on_progress), args.commbench)
-    if html_page is not None:
-        write_file(Path(args.html), html_page)
+        write_file(Path(args.html), html.render(report, flame=job.flame))
     if args.json == "-":
         sys.stdout.buffer.write(report.to_json() + b"\n")
         return 0

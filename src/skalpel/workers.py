@@ -1,0 +1,210 @@
+"""Reduce the ranks of a job in parallel: local worker processes, or Ray tasks on a cluster.
+
+Each rank file goes to ``ranksummary.summarize_rank`` in its own task, so memory is about
+one rank per worker plus the summaries, whatever the number of ranks. A rank file that
+cannot be read comes back as a ``RankFailure`` and the others go on. A worker that dies
+(killed for memory, a crash in a native library) is retried once, alone in a fresh
+process so that it cannot take other ranks down with it; a second death is reported as
+that rank's failure.
+
+Progress goes to ``on_progress(file index, fraction of that file done)``, from inside
+the workers (through a queue) as they load.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue as queue_module
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Callable
+
+from .errors import SkalpelError
+from .ranksummary import RankFailure, RankSummary, SummaryRequest, summarize_rank
+
+RankProgressCallback = Callable[[int, float], None]
+"""Called with (index of the rank file, fraction of it done, 0..1) while ranks are reduced."""
+
+Task = Callable[[SummaryRequest, Callable[[float], None] | None], "RankSummary | RankFailure"]
+Result = RankSummary | RankFailure
+
+_REPORT_EVERY = 0.02  # of a file: progress messages from a worker are at least this far apart
+_POLL_S = 0.1
+
+
+def default_workers() -> int:
+    """The cores this process may use (its CPU affinity), as ``os.process_cpu_count`` counts them."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not on Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def summarize_all(
+    requests: list[SummaryRequest],
+    *,
+    workers: int | None = None,
+    on_progress: RankProgressCallback | None = None,
+    task: Task = summarize_rank,
+) -> list[Result]:
+    """One result per request, in order; ``workers`` processes (1: in this process, one rank after another)."""
+    workers = workers or default_workers()
+    if workers <= 1 or len(requests) <= 1:
+        return [_in_process(task, request, index, on_progress) for index, request in enumerate(requests)]
+    return _Pool(requests, min(workers, len(requests)), on_progress, task).run()
+
+
+def _in_process(task: Task, request: SummaryRequest, index: int, on_progress: RankProgressCallback | None) -> Result:
+    report = (lambda fraction: on_progress(index, fraction)) if on_progress else None
+    result = _guarded(task, request, report)
+    if on_progress:
+        on_progress(index, 1.0)
+    return result
+
+
+def _guarded(task: Task, request: SummaryRequest, report: Callable[[float], None] | None) -> Result:
+    """The task's result; a bug in the analysis becomes that rank's failure, not the job's."""
+    try:
+        return task(request, report)
+    except Exception as error:  # noqa: BLE001 - one rank's failure must not take the job down
+        return RankFailure(request.path, f"{request.path}: analysis failed ({type(error).__name__}: {error})")
+
+
+# --- local processes ---------------------------------------------------------------------------
+
+_progress_queue = None  # set in each worker process by _init_worker
+
+
+def _init_worker(progress_queue) -> None:
+    global _progress_queue
+    _progress_queue = progress_queue
+
+
+def _run_in_worker(task: Task, request: SummaryRequest, index: int) -> Result:
+    last = [-1.0]
+
+    def report(fraction: float) -> None:
+        if _progress_queue is not None and (fraction - last[0] >= _REPORT_EVERY or fraction >= 1.0):
+            last[0] = fraction
+            _progress_queue.put((index, fraction))
+
+    return _guarded(task, request, report)
+
+
+class _Pool:
+    """One round over every rank in a shared pool, then each rank whose worker died alone in a fresh one."""
+
+    def __init__(self, requests: list[SummaryRequest], workers: int, on_progress, task: Task) -> None:
+        self.requests, self.workers, self.on_progress, self.task = requests, workers, on_progress, task
+        self.context = _context()
+        self.queue = self.context.Queue() if on_progress else None
+
+    def run(self) -> list[Result]:
+        results: dict[int, Result] = {}
+        died = self._round(list(range(len(self.requests))), self.workers, results)
+        for index in died:  # alone, so that a rank that kills its worker cannot take another one with it
+            if self._round([index], 1, results):
+                request = self.requests[index]
+                results[index] = RankFailure(
+                    request.path, f"{request.path}: the worker analysing it died twice (out of memory?)", attempts=2
+                )
+        return [results[index] for index in range(len(self.requests))]
+
+    def _round(self, indices: list[int], workers: int, results: dict[int, Result]) -> list[int]:
+        """Run ``indices``; returns those whose worker died."""
+        died: list[int] = []
+        with ProcessPoolExecutor(workers, mp_context=self.context, initializer=_init_worker, initargs=(self.queue,)) as pool:
+            futures: dict[Future, int] = {pool.submit(_run_in_worker, self.task, self.requests[i], i): i for i in indices}
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+                self._drain()
+                for future in done:
+                    index = futures[future]
+                    try:
+                        results[index] = future.result()
+                    except BrokenProcessPool:
+                        died.append(index)
+                        continue
+                    if self.on_progress:
+                        self.on_progress(index, 1.0)
+        self._drain()
+        return sorted(died)
+
+    def _drain(self) -> None:
+        if self.queue is None:
+            return
+        while True:
+            try:
+                index, fraction = self.queue.get_nowait()
+            except queue_module.Empty:
+                return
+            self.on_progress(index, min(fraction, 0.999))  # 1.0 once the result is back
+
+
+def _context():
+    """forkserver where there is one: workers fork from a clean server that has skalpel imported
+    (fast to start, and safe while this process runs threads such as the progress display)."""
+    try:
+        context = multiprocessing.get_context("forkserver")
+    except ValueError:  # Windows
+        return multiprocessing.get_context("spawn")
+    context.set_forkserver_preload(["skalpel.ranksummary"])
+    return context
+
+
+# --- Ray ---------------------------------------------------------------------------------------
+
+
+def summarize_on_ray(
+    requests: list[SummaryRequest],
+    address: str | None,
+    *,
+    on_progress: RankProgressCallback | None = None,
+    task: Task = summarize_rank,
+) -> list[Result]:
+    """The same per-rank work as Ray tasks (the files must be readable where the tasks run: a shared
+    filesystem). ``address``: a cluster's ``host:port`` or ``ray://`` address, ``auto``, or None to
+    use RAY_ADDRESS or start a local instance."""
+    ray = _import_ray()
+    _connect(ray, address)
+    remote = ray.remote(max_retries=1, retry_exceptions=False)(_ray_task)
+    refs = {remote.remote(task, request): index for index, request in enumerate(requests)}
+    results: dict[int, Result] = {}
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1, timeout=None)
+        for ref in done:
+            index = refs[ref]
+            request = requests[index]
+            try:
+                results[index] = ray.get(ref)
+            except ray.exceptions.RayError as error:  # the task's worker died twice (max_retries=1)
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                results[index] = RankFailure(request.path, f"{request.path}: the Ray task died twice ({reason})", attempts=2)
+            if on_progress:
+                on_progress(index, 1.0)
+    return [results[index] for index in range(len(requests))]
+
+
+def _ray_task(task: Task, request: SummaryRequest) -> Result:
+    return _guarded(task, request, None)
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise SkalpelError("--ray needs Ray: pip install 'skalpel[ray]'") from None
+    return ray
+
+
+def _connect(ray, address: str | None) -> None:
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SkalpelError(f"cannot reach the Ray cluster at {address or 'RAY_ADDRESS / a local instance'}: {first}") from None
