@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue as queue_module
+import socket
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
@@ -167,6 +168,8 @@ def summarize_on_ray(
     """The same per-rank work as Ray tasks (the files must be readable where the tasks run: a shared
     filesystem). ``address``: a cluster's ``host:port`` or ``ray://`` address, ``auto``, or None to
     use RAY_ADDRESS or start a local instance."""
+    if address and address != "auto":
+        _probe(address)  # Ray itself retries an unreachable cluster for minutes
     ray = _import_ray()
     _connect(ray, address)
     remote = ray.remote(max_retries=1, retry_exceptions=False)(_ray_task)
@@ -208,3 +211,18 @@ def _connect(ray, address: str | None) -> None:
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SkalpelError(f"cannot reach the Ray cluster at {address or 'RAY_ADDRESS / a local instance'}: {first}") from None
+
+
+_PROBE_TIMEOUT_S = 5.0
+
+
+def _probe(address: str) -> None:
+    """One-line error when nothing listens at ``host:port`` (or ``ray://host:port``)."""
+    target = address.removeprefix("ray://").rstrip("/")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise SkalpelError(f"--ray {address}: give the cluster's address as host:port or ray://host:port")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_TIMEOUT_S).close()
+    except OSError as error:
+        raise SkalpelError(f"cannot reach the Ray cluster at {address}: {error.strerror or error}") from None

@@ -1,0 +1,229 @@
+"""A job reduced rank by rank (worker processes, summaries, a join) gives the whole trace's report.
+
+Every multi-rank set of the corpus (the NCCL pair, the 8-rank DLRM step) and the rank-file
+rewrites of test_distributed (a shifted clock, two hosts, a missing rank, files of other
+jobs, different step counts) are analysed both ways and must give the same JSON report,
+byte for byte. Bad rank files are reported and the other ranks still analysed; a worker
+that dies is retried once, alone, then reported.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from skalpel.api import analyze_job
+from skalpel.jobreport import join_summaries
+from skalpel.pipeline import build_report
+from skalpel.ranksummary import RankFailure, SummaryRequest, summarize_rank
+from skalpel.trace.loader import find_trace_files, load
+from skalpel.workers import summarize_all
+
+from .conftest import corpus
+
+PAIR = "hta/trace_filter"
+DLRM = "extra/facebookresearch__param/et_replay/tests/inputs/dlrm_kineto_extracted"
+
+
+def _whole(paths) -> bytes:
+    return build_report(load(paths)).to_json()
+
+
+def _by_ranks(paths, workers: int) -> bytes:
+    files = find_trace_files(paths if isinstance(paths, list) else [paths])
+    results = summarize_all([SummaryRequest(path, len(files)) for path in files], workers=workers)
+    return join_summaries(results)[0].to_json()
+
+
+def _rewrite(source: Path, target: Path, change) -> Path:
+    document = json.loads(gzip.decompress(source.read_bytes()))
+    change(document)
+    target.write_bytes(gzip.compress(json.dumps(document).encode()))
+    return target
+
+
+def _dlrm_files() -> list[Path]:
+    return sorted(corpus(DLRM).glob("worker*.json.gz"))
+
+
+def _shift(us: float, host: str | None = None):
+    def change(document: dict) -> None:
+        if host is not None:
+            document["host_name"] = host
+        for event in document["traceEvents"]:
+            if isinstance(event.get("ts"), (int, float)):
+                event["ts"] += us
+
+    return change
+
+
+@pytest.mark.parametrize("name", [PAIR, DLRM])
+def test_corpus_jobs_equal_the_whole_trace(name: str) -> None:
+    whole = _whole(corpus(name))
+    assert _by_ranks(corpus(name), workers=2) == whole
+    assert analyze_job([corpus(name)], workers=1).report.to_json() == whole  # in this process, rank after rank
+
+
+def _shifted_clock(tmp_path: Path) -> None:
+    for path in _dlrm_files():
+        shutil.copy(path, tmp_path / path.name)
+    _rewrite(_dlrm_files()[3], tmp_path / _dlrm_files()[3].name, _shift(5000.0))
+
+
+def _two_hosts(tmp_path: Path) -> None:
+    for index, path in enumerate(_dlrm_files()):
+        _rewrite(path, tmp_path / path.name, _shift(0.0, "a") if index < 4 else _shift(3000.0, "b"))
+
+
+def _missing_rank(tmp_path: Path) -> None:
+    for path in _dlrm_files():
+        if not path.name.startswith("worker5"):
+            shutil.copy(path, tmp_path / path.name)
+
+
+def _other_job(tmp_path: Path) -> None:
+    shutil.copy(_dlrm_files()[0], tmp_path / "rank0.json.gz")
+    shutil.copy(corpus(PAIR) / "sampled_rank-1.json.gz", tmp_path / "rank1.json.gz")
+
+
+def _step_counts(tmp_path: Path) -> None:
+    pair = corpus(PAIR)
+    shutil.copy(pair / "sampled_rank-0.json.gz", tmp_path / "sampled_rank-0.json.gz")
+
+    def drop_last_step(document: dict) -> None:
+        document["traceEvents"] = [e for e in document["traceEvents"] if e.get("name") != "ProfilerStep#552"]
+
+    _rewrite(pair / "sampled_rank-1.json.gz", tmp_path / "sampled_rank-1.json.gz", drop_last_step)
+
+
+@pytest.mark.parametrize("make", [_shifted_clock, _two_hosts, _missing_rank, _other_job, _step_counts])
+def test_rewritten_jobs_equal_the_whole_trace(make, tmp_path: Path) -> None:
+    make(tmp_path)
+    assert _by_ranks(tmp_path, workers=1) == _whole(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hta/df_index_resolver",  # GPU, one rank, sync and memory findings
+        "hta/nccl_parser_config",  # collectives of one rank of a bigger job
+        "kineto/tb_plugin/samples/resnet50_num_workers_0",  # two captures of rank 0: the second is left out
+        "hta/negative_queue_length_values_check",
+        "kineto/docs/traces",
+    ],
+)
+def test_one_rank_by_summary_equals_the_whole_trace(name: str) -> None:
+    assert _by_ranks(corpus(name), workers=1) == _whole(corpus(name))
+
+
+def test_a_summary_is_small_beside_its_trace() -> None:
+    import pickle
+
+    path = corpus("hta/df_index_resolver") / "df_index_resolver.json.gz"
+    summary = summarize_rank(SummaryRequest(path, 1))
+    size = len(pickle.dumps(summary))
+    assert size < 0.2 * len(gzip.decompress(path.read_bytes()))  # 54 MB of JSON, a few hundred kB of summary
+
+
+def test_bad_rank_files_are_reported_and_the_rest_analysed(tmp_path: Path) -> None:
+    files = _dlrm_files()
+    for path in files[:6]:
+        shutil.copy(path, tmp_path / path.name)
+    (tmp_path / files[6].name).write_bytes(b"\x1f\x8b\x08\x00garbage that is not gzip")
+    (tmp_path / files[7].name).write_bytes(b'{"nodes": [], "schema": "1.0.1"}')  # an execution trace, not Kineto
+    report = analyze_job([tmp_path], workers=2).report
+    assert [rank.rank for rank in report.ranks] == list(range(6))
+    left_out = [w for w in report.warnings if w.startswith("rank file left out")]
+    assert len(left_out) == 2
+    assert any(files[6].name in w and "gzip" in w for w in left_out)
+    assert any(files[7].name in w and "execution trace" in w for w in left_out)
+    assert any("missing: 6-7" in w for w in report.warnings)
+
+
+def test_no_readable_rank_is_one_error(tmp_path: Path) -> None:
+    from skalpel.errors import TraceError
+
+    for index in range(2):
+        (tmp_path / f"rank{index}.json").write_text("not json")
+    with pytest.raises(TraceError, match="none of the 2 rank files could be read"):
+        analyze_job([tmp_path], workers=1)
+
+
+# A real worker death: the task ends its process with os._exit for the planted file.
+def dies_on_rank3(request: SummaryRequest, on_fraction=None):
+    if request.path.name.startswith("worker3"):
+        os._exit(17)
+    return summarize_rank(request, on_fraction)
+
+
+def dies_once(request: SummaryRequest, on_fraction=None):
+    marker = request.path.with_suffix(".died")
+    if request.path.name.startswith("worker3") and not marker.exists():
+        marker.write_text("once")
+        os._exit(17)
+    return summarize_rank(request, on_fraction)
+
+
+def _copies(tmp_path: Path) -> list[Path]:
+    for path in _dlrm_files()[:4]:
+        shutil.copy(path, tmp_path / path.name)
+    return find_trace_files([tmp_path])
+
+
+def test_worker_that_dies_twice_is_reported(tmp_path: Path) -> None:
+    files = _copies(tmp_path)
+    results = summarize_all([SummaryRequest(p, len(files)) for p in files], workers=2, task=dies_on_rank3)
+    failed = [r for r in results if isinstance(r, RankFailure)]
+    assert [f.path.name[:7] for f in failed] == ["worker3"] and failed[0].attempts == 2
+    assert "died twice" in failed[0].reason
+    report, _ = join_summaries(results)
+    assert [rank.rank for rank in report.ranks] == [0, 1, 2]
+    assert any("left out (after a retry)" in w and "worker3" in w for w in report.warnings)
+
+
+def test_worker_that_dies_once_is_retried(tmp_path: Path) -> None:
+    files = _copies(tmp_path)
+    results = summarize_all([SummaryRequest(p, len(files)) for p in files], workers=2, task=dies_once)
+    assert (tmp_path / "worker3_step_12.1694128201557.pt.trace.json.died").exists()
+    assert not [r for r in results if isinstance(r, RankFailure)]
+    assert join_summaries(results)[0].to_json() == _whole(tmp_path)
+
+
+def test_progress_reaches_every_rank(tmp_path: Path) -> None:
+    files = _copies(tmp_path)
+    seen: dict[int, list[float]] = {}
+    summarize_all(
+        [SummaryRequest(p, len(files)) for p in files], workers=2,
+        on_progress=lambda index, fraction: seen.setdefault(index, []).append(fraction),
+    )  # fmt: skip
+    assert sorted(seen) == [0, 1, 2, 3]
+    assert all(values[-1] == 1.0 for values in seen.values())
+    assert any(0.0 < value < 1.0 for values in seen.values() for value in values)  # from inside the workers
+
+
+def test_unreachable_ray_address_is_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "skalpel", "analyze", str(corpus(PAIR)), "--ray", "127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == "skalpel: error: cannot reach the Ray cluster at 127.0.0.1:1: Connection refused"
+
+
+@pytest.mark.slow
+def test_ray_tasks_give_the_local_report() -> None:
+    ray = pytest.importorskip("ray")  # in the test extra: CI has it
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        job = analyze_job([corpus(DLRM)], ray=True)
+    finally:
+        ray.shutdown()
+    assert job.report.to_json() == _whole(corpus(DLRM))
