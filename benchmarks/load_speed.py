@@ -16,7 +16,10 @@ timed by tests/golden/hta_timing.py in /tmp/hta-venv when that venv exists. A to
 expected peak memory exceeds what the machine has available is skipped, and says so.
 
 Targets (issue 3): skalpel's total no slower than json.load, at least 10x faster than HTA,
-peak memory at most 2x the uncompressed file size.
+peak memory at most 2x the uncompressed file size. Issue 13: the whole ``skalpel analyze FILE
+--json OUT`` process (interpreter start to exit, timed by the parent) at most 0.5x the time of
+``json.loads`` of the same uncompressed file's bytes, and its peak RSS at most 1.5x the file's
+size; the last line of each table prints both ratios. A .gz corpus trace is measured uncompressed.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ HTA_PYTHON = Path("/tmp/hta-venv/bin/python")
 HTA_SCRIPT = REPO / "tests" / "golden" / "hta_timing.py"
 HTA_SETUP = ("python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install traceinsight "
              "(see tests/golden/make_hta_golden.py)")  # fmt: skip
-MEMORY_FACTOR = {"json.load": 9.0, "hta": 8.0, "skalpel": 2.5}  # expected peak RSS / uncompressed size, to skip safely
+MEMORY_FACTOR = {"json.load": 9.0, "json.loads": 10.0, "hta": 8.0, "skalpel": 2.5, "analyze": 2.5}  # expected peak RSS / uncompressed size, to skip safely
 
 
 # ---------------------------------------------------------------- children (one measurement each)
@@ -55,6 +58,17 @@ def _child(mode: str, path: str) -> None:
     elif mode == "imports":
         import skalpel.pipeline  # noqa: F401
         import skalpel.trace  # noqa: F401
+    elif mode == "json.loads":  # the parse alone, of bytes already read (issue 13's yardstick)
+        data = Path(path).read_bytes()
+        started = time.perf_counter()
+        json.loads(data)
+    elif mode == "analyze":  # the whole `skalpel analyze FILE --json OUT` process: timed by the parent
+        from skalpel.cli import main as skalpel_main
+
+        with open(os.devnull, "w") as quiet:
+            sys.stdout = quiet
+            skalpel_main(["analyze", path, "--json", os.devnull])
+            sys.stdout = sys.__stdout__
     elif mode == "json.load":
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rb") as handle:
@@ -147,13 +161,18 @@ def _limit_memory() -> None:
 
 def _run_child(mode: str, path: Path, env: dict | None = None) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", mode, str(path)]
+    started = time.perf_counter()
     done = subprocess.run(
         command, capture_output=True, text=True, env={**os.environ, **(env or {})}, preexec_fn=_limit_memory
     )
+    process_s = time.perf_counter() - started
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("LOAD_SPEED ")), None)
     if done.returncode != 0 or line is None:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
-    return json.loads(line.split(" ", 1)[1])
+    result = json.loads(line.split(" ", 1)[1])
+    if mode == "analyze":
+        result["seconds"] = process_s  # the whole process, interpreter start included
+    return result
 
 
 def _run_hta(path: Path, repeats: int) -> dict:
@@ -194,9 +213,9 @@ def _largest_corpus_trace() -> Path:
 
 def _measure(path: Path, repeats: int, hta_runs: int) -> dict[str, dict]:
     size_mib = _uncompressed_size(path) / 2**20
-    runs: dict[str, list[dict]] = {"python": [], "imports": [], "skalpel": [], "json.load": []}
+    runs: dict[str, list[dict]] = {"python": [], "imports": [], "skalpel": [], "json.load": [], "analyze": [], "json.loads": []}
     skipped: dict[str, dict] = {}
-    for tool in ("skalpel", "json.load", "hta"):
+    for tool in ("skalpel", "json.load", "hta", "analyze", "json.loads"):
         need = MEMORY_FACTOR[tool] * size_mib + 300
         if need > _available_mib():
             skipped[tool] = {"error": f"skipped: needs ~{need / 1024:.1f} GiB, {_available_mib() / 1024:.1f} GiB available"}
@@ -244,6 +263,14 @@ def _print_table(label: str, path: Path, results: dict[str, dict]) -> None:
         ]  # fmt: skip
         print(f"{tool:<10}" + "".join(cells))
     print("(imports: a process that only imports skalpel; python: a bare interpreter. net = peak RSS minus that baseline)")
+    analyze, loads = results["analyze"], results["json.loads"]
+    if "error" in analyze or "error" in loads:
+        print(f"issue 13 ratios: not measured ({analyze.get('error') or loads.get('error')})")
+        return
+    print(f"issue 13: whole `skalpel analyze FILE --json OUT` process {analyze['seconds']:.2f} s / json.loads "
+          f"{loads['seconds']:.2f} s = {analyze['seconds'] / loads['seconds']:.2f} (target <= 0.5); its peak RSS "
+          f"{analyze['rss_mib']:,.0f} MiB / file {size_mib:,.0f} MiB = {analyze['rss_mib'] / size_mib:.2f} (target <= 1.5), "
+          f"net of the bare interpreter {(analyze['rss_mib'] - results['python']['rss_mib']) / size_mib:.2f}")
 
 
 def main() -> None:
@@ -262,9 +289,13 @@ def main() -> None:
     source = args.source or _largest_corpus_trace()
     size_mb = 200 if args.quick else args.size_mb
     hta_runs = 0 if args.no_hta else args.hta_runs
-    corpus_results = _measure(source, args.repeats or 3, hta_runs)
     folder = Path(tempfile.mkdtemp(prefix="skalpel_load_speed_"))
     try:
+        if source.name.endswith(".gz"):  # measured uncompressed: json.loads reads no gzip
+            plain = folder / source.name.removesuffix(".gz")
+            plain.write_bytes(gzip.decompress(source.read_bytes()))
+            source = plain
+        corpus_results = _measure(source, args.repeats or 3, hta_runs)
         target = folder / "synthetic_rank0.json"
         made = _run_child("generate", source, {"LOAD_SPEED_TARGET": str(target), "LOAD_SPEED_BYTES": str(size_mb * 2**20)})
         if "error" in made:
