@@ -10,7 +10,6 @@ that dies is retried once, alone, then reported.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import shutil
 from pathlib import Path
@@ -25,6 +24,7 @@ from skalpel.trace.loader import find_trace_files, load
 from skalpel.workers import summarize_all
 
 from .conftest import corpus
+from .test_distributed import _dlrm_files, _rewrite
 
 PAIR = "hta/trace_filter"
 DLRM = "extra/facebookresearch__param/et_replay/tests/inputs/dlrm_kineto_extracted"
@@ -38,17 +38,6 @@ def _by_ranks(paths, workers: int) -> bytes:
     files = find_trace_files(paths if isinstance(paths, list) else [paths])
     results = summarize_all([SummaryRequest(path, len(files)) for path in files], workers=workers)
     return join_summaries(results)[0].to_json()
-
-
-def _rewrite(source: Path, target: Path, change) -> Path:
-    document = json.loads(gzip.decompress(source.read_bytes()))
-    change(document)
-    target.write_bytes(gzip.compress(json.dumps(document).encode()))
-    return target
-
-
-def _dlrm_files() -> list[Path]:
-    return sorted(corpus(DLRM).glob("worker*.json.gz"))
 
 
 def _shift(us: float, host: str | None = None):
