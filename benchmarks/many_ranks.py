@@ -33,7 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from load_speed import _max_id, _shift, _step  # noqa: E402 - the same replication as the synthetic trace
+from load_speed import _max_id, _shift, _step, _with_bytecode  # noqa: E402 - the same replication as the synthetic trace
 
 REPO = HERE.parent
 DLRM = REPO.parent / "shared" / "traces" / "extra" / "facebookresearch__param" / "et_replay" / "tests" / "inputs" / "dlrm_kineto_extracted"
@@ -107,7 +107,7 @@ def _tree_rss(root: int) -> int:
 
 
 def run(folder: Path, mode: str) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**_with_bytecode(), "OMP_NUM_THREADS": "1"}
     report = folder.parent / f"{folder.name}-report.json"
     with tempfile.TemporaryFile() as err:
         started = time.perf_counter()

@@ -34,7 +34,7 @@ def judge(rule: Rule, ctx: Context) -> list[Finding] | NotJudged:
 
 def unmet_need(rule: Rule, ctx: Context) -> NotJudged | None:
     """Why the rule cannot run at all on this trace (no device, no marked steps); None when it can."""
-    if rule.needs_device and not ctx.trace.has_device:
+    if rule.needs_device and not ctx.result("has_device", lambda: ctx.trace.has_device):  # a scan of every event: once
         recording = ctx.result("recording")
         return NotJudged(NOT_RECORDED if recording is not None and recording.launches_without_work else NO_DEVICE)
     if rule.needs_steps and not ctx.steps.marked:
