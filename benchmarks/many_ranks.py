@@ -13,7 +13,8 @@ Each configuration runs in a fresh process: "whole" is the single-process path o
 processes (1: one after another in the driver) and joins the summaries; "ray" does the same
 as Ray tasks on a local instance it starts (its start-up included). Peak memory is the
 largest sum of the resident memory of the process and all its descendants (workers, Ray's
-processes), sampled every 20 ms from /proc. Medians over --repeats runs, interleaved; the
+processes), as proportional set size (pages shared by workers split among them), sampled
+every 20 ms from /proc. Medians over --repeats runs, interleaved; the
 reports of every configuration are checked equal to the whole one's.
 """
 
@@ -37,7 +38,6 @@ from load_speed import _max_id, _shift, _step, _with_bytecode  # noqa: E402 - th
 
 REPO = HERE.parent
 DLRM = REPO.parent / "shared" / "traces" / "extra" / "facebookresearch__param" / "et_replay" / "tests" / "inputs" / "dlrm_kineto_extracted"
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def build_job(folder: Path, ranks: int, copies: int) -> int:
@@ -80,30 +80,39 @@ open(sys.argv[3], "wb").write(report.to_json())
 """
 
 
-def _tree_rss(root: int) -> int:
-    """Resident bytes of ``root`` and every process descended from it."""
-    parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
+def _tree_memory(root: int) -> int:
+    """Proportional set size (shared pages split among their sharers) of ``root`` and its descendants, bytes.
+
+    PSS rather than RSS: forked workers share the pages of the imported modules, which RSS
+    would count once per worker."""
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except OSError:
+                ppid = int(handle.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        parents[int(entry)] = int(fields[1])
-        rss[int(entry)] = int(fields[21]) * _PAGE
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parents.items():
-        children.setdefault(ppid, []).append(pid)
+        children.setdefault(ppid, []).append(int(entry))
     members, frontier = {root}, [root]
     while frontier:
         for child in children.get(frontier.pop(), ()):
             if child not in members:
                 members.add(child)
                 frontier.append(child)
-    return sum(rss.get(pid, 0) for pid in members)
+    return sum(_pss(pid) for pid in members)
+
+
+def _pss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def run(folder: Path, mode: str) -> dict:
@@ -114,7 +123,7 @@ def run(folder: Path, mode: str) -> dict:
         child = subprocess.Popen([sys.executable, "-c", _CHILD, str(folder), mode, str(report)], stderr=err, env=env)
         peak = 0
         while child.poll() is None:
-            peak = max(peak, _tree_rss(child.pid))
+            peak = max(peak, _tree_memory(child.pid))
             time.sleep(0.02)
         seconds = time.perf_counter() - started
         err.seek(0)
@@ -149,7 +158,7 @@ def main() -> None:
         whole = runs["whole"][0].get("report")
         base = statistics.median(r["seconds"] for r in runs["whole"] if "seconds" in r)
         base_mem = statistics.median(r["peak_mib"] for r in runs["whole"] if "peak_mib" in r)
-        print(f"{'configuration':<14}{'seconds':>9}{'/whole':>8}{'peak MiB':>10}{'/whole':>8}{'MiB/rank':>10}  report")
+        print(f"{'configuration':<14}{'seconds':>9}{'/whole':>8}{'peak PSS MiB':>14}{'/whole':>8}{'MiB/rank':>10}  report")
         for mode in modes:
             done = [r for r in runs[mode] if "error" not in r]
             if not done:
@@ -158,7 +167,7 @@ def main() -> None:
             seconds = statistics.median(r["seconds"] for r in done)
             peak = statistics.median(r["peak_mib"] for r in done)
             same = "same" if all(r["report"] == whole for r in done) else "DIFFERENT"
-            print(f"{_label(mode, cores):<14}{seconds:9.2f}{seconds / base:8.2f}{peak:10,.0f}{peak / base_mem:8.2f}"
+            print(f"{_label(mode, cores):<14}{seconds:9.2f}{seconds / base:8.2f}{peak:14,.0f}{peak / base_mem:8.2f}"
                   f"{peak / args.ranks:10.1f}  {same}")  # fmt: skip
     finally:
         shutil.rmtree(folder, ignore_errors=True)

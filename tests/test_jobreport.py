@@ -121,8 +121,10 @@ def test_a_summary_is_small_beside_its_trace() -> None:
 
 def test_bad_rank_files_are_reported_and_the_rest_analysed(tmp_path: Path) -> None:
     files = _dlrm_files()
-    for path in files[:6]:
+    for path in files[:5]:
         shutil.copy(path, tmp_path / path.name)
+    whole = gzip.decompress(files[5].read_bytes())  # cut off in its last third (a killed process): analysed, said
+    (tmp_path / files[5].name.removesuffix(".gz")).write_bytes(whole[: len(whole) * 2 // 3])
     (tmp_path / files[6].name).write_bytes(b"\x1f\x8b\x08\x00garbage that is not gzip")
     (tmp_path / files[7].name).write_bytes(b'{"nodes": [], "schema": "1.0.1"}')  # an execution trace, not Kineto
     report = analyze_job([tmp_path], workers=2).report
@@ -132,6 +134,7 @@ def test_bad_rank_files_are_reported_and_the_rest_analysed(tmp_path: Path) -> No
     assert any(files[6].name in w and "gzip" in w for w in left_out)
     assert any(files[7].name in w and "execution trace" in w for w in left_out)
     assert any("missing: 6-7" in w for w in report.warnings)
+    assert any(files[5].name.removesuffix(".gz") in w and "cut off" in w for w in report.warnings)
 
 
 def test_no_readable_rank_is_one_error(tmp_path: Path) -> None:
