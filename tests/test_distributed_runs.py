@@ -151,3 +151,15 @@ def test_commbench_and_the_comparison_with_a_run(runs: dict[str, Path], tmp_path
     assert row["commbench_busbw_gbps"] > 0 and row["vs_commbench_pct"] > 0
     assert row["transfer_vs_commbench_pct"] >= row["vs_commbench_pct"] * 0.999  # the wait taken out
     assert any("compared with commbench (gloo, 2 ranks, cpu)" in w for w in report.warnings)
+
+
+def test_ranks_reduced_in_workers_give_the_whole_trace_report(runs: dict[str, Path]) -> None:
+    # Real gloo ranks with Python stacks and capture facts: the straggler's and the collectives'
+    # locations come from the workers' summaries, and must be the whole trace's.
+    from skalpel.api import analyze, stored_capture
+    from skalpel.pipeline import build_report
+    from skalpel.trace.loader import load
+
+    for name in ("straggler", "comm_heavy", "small"):
+        whole = build_report(load(runs[name]), capture=stored_capture(runs[name]))
+        assert analyze(runs[name], workers=2).to_json() == whole.to_json(), name

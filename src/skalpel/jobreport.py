@@ -7,9 +7,14 @@ and time profiles, merges each per-rank rule's outcomes, judges the job-level ru
 concludes as ``diagnose`` does on a whole trace; the report is the one the whole trace
 gives (``tests/test_jobreport.py`` checks it on every multi-rank set of the corpus).
 
-Shifting is exact: a time in a summary is (absolute - rank origin), and rank origin less
-job origin is exact too (both differences of nearby doubles), so their sum is the same
-double the whole-trace loader computes as (absolute - job origin).
+Where the two differ: torch.compile figures (``extra['compile']`` and the compile findings)
+are each rank's own here, while a whole trace of several ranks pools them over the job; the
+same job-wide finding raised alike by several ranks is kept once.
+
+Shifting is exact: a time in a summary is (absolute - rank origin), rank origin less job
+origin is exact too (differences of doubles within a factor two of each other, as epoch
+timestamps are), so their sum is the double the whole-trace loader computes as (absolute -
+job origin). Times are therefore moved before anything rounds them (the report does, once).
 """
 
 from __future__ import annotations

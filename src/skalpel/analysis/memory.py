@@ -161,4 +161,4 @@ def _downsample(ts: np.ndarray, values: np.ndarray, max_points: int) -> tuple[tu
         starts = np.unique(starts)
         peaks = np.maximum.reduceat(values, starts)
         ts, values = ts[starts], peaks
-    return tuple((round(float(t), 3), int(v)) for t, v in zip(ts, values))
+    return tuple((float(t), int(v)) for t, v in zip(ts, values))  # rounded once, in the report
