@@ -115,23 +115,31 @@ class _Pool:
     def _round(self, indices: list[int], workers: int, results: dict[int, Result]) -> list[int]:
         """Run ``indices``; returns those whose worker died."""
         died: list[int] = []
-        with ProcessPoolExecutor(workers, mp_context=self.context, initializer=_init_worker, initargs=(self.queue,)) as pool:
-            futures: dict[Future, int] = {pool.submit(_run_in_worker, self.task, self.requests[i], i): i for i in indices}
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
-                self._drain()
-                for future in done:
-                    index = futures[future]
-                    try:
-                        results[index] = future.result()
-                    except BrokenProcessPool:
-                        died.append(index)
-                        continue
-                    if self.on_progress:
-                        self.on_progress(index, 1.0)
+        pool = ProcessPoolExecutor(workers, mp_context=self.context, initializer=_init_worker, initargs=(self.queue,))
+        futures: dict[Future, int] = {pool.submit(_run_in_worker, self.task, self.requests[i], i): i for i in indices}
+        try:
+            self._collect(futures, results, died)
+        except BaseException:  # Ctrl-C: start no further rank and do not wait for those running
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         self._drain()
         return sorted(died)
+
+    def _collect(self, futures: dict[Future, int], results: dict[int, Result], died: list[int]) -> None:
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+            self._drain()
+            for future in done:
+                index = futures[future]
+                try:
+                    results[index] = future.result()
+                except BrokenProcessPool:
+                    died.append(index)
+                    continue
+                if self.on_progress:
+                    self.on_progress(index, 1.0)
 
     def _drain(self) -> None:
         if self.queue is None:
