@@ -219,3 +219,19 @@ def test_ray_tasks_give_the_local_report() -> None:
     finally:
         ray.shutdown()
     assert job.report.to_json() == _whole(corpus(DLRM))
+
+
+def test_flame_graph_is_the_lowest_ranks_as_from_the_whole_trace() -> None:
+    from skalpel.report import html
+
+    whole = html.flame_from_trace(load(corpus(DLRM)), rank=0)
+    assert whole is not None
+    assert analyze_job([corpus(DLRM)], workers=2, flame=True).flame == whole
+
+
+def test_workers_must_be_a_positive_number(capsys) -> None:
+    from skalpel.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["analyze", str(corpus(PAIR)), "--workers", "0"])
+    assert exit.value.code == 2 and "must be 1 or more, not 0" in capsys.readouterr().err
