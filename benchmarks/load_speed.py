@@ -1,11 +1,11 @@
 """Load speed and memory: skalpel (load + all analyses) vs stdlib json.load vs HTA.
 
-    .venv/bin/python benchmarks/load_speed.py            # largest corpus trace + a ~1 GB synthetic trace
+    .venv/bin/python benchmarks/load_speed.py            # df_index_resolver + a ~1 GB synthetic trace from it
     .venv/bin/python benchmarks/load_speed.py --quick    # synthetic trace of 200 MB
     .venv/bin/python benchmarks/load_speed.py --size-mb 512 --repeats 3 --no-hta
 
-Two traces: the largest trace of ../shared/traces (by uncompressed size) and a synthetic
-one built by replicating that trace's events with shifted timestamps, correlation ids,
+Two traces: HTA's df_index_resolver from ../shared/traces (--source another; the largest
+corpus trace when it is missing) and a synthetic one built by replicating that trace's events with shifted timestamps, correlation ids,
 external ids, flow ids and step numbers (written to a temporary folder, deleted after).
 
 Every measurement runs in a fresh Python process that reports its own peak RSS
@@ -39,6 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TRACES = REPO.parent / "shared" / "traces"
+DF_INDEX = TRACES / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
 HTA_PYTHON = Path("/tmp/hta-venv/bin/python")
 HTA_SCRIPT = REPO / "tests" / "golden" / "hta_timing.py"
 HTA_SETUP = ("python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install traceinsight "
@@ -286,13 +287,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=0, help="runs per tool (default 3 for the corpus trace, 1 for the synthetic one)")
     parser.add_argument("--no-hta", action="store_true", help="do not time HTA")
     parser.add_argument("--hta-runs", type=int, default=1, help="HTA runs per trace (default 1: HTA takes minutes)")
-    parser.add_argument("--source", type=Path, help="trace to measure and replicate (default: the largest corpus trace)")
+    parser.add_argument("--source", type=Path, help="trace to measure and replicate (default: HTA's df_index_resolver, "
+                        "issue 13's yardstick, else the largest corpus trace)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(*args.child)
         return
-    source = args.source or _largest_corpus_trace()
+    source = args.source or (DF_INDEX if DF_INDEX.exists() else _largest_corpus_trace())
     size_mb = 200 if args.quick else args.size_mb
     hta_runs = 0 if args.no_hta else args.hta_runs
     folder = Path(tempfile.mkdtemp(prefix="skalpel_load_speed_"))
@@ -307,7 +309,7 @@ def main() -> None:
         if "error" in made:
             sys.exit(f"could not build the synthetic trace: {made['error']}")
         synthetic_results = _measure(target, args.repeats or 1, hta_runs)
-        _print_table("largest corpus trace", source, corpus_results)
+        _print_table("corpus trace", source, corpus_results)
         _print_table(f"synthetic trace (replicated from {source.name})", target, synthetic_results)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
