@@ -32,7 +32,7 @@ from .fastsplit import Layout, guess_layout, next_cut
 from .jsonscan import NotATraceError, iter_batch_ranges, split_document
 from .model import RankInfo, Trace
 from .outliers import set_aside_far_events
-from .source import describe_foreign, read_source
+from .source import describe_foreign, read_source, release
 
 ProgressCallback = Callable[[int, int], None]
 """Called with (work done, total work) while loading, in bytes of the files on disk, over all files."""
@@ -222,6 +222,8 @@ def _read_events(data: bytes | bytearray, builder: ColumnBuilder, path: Path, re
         resume_at = _read_guessed(data, layout, builder, outcome, report)
         if resume_at is None:
             return outcome
+    if not isinstance(data, (bytes, bytearray)):
+        data = bytes(data)  # a mapped file: the exact scanner reads it whole anyway
     try:
         document = split_document(data)
     except NotATraceError as error:
@@ -254,6 +256,7 @@ def _read_guessed(data, layout: Layout, builder: ColumnBuilder, outcome: _Outcom
         else:
             return start
         report(end / max(len(data), 1))
+        release(data, next_start)
         start = next_start
     return None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+import os
 import re
 import zlib
 from pathlib import Path
@@ -13,6 +15,7 @@ from ..errors import TraceError
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
+MAP_FROM_BYTES = 8 << 20  # smaller files are read whole: mapping saves too little
 _IN_CHUNK = 1 << 20
 _OUT_CHUNK = 1 << 20  # zlib doubles its output buffer up to this: keep the transient small
 _HEAD_BYTES = 1 << 20  # decompressed bytes looked at before deciding that a file cannot be a trace
@@ -27,9 +30,16 @@ _MEMORY_TIMELINE = re.compile(rb"\s*\[\s*\[\s*-?\d")
 _SPACE = re.compile(rb"\s*")
 
 
-def read_source(path: Path, on_fraction: Callable[[float], None] | None = None) -> tuple[bytearray | bytes, bool]:
-    """The file's bytes, gunzipped when needed; the flag is True when a gzip stream was cut short."""
+def read_source(path: Path, on_fraction: Callable[[float], None] | None = None) -> tuple[bytearray | bytes | mmap.mmap, bool]:
+    """The file's bytes, gunzipped when needed; the flag is True when a gzip stream was cut short.
+
+    A large uncompressed file is mapped rather than read: the loader gives back the pages it
+    has parsed (``release``), so the file never sits whole in memory beside its columns.
+    """
     try:
+        with open(path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_size >= max(MAP_FROM_BYTES, 1) and handle.read(3)[:2] not in (_GZIP_MAGIC, _BOM[:2]):
+                return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), False
         raw = path.read_bytes()
     except OSError as error:
         raise TraceError(f"{path}: cannot read the file ({error.strerror or error})") from None
@@ -42,6 +52,14 @@ def read_source(path: Path, on_fraction: Callable[[float], None] | None = None) 
     if data[:3] == _BOM:
         del data[:3]
     return data, cut
+
+
+def release(data: bytes | bytearray | mmap.mmap, upto: int) -> None:
+    """Drop the pages of a mapped file before ``upto`` from memory (read again from the file if touched)."""
+    if isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        aligned = upto - upto % mmap.PAGESIZE
+        if aligned > 0:
+            data.madvise(mmap.MADV_DONTNEED, 0, aligned)
 
 
 def without_bom(data: bytes) -> bytes:
@@ -217,7 +235,7 @@ def _describe_array(data: bytes | bytearray, first_at: int) -> str | None:
 def _describe_scalar(data: bytes | bytearray) -> str:
     if len(data) <= 1 << 20:
         try:
-            value = orjson.loads(data)
+            value = orjson.loads(bytes(data))  # a mapped file is not bytes
         except orjson.JSONDecodeError:
             pass
         else:

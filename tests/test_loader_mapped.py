@@ -1,0 +1,54 @@
+"""Large uncompressed traces are mapped, not read, and the parsed pages given back: same result as reading."""
+
+from __future__ import annotations
+
+import gzip
+import mmap
+from pathlib import Path
+
+import pytest
+
+from skalpel.pipeline import build_report
+from skalpel.trace import load, source
+
+from .conftest import corpus
+
+
+@pytest.fixture
+def mapped_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(source, "MAP_FROM_BYTES", 1)
+
+
+def _plain_copy(tmp_path: Path, name: str, keep: float = 1.0) -> Path:
+    data = gzip.decompress(corpus(name).read_bytes())
+    target = tmp_path / corpus(name).name.removesuffix(".gz")
+    target.write_bytes(data[: int(len(data) * keep)])
+    return target
+
+
+def test_mapped_file_gives_the_report_of_the_read_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = _plain_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
+    read = build_report(load(plain)).to_json()
+    monkeypatch.setattr(source, "MAP_FROM_BYTES", 1)
+    data, _ = source.read_source(plain)
+    assert isinstance(data, mmap.mmap)
+    data.close()
+    assert build_report(load(plain)).to_json() == read
+
+
+def test_mapped_cut_off_file_loads_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = _plain_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz", keep=0.6)
+    read = load(plain)
+    monkeypatch.setattr(source, "MAP_FROM_BYTES", 1)
+    mapped = load(plain)
+    assert len(mapped) == len(read) > 0
+    assert mapped.warnings == read.warnings and any("cut off" in w for w in mapped.warnings)
+
+
+def test_empty_file_is_still_one_error(tmp_path: Path, mapped_always) -> None:
+    from skalpel.errors import TraceError
+
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")
+    with pytest.raises(TraceError, match="empty"):
+        load(empty)
