@@ -28,14 +28,17 @@ from .analysis.bundle import Analyses
 from .analysis.collectives import Collective
 from .analysis.comm import CommAnalysis, RankComm
 from .analysis.gpu_time import GpuTimeResult
+from .analysis.ops import OpTable
+from .analysis.recorded import RecordingResult
 from .analysis.ranks import compare_ranks
+from .analysis.step_device import StepDeviceResult
 from .analysis.steps import Step, StepSegmentation
 from .diagnose import conclude, judge, unmet_need
 from .diagnose.registry import judged_rules
 from .diagnose.rule import Context, NotJudged
 from .errors import TraceError
 from .pipeline import assemble_report, memory_summary
-from .ranksummary import JOB_FAMILIES, RankFailure, RankSummary
+from .ranksummary import JOB_RULES, RankFailure, RankSummary
 from .report.model import CaptureInfo, Finding, Report
 from .trace.loader import drop_duplicate_ranks
 from .trace.model import RankInfo
@@ -82,7 +85,10 @@ def join_summaries(
     steps = _steps(summaries, shifts)
     analyses = Analyses(trace=job, steps=steps)  # type: ignore[arg-type] - a JobView stands for the trace
     analyses.breakdown = _breakdown(summaries)
+    analyses.ops = _ops(summaries)
     analyses.gpu_time = _gpu_time(summaries)
+    analyses.step_device = _step_device(summaries)
+    analyses.recording = _recording(summaries)
     analyses.comm = CommAnalysis(tuple(_shifted_comm(s, shifts, offsets) for s in summaries if s.comm is not None))
     if len(summaries) > 1:
         profiles = {summary.info.rank: summary.profile for summary in summaries if summary.profile is not None}
@@ -130,14 +136,33 @@ def _breakdown(summaries: list[RankSummary]) -> StepBreakdown | None:
     return StepBreakdown(tuple(rank for part in parts for rank in part.ranks)) if parts else None
 
 
-def _gpu_time(summaries: list[RankSummary]) -> GpuTimeResult | None:
-    parts = [summary.gpu_time for summary in summaries if summary.gpu_time is not None]
-    if not parts:
+def _ops(summaries: list[RankSummary]) -> OpTable | None:
+    parts = [summary.ops for summary in summaries if summary.ops is not None]
+    return OpTable(tuple(rank for part in parts for rank in part.ranks)) if parts else None
+
+
+def _per_rank(summaries: list[RankSummary], field: str) -> dict | None:
+    """rank -> that rank's item of a per-rank result (None where it has none); None when no rank has the result."""
+    if all(getattr(summary, field) is None for summary in summaries):
         return None
-    ranks = {}
-    for summary in summaries:
-        ranks[summary.info.rank] = summary.gpu_time.for_rank(summary.info.rank) if summary.gpu_time else None
-    return GpuTimeResult(ranks=ranks, options=parts[0].options)
+    return {s.info.rank: getattr(s, field).for_rank(s.info.rank) if getattr(s, field) else None for s in summaries}
+
+
+def _gpu_time(summaries: list[RankSummary]) -> GpuTimeResult | None:
+    ranks = _per_rank(summaries, "gpu_time")
+    options = next((s.gpu_time.options for s in summaries if s.gpu_time is not None), None)
+    return GpuTimeResult(ranks=ranks, options=options) if ranks is not None else None
+
+
+def _step_device(summaries: list[RankSummary]) -> StepDeviceResult | None:
+    ranks = _per_rank(summaries, "step_device")
+    marked = any(s.step_device.marked for s in summaries if s.step_device is not None)
+    return StepDeviceResult(ranks=ranks, marked=marked) if ranks is not None else None
+
+
+def _recording(summaries: list[RankSummary]) -> RecordingResult | None:
+    ranks = _per_rank(summaries, "recording")
+    return RecordingResult({rank: item for rank, item in ranks.items() if item is not None}) if ranks is not None else None
 
 
 def _shifted_comm(summary: RankSummary, shifts: dict[int, float], offsets: dict[int, int]) -> RankComm:
@@ -152,7 +177,7 @@ def _shifted_call(call: Collective, shift: float, offset: int) -> Collective:
 
 def _outcome(rule, ctx: Context, summaries: list[RankSummary], offsets: dict[int, int]) -> list[Finding] | NotJudged:
     """A job-level rule judged here; a per-rank rule's outcomes of every rank merged, as one run would give them."""
-    if rule.family in JOB_FAMILIES:
+    if rule.id in JOB_RULES:
         return judge(rule, ctx)
     unmet = unmet_need(rule, ctx)  # the job has no device, or no marked steps
     if unmet is not None:

@@ -24,9 +24,13 @@ from .analysis.bundle import run_analyses
 from .analysis.comm import CommAnalysis
 from .analysis.gpu_time import GpuTimeResult
 from .analysis.memory import DeviceMemory
+from .analysis.ops import OpTable
 from .analysis.rankprofile import Profile, time_profile
+from .analysis.recorded import RecordingResult
+from .analysis.step_device import StepDeviceResult
 from .analysis.steps import StepSegmentation
 from .diagnose import judge
+from .diagnose import distributed, measurement
 from .diagnose.distributed import RankLocations, rank_locations
 from .diagnose.registry import judged_rules
 from .diagnose.rule import Context, NotJudged
@@ -36,9 +40,10 @@ from .report.model import Finding, RankReport
 from .trace.loader import load_one
 from .trace.model import RankInfo
 
-JOB_FAMILIES = ("measurement", "distributed")
-"""Finding families judged on the whole job (on the driver, from the summaries); every other
-rule reads one rank at a time and is judged in that rank's worker."""
+JOB_RULES = frozenset(rule.id for rule in measurement.RULES + distributed.RULES)
+"""Findings judged on the whole job, on the driver, from the summaries: they read steps, the
+capture and per-rank results only. Every other rule reads one rank's events at a time and is
+judged in that rank's worker."""
 
 
 @dataclass
@@ -50,7 +55,10 @@ class RankSummary:
     has_device: bool
     steps: StepSegmentation
     breakdown: StepBreakdown | None
+    ops: OpTable | None
     gpu_time: GpuTimeResult | None
+    step_device: StepDeviceResult | None
+    recording: RecordingResult | None
     comm: CommAnalysis | None
     memory: DeviceMemory | None  # the main device's, curve decimated
     report: RankReport  # this rank's part of the report (memory and cross-rank figures are set on the join)
@@ -87,7 +95,7 @@ def summarize_rank(
     rank = trace.rank_ids[0]
     analyses = run_analyses(trace)
     ctx = Context(analyses)
-    outcomes = {rule.id: judge(rule, ctx) for rule in judged_rules() if rule.family not in JOB_FAMILIES}
+    outcomes = {rule.id: judge(rule, ctx) for rule in judged_rules() if rule.id not in JOB_RULES}
     profile = time_profile(trace, analyses.steps, analyses.comm, rank) if request.job_ranks > 1 else None
     locations = rank_locations(ctx, rank, profile)
     flame = None
@@ -103,7 +111,10 @@ def summarize_rank(
         has_device=trace.has_device,
         steps=analyses.steps,
         breakdown=analyses.breakdown,
+        ops=analyses.ops,
         gpu_time=analyses.gpu_time,
+        step_device=analyses.step_device,
+        recording=analyses.recording,
         comm=analyses.comm,
         memory=analyses.memory.main_device(rank) if analyses.memory else None,
         report=rank_report(analyses, rank),
