@@ -129,12 +129,13 @@ def test_bad_rank_files_are_reported_and_the_rest_analysed(tmp_path: Path) -> No
     (tmp_path / files[7].name).write_bytes(b'{"nodes": [], "schema": "1.0.1"}')  # an execution trace, not Kineto
     report = analyze_job([tmp_path], workers=2).report
     assert [rank.rank for rank in report.ranks] == list(range(6))
-    left_out = [w for w in report.warnings if w.startswith("rank file left out")]
+    left_out = [w for w in report.warnings if w.startswith("skipped a file that does not load")]
     assert len(left_out) == 2
     assert any(files[6].name in w and "gzip" in w for w in left_out)
     assert any(files[7].name in w and "execution trace" in w for w in left_out)
     assert any("missing: 6-7" in w for w in report.warnings)
     assert any(files[5].name.removesuffix(".gz") in w and "cut off" in w for w in report.warnings)
+    assert report.to_json() == _whole(tmp_path)  # the whole-trace loader skips them alike
 
 
 def test_no_readable_rank_is_one_error(tmp_path: Path) -> None:
@@ -142,7 +143,7 @@ def test_no_readable_rank_is_one_error(tmp_path: Path) -> None:
 
     for index in range(2):
         (tmp_path / f"rank{index}.json").write_text("not json")
-    with pytest.raises(TraceError, match="none of the 2 rank files could be read"):
+    with pytest.raises(TraceError, match="none of the 2 files loads"):
         analyze_job([tmp_path], workers=1)
 
 
@@ -175,7 +176,7 @@ def test_worker_that_dies_twice_is_reported(tmp_path: Path) -> None:
     assert "died twice" in failed[0].reason
     report, _ = join_summaries(results)
     assert [rank.rank for rank in report.ranks] == [0, 1, 2]
-    assert any("left out (after a retry)" in w and "worker3" in w for w in report.warnings)
+    assert any("skipped a file that does not load" in w and "worker3" in w and "died twice" in w for w in report.warnings)
 
 
 def test_worker_that_dies_once_is_retried(tmp_path: Path) -> None:

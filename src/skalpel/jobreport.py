@@ -7,7 +7,8 @@ and time profiles, merges each per-rank rule's outcomes, judges the job-level ru
 concludes as ``diagnose`` does on a whole trace; the report is the one the whole trace
 gives (``tests/test_jobreport.py`` checks it on every multi-rank set of the corpus).
 
-Where the two differ: torch.compile figures (``extra['compile']`` and the compile findings)
+Where the two differ: notes on repaired step markers count per rank here, over the job there;
+torch.compile figures (``extra['compile']`` and the compile findings)
 are each rank's own here, while a whole trace of several ranks pools them over the job; the
 same job-wide finding raised alike by several ranks is kept once.
 
@@ -69,18 +70,19 @@ def join_summaries(
     """
     failures = [item for item in results if isinstance(item, RankFailure)]
     summaries = [item for item in results if isinstance(item, RankSummary)]
-    if not summaries:
+    if not summaries:  # the whole-trace loader's words
         if len(failures) == 1:
             raise TraceError(failures[0].reason)
-        raise TraceError(f"none of the {len(failures)} rank files could be read: " + "; ".join(f.reason for f in failures[:3]))
+        raise TraceError(f"none of the {len(failures)} files loads; the first: {failures[0].reason}")
     summaries = drop_duplicate_ranks(summaries)
+    summaries[0].warnings.extend(_failed(failure) for failure in failures)
     origin = min(summary.origin_us for summary in summaries)
     shifts = {summary.info.rank: summary.origin_us - origin for summary in summaries}
     offsets = _event_offsets(summaries)
     job = JobView(
         ranks=tuple(summary.info for summary in summaries),
         has_device=any(summary.has_device for summary in summaries),
-        warnings=[text for summary in summaries for text in summary.warnings] + [_failed(item) for item in failures],
+        warnings=[text for summary in summaries for text in summary.warnings],
     )
     steps = _steps(summaries, shifts)
     analyses = Analyses(trace=job, steps=steps)  # type: ignore[arg-type] - a JobView stands for the trace
@@ -101,8 +103,8 @@ def join_summaries(
 
 
 def _failed(failure: RankFailure) -> str:
-    retried = " (after a retry)" if failure.attempts > 1 else ""
-    return f"rank file left out{retried}: {failure.reason}"
+    """As the whole-trace loader says it (a worker that died twice says so in its reason)."""
+    return f"skipped a file that does not load: {failure.reason}"
 
 
 def _event_offsets(summaries: list[RankSummary]) -> dict[int, int]:
@@ -120,6 +122,8 @@ def _steps(summaries: list[RankSummary], shifts: dict[int, float]) -> StepSegmen
         steps,
         marked=any(summary.steps.marked for summary in summaries),
         dropped_tail=sum(summary.steps.dropped_tail for summary in summaries),
+        # Each rank's own notes: the whole trace counts repaired markers over the job in one note.
+        notes=tuple(dict.fromkeys(note for summary in summaries for note in summary.steps.notes)),
     )
 
 

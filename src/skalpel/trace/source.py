@@ -38,8 +38,10 @@ def read_source(path: Path, on_fraction: Callable[[float], None] | None = None) 
     """
     try:
         with open(path, "rb") as handle:
-            if os.fstat(handle.fileno()).st_size >= max(MAP_FROM_BYTES, 1) and handle.read(3)[:2] not in (_GZIP_MAGIC, _BOM[:2]):
-                return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), False
+            if os.fstat(handle.fileno()).st_size >= max(MAP_FROM_BYTES, 1):
+                head = handle.read(3)
+                if head[:2] != _GZIP_MAGIC and head != _BOM:
+                    return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), False
         raw = path.read_bytes()
     except OSError as error:
         raise TraceError(f"{path}: cannot read the file ({error.strerror or error})") from None
