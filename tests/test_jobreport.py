@@ -235,4 +235,4 @@ def test_workers_must_be_a_positive_number(capsys) -> None:
 
     with pytest.raises(SystemExit) as exit:
         main(["analyze", str(corpus(PAIR)), "--workers", "0"])
-    assert exit.value.code == 2 and "must be 1 or more, not 0" in capsys.readouterr().err
+    assert exit.value.code == 2 and "must be 1 or more, got 0" in capsys.readouterr().err

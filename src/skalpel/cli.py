@@ -65,16 +65,6 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_cmd_analyze)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
-    return value
-
-
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from .api import analyze_job
     from .report import terminal
