@@ -91,6 +91,7 @@ def join_summaries(
     analyses.gpu_time = _gpu_time(summaries)
     analyses.step_device = _step_device(summaries)
     analyses.recording = _recording(summaries)
+    analyses.compile_log = next((s.compile_log for s in summaries if s.compile_log is not None), None)  # for its stacks-off note
     analyses.comm = CommAnalysis(tuple(_shifted_comm(s, shifts, offsets) for s in summaries if s.comm is not None))
     if len(summaries) > 1:
         profiles = {summary.info.rank: summary.profile for summary in summaries if summary.profile is not None}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .analysis.breakdown import StepBreakdown
 from .analysis.bundle import run_analyses
@@ -60,6 +60,7 @@ class RankSummary:
     step_device: StepDeviceResult | None
     recording: RecordingResult | None
     comm: CommAnalysis | None
+    compile_log: Any  # analysis.compile_log's CompileLog from the rank's header (skalpel run), or None
     memory: DeviceMemory | None  # the main device's, curve decimated
     report: RankReport  # this rank's part of the report (memory and cross-rank figures are set on the join)
     outcomes: dict[str, list[Finding] | NotJudged]  # rule id -> outcome, for the rules judged per rank
@@ -116,6 +117,7 @@ def summarize_rank(
         step_device=analyses.step_device,
         recording=analyses.recording,
         comm=analyses.comm,
+        compile_log=analyses.compile_log,
         memory=analyses.memory.main_device(rank) if analyses.memory else None,
         report=rank_report(analyses, rank),
         outcomes=outcomes,
