@@ -14,6 +14,7 @@ import torch
 import skalpel
 from skalpel.capture.timing import step_timing
 from skalpel.capture.settings import CaptureSettings
+from skalpel.capture import runfolder
 from skalpel.cli import main
 from skalpel.errors import SkalpelError
 
@@ -230,6 +231,16 @@ def test_interrupt_keeps_the_trace_and_exits_130(tmp_path: Path, capsys) -> None
     assert (tmp_path / "run" / "summary.txt").is_file() and "3 steps: median" in out
 
 
+def test_interrupt_before_any_recorded_step_removes_the_folder_and_says_so(tmp_path: Path, capsys) -> None:
+    source = TRAIN.replace("    optimizer.step()", "    optimizer.step()\n    raise KeyboardInterrupt")
+    script = _write(tmp_path / "early.py", "STEPS = 30\n" + source)
+    out = tmp_path / "run"
+    status, _, err = _run(capsys, "--out", str(out), str(script))
+    assert status == 130 and "KeyboardInterrupt" in err
+    assert f"removed the empty run folder {out}" in err
+    assert not out.exists()
+
+
 def test_run_without_a_script(capsys) -> None:
     status, _, err = _run(capsys)
     assert status == 2 and "give a script to run" in _one_line_error(err)
@@ -255,3 +266,12 @@ def test_step_boundaries_stay_outside_the_optimizer_step_range(tmp_path: Path, c
     ranges = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name", "").startswith("Optimizer.")]
     assert len(starts) == 3 and len(ranges) >= 5
     assert not any(low < start < high for start in starts for low, high in ranges)
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    same = runfolder.default_folder("train", now=1_790_000_000.0)
+    first, second, third = (runfolder.prepare_new(same) for _ in range(3))
+    assert first.is_absolute() and first == tmp_path / same
+    assert second.name == first.name + "-2" and third.name == first.name + "-3"
+    assert runfolder.prepare(Path("given")) == tmp_path / "given"  # --out, made absolute before the script runs

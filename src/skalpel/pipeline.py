@@ -213,7 +213,7 @@ def _top_ops(analyses: Analyses, rank: int, names: dict[str, str] | None = None)
     names = names or {}
     return tuple(
         OpRow(names.get(row.name, row.name), row.calls, round(row.self_ms, 4), round(row.total_ms, 4),
-              round(row.device_ms, 4), row.input_shapes)  # fmt: skip
+              round(row.device_ms, 4), row.input_shapes, row.shape_variants)  # fmt: skip
         for row in table.top(_TOP_ROWS)
     )
 

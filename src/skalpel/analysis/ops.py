@@ -11,7 +11,8 @@ but get no row, and Python frames (``with_stack``) are left out of the nesting.
 - ``device_ms``: *self* device time, like ``self_device_time_total``: a runtime call
   carries the External id of the innermost op around it, so each kernel, copy and
   memset counts for the innermost op that launched it, not for its callers;
-- ``input_shapes``: the op's most frequent ``Input Dims`` (when recorded).
+- ``input_shapes``: the op's most frequent ``Input Dims`` (when recorded), and
+  ``shape_variants``, how many different ones the row aggregates.
 
 Rows are sorted by device time when the rank has device activity, else by self host time.
 Nesting is found without a Python loop over events: sorted by (thread, start, longer
@@ -41,6 +42,7 @@ class OpStats:
     total_ms: float  # host time including child ops
     device_ms: float  # self device time: kernels, copies and memsets this op launched itself
     input_shapes: str | None  # most frequent 'Input Dims' (JSON), None when not recorded
+    shape_variants: int = 0  # distinct 'Input Dims' among the row's calls (0: none recorded)
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,7 @@ def _aggregate(trace: Trace, ops: np.ndarray, self_us: np.ndarray, device_us: np
     device_sum = np.bincount(group, weights=device_us)
     primary = device_sum if sort_key == "device_ms" else self_sum
     ranked = np.lexsort((-total, -self_sum, -primary))
-    shapes = _common_shapes(trace, ops, group, len(ids))
+    shapes, variants = _common_shapes(trace, ops, group, len(ids))
     return tuple(
         OpStats(
             name=trace.names[int(ids[g])],
@@ -200,17 +202,18 @@ def _aggregate(trace: Trace, ops: np.ndarray, self_us: np.ndarray, device_us: np
             total_ms=float(total[g]) / 1000.0,
             device_ms=float(device_sum[g]) / 1000.0,
             input_shapes=trace.names[int(shapes[g])] if shapes[g] >= 0 else None,
+            shape_variants=int(variants[g]),
         )
         for g in ranked
     )
 
 
-def _common_shapes(trace: Trace, ops: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray:
-    """The most frequent shapes id of each group, -1 where none was recorded."""
+def _common_shapes(trace: Trace, ops: np.ndarray, group: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """The most frequent shapes id of each group (-1 where none was recorded), and its number of distinct shapes."""
     best = np.full(groups, -1, dtype=np.int64)
     with_shapes = trace.shapes[ops] >= 0
     if not with_shapes.any():
-        return best
+        return best, np.zeros(groups, dtype=np.int64)
     shapes = trace.shapes[ops][with_shapes].astype(np.int64)
     span = int(shapes.max()) + 1
     pairs, seen_at, counts = np.unique(group[with_shapes].astype(np.int64) * span + shapes, return_index=True, return_counts=True)
@@ -220,4 +223,4 @@ def _common_shapes(trace: Trace, ops: np.ndarray, group: np.ndarray, groups: int
     order = np.lexsort((seen_at, -counts, pair_group))
     first = order[np.flatnonzero(np.diff(pair_group[order], prepend=-1) != 0)]
     best[pair_group[first]] = pair_shapes[first]
-    return best
+    return best, np.bincount(pair_group, minlength=groups)

@@ -7,6 +7,7 @@ show the script's own error (if any) and hand its exit status back to the CLI.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import SkalpelError
 from .settings import CaptureSettings
+from .signals import Terminated, name
 
 if TYPE_CHECKING:  # the runner imports torch: only once a script really runs (`skalpel --help` stays torch-free)
     from .runner import RunResult, Target
@@ -42,25 +44,25 @@ def execute(target: Target, args: argparse.Namespace) -> int:
     from .runner import run
 
     settings = CaptureSettings(wait=args.wait, warmup=args.warmup, active=args.active, repeat=args.repeat)
-    windows = f", {settings.repeat} windows" if settings.repeat > 1 else ""
-    print(
-        f"skalpel: profiling {target.name}: {settings.wait} wait + {settings.warmup} warm-up + "
-        f"{settings.active} active steps{windows}",
-        file=sys.stderr,
-    )
+    print(f"skalpel: profiling {target.name}: {settings.describe()}", file=sys.stderr)
     if getattr(args, "nproc", 1) > 1:
         return _execute_ranks(target, args)
     out = Path(args.out) if args.out else None
     result = run(target, settings, out=out, name=args.name, stop_after_capture=args.stop_after_capture)
+    if result.forked_child:
+        print(f"skalpel: process {os.getpid()}, forked by {target.name}, ended (exit status {result.exit_status}); "
+              "it was not profiled, its parent writes the run", file=sys.stderr)  # fmt: skip
+        return result.exit_status
     if result.report is not None:
         terminal.print_report(result.report)
         terminal.print_written(result.written)
     if result.error is not None:
         _show_error(result)
-    if result.report is None and result.written:
-        print(f"skalpel: wrote {result.written[0]} (rank 0 writes the merged report)", file=sys.stderr)
-    elif result.report is None:
-        print(f"skalpel: {target.name} ended before any step was recorded; nothing to analyse", file=sys.stderr)
+    if result.report is None:
+        for note in result.notes:
+            print(f"skalpel: {note}", file=sys.stderr)
+        if result.written and not result.notes:
+            print(f"skalpel: wrote {result.written[0]} (rank 0 writes the merged report)", file=sys.stderr)
     return result.exit_status
 
 
@@ -82,6 +84,10 @@ def _execute_ranks(target: Target, args: argparse.Namespace) -> int:
 def _show_error(result: RunResult) -> None:
     error = result.error
     assert error is not None
+    if isinstance(error, Terminated):
+        print(f"skalpel: the script was stopped by {name(error.signum)} "
+              f"(exit status {result.exit_status})", file=sys.stderr)  # fmt: skip
+        return
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename.endswith(_OWN_FRAMES):
         tb = tb.tb_next

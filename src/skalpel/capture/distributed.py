@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SkalpelError
-from . import runfolder
+from . import runfolder, signals
 
 ENV_OUT = "SKALPEL_OUT"
 ENV_TRACE_ONLY = "SKALPEL_TRACE_ONLY"
@@ -65,19 +65,20 @@ def job() -> Job | None:
 
 
 def run_folder(out: Path | None, label: str) -> Path:
-    """The run folder of this process: the same for every rank of a job (see the module doc)."""
+    """The run folder of this process (absolute): the same for every rank of a job (see the module doc)."""
     if out is None and os.environ.get(ENV_OUT):
         out = Path(os.environ[ENV_OUT])
     current = job()
     if out is None and current is not None:
-        out = _agreed_folder(current, runfolder.default_folder(label))
-    return runfolder.prepare(out or runfolder.default_folder(label))
+        out = _agreed_folder(current, label)
+    return runfolder.prepare(out) if out is not None else runfolder.prepare_new(runfolder.default_folder(label))
 
 
-def _agreed_folder(current: Job, mine: Path) -> Path | None:
-    """Rank 0's default folder, through torchrun's agent store; None (each rank its own) without one."""
+def _agreed_folder(current: Job, label: str) -> Path | None:
+    """Rank 0's new default folder, through torchrun's agent store; None (each rank its own) without one."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
         return None
+    mine = runfolder.prepare_new(runfolder.default_folder(label)) if current.rank == 0 else None
     try:
         from torch.distributed import TCPStore
 
@@ -86,12 +87,12 @@ def _agreed_folder(current: Job, mine: Path) -> Path | None:
             timeout=datetime.timedelta(seconds=_wait_s()),
         )  # fmt: skip
         key = f"{_STORE_KEY}/{current.run_id or ''}"
-        if current.rank == 0:
+        if mine is not None:
             store.set(key, str(mine.resolve()))
             return mine
         return Path(store.get(key).decode())
     except (KeyError, ValueError, RuntimeError, OSError):
-        return None
+        return mine
 
 
 def run_id(folder: Path) -> str:
@@ -135,13 +136,6 @@ def _wait_s() -> float:
         return DEFAULT_WAIT_S
 
 
-def atomic_export(prof, path: Path) -> None:
-    """Export the trace under a temporary name, then rename: a waiting rank 0 never reads half a file."""
-    partial = path.with_name("partial-" + path.name.replace(".json.gz", ".tmp.gz"))
-    prof.export_chrome_trace(str(partial))
-    os.replace(partial, path)
-
-
 def launch_command(nproc: int, forwarded: list[str], folder: Path) -> list[str]:
     """``python -m torch.distributed.run --standalone --nproc-per-node N -m skalpel run --out DIR ...``."""
     return [
@@ -156,11 +150,13 @@ def launch(nproc: int, forwarded: list[str], folder: Path) -> int:
         raise SkalpelError(f"--nproc must be at least 1 (got {nproc})")
     env = dict(os.environ, **{ENV_TRACE_ONLY: "1", ENV_RUN_ID: uuid.uuid4().hex, ENV_OUT: str(folder)})
     try:
-        return subprocess.call(launch_command(nproc, forwarded, folder), env=env)
-    except KeyboardInterrupt:
-        return 130
+        process = subprocess.Popen(launch_command(nproc, forwarded, folder), env=env)
     except OSError as error:
         raise SkalpelError(f"cannot start torch.distributed.run: {error.strerror or error}") from None
+    # Never kill torchrun outright (subprocess.call would, on Ctrl-C): its ranks write their traces
+    # when it stops them. A terminal's Ctrl-C reaches it directly; SIGTERM and SIGHUP are passed on.
+    with signals.passed_on(process):
+        return process.wait()
 
 
 def save_capture(folder: Path | None, rank: int, capture) -> None:
@@ -220,11 +216,14 @@ def launch_and_merge(target, args):
     if job() is not None:
         raise SkalpelError("--nproc launches the ranks itself: under torchrun (or another launcher) leave it out")
     check_target(target)
-    folder = runfolder.prepare(Path(args.out) if args.out else runfolder.default_folder(args.name or target.label))
+    label = args.name or target.label
+    folder = runfolder.prepare(Path(args.out)) if args.out else runfolder.prepare_new(runfolder.default_folder(label))
     script = (["-m"] if target.module else []) + [target.name, *target.args]
     status = launch(args.nproc, forwarded_options(args) + script, folder)
     traces = sorted(folder.glob("trace-rank*.json.gz"))
     if not traces:
+        if not args.out:
+            runfolder.remove_if_empty(folder)  # a run that recorded nothing leaves no folder
         return status, None, []
     trace = load(traces)
     ranks = {info.rank for info in trace.ranks}
@@ -232,7 +231,7 @@ def launch_and_merge(target, args):
     if missing:
         trace.warnings.append(f"rank(s) {', '.join(missing)} wrote no trace (exit status {status}); the report covers the others")
     capture = load_capture(folder) or CaptureInfo(
-        warmup_steps=args.wait + args.warmup, active_steps=args.active, repeats=args.repeat,
+        warmup_steps=args.wait + args.warmup, wait_steps=args.wait, active_steps=args.active, repeats=args.repeat,
     )  # fmt: skip
     capture = dataclasses.replace(capture, script=target.name, exit_status=status)
     report = build_report(trace, capture=capture)

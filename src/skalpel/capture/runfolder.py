@@ -1,7 +1,9 @@
 """The run folder: one folder per capture, holding the trace and everything derived from it.
 
-``skalpel-runs/2026-12-02T11-30-05-train/`` by default. The folder is created (and
-checked for writing) before the script runs, so a bad ``--out`` fails at once.
+``skalpel-runs/2026-12-02T11-30-05-train/`` by default; every run gets its own (two runs
+started in the same second: ``...-train-2``). The folder is created (and checked for
+writing) before the script runs, as an absolute path, so a bad ``--out`` fails at once
+and a script that changes directory does not move it.
 Every derived output is written by ``write_outputs``; a new output is one more line there.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Iterable
@@ -34,16 +37,58 @@ def default_folder(name: str, *, parent: Path | None = None, now: float | None =
 
 
 def prepare(folder: Path) -> Path:
-    """Create ``folder`` and prove it can be written; a SkalpelError (one line) if not."""
-    probe = folder / f".skalpel-write-test-{os.getpid()}"
+    """Create ``folder`` (or reuse it) and prove it can be written; a SkalpelError (one line) if not."""
+    return _writable(folder.absolute(), exclusive=False)
+
+
+def prepare_new(folder: Path) -> Path:
+    """Like ``prepare``, but a folder of its own: ``folder``, else ``folder-2``, ``folder-3``, ..."""
+    folder = folder.absolute()
+    for number in range(1, 1000):
+        candidate = folder if number == 1 else folder.with_name(f"{folder.name}-{number}")
+        try:
+            return _writable(candidate, exclusive=True)
+        except FileExistsError:
+            continue
+    raise SkalpelError(f"cannot create a new run folder next to {folder}: 999 folders of that name exist")
+
+
+def _writable(folder: Path, *, exclusive: bool) -> Path:
+    probe = folder / f".skalpel-write-test-{os.getpid()}-{threading.get_ident()}"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(exist_ok=not exclusive)
         probe.write_bytes(b"")
         probe.unlink()
+    except FileExistsError:
+        if exclusive and folder.is_dir():
+            raise
+        raise SkalpelError(f"cannot write to the output folder {folder}: a file is in the way") from None
     except OSError as error:
         reason = error.strerror or str(error)
         raise SkalpelError(f"cannot write to the output folder {folder}: {reason}") from None
     return folder
+
+
+def remove_if_empty(folder: Path) -> bool:
+    """Remove a run folder that holds nothing; True when it is gone."""
+    try:
+        folder.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def holdings(folder: Path) -> str:
+    """What a run folder holds, in a few words: ``trace-rank0.json.gz (1.2 MiB), summary.txt``."""
+    try:
+        files = sorted(path for path in folder.iterdir() if path.is_file() and not path.name.startswith("."))
+    except OSError:
+        return "nothing readable"
+    if not files:
+        return "nothing"
+    return ", ".join(f"{path.name} ({path.stat().st_size / 2**20:.1f} MiB)" if "trace" in path.name else path.name
+                     for path in files)  # fmt: skip
 
 
 def write_outputs(report: Report, trace: Trace, folder: Path, *, traces: Iterable[Path] = ()) -> list[Path]:

@@ -3,8 +3,16 @@
 Step boundaries are found without the user's help (``capture/steps.py``); a script
 that opens its own ``skalpel.profile()`` keeps its own steps. Once every window is
 recorded the profiler is gone and the script runs on to its end, unless
-``stop_after_capture``. Whatever happens to the script (an exception, Ctrl-C,
-``sys.exit``), the trace recorded so far is analysed and the exit status is kept.
+``stop_after_capture``. Whatever happens to the script (an exception, Ctrl-C, SIGTERM,
+SIGHUP, ``sys.exit``), the trace recorded so far is kept, analysed, and the exit status
+is kept; an interruption while the trace is written waits for the file to be whole, and
+one during the analysis leaves the trace and says so. A run that recorded nothing leaves
+no folder behind.
+
+Scripts that would break the capture: one that starts ``torch.profiler`` itself makes
+skalpel stop its own session there (``aside.py``); steps are marked in the thread that
+runs the script only (a profiler driven from two threads crashes); a forked child runs
+unprofiled and leaves the run folder to its parent.
 """
 
 from __future__ import annotations
@@ -12,12 +20,15 @@ from __future__ import annotations
 import importlib.util
 import runpy
 import sys
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SkalpelError
-from ..report.model import Report
-from . import compile_log, distributed, session
+from . import compile_log, distributed, session, signals
+from .aside import ProfilerWatch
+from .conclude import RunResult, conclude
+from .kineto_noise import filtered_stderr
 from .session import ProfileRun
 from .settings import CaptureSettings
 from .steps import StepDetector
@@ -36,15 +47,6 @@ class Target:
         return self.name.rsplit(".", 1)[-1] if self.module else Path(self.name).stem
 
 
-@dataclass
-class RunResult:
-    exit_status: int
-    report: Report | None
-    written: list[Path] = field(default_factory=list)
-    error: BaseException | None = None  # the script's own exception, to show to the user
-    folder: Path | None = None
-
-
 class CaptureComplete(BaseException):
     """Raised at a step boundary to stop the script once capture is done (--stop-after-capture).
 
@@ -54,41 +56,44 @@ class CaptureComplete(BaseException):
 
 def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, name: str | None = None,
         stop_after_capture: bool = False) -> RunResult:  # fmt: skip
-    """Run ``target`` under the profiler; the report is None when nothing was recorded."""
+    """Run ``target`` under the profiler; the report is None when nothing was recorded (``notes`` say why)."""
     code_path = check_target(target)
     label = name or target.label
-    folder = distributed.run_folder(out, label)  # one folder for every rank of a job
+    reused = out is not None and Path(out).exists()
+    folder = distributed.run_folder(out, label)  # absolute: the script may change directory
     capture = _Capture(ProfileRun(settings, out=folder, name=label, auto=True), stop_after_capture)
-    error: BaseException | None = None
-    status = 0
+    signals.set_owner()
+    guard = signals.Guard()
     compile_log.install()  # before the script: its first compilation comes before the first step
-    with capture.installed(), _as_main(target, code_path):
+    with guard, filtered_stderr():  # until the trace is written and analysed
+        with capture.installed(), _as_main(target, code_path):
+            status, error = _run_script(target, code_path, guard)
+        if not signals.is_owner():  # a child the script forked came back here
+            return RunResult(status, None, error=error, forked_child=True)
+        return conclude(capture, guard, target, status, error, folder, removable=not reused)
+
+
+def _run_script(target: Target, code_path: Path, guard: signals.Guard) -> tuple[int, BaseException | None]:
+    """Run the script to its end; its exit status and its own exception, if any."""
+    try:
         try:
             if target.module:
                 runpy.run_module(target.name, run_name="__main__", alter_sys=True)
             else:
                 runpy.run_path(str(code_path), run_name="__main__")
-        except CaptureComplete:
-            pass
-        except SystemExit as exit_:
-            status = _exit_status(exit_)
-        except KeyboardInterrupt as interrupt:
-            status, error = 130, interrupt
-        except BaseException as raised:  # noqa: BLE001 - the script's error is shown, not ours to judge
-            status, error = 1, raised
-    chosen = capture.result_run
-    chosen.script = target.name
-    chosen.exit_status = status
-    chosen.stop()
-    compile_log.uninstall()
-    if not chosen.trace_paths:
-        if error is None and status == 0:
-            raise SkalpelError(capture.why_nothing(target))
-        return RunResult(status, None, error=error, folder=folder)
-    written = chosen.written if chosen.written else chosen.finish()
-    if not distributed.writes_report():  # rank 0 (or the --nproc launcher) writes the merged report
-        return RunResult(status, None, written, error=error, folder=chosen.folder)
-    return RunResult(status, chosen.report(), written, error=error, folder=chosen.folder)
+        finally:
+            guard.hold()  # at once: a signal from here on must not land in skalpel's own code
+    except CaptureComplete:
+        pass
+    except SystemExit as exit_:
+        return _exit_status(exit_), None
+    except KeyboardInterrupt as interrupt:
+        return 130, interrupt
+    except signals.Terminated as stopped:
+        return stopped.exit_status, stopped
+    except BaseException as raised:  # noqa: BLE001 - the script's error is shown, not ours to judge
+        return 1, raised
+    return 0, None
 
 
 def check_target(target: Target) -> Path:
@@ -152,12 +157,23 @@ class _Capture:
         self.user: ProfileRun | None = None
         self.stop_after_capture = stop_after_capture
         self.detector = StepDetector(self._boundary)
+        self.aside = ProfilerWatch(self._step_aside)
+        self.thread = threading.get_ident()  # the thread that runs the script: the only one that marks steps
+        self.main_steps = 0
+        self.other_threads: dict[str, int] = {}  # thread name -> step boundaries seen there (not marked)
 
     @property
     def result_run(self) -> ProfileRun:
         return self.user or self.own
 
     def _boundary(self) -> None:
+        if threading.get_ident() != self.thread:
+            name = threading.current_thread().name
+            self.other_threads[name] = self.other_threads.get(name, 0) + 1
+            return
+        if not signals.is_owner():
+            return  # a forked child: its parent is the one being profiled
+        self.main_steps += 1
         own = self.own
         if not _started(own):
             own.start()
@@ -168,6 +184,37 @@ class _Capture:
             if self.stop_after_capture:
                 raise CaptureComplete
 
+    def _step_aside(self) -> None:
+        """The script starts torch.profiler itself: stop marking steps, keep what was recorded."""
+        self.detector.uninstall()
+        if _started(self.result_run) and threading.get_ident() == self.thread and signals.is_owner():
+            self.result_run.stop()
+
+    def notes(self, guard: signals.Guard, error: BaseException | None) -> list[str]:
+        """What the report should say about how this run went, beyond the numbers."""
+        run = self.result_run
+        notes = []
+        if self.aside.where is not None and run.trace_paths:
+            notes.append(
+                f"the script starts torch.profiler itself ({self.aside.where}): skalpel stopped its own capture "
+                f"there (two profilers at once crash), after {run.recorded_steps} recorded step(s)"
+            )
+        for name, count in self.other_threads.items():
+            notes.append(
+                f"{count} step boundaries (optimizer or DataLoader) came from thread {name!r}: skalpel marks steps "
+                "in the main thread only, which runs the script (a profiler driven from two threads crashes)"
+            )
+        for signum in guard.arrived:
+            handler = "the script's own handler" if signum in guard.script_handlers else "skalpel"
+            notes.append(
+                f"{signals.name(signum)} arrived after {run.steps_done} step(s) and was handled by {handler}; "
+                f"the trace holds the {run.recorded_steps} step(s) recorded before it"
+            )
+        if isinstance(error, KeyboardInterrupt):
+            notes.append(f"interrupted (Ctrl-C) after {run.steps_done} step(s); the trace holds the "
+                         f"{run.recorded_steps} step(s) recorded before it")  # fmt: skip
+        return notes
+
     def _adopt(self, user: ProfileRun) -> Path | None:
         """A script's own skalpel.profile() session: it keeps its steps, we stand down."""
         self.detector.uninstall()
@@ -177,8 +224,20 @@ class _Capture:
         return self.own.folder
 
     def why_nothing(self, target: Target) -> str:
+        if self.aside.where is not None:
+            return (
+                f"{target.name} starts torch.profiler itself ({self.aside.where}) before skalpel recorded a step: "
+                "skalpel stepped aside (two profilers at once crash); `skalpel analyze` reads the trace it writes"
+            )
         if self.user is not None:
             return f"{target.name} opened skalpel.profile() but recorded no step (call run.step() once per iteration)"
+        if self.main_steps == 0 and self.other_threads:
+            names = ", ".join(repr(name) for name in self.other_threads)
+            return (
+                f"{target.name} takes its steps in thread {names}, not in the main thread: skalpel marks steps in "
+                "the main thread only (a profiler driven from two threads crashes); mark them in that thread "
+                "with `with skalpel.profile() as run:` and `run.step()`"
+            )
         count = self.detector.boundaries
         if count == 0 and not self.detector.saw_loader:
             return (
@@ -205,10 +264,12 @@ class _Installed:
 
     def __enter__(self) -> None:
         self.capture.detector.install()
+        self.capture.aside.__enter__()
         session._listener = self.capture._adopt
 
     def __exit__(self, *exc: object) -> None:
         session._listener = None
+        self.capture.aside.__exit__()
         self.capture.detector.uninstall()
 
 

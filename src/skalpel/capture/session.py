@@ -18,6 +18,7 @@ trace of what was recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 import warnings
@@ -29,8 +30,10 @@ from torch.profiler import ProfilerAction
 
 from ..errors import SkalpelError
 from ..report.model import CaptureInfo, Report
-from . import compile_log, distributed, runfolder
-from .settings import CaptureSettings, profiler_kwargs, torch_schedule
+from . import compile_log, distributed, runfolder, signals
+from .aside import OWN
+from .export import ExportError, export_trace
+from .settings import ACTIVE, CaptureSettings, profiler_kwargs, torch_schedule
 from .timing import step_timing, with_noise_note
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
@@ -93,6 +96,8 @@ class ProfileRun:
         self._phases = [settings.phase(number) for number in range(settings.total_steps + 1)]
         self._discarded = False
         self._owns_compile_log = False
+        self.export_error: ExportError | None = None  # the trace could not be written (a full disk)
+        self.notes: list[str] = []  # how the capture went (the script stopped it, ...), added to the report
 
     # -- the session -------------------------------------------------------------------------
     def start(self) -> ProfileRun:
@@ -107,6 +112,7 @@ class ProfileRun:
         )
         self._owns_compile_log = compile_log.install()  # `skalpel run` installs it before the script starts
         compile_log.before_step(self._prof, starting=True)
+        OWN.add(self._prof)
         with _quiet():
             self._prof.start()
         self._last = time.perf_counter()
@@ -141,6 +147,11 @@ class ProfileRun:
     @property
     def steps_done(self) -> int:
         return len(self._intervals)
+
+    @property
+    def recorded_steps(self) -> int:
+        """Steps of the first window recorded so far: the ones its trace holds."""
+        return sum(1 for number, _ in self._intervals if self._phases[min(number, len(self._phases) - 1)] == (0, ACTIVE))
 
     def stop(self) -> None:
         """Stop the profiler; what was recorded so far is saved (idempotent)."""
@@ -192,17 +203,24 @@ class ProfileRun:
             return  # later windows give the noise estimate; the report and files come from the first
         assert self.folder is not None
         path = self.folder / runfolder.trace_file_name(_rank())
-        try:
-            distributed.atomic_export(prof, path)
-        except OSError as error:
-            raise SkalpelError(f"cannot write {path}: {error.strerror or error}") from None
-        self.trace_paths.append(path)
+        with signals.deferred() as held:  # a Ctrl-C now would cut the file: it waits until the file is whole
+            try:
+                kept = export_trace(prof, path)
+                self.trace_paths.append(path)
+                if kept is not None:
+                    self.notes.append(kept.note())
+            except ExportError as error:
+                self.export_error = error  # said when the run ends; raising here would blame the script
+                if error.kept is not None:
+                    self.trace_paths.append(error.kept)
+        held.reraise()
 
     # -- the results -------------------------------------------------------------------------
     def capture_info(self) -> CaptureInfo:
         timing = step_timing(self._intervals, self.settings)
         return CaptureInfo(
             warmup_steps=self.settings.wait + self.settings.warmup,
+            wait_steps=self.settings.wait,
             active_steps=self.settings.active,
             repeats=self.settings.repeat,
             script=self.script,
@@ -216,6 +234,8 @@ class ProfileRun:
         from ..trace.loader import load
 
         self.stop()
+        if self.export_error is not None:
+            raise SkalpelError(str(self.export_error))
         if not self.trace_paths:
             raise SkalpelError(_nothing_recorded(self.steps_done, self.settings))
         if not distributed.writes_report():
@@ -227,6 +247,8 @@ class ProfileRun:
         if missing:
             trace.warnings.append(missing)
         report = with_noise_note(build_report(trace, capture=self.capture_info()))
+        if self.notes:
+            report = dataclasses.replace(report, warnings=report.warnings + tuple(self.notes))
         self._report = report
         assert self.folder is not None
         if self.write:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SkalpelError
+from ..report.model import describe_steps
 
 WAIT, WARMUP, ACTIVE = "wait", "warmup", "active"
 
@@ -36,6 +37,10 @@ class CaptureSettings:
         for name in ("active", "repeat"):
             if getattr(self, name) < 1:
                 raise SkalpelError(f"{name} must be at least 1 (got {getattr(self, name)})")
+
+    def describe(self) -> str:
+        """``1 wait + 2 warm-up + 5 active steps``: how the header and the summary count them."""
+        return describe_steps(self.wait, self.warmup, self.active, self.repeat)
 
     @property
     def cycle(self) -> int:

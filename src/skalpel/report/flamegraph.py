@@ -28,6 +28,7 @@ PAD = 10
 TOP = 58  # title, subtitle and legend
 CHAR_PX = 6.6  # mean glyph width of 11px sans-serif
 MIN_PX = 0.4  # frames narrower than this are not drawn (nor their callees)
+SPEEDSCOPE_EVENTS = 2_000_000  # about 80 MB of speedscope JSON; a longer capture keeps its first events
 _PYTHON_NAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
 _BUILTIN = re.compile(r"^<built-in (?:method|function) ([^\s>]+)")
 _LEGEND = (
@@ -134,10 +135,12 @@ def render_speedscope(trace: Trace, *, rank: int = 0) -> str:
     threads = thread_stacks(trace, rank)
     frames: list[dict] = []
     frame_of: dict[int, int] = {}
-    profiles = [_profile(trace, stacks, frames, frame_of) for stacks in threads]
+    budget = SPEEDSCOPE_EVENTS // max(1, len(threads))  # open and close events per thread
+    profiles = [_profile(trace, stacks, frames, frame_of, budget) for stacks in threads]
+    capped = any(profile.pop("capped") for profile in profiles)
     document = {
         "$schema": "https://www.speedscope.app/file-format-schema.json",
-        "name": f"skalpel: rank {rank}, recorded steps",
+        "name": f"skalpel: rank {rank}, recorded steps" + (" (capped: the first events of each thread)" if capped else ""),
         "exporter": "skalpel",
         "activeProfileIndex": 0,
         "shared": {"frames": frames},
@@ -146,7 +149,7 @@ def render_speedscope(trace: Trace, *, rank: int = 0) -> str:
     return orjson.dumps(document).decode()
 
 
-def _profile(trace: Trace, stacks: ThreadStacks, frames: list[dict], frame_of: dict[int, int]) -> dict:
+def _profile(trace: Trace, stacks: ThreadStacks, frames: list[dict], frame_of: dict[int, int], budget: int) -> dict:
     names = trace.name[stacks.events].tolist()
     for name in names:
         if name not in frame_of:
@@ -164,7 +167,11 @@ def _profile(trace: Trace, stacks: ThreadStacks, frames: list[dict], frame_of: d
             last = max(last, ends[done])
             events.append({"type": "C", "frame": frame_of[names[done]], "at": last})
 
+    capped = False
     for i, begin in enumerate(stacks.start.tolist()):
+        if len(events) + len(open_) >= budget:  # room left to close what is open
+            capped = True
+            break
         close_until(begin)
         last = max(last, begin)
         events.append({"type": "O", "frame": frame_of[names[i]], "at": last})
@@ -177,6 +184,7 @@ def _profile(trace: Trace, stacks: ThreadStacks, frames: list[dict], frame_of: d
         "startValue": float(stacks.start.min()) if len(stacks.start) else 0.0,
         "endValue": last,
         "events": events,
+        "capped": capped,
     }
 
 

@@ -10,6 +10,7 @@ import statistics
 from html import escape
 from typing import Any, Iterable, Sequence
 
+from .evidence import evidence_text
 from . import html_svg as svg
 from .model import Finding, RankReport, Report
 from .terminal import mfu_text, sorted_findings
@@ -111,8 +112,7 @@ def _finding(finding: Finding) -> str:
     severity = finding.severity if finding.severity in ("critical", "warning", "info") else "info"
     rows = []
     if finding.evidence:
-        evidence = ", ".join(f"{key} = {short(value)}" for key, value in finding.evidence.items())
-        rows.append(("evidence", f'<span class="mono">{escape(evidence)}</span>'))
+        rows.append(("evidence", f'<span class="mono">{escape(evidence_text(finding.evidence))}</span>'))
     if finding.locations:
         rows.append(("where", "<br>".join(f"<code>{escape(loc)}</code>" for loc in finding.locations[:5])))
     if finding.fix:
@@ -200,7 +200,7 @@ def _ops_table(rank: RankReport, device: bool) -> str:
         cells = [name_cell(row.name), num(row.calls), num(row.self_ms, f"{row.self_ms:.3f}"),
                  num(row.total_ms, f"{row.total_ms:.3f}")]  # fmt: skip
         cells += [num(row.device_ms, f"{row.device_ms:.3f}")] if device else []
-        cells.append(name_cell(row.input_shapes or ""))
+        cells.append(name_cell((row.input_shapes or "") + (row.other_shapes if row.input_shapes else "")))
         rows.append("<tr>" + "".join(cells) + "</tr>")
     more = f'<p class="note">{len(rank.top_ops) - TABLE_ROWS} more not shown.</p>' if len(rank.top_ops) > TABLE_ROWS else ""
     return "<h3>Top ops (click a header to sort)</h3>" + table(headers, rows) + more
@@ -336,8 +336,7 @@ def capture(report: Report) -> str:
     if c is None:
         body = na("the trace was loaded from disk, not captured by skalpel: no warm-up, overhead or noise measurements")
     else:
-        facts += [("warm-up steps", str(c.warmup_steps)), ("active steps", str(c.active_steps)),
-                  ("capture windows", str(c.repeats))]  # fmt: skip
+        facts.append(("steps captured", c.describe_steps()))
         facts.append(("profiler overhead", "not measured" if c.overhead_pct is None else f"{c.overhead_pct:+.1f}%"))
         facts.append(("noise between windows", "not measured" if c.noise_pct is None else f"{c.noise_pct:.1f}%"))
         if c.unprofiled_step_ms is not None and c.profiled_step_ms is not None:

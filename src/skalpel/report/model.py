@@ -42,7 +42,7 @@ class Source:
 class CaptureInfo:
     """How skalpel captured the trace; absent for traces loaded from disk."""
 
-    warmup_steps: int
+    warmup_steps: int  # every step before the recorded ones: wait (un-profiled) and profiler warm-up
     active_steps: int
     overhead_pct: float | None = None  # median profiled step vs median un-profiled warm-up step
     noise_pct: float | None = None  # spread between repeated capture windows
@@ -52,6 +52,20 @@ class CaptureInfo:
     unprofiled_step_ms: float | None = None
     profiled_step_ms: float | None = None
     window_medians_ms: tuple[float, ...] = ()
+    wait_steps: int | None = None  # of the warmup_steps, those run without the profiler (None: not said)
+
+    def describe_steps(self) -> str:
+        if self.wait_steps is None:
+            return describe_steps(None, self.warmup_steps, self.active_steps, self.repeats)
+        return describe_steps(self.wait_steps, self.warmup_steps - self.wait_steps, self.active_steps, self.repeats)
+
+
+def describe_steps(wait: int | None, warmup: int, active: int, repeat: int = 1) -> str:
+    """``1 wait + 2 warm-up + 5 active steps``: one wording for the run's header and its summary."""
+    counts = f"{warmup} warm-up + {active} active steps"
+    if wait is not None:
+        counts = f"{wait} wait + {counts}"
+    return counts + (f", {repeat} windows" if repeat > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,13 @@ class OpRow:
     total_ms: float  # host time including child ops
     device_ms: float  # device time of the work this op launched
     input_shapes: str | None = None  # most frequent 'Input Dims'
+    shape_variants: int = 0  # distinct 'Input Dims' the row aggregates (0: not recorded or not said)
+
+    @property
+    def other_shapes(self) -> str:
+        """`` (+2 other shapes)`` when the row aggregates several shapes (its ``input_shapes`` is the most frequent)."""
+        others = self.shape_variants - 1
+        return f" (+{others} other shape{'s' if others > 1 else ''})" if others > 0 else ""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..display import cut_name, for_terminal, plain
+from .evidence import evidence_text
 from .model import SEVERITIES, Finding, MfuSummary, RankReport, Report
 from .terminal_comm import comm_line, ranks_table
 
@@ -90,21 +91,12 @@ def _finding_text(finding: Finding) -> Text:
     text.append(f" {finding.title}", style="bold")
     text.append(f"  [{finding.id}]\n", style="dim")
     if finding.evidence:
-        evidence = ", ".join(f"{key}={_short(value)}" for key, value in finding.evidence.items())
-        text.append(f"         evidence: {evidence}\n")
+        text.append(f"         evidence: {evidence_text(finding.evidence)}\n")
     if finding.locations:
         text.append(f"         where: {', '.join(finding.locations[:3])}\n")
     if finding.fix:
         text.append(f"         fix: {finding.fix}\n")
     return text
-
-
-def _short(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_short(item) for item in list(value)[:4]) + (", …]" if len(value) > 4 else "]")
-    return str(value)
 
 
 def _steps(report: Report) -> Text:
@@ -178,7 +170,7 @@ def _ops_table(rank: RankReport, *, device: bool) -> Table:
         label = Text(cut_name(row.name))
         if row.input_shapes:
             shapes = row.input_shapes if len(row.input_shapes) <= 60 else row.input_shapes[:59] + "…"
-            label.append(f"\n{shapes}", style="dim")
+            label.append(f"\n{shapes}{row.other_shapes}", style="dim")
         cells = [label, str(row.calls), f"{row.self_ms:.2f}", f"{row.total_ms:.2f}"]
         if device:
             cells.append(f"{row.device_ms:.2f}")
@@ -216,9 +208,7 @@ def _regions_table(regions: list[dict], *, device: bool) -> Table:
 def _capture(report: Report) -> Text:
     capture = report.capture
     assert capture is not None
-    parts = [f"capture: {capture.warmup_steps} warm-up + {capture.active_steps} active steps"]
-    if capture.repeats > 1:
-        parts.append(f"{capture.repeats} windows")
+    parts = [f"capture: {capture.describe_steps()}"]
     if capture.overhead_pct is not None:
         parts.append(f"profiler overhead {capture.overhead_pct:+.1f}%")
     if capture.noise_pct is not None:

@@ -1,0 +1,104 @@
+"""After the script of ``skalpel run``: write the trace whole, analyse it, say what the run folder holds.
+
+A signal while the trace is written waits for the file (``signals.deferred``), then skips
+the analysis; one during the analysis leaves the trace; either way the message lists what
+the folder holds and how to get the report from it. A full disk is said as such. A run
+that recorded nothing removes the folder skalpel made for it, and says why nothing was.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import SkalpelError
+from . import compile_log, distributed, runfolder, signals
+from .session import ProfileRun
+
+if TYPE_CHECKING:
+    from ..report.model import Report
+    from .runner import Target, _Capture
+
+
+@dataclass
+class RunResult:
+    exit_status: int
+    report: Report | None
+    written: list[Path] = field(default_factory=list)
+    error: BaseException | None = None  # the script's own exception, to show to the user
+    folder: Path | None = None
+    notes: list[str] = field(default_factory=list)  # what happened to the run, one line each, for stderr
+    forked_child: bool = False  # a child the script forked ended here; its parent writes the run
+
+
+def conclude(capture: _Capture, guard: signals.Guard, target: Target, status: int, error: BaseException | None,
+             folder: Path, *, removable: bool) -> RunResult:  # fmt: skip
+    """After the script: write the trace whole, analyse it, and say what the run folder holds."""
+    chosen = capture.result_run
+    chosen.script = target.name
+    chosen.exit_status = status
+    chosen.notes.extend(capture.notes(guard, error))
+    late = _stop_whole(chosen) or guard.late
+    compile_log.uninstall()
+    notes = list(chosen.notes)
+    if late is not None:  # interrupted after the script, before the analysis: the file is whole, the analysis skipped
+        notes.append(f"{signals.name(late)} while the trace was written: {_holding(chosen)}")
+        return RunResult(status or 128 + late, None, list(chosen.trace_paths), error, chosen.folder, notes)
+    if chosen.export_error is not None:
+        held = "part of" if chosen.export_error.kept is not None else "none of"
+        notes.append(f"{chosen.export_error}; it holds {held} the {chosen.recorded_steps} recorded step(s)")
+        return RunResult(status or 2, None, list(chosen.trace_paths), error, chosen.folder, notes)
+    if not chosen.trace_paths:
+        return _nothing_recorded(capture, target, status, error, folder, removable=removable)
+    try:
+        guard.interrupting()
+        written = chosen.written if chosen.written else chosen.finish()
+    except (KeyboardInterrupt, signals.Terminated) as stopped:
+        code = stopped.exit_status if isinstance(stopped, signals.Terminated) else 130
+        notes.append(f"interrupted during the analysis: {_holding(chosen)}")
+        return RunResult(status or code, None, list(chosen.trace_paths), error, chosen.folder, notes)
+    if guard.late is not None:  # came just as the analysis started, and was noted, not raised: the run is whole
+        status = status or 128 + guard.late
+    if not distributed.writes_report():  # rank 0 (or the --nproc launcher) writes the merged report
+        return RunResult(status, None, written, error=error, folder=chosen.folder, notes=notes)
+    return RunResult(status, chosen.report(), written, error=error, folder=chosen.folder, notes=notes)
+
+
+def _stop_whole(chosen: ProfileRun) -> int | None:
+    """Stop the profiler and write the window in progress; the signal that came meanwhile, if any."""
+    late: int | None = None
+    with signals.deferred() as held:
+        try:
+            chosen.stop()
+        except KeyboardInterrupt:
+            late = signal.SIGINT
+        except signals.Terminated as stopped:
+            late = stopped.signum
+    return late if late is not None else held.signum
+
+
+def _holding(chosen: ProfileRun) -> str:
+    folder = chosen.folder
+    if folder is None or not chosen.trace_paths:
+        return "no trace was written"
+    return (
+        f"{folder} holds {runfolder.holdings(folder)}, with the {chosen.recorded_steps} step(s) recorded; "
+        f"`skalpel analyze {folder}` gives the report"
+    )
+
+
+def _nothing_recorded(capture: _Capture, target: Target, status: int, error: BaseException | None, folder: Path,
+                      *, removable: bool) -> RunResult:  # fmt: skip
+    """No trace: remove the run folder skalpel made for it (a job's shared folder stays), then say why."""
+    why = capture.why_nothing(target)
+    stopped = error is not None or status != 0
+    notes = [f"{target.name} stopped (exit status {status}) before any step was recorded; {why}" if stopped else why]
+    if removable and distributed.job() is None and runfolder.remove_if_empty(folder):
+        notes.append(f"nothing was recorded; removed the empty run folder {folder}")
+    if error is None and status == 0 and capture.aside.where is None:
+        raise SkalpelError("; ".join(notes))
+    return RunResult(status, None, error=error, folder=None, notes=notes)
+
+

@@ -1,0 +1,61 @@
+"""A finding's evidence in words and numbers, for the terminal and the HTML page.
+
+``{"median_step_ms": 0.379, "breakdown_pct": {"cpu_exec": 48.3, "other": 51.7}}`` reads
+``median step 0.379 ms, breakdown (cpu exec 48.3%, other 51.7%)``: the unit suffix of a
+key becomes the unit of its number (and of the numbers inside it), underscores become
+spaces, and nothing prints as a Python dict or list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_UNITS = (("_pct", "%"), ("_ms", " ms"), ("_us", " µs"), ("_s", " s"), ("_mib", " MiB"), ("_gib", " GiB"),
+          ("_bytes", " bytes"), ("_gbps", " GB/s"))  # fmt: skip
+MAX_ITEMS = 6
+
+
+def evidence_text(evidence: dict[str, Any]) -> str:
+    return ", ".join(_item(str(key), value) for key, value in evidence.items())
+
+
+def _item(key: str, value: Any, unit: str = "") -> str:
+    words, own_unit = _words(key)
+    unit = own_unit or unit
+    if isinstance(value, dict):
+        return f"{words} ({_mapping(value, unit)})"
+    return f"{words} {value_text(value, unit)}"
+
+
+def _words(key: str) -> tuple[str, str]:
+    for suffix, unit in _UNITS:
+        if key.lower().endswith(suffix) and len(key) > len(suffix):
+            return key[: -len(suffix)].replace("_", " "), unit
+    return key.replace("_", " "), ""
+
+
+def _mapping(value: dict, unit: str) -> str:
+    items = list(value.items())
+    shown = ", ".join(_item(str(key), inner, unit) for key, inner in items[:MAX_ITEMS])
+    return shown + (f", {len(items) - MAX_ITEMS} more" if len(items) > MAX_ITEMS else "")
+
+
+def value_text(value: Any, unit: str = "") -> str:
+    """One value: a number with its unit, yes/no, a short list, or nested words."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        number = f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+        return number + unit
+    if isinstance(value, int):
+        return f"{value:,}{unit}" if abs(value) >= 10_000 else f"{value}{unit}"
+    if isinstance(value, dict):
+        return f"({_mapping(value, unit)})"
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+        shown = ", ".join(value_text(item, unit) for item in items[:MAX_ITEMS])
+        more = f", {len(items) - MAX_ITEMS} more" if len(items) > MAX_ITEMS else ""
+        return f"({shown}{more})" if items else "none"
+    return str(value)
