@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Sequence
 
 from . import __version__
-from .capture.signals import Terminated
 from .errors import SkalpelError
 from .files import write_file
 
@@ -307,9 +306,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("skalpel: interrupted", file=sys.stderr)
         return 130
-    except Terminated as stopped:  # SIGTERM or SIGHUP while `skalpel run` held them
-        print(f"skalpel: stopped by {stopped}", file=sys.stderr)
-        return stopped.exit_status
     except MemoryError:
         _error("out of memory: analysing this input needs more memory than skalpel may use here")
         return 2

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import SkalpelError
 from .settings import CaptureSettings
-from .signals import Terminated, name
 
 if TYPE_CHECKING:  # the runner imports torch: only once a script really runs (`skalpel --help` stays torch-free)
     from .runner import RunResult, Target
@@ -42,13 +41,18 @@ def execute(target: Target, args: argparse.Namespace) -> int:
     """Profile ``target`` with the options in ``args``; returns the exit status to use."""
     from ..report import terminal
     from .runner import run
+    from .signals import Terminated
 
     settings = CaptureSettings(wait=args.wait, warmup=args.warmup, active=args.active, repeat=args.repeat)
     print(f"skalpel: profiling {target.name}: {settings.describe()}", file=sys.stderr)
     if getattr(args, "nproc", 1) > 1:
         return _execute_ranks(target, args)
     out = Path(args.out) if args.out else None
-    result = run(target, settings, out=out, name=args.name, stop_after_capture=args.stop_after_capture)
+    try:
+        result = run(target, settings, out=out, name=args.name, stop_after_capture=args.stop_after_capture)
+    except Terminated as stopped:  # SIGTERM or SIGHUP as `skalpel run` let go of its signal handlers
+        print(f"skalpel: stopped by {stopped}", file=sys.stderr)
+        return stopped.exit_status
     if result.forked_child:
         print(f"skalpel: process {os.getpid()}, forked by {target.name}, ended (exit status {result.exit_status}); "
               "it was not profiled, its parent writes the run", file=sys.stderr)  # fmt: skip
@@ -82,6 +86,8 @@ def _execute_ranks(target: Target, args: argparse.Namespace) -> int:
 
 
 def _show_error(result: RunResult) -> None:
+    from .signals import Terminated, name
+
     error = result.error
     assert error is not None
     if isinstance(error, Terminated):
