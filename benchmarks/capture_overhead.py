@@ -12,12 +12,20 @@ analysis (report, flame graph) is not part of capture and is not timed here.
     .venv/bin/python benchmarks/capture_overhead.py [--repeats 7] [--active 10]
 
 Target: skalpel / bare within 5% (ratio <= 1.05).
+
+A third capture runs the loop as ``skalpel run`` does (steps found by the detector's hooks,
+not by ``run.step()``), and its reported overhead (recorded steps against the un-profiled
+steps skalpel times after the window, wall clock) is checked against an independent
+measurement: the same loop timed alone, with no profiler and no skalpel, in its own
+process. Both are printed with their noise.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from skalpel.capture.runner import _Capture
 from skalpel.capture.session import ProfileRun
 from skalpel.capture.settings import CaptureSettings, profiler_kwargs, torch_schedule
 
@@ -85,6 +94,54 @@ def run_skalpel(settings: CaptureSettings, folder: Path) -> tuple[list[float], f
     return _recorded(times, settings), total
 
 
+def run_detected(settings: CaptureSettings, folder: Path) -> tuple[list[float], float, float | None, float | None]:
+    """The loop as `skalpel run` drives it: the detector's hooks mark the steps (optimizer.zero_grad here).
+
+    Returns the recorded steps' times (CLOCK), its profiled step (wall) and the overhead it reports with its noise.
+    """
+    step = make_loop()
+    run = ProfileRun(settings, out=folder / "detected", name="bench", write=False, auto=True)
+    capture = _Capture(run, stop_after_capture=False, step_timeout_s=0)
+    stamps: list[float] = []
+    with capture.installed():
+        for index in range(settings.total_steps + run.baseline_steps + 3):
+            stamps.append(CLOCK())
+            step(index)
+    run.stop()
+    assert run.trace_paths, "skalpel wrote no trace"
+    info = run.capture_info()
+    # the boundary of iteration i is taken in its zero_grad: iteration i+1 is profiler step i
+    times = [b - a for a, b in zip(stamps[1:], stamps[2:])]
+    recorded = [t for number, t in enumerate(times) if settings.phase(number) and settings.phase(number)[1] == "active"]
+    return recorded[:-1], info.profiled_step_ms or 0.0, info.overhead_pct, info.overhead_noise_pct
+
+
+def time_alone(steps: int) -> list[float]:
+    """The same loop in a fresh process, no profiler, no skalpel: wall ms of its steady steps."""
+    command = [sys.executable, __file__, "--alone", str(steps), "--batch", str(BATCH)]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def _alone(steps: int) -> None:
+    torch.set_num_threads(1)
+    step = make_loop()
+    times = []
+    for index in range(steps):
+        start = time.perf_counter()
+        step(index)
+        times.append((time.perf_counter() - start) * 1000.0)
+    print(json.dumps(times[steps // 3 :]))  # steady state: past the first iterations
+
+
+def _spread(values: list[float]) -> float:
+    """Half the range between the quartiles: the noise of a median over repeats."""
+    if len(values) < 2:
+        return float("nan")
+    quartiles = statistics.quantiles(values, n=4)
+    return (quartiles[2] - quartiles[0]) / 2.0
+
+
 def step_call_cost_us(settings: CaptureSettings, folder: Path, steps: int = 150) -> tuple[float, float]:
     """Median cost of one ``prof.step()`` and of one ``run.step()`` inside a recording window."""
     long_window = CaptureSettings(wait=0, warmup=1, active=steps + 10)
@@ -117,14 +174,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--active", type=int, default=10)
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
     parser.add_argument("--batch", type=int, default=BATCH, help="samples per step (default 64: a step of a few ms)")
+    parser.add_argument("--alone", type=int, default=0, help=argparse.SUPPRESS)  # internal: time the loop alone
     args = parser.parse_args(argv)
     BATCH = args.batch
+    if args.alone:
+        _alone(args.alone)
+        return 0
     CLOCK = time.thread_time if args.clock == "thread" else time.perf_counter
     torch.set_num_threads(1)
     settings = CaptureSettings(active=args.active)
     step_ms: dict[str, list[float]] = {"bare": [], "skalpel": []}
     total_s: dict[str, list[float]] = {"bare": [], "skalpel": []}
     runners = {"bare": run_bare, "skalpel": run_skalpel}
+    detected_ms: list[float] = []
+    reported: list[tuple[float, float]] = []
+    independent: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         bare_call, ours_call = step_call_cost_us(settings, Path(tmp))
         run_bare(settings, Path(tmp))  # warm both paths once (lazy init, first export)
@@ -135,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
                 recorded, total = runners[name](settings, Path(tmp))
                 step_ms[name].append(statistics.median(recorded) * 1000.0)
                 total_s[name].append(total)
+            recorded, profiled_ms, overhead, noise = run_detected(settings, Path(tmp))
+            step_ms.setdefault("skalpel run", []).append(statistics.median(recorded) * 1000.0)
+            alone_ms = statistics.median(time_alone(60))
+            detected_ms.append(profiled_ms)
+            if overhead is not None:
+                reported.append((overhead, noise if noise is not None else float("nan")))
+            independent.append((profiled_ms / alone_ms - 1.0) * 100.0)
     bare_step, ours_step = statistics.median(step_ms["bare"]), statistics.median(step_ms["skalpel"])
     bare_total, ours_total = statistics.median(total_s["bare"]), statistics.median(total_s["skalpel"])
     print(f"settings: wait {settings.wait}, warm-up {settings.warmup}, active {settings.active}; "
@@ -144,6 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"whole capture, median s:   bare torch.profiler {bare_total:.3f}   skalpel {ours_total:.3f}   "
           f"ratio {ours_total / bare_total:.3f}")  # fmt: skip
     print(f"one step() call while recording, median us:  prof.step() {bare_call:.1f}   run.step() {ours_call:.1f}")
+    run_step = statistics.median(step_ms["skalpel run"])
+    print(f"recorded step, median ms:  skalpel run path (step hooks, line sampler) {run_step:.3f}   "
+          f"ratio to bare {run_step / bare_step:.3f}")  # fmt: skip
+    if reported:
+        overheads = [value for value, _ in reported]
+        print(f"profiler overhead as skalpel run reports it (wall clock): median {statistics.median(overheads):+.1f}% "
+              f"(its own noise band, median over repeats: +-{statistics.median(n for _, n in reported):.1f}%; "
+              f"spread over repeats +-{_spread(overheads):.1f}%)")  # fmt: skip
+    print(f"independent: profiled step {statistics.median(detected_ms):.3f} ms against the same loop alone in its own "
+          f"process: median {statistics.median(independent):+.1f}% (spread over repeats +-{_spread(independent):.1f}%)")
     verdict = "within" if ours_step / bare_step <= 1.05 else "OVER"
     print(f"skalpel capture overhead on recorded steps: {(ours_step / bare_step - 1) * 100:+.1f}% ({verdict} the 5% target)")
     return 0

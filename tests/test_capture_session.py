@@ -275,3 +275,56 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path: Path, m
     assert first.is_absolute() and first == tmp_path / same
     assert second.name == first.name + "-2" and third.name == first.name + "-3"
     assert runfolder.prepare(Path("given")) == tmp_path / "given"  # --out, made absolute before the script runs
+
+
+# ---- step detection and the step clock, in-process ------------------------------------------
+
+
+def test_watchdog_says_when_a_step_runs_long_and_once_per_silence() -> None:
+    import time as clock
+
+    from skalpel.capture.steps import StepDetector, Watchdog
+
+    detector = StepDetector(lambda: None)
+    said: list[str] = []
+    watchdog = Watchdog(detector, 0.2, said.append, done=lambda: False)
+    detector.boundaries, detector.signal = 3, "optimizer"
+    detector.last_boundary = clock.monotonic()
+    watchdog.start()
+    clock.sleep(0.8)
+    watchdog.stop()
+    assert len(said) == 1  # one message per silent stretch, not one per check
+    assert said[0].startswith("step 3 has run for") and "optimizer.step()" in said[0] and "--step-on" in said[0]
+
+
+def test_detector_marks_one_step_per_gan_iteration_in_process() -> None:
+    from skalpel.capture.steps import StepDetector
+
+    marks: list[str] = []
+    detector = StepDetector(lambda: marks.append(detector.signal))
+    d, g = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
+    opt_d, opt_g = torch.optim.SGD(d.parameters(), lr=0.1), torch.optim.SGD(g.parameters(), lr=0.1)
+    detector.install()
+    try:
+        for _ in range(5):  # no DataLoader: each optimizer's own zero_grad, D then G
+            opt_d.zero_grad()
+            d(g(torch.randn(2, 4)).detach()).sum().backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            d(g(torch.randn(2, 4))).sum().backward()
+            opt_g.step()
+    finally:
+        detector.uninstall()
+    assert marks == ["optimizer"] * 4  # a boundary at each iteration's first zero_grad after the first iteration
+    assert torch.optim.Optimizer.zero_grad.__name__ == "zero_grad"  # the wrapper is gone
+
+
+def test_step_timing_baseline_is_steady_state_and_overhead_carries_its_noise() -> None:
+    settings = CaptureSettings(wait=1, warmup=2, active=3)
+    # step 0 (first iteration, slow) and the warm-up steps are not the baseline: the steps timed after are
+    seconds = [0.5, 0.02, 0.02, 0.012, 0.013, 0.0115]
+    timing = step_timing(list(enumerate(seconds)), settings, after=[0.010, 0.0105, 0.011, 0.0095, 0.009])
+    assert timing["unprofiled_step_ms"] == pytest.approx(10.0)
+    assert timing["baseline_steps"] == 5
+    assert timing["overhead_pct"] == pytest.approx(20.0)
+    assert 0 < timing["overhead_noise_pct"] < 20.0

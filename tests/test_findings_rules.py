@@ -292,3 +292,75 @@ def test_no_warmup_from_capture_settings(tmp_path):
     found = [finding for finding in report.findings if finding.id == "no_warmup"]
     assert len(found) == 1 and found[0].evidence["warmup_steps"] == 0
     assert not [f for f in _with_capture(tmp_path).findings if f.id == "no_warmup"]
+
+
+def test_profiler_overhead_inside_its_noise_is_no_finding(tmp_path):
+    report = _with_capture(tmp_path, overhead_pct=40.0, overhead_noise_pct=55.0, profiled_step_ms=14.0,
+                           unprofiled_step_ms=10.0)  # fmt: skip
+    assert not [finding for finding in report.findings if finding.id == "profiler_overhead"]
+    assert report.capture.overhead_words() == "profiler overhead within the noise (+-55%)"
+
+
+def test_negative_overhead_is_never_printed_as_a_figure():
+    from skalpel.report.model import CaptureInfo
+
+    words = CaptureInfo(warmup_steps=1, active_steps=5, overhead_pct=-87.7, overhead_noise_pct=10.0).overhead_words()
+    assert "not measurable" in words and "-87" not in words
+
+
+def _cpu(**fields):
+    facts = {"intra_op_threads": 1, "inter_op_threads": 1, "loader_workers": 0, "processes": 1, "cores_available": 2,
+             "cpu_quota_cores": None, "cpu_s": 0.95, "wall_s": 1.0, "steps": 5, "load_avg_1m": 0.5,
+             "run_queue_wait_s": 0.01}  # fmt: skip
+    return {**facts, **fields}
+
+
+def test_cpu_contention_from_run_queue_wait(tmp_path):
+    starved = _cpu(intra_op_threads=4, cpu_s=1.2, run_queue_wait_s=2.4, load_avg_1m=6.3)
+    report = _with_capture(tmp_path, cpu=starved)
+    found = [finding for finding in report.findings if finding.id == "cpu_contention"]
+    assert len(found) == 1
+    evidence = found[0].evidence
+    assert evidence["waiting_pct"] == pytest.approx(66.67, abs=0.01)  # 2.4 s waiting of 3.6 s wanted
+    assert evidence["wait_ms_per_step"] == pytest.approx(480.0)
+    assert evidence["threads_asked"] == 4 and evidence["cores_available"] == 2
+    assert "torch.set_num_threads(2)" in found[0].fix and "system load 6.3" in found[0].fix
+
+
+def test_cpu_contention_fix_fits_the_machine(tmp_path):
+    starved = _cpu(intra_op_threads=2, loader_workers=8, cpu_s=0.5, run_queue_wait_s=1.5, load_avg_1m=9.0)
+    fix = next(f for f in _with_capture(tmp_path, cpu=starved).findings if f.id == "cpu_contention").fix
+    assert "torch.set_num_threads(1)" in fix and "num_workers=1 or less" in fix
+
+
+def test_quiet_process_has_no_cpu_contention(tmp_path):
+    assert not [f for f in _with_capture(tmp_path, cpu=_cpu()).findings if f.id == "cpu_contention"]
+    assert not [f for f in _with_capture(tmp_path).findings if f.id == "cpu_contention"]  # no facts: not judged
+
+
+def test_dataloader_fix_never_asks_for_more_workers_than_cores(tmp_path):
+    from skalpel.diagnose.input import worker_advice
+
+    assert "num_workers=1" in worker_advice({"cores_available": 2})
+    assert "num_workers=4" in worker_advice({"cores_available": 16})
+    assert "num_workers" not in worker_advice({"cores_available": 1}).split(":")[0]
+    assert "up to the cores" in worker_advice(None)
+
+
+def test_empty_or_tiny_steps_are_defects_left_out_and_said(tmp_path):
+    from skalpel.pipeline import build_report
+    from skalpel.trace.loader import load
+
+    builder = TraceBuilder()
+    ts = 0
+    for number in range(6):
+        length = 200 if number in (1, 3) else STEP_US  # a GAN's second optimizer marked twice per iteration
+        builder.step(number + 1, ts, length - 1)
+        if number != 3:  # step 4 has no op at all
+            for op in range(1 if number == 1 else 4):  # step 2 has one op where the others have four
+                builder.host("aten::mm", ts + 10 + op * length / 4, length / 4 - 50)
+        ts += length
+    report = build_report(load(builder.write(tmp_path / "trace.json")))
+    assert report.steps.count == 4
+    assert min(report.ranks[0].step_ms) >= STEP_US / 1000 * 0.9
+    assert any("2 step(s) left out as measurement defects" in warning for warning in report.warnings)

@@ -1,10 +1,9 @@
 """Each scenario in examples/scenarios runs under `skalpel run` and gets its planted finding.
 
-A scenario marks its planted line with ``# PLANTED``. Python stacks from the profiler name
-the *function* a frame belongs to: its ``def`` line for calls made while recording, the
-current line for frames that were already running when recording started. So a location
-is right when it names the scenario file, the function holding the planted line, and a
-line inside that function.
+A scenario marks its planted line with ``# PLANTED``. Ops carry their call stack at the
+current line; Python frames name their function by its ``def`` line, and skalpel's line
+sampler names the statement that was running. So a location is right when it names the
+scenario file, the function holding the planted line, and the planted line itself.
 
 The clean baseline runs first and alone, with the default capture options: its test asserts
 that nothing reaches warning level, and on a loaded 2-core machine five runs beside it made
@@ -98,8 +97,9 @@ def runs(tmp_path_factory):
             process.kill()
 
 
-def _planted_function(name: str) -> tuple[str, int, int]:
-    """(function name, first line, last line) of the function holding the ``# PLANTED`` line."""
+def _planted_function(name: str, *, exact: bool = True) -> tuple[str, int, int]:
+    """(function name, first line, last line) of the planted statement (the ``# PLANTED`` line, or the
+    loop it heads) in the function holding it; with ``exact=False`` of the whole function."""
     source = (SCENARIOS / f"{name}.py").read_text()
     marker = next(number for number, line in enumerate(source.splitlines(), 1) if "# PLANTED" in line)
     functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
@@ -107,11 +107,17 @@ def _planted_function(name: str) -> tuple[str, int, int]:
         (node for node in functions if node.lineno <= marker <= node.end_lineno),
         key=lambda node: node.end_lineno - node.lineno,
     )
-    return holder.name, holder.lineno, holder.end_lineno
+    if not exact:
+        return holder.name, holder.lineno, holder.end_lineno
+    statement = min(  # the planted statement: its line, or the lines of the loop it heads
+        (node for node in ast.walk(holder) if isinstance(node, ast.stmt) and node.lineno == marker),
+        key=lambda node: node.end_lineno - node.lineno,
+    )
+    return holder.name, statement.lineno, statement.end_lineno
 
 
-def _assert_located(finding: dict, name: str) -> None:
-    function, first, last = _planted_function(name)
+def _assert_located(finding: dict, name: str, *, exact: bool = True) -> None:
+    function, first, last = _planted_function(name, exact=exact)
     for location in finding["locations"]:
         match = LOCATION.match(location)
         if (
@@ -143,6 +149,11 @@ def test_findings_lead_the_report(runs):
 
 def test_baseline_has_no_warning(runs):
     report = runs.report("baseline")
+    cpu = report["capture"]["cpu"]
+    contended = [finding for finding in report["findings"] if finding["id"] == "cpu_contention"]
+    busy = max(cpu["runnable_now"] or 0, cpu["load_avg_1m"] if contended else 0)
+    if busy > cpu["cores_available"]:  # other users of the machine: the contention is real, not planted
+        pytest.skip(f"{busy} threads runnable or load on {cpu['cores_available']} cores: no baseline is clean")
     assert _serious(report) == [], [(f["id"], f["title"]) for f in _serious(report)]
     verdict = _finding(report, "no_bottleneck")
     assert verdict["evidence"]["median_step_ms"] > 0
@@ -168,7 +179,8 @@ def test_memory_kept_alive_across_steps(runs):
     assert evidence["growth_mib_per_step"] == pytest.approx(8.0, abs=0.5)  # one 1024 x 2048 float32 per step
     assert evidence["rising_steps_pct"] == 100
     assert evidence["device"] == "cpu"
-    _assert_located(finding, "memory_leak")
+    # the growth is located where the kept tensors are allocated (body(x)), not at the append that keeps them
+    _assert_located(finding, "memory_leak", exact=False)
     assert not [f for f in report["findings"] if f["id"] == "memory_spike"]
 
 

@@ -1,7 +1,8 @@
 """skalpel: a profiler doctor for PyTorch.
 
 ``skalpel.analyze(paths)`` reads stored traces; ``skalpel.profile()`` captures one
-(and is the only entry point that imports torch).
+(and is the only entry point that imports torch). ``skalpel.step()`` marks the end of
+an iteration for ``skalpel run`` (elsewhere it does nothing).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Report", "analyze", "profile", "__version__"]
+__all__ = ["Report", "analyze", "profile", "step", "__version__"]
 
 if TYPE_CHECKING:
     from .api import analyze
@@ -32,4 +33,8 @@ def __getattr__(name: str) -> Any:
         from .report.model import Report
 
         return Report
+    if name == "step":
+        from .capture.steps import mark_step
+
+        return mark_step
     raise AttributeError(f"module 'skalpel' has no attribute {name!r}")

@@ -188,6 +188,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
 
     parser = commands.add_parser(
         "run",
+        allow_abbrev=False,  # the script's own options (--n, --wa) must never be taken for ours
         help="run a training script under the profiler, unchanged, and diagnose it",
         description="Run SCRIPT (or -m MODULE) in-process as python would, find its steps (optimizer.step() or "
         "DataLoader iterations), record them with torch.profiler, and write a run folder with the trace, "
@@ -292,9 +293,47 @@ def _percent(text: str) -> float:
     return value
 
 
+def split_script_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``skalpel run [OPTIONS] SCRIPT ARGS...``: (everything up to SCRIPT, the script's ARGS untouched).
+
+    argparse would look for its own options among the script's (``--n`` "could match
+    --name, --nproc"), so the script's arguments are cut off before it parses anything.
+    The cut is the first word that is neither one of ``run``'s options nor an option's value.
+    """
+    argv = list(argv)
+    if not argv or argv[0] != "run":
+        return argv, []
+    run_parser = _subparser(parser, "run")
+    takes_value = {
+        option: action.nargs != 0
+        for action in run_parser._actions
+        for option in action.option_strings
+    }
+    index = 1
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":
+            return argv[:index] + argv[index + 1 : index + 2], argv[index + 2 :]
+        if not word.startswith("-") or word == "-":
+            return argv[: index + 1], argv[index + 1 :]
+        name = word.split("=", 1)[0]
+        if name not in takes_value:
+            return argv, []  # not one of ours: argparse says so
+        index += 2 if takes_value[name] and "=" not in word else 1
+    return argv, []
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    return commands.choices[name]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words, script_args = split_script_args(parser, sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(words)
+    if script_args:
+        args.args = list(args.args or []) + script_args
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2

@@ -55,6 +55,11 @@ def assemble_report(
             f"{analyses.steps.dropped_tail} trailing step(s) left out: the trace lacks (some of) the device work "
             "they launched (the profiler stopped first), as the TensorBoard plugin does",
         )
+    if analyses.steps.defective:
+        warnings += (
+            f"{analyses.steps.defective} step(s) left out as measurement defects: no op inside, or a tenth of the "
+            "median step with half its ops (a step boundary marked twice in one iteration); no finding reads them",
+        )
     if analyses.rank_comparison is not None:
         warnings += analyses.rank_comparison.warnings
     if analyses.compile_log is not None and analyses.compile_log.stacks_off:

@@ -14,6 +14,11 @@ against it:
   them (< 80% of its device events), are dropped: the profiler stopped before their
   kernels were recorded (``StepSegmentation.dropped_tail`` counts them).
 
+A marked step with no host op in it, or far shorter than the others (under a tenth of
+the rank's median step, with under half its ops), is a measurement defect (a boundary marked twice in one
+iteration), not a step: it is left out of every analysis and counted in
+``StepSegmentation.defective`` so that the report says so.
+
 Without step markers (the legacy autograd profiler, an inference trace, a hand-made
 capture) the whole trace of a rank is one step, from the first to the last host op,
 extended to the device work launched inside it; ``StepSegmentation.marked`` is False
@@ -34,9 +39,11 @@ import numpy as np
 from ..trace.kinds import DEVICE_KINDS, HOST_OP_KINDS, LAUNCH_KINDS, Kind, step_number
 from ..trace.model import Trace
 
+_DEFECT_RATIO = 0.1  # a step under a tenth of the median step is a marking defect, not a step
 _TAIL_RATIO = 0.8  # the plugin drops a last step with fewer than 80% of the previous step's device events
 _DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 _LAUNCH = np.array(sorted(int(k) for k in LAUNCH_KINDS), dtype=np.int8)
+_OPS = np.array(sorted(int(k) for k in HOST_OP_KINDS | LAUNCH_KINDS), dtype=np.int8)  # what a real step holds
 _HOST_SPAN = np.array(sorted(int(k) for k in HOST_OP_KINDS | {Kind.STEP}), dtype=np.int8)
 
 
@@ -64,6 +71,7 @@ class StepSegmentation:
     marked: bool  # False: no ProfilerStep markers, each rank's whole trace is one step
     dropped_tail: int = 0  # trailing steps dropped because their device work was not (fully) recorded
     notes: tuple[str, ...] = ()  # what was done to step markers that do not tile (overlaps, duplicates)
+    defective: int = 0  # steps left out as measurement defects: no host op, or far shorter than the others
 
     def for_rank(self, rank: int) -> list[Step]:
         return [step for step in self.steps if step.rank == rank]
@@ -89,7 +97,7 @@ def segment_steps(trace: Trace) -> StepSegmentation:
     step_events = np.flatnonzero(trace.kind == Kind.STEP)
     marked = len(step_events) > 0
     steps: list[Step] = []
-    dropped = 0
+    dropped = defective = 0
     cut, overlapped, unnumbered = 0, 0, 0
     for rank in trace.rank_ids:
         on_rank = step_events[trace.rank[step_events] == rank]
@@ -112,10 +120,31 @@ def segment_steps(trace: Trace) -> StepSegmentation:
         new_starts, ends, matched = _extend_to_device_work(starts, host_ends, work)
         keep = _kept_steps(matched) if len(on_rank) else 1
         dropped += len(starts) - keep
+        durations = ends[:keep] - new_starts[:keep]
+        sound = _sound_steps(trace, rank, starts[:keep], host_ends[:keep], durations) if len(on_rank) else [True]
+        defective += keep - sum(sound)
         for i in range(keep):
+            if not sound[i]:
+                continue
             steps.append(Step(rank, int(numbers[i]), float(new_starts[i]), float(host_ends[i]), float(ends[i]),
                               float(host_starts[i])))  # fmt: skip
-    return StepSegmentation(tuple(steps), marked=marked, dropped_tail=dropped, notes=_marker_notes(cut, overlapped, unnumbered))
+    notes = _marker_notes(cut, overlapped, unnumbered)
+    return StepSegmentation(tuple(steps), marked=marked, dropped_tail=dropped, notes=notes, defective=defective)
+
+
+def _sound_steps(trace: Trace, rank: int, starts: np.ndarray, host_ends: np.ndarray,
+                 durations: np.ndarray) -> list[bool]:  # fmt: skip
+    """Which steps are real: some host op inside, and not far shorter than the median step."""
+    ops = np.flatnonzero((trace.rank == rank) & np.isin(trace.kind, _OPS))
+    op_starts = np.sort(trace.ts[ops])
+    inside = np.searchsorted(op_starts, host_ends, side="left") - np.searchsorted(op_starts, starts, side="left")
+    sound = inside > 0
+    if len(durations) >= 3 and sound.sum() >= 2:
+        # far shorter and with far fewer ops: a boundary marked inside an iteration (on a busy machine a
+        # preempted step is ten times longer than its neighbours, with the same ops, and both are real)
+        short = durations < _DEFECT_RATIO * float(np.median(durations[sound]))
+        sound &= ~(short & (inside < 0.5 * float(np.median(inside[sound]))))
+    return [bool(value) for value in sound]
 
 
 def _tiling(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import SkalpelError
-from .settings import CaptureSettings
+from .settings import STEP_SIGNALS, CaptureSettings
 
 if TYPE_CHECKING:  # the runner imports torch: only once a script really runs (`skalpel --help` stays torch-free)
     from .runner import RunResult, Target
@@ -35,6 +35,14 @@ def add_capture_options(parser: argparse.ArgumentParser, *, repeat: int = 1) -> 
     parser.add_argument(
         "--stop-after-capture", action="store_true", help="end the script once the steps are recorded"
     )
+    parser.add_argument(
+        "--step-on", choices=STEP_SIGNALS, default=None,
+        help="what marks the end of one iteration (default: the first the script shows, in this order)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--step-timeout", type=float, default=30.0, metavar="S",
+        help="say so when no step boundary comes for S seconds (30; 0: never)",
+    )  # fmt: skip
 
 
 def execute(target: Target, args: argparse.Namespace) -> int:
@@ -49,7 +57,8 @@ def execute(target: Target, args: argparse.Namespace) -> int:
         return _execute_ranks(target, args)
     out = Path(args.out) if args.out else None
     try:
-        result = run(target, settings, out=out, name=args.name, stop_after_capture=args.stop_after_capture)
+        result = run(target, settings, out=out, name=args.name, stop_after_capture=args.stop_after_capture,
+                     step_on=args.step_on, step_timeout_s=args.step_timeout)  # fmt: skip
     except Terminated as stopped:  # SIGTERM or SIGHUP as `skalpel run` let go of its signal handlers
         print(f"skalpel: stopped by {stopped}", file=sys.stderr)
         return stopped.exit_status

@@ -200,6 +200,10 @@ def forwarded_options(args) -> list[str]:
         options += ["--name", args.name]
     if args.stop_after_capture:
         options.append("--stop-after-capture")
+    if getattr(args, "step_on", None):
+        options += ["--step-on", args.step_on]
+    if getattr(args, "step_timeout", None) is not None:
+        options += ["--step-timeout", str(args.step_timeout)]
     return options
 
 

@@ -1,7 +1,8 @@
 """``skalpel run``: run an unchanged script in-process, as ``python SCRIPT`` would, and profile it.
 
-Step boundaries are found without the user's help (``capture/steps.py``); a script
-that opens its own ``skalpel.profile()`` keeps its own steps. Once every window is
+Step boundaries are found without the user's help (``capture/steps.py``; ``step_on``
+picks the signal); a script that opens its own ``skalpel.profile()`` keeps its own
+steps. While steps are awaited, a watchdog says when none came for ``step_timeout_s``. Once every window is
 recorded the profiler is gone and the script runs on to its end, unless
 ``stop_after_capture``. Whatever happens to the script (an exception, Ctrl-C, SIGTERM,
 SIGHUP, ``sys.exit``), the trace recorded so far is kept, analysed, and the exit status
@@ -31,7 +32,7 @@ from .conclude import RunResult, conclude
 from .kineto_noise import filtered_stderr
 from .session import ProfileRun
 from .settings import CaptureSettings
-from .steps import StepDetector
+from .steps import ALL_SIGNALS, HOW_TO_MARK, LABELS, StepDetector, Watchdog
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,14 @@ class CaptureComplete(BaseException):
 
 
 def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, name: str | None = None,
-        stop_after_capture: bool = False) -> RunResult:  # fmt: skip
+        stop_after_capture: bool = False, step_on: str | None = None, step_timeout_s: float = 30.0) -> RunResult:  # fmt: skip
     """Run ``target`` under the profiler; the report is None when nothing was recorded (``notes`` say why)."""
     code_path = check_target(target)
     label = name or target.label
     reused = out is not None and Path(out).exists()
     folder = distributed.run_folder(out, label)  # absolute: the script may change directory
-    capture = _Capture(ProfileRun(settings, out=folder, name=label, auto=True), stop_after_capture)
+    own = ProfileRun(settings, out=folder, name=label, auto=True)
+    capture = _Capture(own, stop_after_capture, step_on=step_on, step_timeout_s=step_timeout_s)
     signals.set_owner()
     guard = signals.Guard()
     compile_log.install()  # before the script: its first compilation comes before the first step
@@ -152,11 +154,13 @@ def _exit_status(exit_: SystemExit) -> int:
 class _Capture:
     """Drives skalpel's own session from detected boundaries, until a user's session takes over."""
 
-    def __init__(self, own: ProfileRun, stop_after_capture: bool) -> None:
+    def __init__(self, own: ProfileRun, stop_after_capture: bool, *, step_on: str | None = None,
+                 step_timeout_s: float = 30.0) -> None:  # fmt: skip
         self.own = own
         self.user: ProfileRun | None = None
         self.stop_after_capture = stop_after_capture
-        self.detector = StepDetector(self._boundary)
+        self.detector = StepDetector(self._boundary, only=step_on)
+        self.watchdog = Watchdog(self.detector, step_timeout_s, _say, done=lambda: self.user is not None or own.capture_complete)
         self.aside = ProfilerWatch(self._step_aside)
         self.thread = threading.get_ident()  # the thread that runs the script: the only one that marks steps
         self.main_steps = 0
@@ -175,11 +179,13 @@ class _Capture:
             return  # a forked child: its parent is the one being profiled
         self.main_steps += 1
         own = self.own
+        own.step_signal = LABELS.get(self.detector.signal or "")
         if not _started(own):
             own.start()
             return
         own.step()
-        if own.capture_complete:
+        own.loader_workers = self.detector.loader_workers
+        if own.baseline_complete:  # recorded, and un-profiled steps timed after it for the overhead's baseline
             self.detector.uninstall()
             if self.stop_after_capture:
                 raise CaptureComplete
@@ -220,6 +226,7 @@ class _Capture:
         self.detector.uninstall()
         if _started(self.own):
             self.own.discard()
+        user.step_signal = "run.step()"
         self.user = user
         return self.own.folder
 
@@ -239,14 +246,17 @@ class _Capture:
                 "with `with skalpel.profile() as run:` and `run.step()`"
             )
         count = self.detector.boundaries
-        if count == 0 and not self.detector.saw_loader:
-            return (
-                f"no step boundary found in {target.name}: skalpel looks for optimizer.step() calls and "
-                "DataLoader iterations; mark steps yourself with `with skalpel.profile() as run:` and "
-                "`run.step()` once per iteration"
-            )
-        if count == 0:
+        if count == 0 and not self.detector.seen:
+            looked = LABELS[self.detector.only] if self.detector.only else ALL_SIGNALS
+            return f"no step boundary found in {target.name}: skalpel looks for {looked}; {HOW_TO_MARK}"
+        if count == 0 and self.detector.seen == {"dataloader"}:
             return f"zero steps ran in {target.name}: its DataLoader yielded no batch and no optimizer step was taken"
+        if count == 0:
+            seen = ", ".join(LABELS[signal] for signal in sorted(self.detector.seen))
+            return (
+                f"no step boundary found in {target.name}: it showed {seen} but no second iteration; "
+                f"run more iterations, or {HOW_TO_MARK}"
+            )
         settings = self.own.settings
         return (
             f"no step was recorded: {target.name} ran {count} step(s), and recording starts at step "
@@ -265,12 +275,18 @@ class _Installed:
     def __enter__(self) -> None:
         self.capture.detector.install()
         self.capture.aside.__enter__()
+        self.capture.watchdog.start()
         session._listener = self.capture._adopt
 
     def __exit__(self, *exc: object) -> None:
         session._listener = None
+        self.capture.watchdog.stop()
         self.capture.aside.__exit__()
         self.capture.detector.uninstall()
+
+
+def _say(message: str) -> None:
+    print(f"skalpel: {message}", file=sys.stderr, flush=True)
 
 
 def _started(run: ProfileRun) -> bool:

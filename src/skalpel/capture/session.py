@@ -19,6 +19,7 @@ trace of what was recorded.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 import warnings
@@ -30,9 +31,11 @@ from torch.profiler import ProfilerAction
 
 from ..errors import SkalpelError
 from ..report.model import CaptureInfo, Report
-from . import compile_log, distributed, runfolder, signals
+from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
+from . import compile_log, cpu, distributed, runfolder, signals
 from .aside import OWN
 from .export import ExportError, export_trace
+from .sampler import LineSampler
 from .settings import ACTIVE, CaptureSettings, profiler_kwargs, torch_schedule
 from .timing import step_timing, with_noise_note
 
@@ -88,6 +91,8 @@ class ProfileRun:
         self.exit_status: int | None = None
         self.script: str | None = None
         self._intervals: list[tuple[int, float]] = []  # (profiler step, seconds)
+        self._after: list[float] = []  # seconds of un-profiled steps after the last window
+        self._after_started = False
         self._prof: Any = None
         self._last = 0.0
         self._stopped = False
@@ -98,6 +103,12 @@ class ProfileRun:
         self._owns_compile_log = False
         self.export_error: ExportError | None = None  # the trace could not be written (a full disk)
         self.notes: list[str] = []  # how the capture went (the script stopped it, ...), added to the report
+        self.step_signal: str | None = None if auto else "run.step()"  # what marked the steps, for the summary
+        self.loader_workers = 0  # the most DataLoader workers seen (skalpel run tells)
+        self._cpu_window: list[cpu.Snapshot] = []  # CPU snapshots at the start and end of the first window
+        self.baseline_steps = max(settings.active, 5)  # un-profiled steps timed after the last window
+        self._sampler: LineSampler | None = None  # statement lines of the first window (with_stack only)
+        self._cpu_excluded = (0.0, 0.0)  # wall and CPU seconds of the export, left out of the CPU window
 
     # -- the session -------------------------------------------------------------------------
     def start(self) -> ProfileRun:
@@ -115,6 +126,9 @@ class ProfileRun:
         OWN.add(self._prof)
         with _quiet():
             self._prof.start()
+        if self._phases[0] == (0, ACTIVE):  # no wait or warm-up: the window opened with the profiler
+            self._window_opens()
+            self._anchor(0)
         self._last = time.perf_counter()
         return self
 
@@ -124,6 +138,7 @@ class ProfileRun:
         if self._prof is None:
             raise SkalpelError("run.step() called outside the `with skalpel.profile() as run:` block")
         if self._stopped:
+            self._time_after_capture(now)
             return
         prof = self._prof
         number = prof.step_num
@@ -132,17 +147,60 @@ class ProfileRun:
         if number + 1 < len(phases) and phases[number] == phases[number + 1]:
             prof.step()  # no change of phase: the cheap path, nothing of ours in the recorded step
         else:
+            opens = number + 1 < len(phases) and phases[number + 1] == (0, ACTIVE)
+            closes = phases[number] == (0, ACTIVE)
+            if opens:
+                self._window_opens()  # in the warm-up step, before recording starts
+            if closes:
+                self._samples_into_trace()  # the profiler still records: header keys are written now
             compile_log.before_step(prof)
-            with _quiet():
-                prof.step()
+            with _quiet(), _excluded_from_cpu_window(self) if closes else _nothing():
+                prof.step()  # closing: the export, which the CPU window leaves out
+            if opens:
+                self._anchor(number + 1)
+            if closes:
+                self._cpu_window.append(cpu.snapshot())
             self._tag_trace()
             if self.windows_done >= self.settings.repeat:
                 self._stop_profiler()
         self._last = time.perf_counter()
 
+    # The first window's own bookkeeping stays out of its recorded steps (reading /proc and starting a
+    # thread cost far more than a 1 ms step): it runs before recording starts, and after the export.
+    def _window_opens(self) -> None:
+        """CPU snapshot and line sampler on, before the first recorded step begins."""
+        self._cpu_window.append(cpu.snapshot())
+        if self.settings.with_stack and not self._discarded:
+            self._sampler = LineSampler()
+            self._sampler.start()
+
+    def _anchor(self, step_number: int) -> None:
+        if self._sampler is not None:
+            self._sampler.anchor_at(step_number)  # ProfilerStep#step_number began just now
+
+    def _samples_into_trace(self) -> None:
+        """The sampler stops (it does not wait for its thread) and its samples go into the trace header."""
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.stop(wait=False)
+            if sampler.samples and sampler.anchor is not None:
+                self._prof.add_metadata_json(LINE_SAMPLES, json.dumps(sampler.header_value()))
+
+    def _time_after_capture(self, now: float) -> None:
+        """Un-profiled steps after the last window: the steady-state baseline of the overhead."""
+        if self._after_started and len(self._after) < self.baseline_steps:
+            self._after.append(now - self._last)
+        self._after_started = True  # the first step after the stop may carry the profiler's teardown: left out
+        self._last = time.perf_counter()
+
     @property
     def capture_complete(self) -> bool:
         return self.windows_done >= self.settings.repeat
+
+    @property
+    def baseline_complete(self) -> bool:
+        """Every window recorded and enough un-profiled steps timed after them."""
+        return self.capture_complete and len(self._after) >= self.baseline_steps
 
     @property
     def steps_done(self) -> int:
@@ -182,9 +240,14 @@ class ProfileRun:
         if self._stopped:
             return
         self._stopped = True
+        closes = self.windows_done == 0 and self._prof.current_action in _RECORDING
+        if closes:
+            self._samples_into_trace()  # stopped inside the first window: keep what it sampled
         compile_log.before_stop(self._prof)
-        with _quiet():
+        with _quiet(), _excluded_from_cpu_window(self) if closes else _nothing():
             self._prof.stop()
+        if closes and len(self._cpu_window) == 1:
+            self._cpu_window.append(cpu.snapshot())
         if self._owns_compile_log:
             compile_log.uninstall()
 
@@ -217,7 +280,12 @@ class ProfileRun:
 
     # -- the results -------------------------------------------------------------------------
     def capture_info(self) -> CaptureInfo:
-        timing = step_timing(self._intervals, self.settings)
+        timing = step_timing(self._intervals, self.settings, after=self._after)
+        cpu_facts = None
+        if len(self._cpu_window) >= 2:
+            start, end = self._cpu_window[0], self._cpu_window[1]
+            end = cpu.Snapshot(end.wall_s - self._cpu_excluded[0], end.cpu_s - self._cpu_excluded[1], end.waits_ns)
+            cpu_facts = cpu.facts(start, end, steps=self.settings.active, loader_workers=self.loader_workers)
         return CaptureInfo(
             warmup_steps=self.settings.wait + self.settings.warmup,
             wait_steps=self.settings.wait,
@@ -225,6 +293,8 @@ class ProfileRun:
             repeats=self.settings.repeat,
             script=self.script,
             exit_status=self.exit_status,
+            step_signal=self.step_signal,
+            cpu=cpu_facts,
             **timing,
         )
 
@@ -291,6 +361,30 @@ def _rank() -> int:
         return int(group.get_rank())
     current = distributed.job()
     return current.rank if current is not None else 0
+
+
+class _excluded_from_cpu_window:
+    """Times the block (the trace export) so that the CPU facts of the window leave it out."""
+
+    def __init__(self, run: ProfileRun) -> None:
+        self.run = run
+
+    def __enter__(self) -> None:
+        self.began = (time.perf_counter(), time.process_time())
+
+    def __exit__(self, *exc: object) -> None:
+        wall, used = self.run._cpu_excluded
+        wall += time.perf_counter() - self.began[0]
+        used += time.process_time() - self.began[1]
+        self.run._cpu_excluded = (wall, used)
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 class _quiet(warnings.catch_warnings):

@@ -15,6 +15,7 @@ from ..errors import SkalpelError
 from ..report.model import describe_steps
 
 WAIT, WARMUP, ACTIVE = "wait", "warmup", "active"
+STEP_SIGNALS = ("optimizer", "dataloader", "backward", "forward")  # what may mark a step, by priority (steps.py)
 
 
 @dataclass(frozen=True)

@@ -1,89 +1,287 @@
-"""Finding step boundaries in a script that does not mark them.
+"""Finding step boundaries in a script that does not mark them: one step = one training iteration.
 
-First choice: ``optimizer.step()`` (a global optimizer post-hook), the natural end of a
-training iteration. The post-hook runs inside the ``Optimizer.step#...`` range, and a
-boundary there would leave the profiler's own work inside that op, so the boundary
-is taken at the next DataLoader fetch or ``optimizer.zero_grad()``, before their own
-ranges open (where ``prof.step()`` would be in a hand-written loop); a loop with
-neither takes it at the next optimizer step. Fallback, for loops without an
-optimizer (inference, evaluation): the start of every DataLoader ``__next__`` after
-the first, which is where the next iteration begins. Once an optimizer step is seen,
-DataLoader fetches no longer mark steps of their own (a validation loader inside a
-training loop must not split its steps).
+Four signals, in order of priority (``--step-on`` picks one; by default the first the
+script shows, so a loop with an optimizer is never split by its backward calls):
+
+- ``optimizer``: ``optimizer.step()`` (global pre/post hooks). The post-hook runs inside
+  the ``Optimizer.step#...`` range, and a boundary there would leave the profiler's own
+  work inside that op, so the boundary is taken at the next DataLoader fetch or
+  ``optimizer.zero_grad()`` of the optimizer that steps first, before their own ranges
+  open (where ``prof.step()`` would be in a hand-written loop), and only once every
+  optimizer the loop uses has stepped: a GAN stepping D then G is one iteration, not two. A loop with neither takes it when an
+  optimizer that already stepped in this iteration steps again.
+- ``dataloader``: the start of a DataLoader ``__next__`` when the same loader (its
+  dataset) was already fetched from in this iteration (inference, evaluation). Once an
+  optimizer step is seen, fetches only take the optimizer's pending boundary, so a
+  validation loader inside a training loop does not split its steps.
+- ``backward``: ``torch.autograd.backward`` (``loss.backward()``), for hand-written
+  updates (``p.data.add_``) with neither optimizer nor DataLoader; the boundary is taken
+  at the next top-level module call (the next forward), or at the next backward.
+- ``forward``: a top-level module call (no other module running) of a module already
+  called in this iteration: inference loops.
+
+The fallbacks mark a boundary only on a repeat, a full iteration after their first
+event, by when a signal of higher priority in the same loop has shown itself. Module
+hooks slow every module call, so they are removed as soon as an optimizer or DataLoader
+takes over. ``skalpel.step()`` in the script marks steps itself and silences the rest.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from typing import Any, Callable
 
+import torch
 import torch.optim.optimizer as optimizer_module
+from torch.nn.modules import module as module_hooks
 from torch.utils.data import dataloader
+
+from .settings import STEP_SIGNALS as SIGNALS
+
+USER = "user"
+LABELS = {
+    "optimizer": "optimizer.step()",
+    "dataloader": "DataLoader batches",
+    "backward": "backward()",
+    "forward": "top-level module calls",
+    USER: "skalpel.step()",
+}
+HOW_TO_MARK = (
+    "call skalpel.step() once per iteration in the script (import skalpel; or wrap the loop in "
+    "`with skalpel.profile() as run:` and call run.step()), or choose the signal with "
+    "--step-on optimizer|dataloader|backward|forward"
+)
+
+ALL_SIGNALS = "optimizer.step() calls, DataLoader batches, backward() calls and repeated model calls"
+
+_active: StepDetector | None = None  # the detector of the running `skalpel run`, for skalpel.step()
+
+
+def mark_step() -> None:
+    """``skalpel.step()``: the end of one iteration, under ``skalpel run`` (elsewhere it does nothing)."""
+    if _active is not None:
+        _active.user_step()
 
 
 class StepDetector:
-    def __init__(self, on_boundary: Callable[[], None]) -> None:
+    def __init__(self, on_boundary: Callable[[], None], *, only: str | None = None) -> None:
+        if only is not None and only not in SIGNALS:
+            raise ValueError(f"unknown step signal {only!r}")
         self.on_boundary = on_boundary
+        self.only = only
         self.boundaries = 0
-        self.saw_optimizer = False
-        self.saw_loader = False
-        self._loader_pending = False
-        self._optimizer_pending = False
-        self._hook: Any = None
-        self._original_next: Any = None
-        self._original_zero_grad: Any = None
+        self.seen: set[str] = set()
+        self.signal: str | None = None  # the signal that marked the last boundary
+        self.marking: str | None = only  # the signal that marks steps now (the hooks test it on every call)
+        self.last_boundary = time.monotonic()
+        self._pending = False  # an optimizer step ended an iteration: take the boundary at the next start
+        self._optimizers: dict[int, None] = {}  # every optimizer seen stepping, in the order of their first step
+        self._stepped: set[int] = set()  # optimizers stepped since the last boundary
+        self._fetched: set[int] = set()  # loaders fetched from since the last boundary
+        self._called: set[int] = set()  # top-level modules called since the last boundary
+        self._backward_pending = False
+        self._depth = 0  # module calls running (0: the next call is top-level)
+        self.loader_workers = 0  # the most DataLoader workers seen, for cpu_contention
+        self._handles: list[Any] = []
+        self._module_handles: list[Any] = []
+        self._restore: list[tuple[Any, str, Any]] = []
 
+    # -- installing the hooks -------------------------------------------------------------------
     def install(self) -> None:
-        if self._hook is not None:
+        global _active
+        if self._handles:
             return
-        self._hook = optimizer_module.register_optimizer_step_post_hook(self._after_optimizer_step)
-        original = dataloader._BaseDataLoaderIter.__next__
+        _active = self
+        self._handles = [
+            optimizer_module.register_optimizer_step_pre_hook(self._before_optimizer_step),
+            optimizer_module.register_optimizer_step_post_hook(self._after_optimizer_step),
+        ]
         detector = self
+        original_next = dataloader._BaseDataLoaderIter.__next__
 
         def __next__(iterator: Any) -> Any:
-            detector._before_next()
-            return original(iterator)
+            detector._before_next(iterator)
+            return original_next(iterator)
 
-        __next__.__wrapped__ = original  # type: ignore[attr-defined]
-        self._original_next = original
-        dataloader._BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
         zero_grad = optimizer_module.Optimizer.zero_grad
 
         def wrapped_zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            detector._take_pending()
+            if detector._pending and id(optimizer) == next(iter(detector._optimizers)):
+                detector._take_pending()  # only the first optimizer's zero_grad opens an iteration
             return zero_grad(optimizer, *args, **kwargs)
 
-        wrapped_zero_grad.__wrapped__ = zero_grad  # type: ignore[attr-defined]
-        self._original_zero_grad = zero_grad
-        optimizer_module.Optimizer.zero_grad = wrapped_zero_grad  # type: ignore[method-assign]
+        backward = torch.autograd.backward
+
+        def wrapped_backward(*args: Any, **kwargs: Any) -> Any:
+            detector._before_backward()
+            try:
+                return backward(*args, **kwargs)
+            finally:
+                detector._backward_pending = True
+
+        self._patch(dataloader._BaseDataLoaderIter, "__next__", __next__, original_next)
+        self._patch(optimizer_module.Optimizer, "zero_grad", wrapped_zero_grad, zero_grad)
+        if self.only in (None, "backward", "forward"):
+            self._patch(torch.autograd, "backward", wrapped_backward, backward)  # Tensor.backward calls it
+            self._module_handles = [
+                module_hooks.register_module_forward_pre_hook(self._before_module),
+                module_hooks.register_module_forward_hook(self._after_module, always_call=True),
+            ]
+
+    def _patch(self, owner: Any, name: str, replacement: Any, original: Any) -> None:
+        replacement.__wrapped__ = original
+        setattr(owner, name, replacement)
+        self._restore.append((owner, name, original))
 
     def uninstall(self) -> None:
-        if self._hook is None:
-            return
-        self._hook.remove()
-        self._hook = None
-        dataloader._BaseDataLoaderIter.__next__ = self._original_next  # type: ignore[method-assign]
-        optimizer_module.Optimizer.zero_grad = self._original_zero_grad  # type: ignore[method-assign]
+        global _active
+        if _active is self:
+            _active = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._remove_module_hooks()
+        for owner, name, original in reversed(self._restore):
+            setattr(owner, name, original)
+        self._restore = []
 
-    def _boundary(self) -> None:
+    def _remove_module_hooks(self) -> None:
+        for handle in self._module_handles:
+            handle.remove()
+        self._module_handles = []
+
+    # -- boundaries -----------------------------------------------------------------------------
+    def _boundary(self, signal: str) -> None:
         self.boundaries += 1
+        self.signal = signal
+        self.last_boundary = time.monotonic()
         self.on_boundary()
 
+    def user_step(self) -> None:
+        if USER not in self.seen:
+            self.seen.add(USER)
+            self.marking = USER
+            self._remove_module_hooks()
+        self._boundary(USER)
+
+    def _seen(self, signal: str) -> None:
+        if signal in self.seen:
+            return
+        self.seen.add(signal)
+        if self.marking != USER and self.only is None:  # the first by priority seen so far marks the steps
+            self.marking = next(s for s in SIGNALS if s in self.seen)
+        if self.only is None and signal in ("optimizer", "dataloader") and self._module_handles:
+            self._remove_module_hooks()  # the fallbacks no longer decide: spare every module call the hooks
+
+    # -- optimizer ------------------------------------------------------------------------------
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if "optimizer" not in self.seen:
+            self._seen("optimizer")  # before any backward an LBFGS closure runs inside the step
+
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.saw_optimizer = True
-        if self._optimizer_pending:  # no DataLoader fetch since the last step: mark it here
-            self._boundary()
-        self._optimizer_pending = True
+        if self.marking != "optimizer":
+            return
+        key = id(optimizer)
+        self._optimizers.setdefault(key)
+        if key in self._stepped:  # stepped again with no DataLoader fetch or zero_grad between: mark here
+            self._boundary("optimizer")
+            self._stepped = set()
+        self._stepped.add(key)
+        self._pending = True
 
     def _take_pending(self) -> None:
-        if self._optimizer_pending:
-            self._optimizer_pending = False
-            self._boundary()
+        if self._pending and self._stepped >= self._optimizers.keys() and self.marking == "optimizer":
+            self._pending = False
+            self._stepped = set()
+            self._boundary("optimizer")
 
-    def _before_next(self) -> None:
-        self.saw_loader = True
-        if self.saw_optimizer:
+    # -- DataLoader -----------------------------------------------------------------------------
+    def _before_next(self, iterator: Any) -> None:
+        self._seen("dataloader")
+        self.loader_workers = max(self.loader_workers, getattr(iterator, "_num_workers", 0))
+        if "optimizer" in self.seen and self.only in (None, "optimizer"):
             self._take_pending()
             return
-        if self._loader_pending:
-            self._boundary()
-        self._loader_pending = True
+        if self.marking != "dataloader":
+            return
+        key = id(getattr(iterator, "_dataset", iterator))  # one loader's iterators share it, epoch after epoch
+        if key in self._fetched:
+            self._fetched = set()
+            self._boundary("dataloader")
+        self._fetched.add(key)
+
+    # -- backward and forward -------------------------------------------------------------------
+    def _before_backward(self) -> None:
+        self._seen("backward")
+        if self._backward_pending and self.marking == "backward":  # no module call since the last backward
+            self._backward_pending = False
+            self._boundary("backward")
+
+    def _before_module(self, module: Any, args: Any) -> None:
+        self._depth += 1
+        if self._depth != 1:
+            return
+        if self._backward_pending and self.marking == "backward":
+            self._backward_pending = False
+            self._called = set()
+            self._boundary("backward")
+            return
+        self._seen("forward")
+        if self.marking != "forward":
+            return
+        key = id(module)
+        if key in self._called:
+            self._called = set()
+            self._boundary("forward")
+        self._called.add(key)
+
+    def _after_module(self, module: Any, args: Any, output: Any) -> None:
+        self._depth = max(self._depth - 1, 0)
+
+
+class Watchdog:
+    """Says on stderr, while the script runs, when no step boundary came for ``timeout_s`` seconds."""
+
+    def __init__(self, detector: StepDetector, timeout_s: float, say: Callable[[str], None],
+                 done: Callable[[], bool]) -> None:  # fmt: skip
+        self.detector = detector
+        self.timeout_s = timeout_s
+        self.say = say
+        self.done = done
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="skalpel-step-watchdog", daemon=True)
+
+    def start(self) -> None:
+        if self.timeout_s > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        sys.setprofile(None)  # out of the profiler's Python tracer (and the flame graph)
+        warned_at = -1  # the boundary count at the last warning: one warning per silent stretch
+        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+            if self.done():
+                return
+            count = self.detector.boundaries
+            silent = time.monotonic() - self.detector.last_boundary
+            if silent < self.timeout_s or count == warned_at:
+                continue
+            warned_at = count
+            self.say(self.message(count, silent))
+
+    def message(self, count: int, silent_s: float) -> str:
+        if count == 0:
+            looked = LABELS[self.detector.only] if self.detector.only else ALL_SIGNALS
+            return (
+                f"no step boundary in the first {silent_s:.0f} s (skalpel looks for {looked}); "
+                f"still waiting. If the script has no training loop there is nothing to record; otherwise {HOW_TO_MARK}"
+            )
+        return (
+            f"step {count} has run for {silent_s:.0f} s without a boundary (last marked by "
+            f"{LABELS.get(self.detector.signal or '', '?')}); a step this long is slow to record: lower --active, "
+            f"or, if this is not one iteration, {HOW_TO_MARK}"
+        )

@@ -9,6 +9,7 @@ from ..analysis.syncs import syncs
 from ..trace.kinds import Kind
 from . import thresholds
 from .common import pct, windows
+from .cpu import usable_cores
 from .rule import Context, Docs, Outcome, Rule
 
 
@@ -36,7 +37,7 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
             "iterator": ", ".join(iterators),
             "judged_over": "marked steps" if ctx.steps.marked else "the whole window (no ProfilerStep markers)",
         }
-        fix = rule.fix
+        fix = worker_advice(ctx.capture.cpu if ctx.capture is not None else None) + "; " + _CHEAP_ITEMS
         if single:
             fix = "num_workers=0 loads every batch in the training process: " + fix
         locations = _unique(ctx.inner_locations(waits) + ctx.locations(waits))
@@ -50,6 +51,21 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
     return findings
 
 
+_CHEAP_ITEMS = "make __getitem__ cheap (decode/augment once, cache, or move transforms to the device)"
+
+
+def worker_advice(cpu: dict | None) -> str:
+    """How many DataLoader workers to use: never more than the cores the capture saw (one stays for training)."""
+    cores = usable_cores(cpu) if cpu else None
+    if cores is None:
+        return "DataLoader(num_workers=N up to the cores the machine has, pin_memory=True, persistent_workers=True)"
+    if cores < 2:
+        return f"with {cores:g} usable core, worker processes would only compete with training"
+    workers = min(4, int(cores) - 1)
+    return (f"DataLoader(num_workers={workers}, pin_memory=True, persistent_workers=True, prefetch_factor=2) "
+            f"({cores:g} usable cores)")  # fmt: skip
+
+
 def _unique(locations: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(location for location in locations if location))
 
@@ -61,8 +77,9 @@ DATALOADER_BOUND = Rule(
     title="The step waits for data {share_pct:.0f}% of the time ({ms_per_step:.1f} ms of a {step_ms:.1f} ms step)",
     thresholds=thresholds.DATALOADER_BOUND,
     check=_check_dataloader,
-    fix="DataLoader(num_workers=4 or more, pin_memory=True, persistent_workers=True, prefetch_factor=2); "
-    "make __getitem__ cheap (decode/augment once, cache, or move transforms to the device)",
+    fix="DataLoader(num_workers=N up to the cores available, one kept for training; pin_memory=True, "
+    "persistent_workers=True, prefetch_factor=2); make __getitem__ cheap (decode/augment once, cache, or move "
+    "transforms to the device)",
     docs=Docs(
         what="The training loop waits for the next batch: the time inside `enumerate(DataLoader)#...__next__` "
         "that no device work hides, as the PyTorch Profiler TensorBoard plugin's DataLoader category counts it.",

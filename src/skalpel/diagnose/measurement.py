@@ -160,6 +160,8 @@ def _check_overhead(ctx: Context, rule: Rule) -> Outcome:
     overhead = capture.overhead_pct
     if overhead < limits.share_pct or (extra_ms is not None and extra_ms < limits.floor):
         return []
+    if capture.overhead_noise_pct is not None and overhead <= capture.overhead_noise_pct:
+        return []  # inside the noise of the two medians: not a measured overhead
     evidence = {
         "overhead_pct": overhead,
         "extra_ms_per_step": extra_ms if extra_ms is not None else float("nan"),
@@ -180,7 +182,8 @@ PROFILER_OVERHEAD = Rule(
     fix="profile with fewer options for timing (with_stack=False, record_shapes=False, profile_memory=False) "
     "and keep the full profile for locating",
     docs=Docs(
-        what="The median profiled step against the median un-profiled warm-up step of the same run.",
+        what="The median profiled step against the median un-profiled steady-state step of the same run (steps "
+        "timed after the recorded window), when the difference stands out of the noise of both medians.",
         why="The profiler adds a fixed cost per op (more with Python stacks and shapes), so host-bound and "
         "tiny-op workloads look more host-bound than they are. Warning from `warning_pct` on, info below.",
         evidence="The overhead in percent and ms per step, and both medians.",

@@ -8,10 +8,11 @@ Rules run in the order of this table; the report sorts findings by severity.
 from __future__ import annotations
 
 from . import compile as compile_rules
-from . import allocator, coldstart, device, distributed, input, measurement, memory, recording, sync, verdict
+from . import allocator, coldstart, cpu, device, distributed, input, measurement, memory, recording, sync, verdict
 from .rule import Rule
 
-_FAMILIES = (input, sync, device, memory, allocator, compile_rules, distributed, measurement, coldstart, recording, verdict)
+_FAMILIES = (input, cpu, sync, device, memory, allocator, compile_rules, distributed, measurement, coldstart, recording,
+             verdict)  # fmt: skip
 
 RULES: tuple[Rule, ...] = tuple(rule for family in _FAMILIES for rule in family.RULES)
 """Every finding, in the order the rules run."""

@@ -67,6 +67,14 @@ PAGEABLE_MEMCPY = Threshold(
     params=(("min_bytes_per_step", 1 * MIB), ("warning_pct", 5.0)),
 )
 
+# --- cpu (cpu.py) ---------------------------------------------------------------------------
+# Waiting for a core 40% of the time a thread wants one is a machine shared two and a half ways;
+# 1 ms/step of waiting (summed over threads) keeps tiny steps out.
+CPU_CONTENTION = Threshold(
+    40.0, "of the time the process's threads wanted a core spent waiting for one", 1.0, "ms/step waiting",
+    critical_share_pct=70.0,
+)  # fmt: skip
+
 # --- sync ----------------------------------------------------------------------------------
 HOST_DEVICE_SYNC = Threshold(
     5.0, "of the step with the device idle after a sync returns", 0.2, "ms/step", critical_share_pct=30.0

@@ -337,7 +337,9 @@ def capture(report: Report) -> str:
         body = na("the trace was loaded from disk, not captured by skalpel: no warm-up, overhead or noise measurements")
     else:
         facts.append(("steps captured", c.describe_steps()))
-        facts.append(("profiler overhead", "not measured" if c.overhead_pct is None else f"{c.overhead_pct:+.1f}%"))
+        if c.step_signal:
+            facts.append(("steps marked by", c.step_signal))
+        facts.append(("profiler overhead", c.overhead_words() or "not measured"))
         facts.append(("noise between windows", "not measured" if c.noise_pct is None else f"{c.noise_pct:.1f}%"))
         if c.unprofiled_step_ms is not None and c.profiled_step_ms is not None:
             facts.append(("step unprofiled / profiled", f"{c.unprofiled_step_ms:.2f} / {c.profiled_step_ms:.2f} ms"))

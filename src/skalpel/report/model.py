@@ -44,7 +44,7 @@ class CaptureInfo:
 
     warmup_steps: int  # every step before the recorded ones: wait (un-profiled) and profiler warm-up
     active_steps: int
-    overhead_pct: float | None = None  # median profiled step vs median un-profiled warm-up step
+    overhead_pct: float | None = None  # median profiled step vs median steady un-profiled step
     noise_pct: float | None = None  # spread between repeated capture windows
     repeats: int = 1
     script: str | None = None
@@ -53,6 +53,24 @@ class CaptureInfo:
     profiled_step_ms: float | None = None
     window_medians_ms: tuple[float, ...] = ()
     wait_steps: int | None = None  # of the warmup_steps, those run without the profiler (None: not said)
+    overhead_noise_pct: float | None = None  # an overhead within +- this is not measured
+    baseline_steps: int | None = None  # un-profiled steps the overhead's baseline is the median of
+    step_signal: str | None = None  # what marked the steps: "optimizer.step()", "backward()", "run.step()", ...
+    cpu: dict[str, Any] | None = None  # threads asked, cores available, CPU time over the recorded steps (capture/cpu.py)
+
+    def overhead_words(self) -> str | None:
+        """The overhead as a reader may take it: a figure only when it stands out of its noise."""
+        overhead, noise = self.overhead_pct, self.overhead_noise_pct
+        if overhead is None:
+            return None
+        if noise is None:
+            return f"profiler overhead {overhead:+.1f}%" if overhead >= 0 else "profiler overhead not measurable"
+        if abs(overhead) <= noise:
+            return f"profiler overhead within the noise (+-{noise:.0f}%)"
+        if overhead < 0:
+            return (f"profiler overhead not measurable (profiled steps {-overhead:.0f}% faster than un-profiled "
+                    "ones: the un-profiled steps were disturbed)")  # fmt: skip
+        return f"profiler overhead {overhead:+.1f}% (+-{noise:.0f}%)"
 
     def describe_steps(self) -> str:
         if self.wait_steps is None:

@@ -209,8 +209,11 @@ def _capture(report: Report) -> Text:
     capture = report.capture
     assert capture is not None
     parts = [f"capture: {capture.describe_steps()}"]
-    if capture.overhead_pct is not None:
-        parts.append(f"profiler overhead {capture.overhead_pct:+.1f}%")
+    if capture.step_signal:
+        parts.append(f"steps marked by {capture.step_signal}")
+    overhead = capture.overhead_words()
+    if overhead is not None:
+        parts.append(overhead)
     if capture.noise_pct is not None:
         parts.append(f"noise {capture.noise_pct:.1f}%")
     return Text(", ".join(parts))

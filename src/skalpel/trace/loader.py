@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 
 from ..display import cut_name
 from ..errors import TraceError
+from . import line_samples
 from .assemble import FileColumns, assemble
 from .columns import ColumnBuilder
 from .events import BatchSyntaxError, decode_events
@@ -330,6 +331,7 @@ def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInf
         truncated=truncated,
         event_count=count,
         compile_log=header["skalpel_compile"] if isinstance(header.get("skalpel_compile"), dict) else None,
+        line_samples=line_samples.parse(header.get(line_samples.HEADER_KEY)),
     )
 
 

@@ -38,6 +38,7 @@ class RankInfo:
     truncated: bool = False
     event_count: int = 0
     compile_log: dict | None = None  # torch.compile events skalpel's capture wrote into the header (skalpel_compile)
+    line_samples: Any = None  # line_samples.LineSamples from a skalpel capture's header, else None
 
 
 @dataclass

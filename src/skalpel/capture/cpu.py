@@ -1,0 +1,106 @@
+"""What the process asked of the CPU and what it got, over the recorded steps (for ``cpu_contention``).
+
+Asked: torch's intra-op threads, the DataLoader workers, the processes of the job on this
+machine. Available: the cores the process may run on (``sched_getaffinity``) and the
+cgroup quota (``cpu.max``, or ``cpu.cfs_quota_us`` on cgroup v1). Got: the process's CPU
+time against the wall time of the recorded steps, and (Linux) the time its threads
+spent runnable but waiting for a core (``/proc/self/task/*/schedstat``, the run-queue
+delay), which is contention itself rather than a guess from load. The system load
+average, and the threads runnable at the end of the window, say whether the machine is
+busier than its cores.
+
+The facts go into the capture info (``CaptureInfo.cpu``), which the rule reads without torch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    wall_s: float
+    cpu_s: float  # user + system time of every thread of this process
+    waits_ns: dict[str, int] | None  # run-queue delay of each live thread (None: not on this system)
+
+
+def snapshot() -> Snapshot:
+    return Snapshot(time.perf_counter(), time.process_time(), _run_queue_waits())
+
+
+def facts(start: Snapshot, end: Snapshot, *, steps: int, loader_workers: int = 0) -> dict[str, Any]:
+    """The CPU facts of the stretch between two snapshots (``steps`` recorded steps)."""
+    import torch
+
+    wall = max(end.wall_s - start.wall_s, 1e-9)
+    cpu = max(end.cpu_s - start.cpu_s, 0.0)
+    result: dict[str, Any] = {
+        "intra_op_threads": torch.get_num_threads(),
+        "inter_op_threads": torch.get_num_interop_threads(),
+        "loader_workers": loader_workers,
+        "processes": _local_processes(),
+        "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_quota_cores": cgroup_quota_cores(),
+        "cpu_s": round(cpu, 4),
+        "wall_s": round(wall, 4),
+        "steps": steps,
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "runnable_now": _runnable(),
+        "run_queue_wait_s": None,
+    }
+    if start.waits_ns is not None and end.waits_ns is not None:
+        # per thread: a thread that ended in between takes its delay with it; one born in between brings all of its own
+        waited = sum(ns - start.waits_ns.get(tid, 0) for tid, ns in end.waits_ns.items())
+        result["run_queue_wait_s"] = round(max(waited, 0) / 1e9, 4)
+    return result
+
+
+def cgroup_quota_cores(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """Cores the cgroup quota allows (None: no quota, or no cgroup file)."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]  # cgroup v2: "max 100000" or "200000 100000"
+        return None if quota == "max" else round(int(quota) / int(period), 2)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return round(quota_us / period_us, 2) if quota_us > 0 and period_us > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def _run_queue_waits() -> dict[str, int] | None:
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None  # not Linux
+    waits = {}
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/schedstat", "rb") as file:
+                fields = file.read().split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        if len(fields) >= 2:
+            waits[task] = int(fields[1])
+    return waits or None
+
+
+def _runnable() -> int | None:
+    """Threads runnable on the machine right now, this one included (Linux ``/proc/loadavg``)."""
+    try:
+        return int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _local_processes() -> int:
+    try:
+        return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)  # set by torchrun for the ranks on this node
+    except ValueError:
+        return 1

@@ -1,0 +1,138 @@
+"""cpu_contention: the process gets much less CPU than it asks for.
+
+Judged from the CPU facts the capture recorded over the recorded steps (``CaptureInfo.cpu``,
+written by ``capture/cpu.py``): a trace loaded from disk without them is not judged.
+The share is the part of the time the process's threads wanted a core that they spent
+waiting for one (the run-queue delay, against CPU time plus that delay); where the system
+does not report the delay, the CPU the process got against the threads it runs (capped
+at the cores it may use), when it asks for more than those cores or the machine is busier
+than its cores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import thresholds
+from .rule import Context, Docs, NotJudged, Outcome, Rule
+
+
+def usable_cores(cpu: dict[str, Any]) -> float | None:
+    """Cores the process may use: its affinity, lowered by a cgroup quota."""
+    cores = cpu.get("cores_available")
+    quota = cpu.get("cpu_quota_cores")
+    if cores is None:
+        return quota
+    return min(float(cores), float(quota)) if quota else float(cores)
+
+
+def _check_contention(ctx: Context, rule: Rule) -> Outcome:
+    cpu = ctx.capture.cpu if ctx.capture is not None else None
+    if not cpu or not cpu.get("wall_s") or not cpu.get("steps"):
+        return NotJudged("no CPU facts: a capture by skalpel run or skalpel.profile() records them", applies=False)
+    limits = rule.thresholds
+    cores = usable_cores(cpu) or 1.0
+    threads = int(cpu.get("intra_op_threads") or 1)
+    processes = int(cpu.get("processes") or 1)
+    workers = int(cpu.get("loader_workers") or 0)
+    asked = threads * processes + workers
+    load = cpu.get("load_avg_1m")
+    got_cores = cpu["cpu_s"] / cpu["wall_s"]
+    wait_s = cpu.get("run_queue_wait_s")
+    if wait_s is not None:
+        waiting_pct = 100.0 * wait_s / max(cpu["cpu_s"] + wait_s, 1e-9)
+    elif asked > cores or (load is not None and load > cores):
+        waiting_pct = max(0.0, 100.0 * (1.0 - got_cores / min(threads, cores)))
+        wait_s = max(min(threads, cores) * cpu["wall_s"] - cpu["cpu_s"], 0.0)
+    else:
+        return []
+    wait_ms_per_step = 1000.0 * wait_s / cpu["steps"]
+    if waiting_pct < limits.share_pct or wait_ms_per_step < limits.floor:
+        return []
+    evidence = {
+        "waiting_pct": waiting_pct,  # not share_pct: listed after the code's own bottlenecks of its severity
+        "wait_ms_per_step": wait_ms_per_step,
+        "cores_used": got_cores,
+        "intra_op_threads": threads,
+        "processes": processes,
+        "loader_workers": workers,
+        "threads_asked": asked,
+        "cores_available": cpu.get("cores_available"),
+        "cpu_quota_cores": cpu.get("cpu_quota_cores"),
+        "load_avg_1m": load,
+        "runnable_now": cpu.get("runnable_now"),
+    }
+    causes = _causes(asked, threads, processes, workers, cores, load, cpu.get("cpu_quota_cores"))
+    title = (
+        f"CPU contention: the process waited for a core {waiting_pct:.0f}% of the time it wanted one "
+        f"({wait_ms_per_step:.1f} ms/step); it asks for {asked} thread(s) on {cores:g} usable core(s)"
+        + (f", system load {load:.1f}" if load is not None else "")
+    )
+    severity = rule.severity_for(waiting_pct)
+    fix = _fix(threads, processes, workers, cores, load, causes)
+    return [rule.finding(evidence, title=title, severity=severity, fix=fix)]
+
+
+def _causes(asked: int, threads: int, processes: int, workers: int, cores: float, load: float | None,
+            quota: float | None) -> list[str]:  # fmt: skip
+    causes = []
+    if asked > cores:
+        parts = [f"{threads} intra-op thread(s)" + (f" x {processes} processes" if processes > 1 else "")]
+        if workers:
+            parts.append(f"{workers} DataLoader worker(s)")
+        causes.append(f"{' + '.join(parts)} for {cores:g} core(s)")
+    if load is not None and load > cores:
+        causes.append(f"other processes: system load {load:.1f} on {cores:g} core(s)")
+    if quota:
+        causes.append(f"a cgroup quota of {quota:g} core(s)")
+    return causes
+
+
+def _fix(threads: int, processes: int, workers: int, cores: float, load: float | None, causes: list[str]) -> str:
+    """A fix that fits the machine measured: never more threads, workers or processes than its cores."""
+    per_process = max(int(cores) // max(processes, 1) - (1 if workers else 0), 1)
+    steps = []
+    if threads > per_process:
+        steps.append(f"torch.set_num_threads({per_process}) (or OMP_NUM_THREADS={per_process})")
+    if workers and workers + processes * min(threads, per_process) > cores:
+        steps.append(f"fewer DataLoader workers (num_workers={max(int(cores) - processes, 0)} or less)")
+    if processes > cores:
+        steps.append(f"at most {int(cores)} processes on this machine")
+    if load is not None and load > cores:
+        steps.append("stop the other loads on the machine (or capture where it is idle)")
+    if not steps:
+        steps.append(f"torch.set_num_threads({per_process}) and measure again on an idle machine")
+    cause = f" ({'; '.join(causes)})" if causes else ""
+    return "; ".join(steps) + cause
+
+
+CPU_CONTENTION = Rule(
+    id="cpu_contention",
+    family="cpu",
+    severity="warning",
+    title="CPU contention: the process waited for a core {waiting_pct:.0f}% of the time it wanted one",
+    thresholds=thresholds.CPU_CONTENTION,
+    check=_check_contention,
+    fix="torch.set_num_threads(N) or OMP_NUM_THREADS=N with N the cores per process; fewer DataLoader workers "
+    "or processes; stop other loads on the machine",
+    docs=Docs(
+        what="Over the recorded steps, the process's threads spent a large share of the time they wanted a CPU "
+        "core waiting for one (the Linux run-queue delay of every thread, against their CPU time plus that delay). "
+        "Where the delay is not reported: the CPU time the process got against the intra-op threads it runs "
+        "(capped at its cores), when it asks for more than its cores or the machine is busier than its cores.",
+        why="A starved process runs every op slower, and intra-op threads that wait for each other at every "
+        "parallel region make it much slower still: a 2-core machine under load can turn a 43 ms step into "
+        "a 759 ms one. Every other number of the profile (shares, overhead) is then distorted by the machine, "
+        "not by the code.",
+        evidence="The waiting share and wait ms per step (summed over threads), the cores the process used, what it "
+        "asks for (intra-op threads x processes on this machine + DataLoader workers), the cores it may use "
+        "(sched_getaffinity, cgroup cpu.max quota) and the 1-minute system load average; recorded by the capture.",
+        fix="Match threads to cores: `torch.set_num_threads(N)` or `OMP_NUM_THREADS=N`, N = usable cores / processes "
+        "(one less with DataLoader workers); fewer DataLoader workers or processes; stop competing loads. The fix "
+        "given names numbers that fit the machine measured.",
+        false_positives="A burst of other load during the few recorded steps (a backup, another user's job) makes "
+        "one capture look starved; capture again. Stored traces carry no CPU facts and are not judged.",
+    ),
+)
+
+RULES = (CPU_CONTENTION,)
