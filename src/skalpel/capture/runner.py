@@ -186,7 +186,7 @@ class _Capture:
         own.step()
         own.loader_workers = self.detector.loader_workers
         if own.baseline_complete:  # recorded, and un-profiled steps timed after it for the overhead's baseline
-            self.detector.uninstall()
+            self.detector.uninstall(final=False)
             if self.stop_after_capture:
                 raise CaptureComplete
 

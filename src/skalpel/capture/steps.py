@@ -135,19 +135,23 @@ class StepDetector:
         setattr(owner, name, replacement)
         self._restore.append((owner, name, original))
 
-    def uninstall(self) -> None:
+    def uninstall(self, *, final: bool = True) -> None:
+        """Remove every hook; ``final=False`` (capture done, script still running) keeps module hooks that
+        torch.compile has already traced, so that removing them does not make it recompile."""
         global _active
         if _active is self:
             _active = None
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self._remove_module_hooks()
+        self._remove_module_hooks(final=final)
         for owner, name, original in reversed(self._restore):
             setattr(owner, name, original)
         self._restore = []
 
-    def _remove_module_hooks(self) -> None:
+    def _remove_module_hooks(self, *, final: bool = False) -> None:
+        if not final and _compiled_anything():
+            return  # torch.compile guards on the global module hooks: removing them now would recompile
         for handle in self._module_handles:
             handle.remove()
         self._module_handles = []
@@ -239,6 +243,12 @@ class StepDetector:
 
     def _after_module(self, module: Any, args: Any, output: Any) -> None:
         self._depth = max(self._depth - 1, 0)
+
+
+def _compiled_anything() -> bool:
+    """Whether torch.compile has produced a graph in this process (its guards then cover our module hooks)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return dynamo is not None and bool(dynamo.counters["stats"]["unique_graphs"])
 
 
 class Watchdog:
