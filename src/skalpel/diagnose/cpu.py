@@ -108,7 +108,7 @@ def _fix(threads: int, processes: int, workers: int, cores: float, load: float |
 
 CPU_CONTENTION = Rule(
     id="cpu_contention",
-    family="cpu",
+    family="measurement",  # the machine, not the code: every other number of the run is distorted by it
     severity="warning",
     title="CPU contention: the process waited for a core {waiting_pct:.0f}% of the time it wanted one",
     thresholds=thresholds.CPU_CONTENTION,
