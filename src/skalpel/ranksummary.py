@@ -30,7 +30,7 @@ from .analysis.recorded import RecordingResult
 from .analysis.step_device import StepDeviceResult
 from .analysis.steps import StepSegmentation
 from .diagnose import judge
-from .diagnose import distributed, measurement
+from .diagnose import cpu, distributed, measurement
 from .diagnose.distributed import RankLocations, rank_locations
 from .diagnose.registry import judged_rules
 from .diagnose.rule import Context, NotJudged
@@ -40,9 +40,9 @@ from .report.model import Finding, RankReport
 from .trace.loader import load_one
 from .trace.model import RankInfo
 
-JOB_RULES = frozenset(rule.id for rule in measurement.RULES + distributed.RULES)
+JOB_RULES = frozenset(rule.id for rule in measurement.RULES + cpu.RULES + distributed.RULES)
 """Findings judged on the whole job, on the driver, from the summaries: they read steps, the
-capture and per-rank results only. Every other rule reads one rank's events at a time and is
+capture (cpu_contention: its CPU facts) and per-rank results only. Every other rule reads one rank's events at a time and is
 judged in that rank's worker."""
 
 
