@@ -96,6 +96,7 @@ def _rank_comm(trace: Trace, rank: int, steps: list[Step]) -> RankComm:
     comm = intervals.union(starts, ends)
     comm_us = float((comm[1] - comm[0]).sum())
     overlapped_us = intervals.intersection_length(comm, _compute(trace, rank, found)) if found else 0.0
+    overlapped_us = max(overlapped_us, 0.0)  # float sums of disjoint pieces can come out at -1e-12, printed as -0.0
     return RankComm(
         rank=rank,
         timed_on=("device" if found[0].on_device else "host") if found else "none",
