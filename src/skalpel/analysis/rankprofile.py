@@ -84,6 +84,10 @@ def time_profile(trace: Trace, steps: StepSegmentation, comm: CommAnalysis, rank
     gaps = _gaps(spans, covered)
     profile.ms[OUTSIDE_OPS] = sum(end - start for start, end in gaps) / 1000.0 / count
     longest = sorted(gaps, key=lambda gap: gap[0] - gap[1])[:20]
+    # Locate the stretches that carry the time: a few 60 ms sleeps must outvote many sub-ms gaps between ops.
+    if longest:
+        floor = 0.25 * (longest[0][1] - longest[0][0])
+        longest = [gap for gap in longest if gap[1] - gap[0] >= floor]
     profile.where[OUTSIDE_OPS] = ((), tuple((start + end) / 2 for start, end in longest))
     return profile
 
