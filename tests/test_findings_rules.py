@@ -278,8 +278,10 @@ def test_noisy_measurement_from_capture_windows(tmp_path, noise_pct, medians, se
     assert [finding.severity for finding in found] == ([severity] if severity else [])
 
 
+# The floor is 0.1 ms/step: a 1 ms step slowed by 40% is as inflated as a 100 ms one (the noise band judges the rest).
 @pytest.mark.parametrize(("overhead_pct", "profiled", "severity"), [(150.0, 25.0, "warning"), (30.0, 13.0, "info"),
-                                                                    (5.0, 10.5, None), (40.0, 1.3, None)])  # fmt: skip
+                                                                    (5.0, 10.5, None), (40.0, 1.3, "info"),
+                                                                    (128.0, 0.7, "warning"), (40.0, 0.12, None)])  # fmt: skip
 def test_profiler_overhead_share_and_floor(tmp_path, overhead_pct, profiled, severity):
     unprofiled = profiled / (1 + overhead_pct / 100)
     report = _with_capture(tmp_path, overhead_pct=overhead_pct, profiled_step_ms=profiled, unprofiled_step_ms=unprofiled)

@@ -127,7 +127,7 @@ TOO_FEW_STEPS = Threshold(None, "", 3.0, "profiled steps", fires_below=True)
 NOISY_MEASUREMENT = Threshold(
     20.0, "spread between capture windows (or step-time cv)", 0.5, "ms", params=(("warning_pct", 50.0), ("min_steps", 5))
 )
-PROFILER_OVERHEAD = Threshold(10.0, "slower profiled steps than un-profiled ones", 1.0, "ms/step", params=(("warning_pct", 100.0),))
+PROFILER_OVERHEAD = Threshold(10.0, "slower profiled steps than un-profiled ones", 0.1, "ms/step", params=(("warning_pct", 100.0),))
 
 # --- distributed (rules in distributed.py) --------------------------------------------------
 COMMUNICATION_BOUND = Threshold(30.0, "of the step in collectives", 5.0, "ms/step", critical_share_pct=50.0)
