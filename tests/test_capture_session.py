@@ -53,6 +53,31 @@ def test_profile_records_the_active_steps_and_measures_overhead(tmp_path: Path) 
     assert {path.name for path in run.written} >= {"flamegraph.svg", "summary.txt", "report.json"}
 
 
+def test_profile_in_process_filters_kineto_chatter_and_keeps_real_errors(tmp_path: Path) -> None:
+    """skalpel.profile() in the user's own process: no `USDT: profiler_start` lines, their own stderr intact."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, torch, skalpel
+        model = torch.nn.Linear(8, 1)
+        with skalpel.profile(out={str(tmp_path / "run")!r}, warmup=1, active=3) as run:
+            for _ in range(6):
+                model(torch.randn(4, 8)).sum().backward()
+                run.step()
+            os.write(2, b"ERROR: the user's own error line\\n")
+        print("done", flush=True)
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    assert "USDT" not in result.stderr and "Memory block of unknown size" not in result.stderr
+    assert "ERROR: the user's own error line" in result.stderr
+    assert (tmp_path / "run" / "trace-rank0.json.gz").is_file()
+
+
 def test_leaving_early_still_yields_what_was_recorded(tmp_path: Path) -> None:
     with skalpel.profile(warmup=1, active=5, out=tmp_path) as run:
         _loop(run, 20, stop_at=4)  # steps 0 (wait) and 1 (warm-up) un-profiled; 2 and 3 recorded

@@ -35,6 +35,7 @@ from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
 from . import compile_log, cpu, distributed, runfolder, signals
 from .aside import OWN
 from .export import ExportError, export_trace
+from .kineto_noise import filtered_stderr
 from .sampler import LineSampler
 from .settings import ACTIVE, CaptureSettings, profiler_kwargs, torch_schedule
 from .timing import step_timing, with_noise_note
@@ -109,6 +110,7 @@ class ProfileRun:
         self.baseline_steps = max(settings.active, 5)  # un-profiled steps timed after the last window
         self._sampler: LineSampler | None = None  # statement lines of the first window (with_stack only)
         self._cpu_excluded = (0.0, 0.0)  # wall and CPU seconds of the export, left out of the CPU window
+        self._stderr: filtered_stderr | None = None  # Kineto's chatter filtered while skalpel.profile() records
 
     # -- the session -------------------------------------------------------------------------
     def start(self) -> ProfileRun:
@@ -124,6 +126,9 @@ class ProfileRun:
         self._owns_compile_log = compile_log.install()  # `skalpel run` installs it before the script starts
         compile_log.before_step(self._prof, starting=True)
         OWN.add(self._prof)
+        if not self.auto:  # `skalpel run` filters the whole script's stderr already
+            self._stderr = filtered_stderr()
+            self._stderr.__enter__()
         with _quiet():
             self._prof.start()
         if self._phases[0] == (0, ACTIVE):  # no wait or warm-up: the window opened with the profiler
@@ -250,6 +255,9 @@ class ProfileRun:
             self._cpu_window.append(cpu.snapshot())
         if self._owns_compile_log:
             compile_log.uninstall()
+        if self._stderr is not None:
+            self._stderr.__exit__(None, None, None)
+            self._stderr = None
 
     def _tag_trace(self) -> None:
         # Header keys must be added while the profiler records; once per window.
