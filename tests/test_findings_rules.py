@@ -335,6 +335,13 @@ def test_cpu_contention_fix_fits_the_machine(tmp_path):
     assert "torch.set_num_threads(1)" in fix and "num_workers=1 or less" in fix
 
 
+def test_cpu_contention_from_other_processes_blames_none_of_the_script(tmp_path):
+    """2 threads on 2 cores, load average low but the run queue full in bursts: nothing in the script to change."""
+    bursts = _cpu(intra_op_threads=2, cpu_s=1.1, run_queue_wait_s=0.9, load_avg_1m=0.6)
+    fix = next(f for f in _with_capture(tmp_path, cpu=bursts).findings if f.id == "cpu_contention").fix
+    assert "nothing in the script" in fix and "other processes" in fix and "set_num_threads" not in fix
+
+
 def test_quiet_process_has_no_cpu_contention(tmp_path):
     assert not [f for f in _with_capture(tmp_path, cpu=_cpu()).findings if f.id == "cpu_contention"]
     assert not [f for f in _with_capture(tmp_path).findings if f.id == "cpu_contention"]  # no facts: not judged

@@ -100,8 +100,11 @@ def _fix(threads: int, processes: int, workers: int, cores: float, load: float |
         steps.append(f"at most {int(cores)} processes on this machine")
     if load is not None and load > cores:
         steps.append("stop the other loads on the machine (or capture where it is idle)")
-    if not steps:
-        steps.append(f"torch.set_num_threads({per_process}) and measure again on an idle machine")
+    if not steps:  # the process asks no more than its cores: the others took them, in bursts the load average hides
+        steps.append(
+            f"nothing in the script ({threads} thread(s) x {processes} process(es) fit {cores:g} core(s)): other "
+            "processes took the cores; measure again on an idle machine, or give the job cores of its own (taskset)"
+        )
     cause = f" ({'; '.join(causes)})" if causes else ""
     return "; ".join(steps) + cause
 
