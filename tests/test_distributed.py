@@ -19,6 +19,7 @@ import pytest
 from skalpel.analysis.bundle import run_analyses
 from skalpel.analysis.collectives import busbw_factor, collective_type, dtype_bytes, message_bytes
 from skalpel.analysis.ranks import compare_ranks
+from skalpel.cli import main
 from skalpel.commbench import BenchRow, CommBench, compare
 from skalpel.diagnose import distributed
 from skalpel.diagnose.rule import Context
@@ -247,6 +248,24 @@ def test_commbench_file_round_trip_and_comparison() -> None:
     assert "transfer_vs_commbench_pct" not in row  # one rank: no wait to take out
     with pytest.raises(SkalpelError, match="not a skalpel commbench result"):
         CommBench.from_json(b'{"schema": "other"}')
+
+
+@pytest.mark.parametrize("change", [
+    {"rows": [{"type": "all_reduce", "nbytes": "1M", "time_us": 1.0, "algbw_gbps": 1.0, "busbw_gbps": 1.0}]},
+    {"rows": [{"type": "all_reduce", "nbytes": 1024, "time_us": 1.0, "algbw_gbps": 1.0, "busbw_gbps": "fast"}]},
+    {"rows": [{"type": "all_reduce", "nbytes": 1024, "time_us": 1.0, "algbw_gbps": 1.0, "busbw_gbps": -2.0}]},
+    {"rows": [{"type": 7, "nbytes": 1024, "time_us": 1.0, "algbw_gbps": 1.0, "busbw_gbps": 1.0}]},
+    {"rows": [{"type": "all_reduce", "nbytes": True, "time_us": 1.0, "algbw_gbps": 1.0, "busbw_gbps": 1.0}]},
+    {"rows": ["all_reduce"]}, {"rows": {}}, {"ranks": "two"}, {"skipped": "all_to_all"}, {"device": None},
+])  # fmt: skip
+def test_commbench_file_with_a_field_of_the_wrong_type_is_a_clear_error(tmp_path: Path, change: dict, capsys) -> None:
+    """A hand-edited result must fail on reading, not later in the comparison's arithmetic or the table."""
+    bench = CommBench("gloo", 2, "cpu", "2.13.0", (BenchRow("all_reduce", 1024, 10.0, 0.1, 0.1),))
+    data = {**json.loads(bench.to_json()), **change}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    assert main(["analyze", str(corpus("hta/nccl_parser_config/nccl_data.json.gz")), "--commbench", str(path)]) == 2
+    assert "not a skalpel commbench result" in capsys.readouterr().err
 
 
 def test_compare_ranks_single_rank_has_no_straggler() -> None:

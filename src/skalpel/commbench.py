@@ -9,6 +9,7 @@ follow nccl-tests: algbw = S / time, busbw = algbw x the collective's factor
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import orjson
@@ -47,9 +48,16 @@ class CommBench:
             data = orjson.loads(text)
             if data.get("schema") != SCHEMA:
                 raise ValueError(f"schema is {data.get('schema')!r}, not {SCHEMA}")
-            rows = tuple(BenchRow(**row) for row in data["rows"])
+            if not isinstance(data["rows"], list):
+                raise ValueError("rows must be a list")
+            rows = tuple(_checked_row(number, row) for number, row in enumerate(data["rows"], 1))
             fields = {key: data[key] for key in ("backend", "ranks", "device", "torch_version")}
-            return cls(rows=rows, skipped=tuple(data.get("skipped", ())), **fields)
+            skipped = data.get("skipped", [])
+            if not all(isinstance(value, str) for value in (fields["backend"], fields["device"], fields["torch_version"])):
+                raise ValueError("backend, device and torch_version must be strings")
+            if not _is_count(fields["ranks"]) or not isinstance(skipped, list) or not all(isinstance(s, str) for s in skipped):
+                raise ValueError("ranks must be a count and skipped a list of strings")
+            return cls(rows=rows, skipped=tuple(skipped), **fields)
         except (orjson.JSONDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise SkalpelError(f"{source}: not a skalpel commbench result ({error})") from None
 
@@ -59,6 +67,21 @@ class CommBench:
         if not rows or nbytes <= 0:
             return None
         return min(rows, key=lambda row: abs(_log2(row.nbytes) - _log2(nbytes)))
+
+
+def _checked_row(number: int, row: object) -> BenchRow:
+    """One measured row, every field of the type the comparison computes with (a file may be hand-edited)."""
+    parsed = BenchRow(**row)  # a TypeError for missing or unknown keys, or a row that is not an object
+    if not isinstance(parsed.type, str) or not _is_count(parsed.nbytes):
+        raise ValueError(f"row {number}: type must be a string and nbytes a count of bytes")
+    for value in (parsed.time_us, parsed.algbw_gbps, parsed.busbw_gbps):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"row {number}: times and bandwidths must be finite numbers >= 0")
+    return parsed
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def render_table(bench: CommBench) -> str:
