@@ -167,6 +167,15 @@ def test_no_step_boundary_says_how_to_mark_steps(tmp_path: Path, capsys) -> None
     assert status == 2 and "no step boundary found" in line and "run.step()" in line
 
 
+def test_script_failing_before_its_first_iteration_gets_no_step_marking_advice(tmp_path: Path, capsys) -> None:
+    """A script that cannot load its data: its own error is the news, not how to mark steps."""
+    script = _write(tmp_path / "noload.py", "import torch\ntorch.load('missing.pt')\n" + "STEPS = 12\n" + TRAIN)
+    status, _, err = _run(capsys, "--out", str(tmp_path / "run"), str(script))
+    assert status == 1 and "FileNotFoundError" in err and "missing.pt" in err
+    assert "ended before its first iteration" in err and "run.step()" not in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_zero_steps(tmp_path: Path, capsys) -> None:
     script = _write(tmp_path / "empty.py", "STEPS = 0\n" + TRAIN)
     status, _, err = _run(capsys, "--out", str(tmp_path / "run"), str(script))

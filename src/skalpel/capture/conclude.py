@@ -92,8 +92,9 @@ def _holding(chosen: ProfileRun) -> str:
 def _nothing_recorded(capture: _Capture, target: Target, status: int, error: BaseException | None, folder: Path,
                       *, removable: bool) -> RunResult:  # fmt: skip
     """No trace: remove the run folder skalpel made for it (a job's shared folder stays), then say why."""
-    why = capture.why_nothing(target)
     stopped = error is not None or status != 0
+    interrupted = isinstance(error, (KeyboardInterrupt, signals.Terminated))
+    why = capture.why_nothing(target, failed=stopped and not interrupted)
     notes = [f"{target.name} stopped (exit status {status}) before any step was recorded; {why}" if stopped else why]
     if removable and distributed.job() is None and runfolder.remove_if_empty(folder):
         notes.append(f"nothing was recorded; removed the empty run folder {folder}")

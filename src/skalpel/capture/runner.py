@@ -230,7 +230,7 @@ class _Capture:
         self.user = user
         return self.own.folder
 
-    def why_nothing(self, target: Target) -> str:
+    def why_nothing(self, target: Target, *, failed: bool = False) -> str:
         if self.aside.where is not None:
             return (
                 f"{target.name} starts torch.profiler itself ({self.aside.where}) before skalpel recorded a step: "
@@ -246,6 +246,8 @@ class _Capture:
                 "with `with skalpel.profile() as run:` and `run.step()`"
             )
         count = self.detector.boundaries
+        if count == 0 and not self.detector.seen and failed:
+            return "it ended before its first iteration: there was nothing to profile yet"
         if count == 0 and not self.detector.seen:
             looked = LABELS[self.detector.only] if self.detector.only else ALL_SIGNALS
             return f"no step boundary found in {target.name}: skalpel looks for {looked}; {HOW_TO_MARK}"
