@@ -323,3 +323,46 @@ def test_a_crashing_script_still_shows_its_last_words_through_the_filter(tmp_pat
     result = _skalpel("--out", str(tmp_path / "run"), "--warmup", "1", "--active", "2", str(script), "", "8", cwd=tmp_path)
     assert result.returncode == -signal.SIGSEGV
     assert "last words before the crash" in result.stderr  # the filter outlives the process and drains the pipe
+
+
+# Steps of very many ops (an LSTM cell unrolled over 150 time steps, LBFGS running the closure twice per
+# optimizer step: ~40,000 ops with their stacks): the shape of a real example whose profiler grew to 24 GB in three steps and was killed.
+MANY_OPS = """
+import torch
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+cell, head = torch.nn.LSTMCell(4, 8), torch.nn.Linear(8, 1)
+optimizer = torch.optim.LBFGS(list(cell.parameters()) + list(head.parameters()), lr=0.1, max_iter=2)
+x = torch.randn(2, 150, 4)
+for step in range(10):
+    def closure():
+        optimizer.zero_grad()
+        h = c = torch.zeros(2, 8)
+        for t in range(x.shape[1]):
+            h, c = cell(x[:, t], (h, c))
+        loss = head(h).pow(2).mean()
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+print("script done", step)
+"""
+
+
+def test_a_recording_past_its_memory_budget_stops_early_and_keeps_what_it_has(tmp_path: Path) -> None:
+    script = tmp_path / "many_ops.py"
+    script.write_text(textwrap.dedent(MANY_OPS))
+    out = tmp_path / "run"
+    result = _skalpel("--out", str(out), "--warmup", "1", "--active", "5", str(script), cwd=tmp_path,
+                      env=dict(os.environ, SKALPEL_RECORD_BUDGET_MB="16"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "script done 9" in result.stdout  # the script ran on to its end, un-profiled
+    assert "recording stopped early" in result.stderr and "(budget 16 MiB, $SKALPEL_RECORD_BUDGET_MB)" in result.stderr
+    report = Report.from_json((out / "report.json").read_bytes())
+    assert any("recording stopped early" in warning for warning in report.warnings)
+    assert report.steps.count >= 1 and (out / "trace-rank0.json.gz").is_file()
+    # The look-alike: an ordinary loop under the default budget records its whole window.
+    quiet = _skalpel("--out", str(tmp_path / "quiet"), "--warmup", "1", "--active", "3",
+                     str(_script(tmp_path, "loop()\n")), "", "12", cwd=tmp_path)  # fmt: skip
+    assert quiet.returncode == 0 and "stopped early" not in quiet.stderr
+    assert Report.from_json((tmp_path / "quiet" / "report.json").read_bytes()).capture.active_steps == 3

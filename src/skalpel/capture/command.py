@@ -43,6 +43,10 @@ def add_capture_options(parser: argparse.ArgumentParser, *, repeat: int = 1) -> 
         "--step-timeout", type=float, default=30.0, metavar="S",
         help="say so when no step boundary comes for S seconds (30; 0: never)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-stack", action="store_true",
+        help="record no Python stacks: a lighter profile for steps of very many ops (no user-code locations)",
+    )  # fmt: skip
 
 
 def execute(target: Target, args: argparse.Namespace) -> int:
@@ -51,7 +55,8 @@ def execute(target: Target, args: argparse.Namespace) -> int:
     from .runner import run
     from .signals import Terminated
 
-    settings = CaptureSettings(wait=args.wait, warmup=args.warmup, active=args.active, repeat=args.repeat)
+    settings = CaptureSettings(wait=args.wait, warmup=args.warmup, active=args.active, repeat=args.repeat,
+                               with_stack=not getattr(args, "no_stack", False))  # fmt: skip
     print(f"skalpel: profiling {target.name}: {settings.describe()}", file=sys.stderr)
     if getattr(args, "nproc", 1) > 1:
         return _execute_ranks(target, args)

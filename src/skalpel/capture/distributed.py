@@ -204,6 +204,8 @@ def forwarded_options(args) -> list[str]:
         options += ["--step-on", args.step_on]
     if getattr(args, "step_timeout", None) is not None:
         options += ["--step-timeout", str(args.step_timeout)]
+    if getattr(args, "no_stack", False):
+        options.append("--no-stack")
     return options
 
 

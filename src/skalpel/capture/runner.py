@@ -28,6 +28,7 @@ from pathlib import Path
 from ..errors import SkalpelError
 from . import compile_log, distributed, session, signals
 from .aside import ProfilerWatch
+from .budget import OverBudget, RecordingBudget
 from .conclude import RunResult, conclude
 from .kineto_noise import filtered_stderr
 from .session import ProfileRun
@@ -162,6 +163,8 @@ class _Capture:
         self.detector = StepDetector(self._boundary, only=step_on)
         self.watchdog = Watchdog(self.detector, step_timeout_s, _say, done=lambda: self.user is not None or own.capture_complete)
         self.aside = ProfilerWatch(self._step_aside)
+        self.budget = RecordingBudget(lambda: own.profiling, self._over_budget)
+        self.detector.on_stop_request = self._end_recording_early
         self.thread = threading.get_ident()  # the thread that runs the script: the only one that marks steps
         self.main_steps = 0
         self.other_threads: dict[str, int] = {}  # thread name -> step boundaries seen there (not marked)
@@ -189,6 +192,22 @@ class _Capture:
             self.detector.uninstall(final=False)
             if self.stop_after_capture:
                 raise CaptureComplete
+
+    def _over_budget(self, tripped: OverBudget) -> None:
+        """The budget's thread: the next hook on the script's thread ends the recording."""
+        self.detector.stop_requested = True
+
+    def _end_recording_early(self) -> None:
+        if threading.get_ident() != self.thread or not signals.is_owner():
+            self.detector.stop_requested = True  # only the script's thread may drive the profiler: it will
+            return
+        run, tripped = self.own, self.budget.tripped
+        if self.user is not None or not run.profiling or tripped is None:
+            return
+        run.stop()  # writes what was recorded; the script runs on
+        note = tripped.note(run.recorded_steps)
+        run.notes.append(note)
+        _say(note)
 
     def _step_aside(self) -> None:
         """The script starts torch.profiler itself: stop marking steps, keep what was recorded."""
@@ -278,11 +297,13 @@ class _Installed:
         self.capture.detector.install()
         self.capture.aside.__enter__()
         self.capture.watchdog.start()
+        self.capture.budget.start()
         session._listener = self.capture._adopt
 
     def __exit__(self, *exc: object) -> None:
         session._listener = None
         self.capture.watchdog.stop()
+        self.capture.budget.stop()
         self.capture.aside.__exit__()
         self.capture.detector.uninstall()
 

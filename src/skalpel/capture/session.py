@@ -199,6 +199,11 @@ class ProfileRun:
         self._last = time.perf_counter()
 
     @property
+    def profiling(self) -> bool:
+        """The profiler is started and not yet stopped (it may be waiting, warming up or recording)."""
+        return self._prof is not None and not self._stopped
+
+    @property
     def capture_complete(self) -> bool:
         return self.windows_done >= self.settings.repeat
 

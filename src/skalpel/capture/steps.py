@@ -87,6 +87,9 @@ class StepDetector:
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []
         self._restore: list[tuple[Any, str, Any]] = []
+        # Set from another thread (the recording's memory budget): the next hook on the script's thread acts on it.
+        self.stop_requested = False
+        self.on_stop_request: Callable[[], None] | None = None
 
     # -- installing the hooks -------------------------------------------------------------------
     def install(self) -> None:
@@ -102,12 +105,16 @@ class StepDetector:
         original_next = dataloader._BaseDataLoaderIter.__next__
 
         def __next__(iterator: Any) -> Any:
+            if detector.stop_requested:
+                detector._stop_request()
             detector._before_next(iterator)
             return original_next(iterator)
 
         zero_grad = optimizer_module.Optimizer.zero_grad
 
         def wrapped_zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if detector.stop_requested:
+                detector._stop_request()
             if detector._pending and id(optimizer) == next(iter(detector._optimizers)):
                 detector._take_pending()  # only the first optimizer's zero_grad opens an iteration
             return zero_grad(optimizer, *args, **kwargs)
@@ -115,6 +122,8 @@ class StepDetector:
         backward = torch.autograd.backward
 
         def wrapped_backward(*args: Any, **kwargs: Any) -> Any:
+            if detector.stop_requested:
+                detector._stop_request()
             detector._before_backward()
             try:
                 return backward(*args, **kwargs)
@@ -180,7 +189,14 @@ class StepDetector:
             self._remove_module_hooks()  # the fallbacks no longer decide: spare every module call the hooks
 
     # -- optimizer ------------------------------------------------------------------------------
+    def _stop_request(self) -> None:
+        self.stop_requested = False
+        if self.on_stop_request is not None:
+            self.on_stop_request()
+
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.stop_requested:
+            self._stop_request()
         if "optimizer" not in self.seen:
             self._seen("optimizer")  # before any backward an LBFGS closure runs inside the step
 

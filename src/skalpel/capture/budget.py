@@ -1,0 +1,119 @@
+"""A memory budget for the recording: a step of millions of ops must not take the machine down.
+
+torch.profiler keeps every event of the window in memory until it stops. An LSTM stepped
+by LBFGS (20 forward and backward passes over 1,000 time steps in one optimizer step)
+records millions of ops per step; with stacks on, its profiler grew to 24 GB in three
+steps and the kernel killed the process, losing everything. A thread of ours watches the
+process's resident memory while the profiler runs; when it has grown by more than the
+budget since the profiler started (a quarter of the memory available then, or
+``$SKALPEL_RECORD_BUDGET_MB``), it asks the step detector to end the recording at its next
+hook on the script's thread (an optimizer's zero_grad, a backward, a DataLoader fetch: the
+places where skalpel may drive the profiler), which writes what was recorded and lets the
+script run on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+ENV_BUDGET = "SKALPEL_RECORD_BUDGET_MB"
+AVAILABLE_SHARE = 0.25
+MIN_BUDGET_BYTES = 512 * 2**20
+POLL_S = 0.25
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass(frozen=True)
+class OverBudget:
+    """The recording grew the process by ``grown`` bytes against a budget of ``budget`` bytes."""
+
+    grown: int
+    budget: int
+    source: str  # how the budget was chosen, in words
+
+    def note(self, recorded_steps: int) -> str:
+        return (
+            f"recording stopped early: the profiler's events grew the process by {self.grown / 2**20:,.0f} MiB "
+            f"(budget {self.budget / 2**20:,.0f} MiB, {self.source}); the trace holds {recorded_steps} whole recorded "
+            "step(s) and the one cut where the recording stopped. Each step runs a very large number of ops: "
+            "record fewer steps (--active), leave out Python stacks (--no-stack), or mark a smaller unit of work "
+            "as the step (skalpel.step())"
+        )
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux /proc), None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def budget_bytes() -> tuple[int, str] | None:
+    """The growth allowed while recording, and how it was chosen; None when it cannot be known."""
+    raw = os.environ.get(ENV_BUDGET)
+    if raw:
+        try:
+            return max(int(float(raw) * 2**20), 1), f"${ENV_BUDGET}"
+        except ValueError:
+            pass
+    available = _available_bytes()
+    if available is None:
+        return None
+    return max(int(available * AVAILABLE_SHARE), MIN_BUDGET_BYTES), "a quarter of the memory available when recording began"
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class RecordingBudget:
+    """Polls resident memory while ``recording()`` is true; calls ``over(OverBudget)`` once, from its own thread."""
+
+    def __init__(self, recording: Callable[[], bool], over: Callable[[OverBudget], None]) -> None:
+        self.recording = recording
+        self.over = over
+        self.tripped: OverBudget | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="skalpel-record-budget", daemon=True)
+
+    def start(self) -> None:
+        if resident_bytes() is not None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        sys.setprofile(None)  # out of the profiler's Python tracer (and the flame graph)
+        start: int | None = None
+        budget: tuple[int, str] | None = None
+        while not self._stop.wait(POLL_S):
+            if not self.recording():
+                if start is not None:
+                    return  # one recording per run: it ended within the budget
+                continue
+            now = resident_bytes()
+            if now is None:
+                return
+            if start is None:
+                start, budget = now, budget_bytes()
+                if budget is None:
+                    return
+                continue
+            if budget is not None and now - start > budget[0]:
+                self.tripped = OverBudget(now - start, budget[0], budget[1])
+                self.over(self.tripped)
+                return
