@@ -34,6 +34,7 @@ from ..report.model import CaptureInfo, Report
 from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
 from . import compile_log, cpu, distributed, runfolder, signals
 from .aside import OWN
+from .budget import release_results
 from .export import ExportError, export_trace
 from .kineto_noise import filtered_stderr
 from .sampler import LineSampler
@@ -273,6 +274,12 @@ class ProfileRun:
             self._prof.add_metadata("skalpel_run", distributed.run_id(self.folder) if self.folder else self.name)
 
     def _on_trace_ready(self, prof: Any) -> None:
+        try:
+            self._write_window(prof)
+        finally:
+            release_results(prof)  # the trace is on disk (or never will be): the analysis reads the file
+
+    def _write_window(self, prof: Any) -> None:
         window = self.windows_done
         self.windows_done += 1
         if window > 0 or self._discarded:
