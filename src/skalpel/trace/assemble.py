@@ -44,8 +44,9 @@ def assemble(parsed: list[FileColumns]) -> Trace:
     offset = 0
     for item in parsed:
         remap = np.array([_intern(text, names, ids) for text in item.names], dtype=np.int32)
+        unchanged = bool((remap == np.arange(len(remap))).all())  # the first file's ids stay as they are
         for key, column in item.columns.items():
-            if key in ("name", "stack", "shapes") and len(remap):
+            if key in ("name", "stack", "shapes") and len(remap) and not unchanged:
                 column = np.where(column >= 0, remap[np.maximum(column, 0)], -1).astype(np.int32)
             pieces[key].append(column)
         for key, column in item.memory.items():

@@ -4,11 +4,15 @@ Each field becomes a column with one list comprehension and one numpy conversion
 per-event Python work is limited to dict look-ups (interned names, a cache of the
 kind of each (category, name) pair). Irregular values (string pids, numeric
 strings, nulls) take a slower per-value path only in the batches that have them.
+
+Each batch is copied into one array per column that grows in place (``_Column``), so
+memory is the final columns plus one batch: never the batches and their join at once.
 """
 
 from __future__ import annotations
 
 import math
+import mmap
 from operator import attrgetter
 
 import numpy as np
@@ -85,8 +89,8 @@ class ColumnBuilder:
         self._categories = Interner()
         self._kinds = _KindCache(self.interner.names, self._categories.names)
         self._shapes = _ShapeIds(self.interner)
-        self._parts: dict[str, list[np.ndarray]] = {key: [] for key in COLUMNS}
-        self._memory_parts: dict[str, list[np.ndarray]] = {key: [] for key in MEMORY_COLUMNS}
+        self._columns = {key: _Column(_DTYPES.get(key, np.int64)) for key in COLUMNS}
+        self._memory_columns = {key: _Column(_MEMORY_DTYPES.get(key, np.int64)) for key in MEMORY_COLUMNS}
         self.extra: dict[int, dict] = {}
         self.count = 0
         self.skipped = 0
@@ -100,6 +104,10 @@ class ColumnBuilder:
     @property
     def names(self) -> list[str]:
         return self.interner.names
+
+    def nbytes(self) -> int:
+        """Memory taken by the columns built so far (the arrays, not the names or the kept args)."""
+        return sum(column.nbytes for column in [*self._columns.values(), *self._memory_columns.values()])
 
     def add(self, events: list[Event]) -> None:
         self.seen += len(events)
@@ -158,7 +166,7 @@ class ColumnBuilder:
             "nbytes": np.where(np.isin(kind, _MOVES_BYTES), _ints([a.nbytes for a in args], 0), 0),
         }  # fmt: skip
         for key, values in columns.items():
-            self._parts[key].append(values)
+            self._columns[key].append(values)
         kept = np.flatnonzero(np.isin(kind, _KEPT_ARG_KINDS)).tolist()
         if kept:
             whole = full_args([events[index].args for index in kept])
@@ -178,7 +186,7 @@ class ColumnBuilder:
         if not events:
             return
         args = decode_memory_args([e.args for e in events])
-        parts = self._memory_parts
+        parts = self._memory_columns
         parts["ts"].append(_floats([e.ts for e in events]))
         parts["nbytes"].append(_ints([a.nbytes for a in args], 0))
         parts["total_allocated"].append(_ints([a.total_allocated for a in args], -1))
@@ -215,9 +223,8 @@ class ColumnBuilder:
 
     def finish(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The columns, with device events that lack a 'correlation' arg linked through their flow."""
-        # Each column's batches are released as soon as it is joined: never all columns twice.
-        columns = {key: _concat(self._parts.pop(key), key) for key in list(self._parts)}
-        memory = {key: _concat(self._memory_parts.pop(key), key, memory=True) for key in list(self._memory_parts)}
+        columns = {key: column.finish() for key, column in self._columns.items()}
+        memory = {key: column.finish() for key, column in self._memory_columns.items()}
         if self._uncorrelated and self._flow_parts:
             pid, tid, ts, ids = (np.concatenate(part).tolist() for part in zip(*self._flow_parts))
             flow_ends = dict(zip(zip(pid, tid, ts), ids))
@@ -232,9 +239,47 @@ _DTYPES = {"ts": np.float64, "dur": np.float64, "kind": np.int8, "name": np.int3
 _MEMORY_DTYPES = {"ts": np.float64, "device_type": np.int8, "device_id": np.int16}
 
 
-def _concat(parts: list[np.ndarray], key: str, *, memory: bool = False) -> np.ndarray:
-    dtype = (_MEMORY_DTYPES if memory else _DTYPES).get(key, np.int64)
-    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+class _Column:
+    """One column, filled batch by batch into an anonymous memory map that grows in place.
+
+    Growing remaps the pages (``mremap``): no copy, no second array, and room not yet
+    written is address space, not memory. A map is outside the C heap, so it never
+    leaves freed holes there (numpy arrays grown by copying did: some 100 MB of them on a
+    311 MB trace). ``finish`` trims the map to the rows and hands it out as the column.
+    """
+
+    __slots__ = ("dtype", "map", "size")
+
+    def __init__(self, dtype: type) -> None:
+        self.dtype = np.dtype(dtype)
+        self.map: mmap.mmap | None = None
+        self.size = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def append(self, values: np.ndarray) -> None:
+        if not len(values):
+            return
+        needed = (self.size + len(values)) * self.dtype.itemsize
+        if self.map is None:
+            self.map = mmap.mmap(-1, max(needed, _FIRST_BYTES), flags=mmap.MAP_PRIVATE)  # private: mremap can grow it
+        elif needed > len(self.map):
+            self.map.resize(max(needed, 2 * len(self.map)))  # only while no array views it
+        rows = np.frombuffer(self.map, self.dtype, len(values), self.nbytes)
+        rows[:] = values  # cast to the column's type
+        del rows
+        self.size += len(values)
+
+    def finish(self) -> np.ndarray:
+        if self.map is None:
+            return np.zeros(0, self.dtype)
+        self.map.resize(self.nbytes)
+        return np.frombuffer(self.map, self.dtype)
+
+
+_FIRST_BYTES = 1 << 16
 
 
 def _floats(values: list) -> np.ndarray:

@@ -47,7 +47,7 @@ def guess_layout(data: bytes | bytearray) -> Layout | None:
         return Layout({}, first + 1, end - 1)
     if data[first : first + 1] != b"{":
         return None
-    opened = _events_array_start(data)
+    opened = events_array_start(data)
     if opened is None:
         return None
     found = _events_array_end(data, opened)
@@ -57,7 +57,7 @@ def guess_layout(data: bytes | bytearray) -> Layout | None:
     return Layout(header, opened + 1, close)
 
 
-def _events_array_start(data: bytes | bytearray) -> int | None:
+def events_array_start(data: bytes | bytearray) -> int | None:
     """Offset of the '[' that opens the top-level traceEvents array (None when not found)."""
     key = data.find(_KEY)
     while key >= 0:
@@ -99,6 +99,20 @@ def next_cut(data: bytes | bytearray, start: int, stop: int, at_least: int = BAT
     if boundary is None:
         return stop, stop
     return boundary.start() + 1, boundary.end() - 1
+
+
+def last_cut(data: bytes | bytearray, start: int = 0) -> tuple[int, int] | None:
+    """The last likely event boundary in ``data`` after ``start``, as ``next_cut`` gives it, or None."""
+    look = 1 << 16
+    while True:
+        found = None
+        for found in _BOUNDARY.finditer(data, max(start, len(data) - look)):
+            pass
+        if found is not None:
+            return found.start() + 1, found.end() - 1
+        if len(data) - look <= start:
+            return None
+        look *= 4
 
 
 def _last_non_space(data: bytes | bytearray) -> int:

@@ -9,7 +9,9 @@ CUDA, ROCm, MTIA and CPU-only traces.
 A complete document is cut into batches by ``fastsplit`` (checked by parsing) and
 each batch is decoded by ``events`` and turned into columns by ``columns``; a cut-off
 or damaged document goes through the exact scanner of ``jsonscan`` instead, which
-recovers every whole event. Only one batch of decoded events is alive at a time.
+recovers every whole event. Only one batch of decoded events is alive at a time. A
+large .json.gz is never inflated whole: ``gzstream`` feeds its text to the same paths a
+window at a time.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from typing import Callable, Iterable
 
 from ..display import cut_name
 from ..errors import TraceError
-from . import line_samples
+import numpy as np
+
+from . import gzstream, line_samples
 from .assemble import FileColumns, assemble
 from .columns import ColumnBuilder
 from .events import BatchSyntaxError, decode_events
@@ -33,7 +37,7 @@ from .fastsplit import Layout, guess_layout, next_cut
 from .jsonscan import NotATraceError, iter_batch_ranges, split_document
 from .model import RankInfo, Trace
 from .outliers import set_aside_far_events
-from .source import describe_foreign, read_source, release
+from .source import GzipText, available_memory, describe_foreign, is_gzip, read_source, release
 
 ProgressCallback = Callable[[int, int], None]
 """Called with (work done, total work) while loading, in bytes of the files on disk, over all files."""
@@ -41,7 +45,8 @@ ProgressCallback = Callable[[int, int], None]
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 _SKALPEL_OUTPUTS = ("report.json", "flamegraph.speedscope.json", "summary.json")
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
-_GUNZIP_SHARE = 0.3  # of a .gz file's progress: decompressing; the rest is parsing
+_GUNZIP_SHARE = 0.3  # of a .gz file's progress read whole: decompressing; the rest is parsing
+WHOLE_GZIP_BYTES = 16 << 20  # a .json.gz whose text is shorter is read whole, like a plain file; longer, as a stream
 _CUT_RETRIES = 4
 
 
@@ -161,16 +166,11 @@ class _Outcome:
 
 
 def _parse_file(path: Path, report: Callable[[float], None]) -> FileColumns:
-    share = _GUNZIP_SHARE if path.name.endswith(".gz") else 0.0
-    data, gzip_truncated = read_source(path, lambda fraction: report(share * fraction))
-    foreign = describe_foreign(data)
-    if foreign is not None:
-        raise TraceError(f"{path}: {foreign}")
     builder = ColumnBuilder()
-    outcome = _read_events(data, builder, path, lambda fraction: report(share + (1 - share) * fraction))
+    outcome, size, gzip_truncated = _read_text(path, builder, report)
     report(1.0)
     truncated = outcome.truncated or gzip_truncated
-    warnings = _warnings(path, builder, outcome, truncated, len(data))
+    warnings = _warnings(path, builder, outcome, truncated, size)
     if builder.count == 0 and builder.seen and not builder.phased:
         raise TraceError(
             f"{path}: JSON of another shape: {builder.seen:,} object(s) with no 'ph' field, so not trace events"
@@ -179,13 +179,69 @@ def _parse_file(path: Path, report: Callable[[float], None]) -> FileColumns:
         raise TraceError(f"{path}: the trace holds no events")
     if builder.count == 0:
         raise TraceError(f"{path}: the file is cut off before its first complete event")
-    del data
     columns, memory = builder.finish()
     far = set_aside_far_events(columns, memory, builder.extra, builder.names)
     if far is not None:
         warnings.append(f"{path.name}: {far}")
     info = _rank_info(path, outcome.header, truncated, len(columns["ts"]))
     return FileColumns(path, info, builder.names, columns, memory, builder.extra, warnings)
+
+
+def _read_text(path: Path, builder: ColumnBuilder, report: Callable[[float], None]) -> tuple[_Outcome, int, bool]:
+    """Decode the file's events into ``builder``: the outcome, the length of its text, whether a gzip stream was cut.
+
+    The text is gone when this returns, so the columns are joined without it beside them.
+    """
+    if not is_gzip(path):
+        data, _ = read_source(path)
+        return _read_whole(data, builder, path, report), len(data), False
+    share = [_GUNZIP_SHARE]
+    text = GzipText(path, lambda fraction: report(share[0] * fraction))
+    try:
+        head, whole = text.read_head(WHOLE_GZIP_BYTES)
+        if whole:
+            parse = lambda fraction: report(_GUNZIP_SHARE + (1 - _GUNZIP_SHARE) * fraction)  # noqa: E731
+            return _read_whole(head, builder, path, parse), len(head), text.cut
+        share[0] = 1.0  # streamed: inflating and decoding go together, so the file read is the progress
+        decoder = _StreamDecoder(builder, path)
+        outcome, size = gzstream.read_events(iter(text), head, decoder, path, text.declared_size(), available_memory())
+    except MemoryError:
+        raise TraceError(f"{path}: not enough memory to load it") from None
+    return outcome, size, text.cut
+
+
+def _read_whole(data, builder: ColumnBuilder, path: Path, report: Callable[[float], None]) -> _Outcome:
+    """The events of a whole document (or of the end of a streamed one): named if it is not a trace."""
+    foreign = describe_foreign(data)
+    if foreign is not None:
+        raise TraceError(f"{path}: {foreign}")
+    return _read_events(data, builder, path, report)
+
+
+class _StreamDecoder:
+    """The loader's paths as ``gzstream`` uses them, all into one file's builder."""
+
+    def __init__(self, builder: ColumnBuilder, path: Path) -> None:
+        self.builder, self.path = builder, path
+        self.outcome = _Outcome({})  # counts repairs in the windows; the header comes with the end
+
+    def batches(self, text: bytearray, stop: int) -> int | None:
+        return _read_guessed(text, Layout({}, 0, stop), self.builder, self.outcome, _quiet)
+
+    def spans(self, text: bytearray, spans: np.ndarray) -> None:
+        _decode_spans(text, spans, self.builder, self.outcome, _quiet)
+
+    def document(self, text: bytes) -> _Outcome:
+        outcome = _read_whole(text, self.builder, self.path, _quiet)
+        outcome.repaired += self.outcome.repaired
+        return outcome
+
+    def column_bytes(self) -> int:
+        return self.builder.nbytes()
+
+
+def _quiet(fraction: float) -> None:
+    """Progress within a window: the file read already says how far the load is."""
 
 
 def _warnings(path: Path, builder: ColumnBuilder, outcome: _Outcome, truncated: bool, size: int) -> list[str]:
@@ -233,6 +289,12 @@ def _read_events(data: bytes | bytearray, builder: ColumnBuilder, path: Path, re
     spans = document.event_spans
     if resume_at:
         spans = spans[spans[:, 0] >= resume_at]
+    _decode_spans(data, spans, builder, outcome, report)
+    return outcome
+
+
+def _decode_spans(data, spans: np.ndarray, builder: ColumnBuilder, outcome: _Outcome, report) -> None:
+    """Decode the events at exact byte ranges, a batch at a time, one by one where a batch fails."""
     for first, last in iter_batch_ranges(spans):
         start, end = int(spans[first, 0]), int(spans[last - 1, 1])
         if not _decode_into(builder, data, start, end, outcome):
@@ -240,7 +302,6 @@ def _read_events(data: bytes | bytearray, builder: ColumnBuilder, path: Path, re
                 if not _decode_into(builder, data, one_start, one_end, outcome):
                     builder.skipped += 1
         report(end / max(len(data), 1))
-    return outcome
 
 
 def _read_guessed(data, layout: Layout, builder: ColumnBuilder, outcome: _Outcome, report) -> int | None:

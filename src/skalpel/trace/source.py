@@ -19,7 +19,6 @@ MAP_FROM_BYTES = 8 << 20  # smaller files are read whole: mapping saves too litt
 _IN_CHUNK = 1 << 20
 _OUT_CHUNK = 1 << 20  # zlib doubles its output buffer up to this: keep the transient small
 _HEAD_BYTES = 1 << 20  # decompressed bytes looked at before deciding that a file cannot be a trace
-_PLAUSIBLE_RATIO = 40  # traces compress 10-20x; a trailer claiming more is checked by counting
 _OTHER_COMPRESSIONS = {
     b"BZh": "bzip2",
     b"\xfd7zXZ\x00": "xz",
@@ -31,29 +30,38 @@ _SPACE = re.compile(rb"\s*")
 
 
 def read_source(path: Path, on_fraction: Callable[[float], None] | None = None) -> tuple[bytearray | bytes | mmap.mmap, bool]:
-    """The file's bytes, gunzipped when needed; the flag is True when a gzip stream was cut short.
+    """The file's whole text, gunzipped when needed; the flag is True when a gzip stream was cut short.
 
     A large uncompressed file is mapped rather than read: the loader gives back the pages it
-    has parsed (``release``), so the file never sits whole in memory beside its columns.
+    has parsed (``release``), so the file never sits whole in memory beside its columns. The
+    loader reads a large .json.gz as a stream instead (``GzipText``, ``gzstream``).
     """
+    if is_gzip(path):
+        text = GzipText(path, on_fraction)
+        try:
+            data, _ = text.read_head(None)
+        except MemoryError:
+            raise TraceError(f"{path}: not enough memory to decompress it") from None
+        return data, text.cut
     try:
         with open(path, "rb") as handle:
             if os.fstat(handle.fileno()).st_size >= max(MAP_FROM_BYTES, 1):
                 head = handle.read(3)
-                if head[:2] != _GZIP_MAGIC and head != _BOM:
+                if head != _BOM:
                     return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ), False
         raw = path.read_bytes()
     except OSError as error:
         raise TraceError(f"{path}: cannot read the file ({error.strerror or error})") from None
-    if raw[:2] != _GZIP_MAGIC:
-        return without_bom(raw), False
+    return without_bom(raw), False
+
+
+def is_gzip(path: Path) -> bool:
+    """Whether the file starts with the gzip magic bytes (whatever its name says)."""
     try:
-        data, cut = _gunzip(raw, path, on_fraction)
-    except MemoryError:
-        raise TraceError(f"{path}: not enough memory to decompress it") from None
-    if data[:3] == _BOM:
-        del data[:3]
-    return data, cut
+        with open(path, "rb") as handle:
+            return handle.read(2) == _GZIP_MAGIC
+    except OSError as error:
+        raise TraceError(f"{path}: cannot read the file ({error.strerror or error})") from None
 
 
 def release(data: bytes | bytearray | mmap.mmap, upto: int) -> None:
@@ -69,95 +77,102 @@ def without_bom(data: bytes) -> bytes:
     return data[3:] if data[:3] == _BOM else data
 
 
-class _Inflater:
-    """Yields the decompressed bytes of every gzip member in ``raw``, in pieces of at most _OUT_CHUNK.
+class GzipText:
+    """The decompressed text of a gzip file, piece by piece as the file is read: never whole in memory.
 
-    Stops quietly at corrupt data (``error``) or at a stream cut short (``cut``), as gzip -d
-    would after writing what it could; ``position`` is how far into ``raw`` it has read.
+    Every gzip member is read in turn. A UTF-8 BOM is dropped, and the first megabyte is
+    looked at before more is inflated, so that what cannot be a trace (a gzip of zeros)
+    fails early. Like gzip -d, it stops quietly at corrupt data or at a stream cut short,
+    after giving what decompressed before; ``cut`` then says so. ``on_fraction`` hears the
+    share of the file on disk read so far.
     """
 
-    def __init__(self, raw: bytes) -> None:
-        self.raw = raw
-        self.position = 0
-        self.error: zlib.error | None = None
+    def __init__(self, path: Path, on_fraction: Callable[[float], None] | None = None) -> None:
+        self.path = path
+        self.on_fraction = on_fraction
         self.cut = False
+        self.finished = False  # every piece has been given
+        self._error: zlib.error | None = None
+        self._pieces = self._checked()
 
     def __iter__(self) -> Iterator[bytes]:
-        raw, view = self.raw, memoryview(self.raw)
-        while self.position < len(raw):
-            decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16)
-            try:
-                while self.position < len(raw) and not decompressor.eof:
-                    pending = view[self.position : self.position + _IN_CHUNK]
-                    self.position += len(pending)
-                    while pending and not decompressor.eof:
-                        yield decompressor.decompress(pending, _OUT_CHUNK)
-                        pending = decompressor.unconsumed_tail
-            except zlib.error as error:
-                self.error = error
-                return
-            if not decompressor.eof:
-                self.cut = True
-                return
-            self.position -= len(decompressor.unused_data)  # the next member, if any, starts here
-            if raw[self.position : self.position + 2] != _GZIP_MAGIC:
-                return  # padding or trailing garbage after the last member: ignored, as gzip does
+        return self._pieces
 
+    def declared_size(self) -> int | None:
+        """The text's size as the gzip trailer states it (of the last member only, modulo 4 GiB); None if unknown."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(-4, os.SEEK_END)
+                size = int.from_bytes(handle.read(4), "little")
+        except OSError:
+            return None
+        return size or None
 
-def _gunzip(raw: bytes, path: Path, on_fraction: Callable[[float], None] | None) -> tuple[bytearray, bool]:
-    """Decompress every gzip member into one buffer of the exact size (no regrowth copies).
+    def read_head(self, limit: int | None) -> tuple[bytearray, bool]:
+        """The next ``limit`` bytes or more (None: all of the rest); True when that is the whole rest."""
+        head = bytearray()
+        for piece in self._pieces:
+            head += piece
+            if limit is not None and len(head) >= limit:
+                return head, False
+        return head, True
 
-    The size comes from the gzip trailer when it is plausible, else from a first pass that
-    only counts (and rejects a file that cannot be a trace after its first megabyte, such
-    as a gzip of zeros, before inflating gigabytes). Keeps what decompressed when the
-    stream ends early or turns corrupt, as for a cut-off file.
-    """
-    size = _trailer_size(raw)
-    if size is None:
-        size = _counted_size(raw, path)
-    _check_memory(size, path)
-    out = bytearray(size)
-    filled = 0
-    inflater = _Inflater(raw)
-    checked = False
-    for piece in inflater:
-        out[filled : filled + len(piece)] = piece  # grows the buffer only past the expected size
-        filled += len(piece)
-        if not checked and filled >= _HEAD_BYTES:
-            _reject_foreign(bytes(out[:filled]), path)
-            checked = True
-        if on_fraction is not None:
-            on_fraction(inflater.position / len(raw))
-    if not filled:
-        if inflater.error is not None:
-            raise TraceError(f"{path}: corrupt gzip data ({inflater.error})")
-        if inflater.cut:
-            raise TraceError(f"{path}: the gzip stream is cut off before any data")
-    return _trimmed(out, filled), inflater.error is not None or inflater.cut
-
-
-def _trailer_size(raw: bytes) -> int | None:
-    """The uncompressed size from the gzip trailer (modulo 4 GiB); None when implausible, e.g. a cut file."""
-    size = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
-    return size if 0 < size <= _PLAUSIBLE_RATIO * len(raw) else None
-
-
-def _counted_size(raw: bytes, path: Path) -> int:
-    """Inflate without keeping the output, to learn its size; reject non-traces as soon as they show."""
-    size = 0
-    head = bytearray()
-    blank = True  # only whitespace so far
-    for piece in _Inflater(raw):
-        size += len(piece)
-        if len(head) < _HEAD_BYTES:
-            head += piece[: _HEAD_BYTES - len(head)]
+    def _checked(self) -> Iterator[bytes]:
+        pieces = self._inflated()
+        head = bytearray()
+        for piece in pieces:
+            head += piece
             if len(head) >= _HEAD_BYTES:
-                _reject_foreign(bytes(head), path)
-        if blank and piece.strip():
-            blank = False
-    if blank and size:
-        raise TraceError(f"{path}: the file is empty (only whitespace)")
-    return size
+                break
+        if head[:3] == _BOM:
+            del head[:3]
+        if len(head) >= _HEAD_BYTES:
+            _reject_foreign(bytes(head), self.path)
+        if head:
+            yield bytes(head)
+        elif self._error is not None:
+            raise TraceError(f"{self.path}: corrupt gzip data ({self._error})")
+        elif self.cut:
+            raise TraceError(f"{self.path}: the gzip stream is cut off before any data")
+        del head
+        yield from pieces
+        self.finished = True
+
+    def _inflated(self) -> Iterator[bytes]:
+        try:
+            handle = open(self.path, "rb")
+        except OSError as error:
+            raise TraceError(f"{self.path}: cannot read the file ({error.strerror or error})") from None
+        with handle:
+            size = max(os.fstat(handle.fileno()).st_size, 1)
+            decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            pending = b""
+            while True:
+                if not pending:
+                    pending = handle.read(_IN_CHUNK)
+                    if self.on_fraction is not None:
+                        self.on_fraction(handle.tell() / size)
+                    if not pending:
+                        break
+                try:
+                    while pending and not decompressor.eof:
+                        piece = decompressor.decompress(pending, _OUT_CHUNK)
+                        pending = decompressor.unconsumed_tail
+                        if piece:
+                            yield piece
+                except zlib.error as error:
+                    self._error, self.cut = error, True
+                    return
+                if decompressor.eof:
+                    pending = decompressor.unused_data  # the next member, if any, starts here
+                    while len(pending) < 2 and (more := handle.read(_IN_CHUNK)):
+                        pending += more
+                    if not pending:
+                        break
+                    if pending[:2] != _GZIP_MAGIC:
+                        return  # padding or trailing garbage after the last member: ignored, as gzip does
+                    decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            self.cut = not decompressor.eof
 
 
 def _reject_foreign(head: bytes, path: Path) -> None:
@@ -167,17 +182,7 @@ def _reject_foreign(head: bytes, path: Path) -> None:
         raise TraceError(f"{path}: {foreign}")
 
 
-def _check_memory(size: int, path: Path) -> None:
-    """A clear error instead of a MemoryError (or the OOM killer) for a document larger than free memory."""
-    available = _available_memory()
-    if available is not None and size > available:
-        raise TraceError(
-            f"{path}: decompresses to {size / 2**30:.1f} GiB, more than the {available / 2**30:.1f} GiB of "
-            "memory available"
-        )
-
-
-def _available_memory() -> int | None:
+def available_memory() -> int | None:
     """MemAvailable from /proc/meminfo (Linux), or the address-space limit when lower; None where unknown."""
     limits = []
     try:
@@ -194,12 +199,6 @@ def _available_memory() -> int | None:
     except (ImportError, OSError, ValueError):
         pass
     return min(limits) if limits else None
-
-
-def _trimmed(out: bytearray, filled: int) -> bytearray:
-    if filled < len(out):
-        del out[filled:]
-    return out
 
 
 def describe_foreign(data: bytes | bytearray) -> str | None:
