@@ -263,10 +263,13 @@ class _Column:
         if not len(values):
             return
         needed = (self.size + len(values)) * self.dtype.itemsize
-        if self.map is None:
-            self.map = mmap.mmap(-1, max(needed, _FIRST_BYTES), flags=mmap.MAP_PRIVATE)  # private: mremap can grow it
-        elif needed > len(self.map):
-            self.map.resize(max(needed, 2 * len(self.map)))  # only while no array views it
+        try:
+            if self.map is None:
+                self.map = mmap.mmap(-1, max(needed, _FIRST_BYTES), flags=mmap.MAP_PRIVATE)  # private: mremap grows it
+            elif needed > len(self.map):
+                self.map.resize(max(needed, 2 * len(self.map)))  # only while no array views it
+        except OSError as error:  # ENOMEM from mmap or mremap: out of memory like any allocation
+            raise MemoryError(f"cannot map {needed:,} bytes for a column") from error
         rows = np.frombuffer(self.map, self.dtype, len(values), self.nbytes)
         rows[:] = values  # cast to the column's type
         del rows

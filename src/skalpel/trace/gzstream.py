@@ -185,6 +185,10 @@ def _check_memory(column_bytes: int, scale: float, available: int | None, path) 
     needed = column_bytes * scale
     if available is not None and needed > available:
         raise TraceError(
-            f"{path}: its events need about {needed / 2**30:.1f} GiB of memory, more than the "
-            f"{available / 2**30:.1f} GiB available"
+            f"{path}: its events need about {_amount(needed)} of memory for their columns, more than the "
+            f"{_amount(available)} available"
         )
+
+
+def _amount(size: float) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"

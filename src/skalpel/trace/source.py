@@ -183,7 +183,7 @@ def _reject_foreign(head: bytes, path: Path) -> None:
 
 
 def available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), or the address-space limit when lower; None where unknown."""
+    """MemAvailable from /proc/meminfo (Linux), or what the address-space limit leaves when lower; None where unknown."""
     limits = []
     try:
         with open("/proc/meminfo", "rb") as handle:
@@ -195,8 +195,10 @@ def available_memory() -> int | None:
 
         soft = resource.getrlimit(resource.RLIMIT_AS)[0]
         if soft != resource.RLIM_INFINITY:
-            limits.append(soft)
-    except (ImportError, OSError, ValueError):
+            with open("/proc/self/statm", "rb") as handle:
+                in_use = int(handle.read().split()[0]) * mmap.PAGESIZE
+            limits.append(max(soft - in_use, 0))
+    except (ImportError, OSError, ValueError, IndexError):
         pass
     return min(limits) if limits else None
 
