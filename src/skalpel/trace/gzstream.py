@@ -50,7 +50,7 @@ class Decoder(Protocol):
     def spans(self, text: bytearray, spans: np.ndarray) -> None:
         """Decode the events at these exact byte ranges of ``text``."""
 
-    def document(self, text: bytes) -> Outcome:
+    def document(self, text: bytes | bytearray) -> Outcome:
         """Decode a whole document (its header and events) as the loader reads a file."""
 
     def column_bytes(self) -> int:
@@ -95,7 +95,7 @@ def read_events(
     opened = _events_array(window, path)
     if opened is None:  # no traceEvents in sight: not a trace as we know them; read whole so that it is named
         _read_rest(window, None, path)
-        return decoder.document(bytes(window.text)), window.base + len(window.text)
+        return decoder.document(window.text), window.base + len(window.text)
     head = bytes(window.text[:opened])
     window.drop(opened + 1)
     if _decode_windows(window, decoder, path, declared_size, available):
@@ -128,7 +128,7 @@ def _events_array(window: _Window, path) -> int | None:
 
 
 def _decode_windows(window: _Window, decoder: Decoder, path, declared_size: int | None, available: int | None) -> bool:
-    """Decode whole events window by window; False when the events array closed inside a window (its rest unread)."""
+    """Decode whole events window by window; True when the events array closed inside a window (the rest is unread)."""
     target = WINDOW_BYTES
     checked_projection = False
     while window.fill(target):

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 
-from ..display import cut_name
-from ..errors import TraceError
 import numpy as np
 
+from ..display import cut_name
+from ..errors import TraceError
 from . import gzstream, line_samples
 from .assemble import FileColumns, assemble
 from .columns import ColumnBuilder
@@ -190,14 +190,14 @@ def _parse_file(path: Path, report: Callable[[float], None]) -> FileColumns:
 def _read_text(path: Path, builder: ColumnBuilder, report: Callable[[float], None]) -> tuple[_Outcome, int, bool]:
     """Decode the file's events into ``builder``: the outcome, the length of its text, whether a gzip stream was cut.
 
-    The text is gone when this returns, so the columns are joined without it beside them.
+    The text is gone when this returns, so the columns are finished without it beside them.
     """
-    if not is_gzip(path):
-        data, _ = read_source(path)
-        return _read_whole(data, builder, path, report), len(data), False
-    share = [_GUNZIP_SHARE]
-    text = GzipText(path, lambda fraction: report(share[0] * fraction))
     try:
+        if not is_gzip(path):
+            data, _ = read_source(path)
+            return _read_whole(data, builder, path, report), len(data), False
+        share = [_GUNZIP_SHARE]
+        text = GzipText(path, lambda fraction: report(share[0] * fraction))
         head, whole = text.read_head(WHOLE_GZIP_BYTES)
         if whole:
             parse = lambda fraction: report(_GUNZIP_SHARE + (1 - _GUNZIP_SHARE) * fraction)  # noqa: E731
@@ -205,9 +205,9 @@ def _read_text(path: Path, builder: ColumnBuilder, report: Callable[[float], Non
         share[0] = 1.0  # streamed: inflating and decoding go together, so the file read is the progress
         decoder = _StreamDecoder(builder, path)
         outcome, size = gzstream.read_events(iter(text), head, decoder, path, text.declared_size(), available_memory())
+        return outcome, size, text.cut
     except MemoryError:
         raise TraceError(f"{path}: not enough memory to load it") from None
-    return outcome, size, text.cut
 
 
 def _read_whole(data, builder: ColumnBuilder, path: Path, report: Callable[[float], None]) -> _Outcome:
@@ -231,7 +231,7 @@ class _StreamDecoder:
     def spans(self, text: bytearray, spans: np.ndarray) -> None:
         _decode_spans(text, spans, self.builder, self.outcome, _quiet)
 
-    def document(self, text: bytes) -> _Outcome:
+    def document(self, text: bytes | bytearray) -> _Outcome:
         outcome = _read_whole(text, self.builder, self.path, _quiet)
         outcome.repaired += self.outcome.repaired
         return outcome

@@ -91,7 +91,6 @@ class GzipText:
         self.path = path
         self.on_fraction = on_fraction
         self.cut = False
-        self.finished = False  # every piece has been given
         self._error: zlib.error | None = None
         self._pieces = self._checked()
 
@@ -136,7 +135,6 @@ class GzipText:
             raise TraceError(f"{self.path}: the gzip stream is cut off before any data")
         del head
         yield from pieces
-        self.finished = True
 
     def _inflated(self) -> Iterator[bytes]:
         try:
