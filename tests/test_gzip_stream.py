@@ -206,3 +206,20 @@ def test_columns_beyond_the_memory_left_are_one_clear_error(tmp_path: Path) -> N
     found = re.fullmatch(r".*: its events need about (\d+) MiB of memory for their columns, more than the (\d+) MiB available\n",
                          done.stdout)  # fmt: skip
     assert found and 64 < int(found[1]) < 160 and int(found[2]) <= 48, done.stdout
+
+
+@pytest.mark.slow
+def test_damage_no_window_can_hold_loses_the_rest_as_a_cut_does(tmp_path: Path) -> None:
+    """A string left open 24 MB into the events, then 70 MB of text with no event end: the events before it are
+    kept with the "cut off" note, as the whole-document path gives; the window stops growing at 64 MB, so the
+    peak grows by that window scanned exactly (~180 MiB), not by the document (whole: 267 MiB)."""
+    texts, header = _replicated(24 << 20)
+    text = (orjson.dumps(header)[:-1] + b', "traceEvents": [' + b",".join(texts)
+            + b', {"ph": "X", "name": "' + b"a" * (70 << 20) + b"]}")  # fmt: skip
+    packed, plain = _pair(tmp_path, text)
+    streamed = load(packed)
+    _assert_same_trace(streamed, load(plain))
+    assert len(streamed) > 0 and any("the file is cut off" in w for w in streamed.warnings)
+    done = subprocess.run([sys.executable, "-c", _PEAK_OF_LOAD, str(packed)], capture_output=True, text=True, timeout=300)
+    before, peak, _, _ = (int(value) for value in done.stdout.split())
+    assert peak - before < 3 * (64 << 20) + (32 << 20), f"peak grew {(peak - before) >> 20} MiB"

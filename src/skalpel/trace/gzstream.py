@@ -80,7 +80,9 @@ class _Window:
         self.base += upto
 
     def skip_rest(self) -> None:
-        self.skipped = sum(len(piece) for piece in self.pieces)
+        """Pass over the rest of the text unread: counted, not kept."""
+        self.skipped = len(self.text) + sum(len(piece) for piece in self.pieces)
+        self.text.clear()
 
 
 def read_events(
@@ -143,11 +145,10 @@ def _decode_windows(window: _Window, decoder: Decoder, path, declared_size: int 
             if carry is None:
                 return True
             if carry == 0 and len(window.text) >= _LONGEST_EVENT:
-                window.text.clear()  # damaged beyond what a window can recover: the rest is lost, as after a cut
-                window.skip_rest()
+                window.skip_rest()  # damaged beyond what a window can recover: the rest is lost, as after a cut
                 return False
             window.drop(carry)
-            target = WINDOW_BYTES if carry else 2 * len(window.text)
+            target = WINDOW_BYTES if carry else min(2 * len(window.text), _LONGEST_EVENT)
         projected = not checked_projection and declared_size is not None and declared_size > window.base
         _check_memory(decoder.column_bytes(), declared_size / window.base if projected else 1.0, available, path)
         checked_projection = checked_projection or projected
