@@ -48,8 +48,8 @@ class OverBudget:
             f"recording stopped early: the profiler's events grew the process by {self.grown / 2**20:,.0f} MiB "
             f"(budget {self.budget / 2**20:,.0f} MiB, {self.source}); the trace holds {recorded_steps} whole recorded "
             "step(s) and the one cut where the recording stopped. Each step runs a very large number of ops: "
-            "record fewer steps (--active), leave out Python stacks (--no-stack), or mark a smaller unit of work "
-            "as the step (skalpel.step())"
+            + ("record fewer steps (--active), " if recorded_steps else "")
+            + "leave out Python stacks (--no-stack), or mark a smaller unit of work as the step (skalpel.step())"
         )
 
 
