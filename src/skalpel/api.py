@@ -60,7 +60,7 @@ def analyze_job(
     capture = stored_capture(paths)
     if len(files) == 1 and not ray:
         report_progress = (lambda done, total: on_rank_progress(0, done / max(total, 1))) if on_rank_progress else None
-        trace = load(files, on_progress=report_progress)
+        trace = load(files, on_progress=report_progress, workers=workers)
         return JobAnalysis(build_report(trace, capture=capture), tuple(files), _flame(trace) if flame else None)
     from .jobreport import join_summaries
     from .ranksummary import SummaryRequest

@@ -37,6 +37,7 @@ from .fastsplit import Layout, guess_layout, next_cut
 from .jsonscan import NotATraceError, iter_batch_ranges, split_document
 from .model import RankInfo, Trace
 from .outliers import set_aside_far_events
+from .parallel import decode_in_parallel, process_count
 from .source import GzipText, available_memory, describe_foreign, is_gzip, read_source, release
 
 ProgressCallback = Callable[[int, int], None]
@@ -101,17 +102,24 @@ def _looks_like_trace_file(path: Path) -> bool:
     return name.endswith(".json") or name.endswith(".json.gz")
 
 
-def load(paths: str | Path | Iterable[str | Path], *, on_progress: ProgressCallback | None = None) -> Trace:
-    """Load one or more trace files (or folders of them) into one ``Trace``."""
+def load(
+    paths: str | Path | Iterable[str | Path], *, on_progress: ProgressCallback | None = None, workers: int | None = None
+) -> Trace:
+    """Load one or more trace files (or folders of them) into one ``Trace``.
+
+    A large uncompressed file is decoded by ``workers`` processes (``trace.parallel``; default:
+    $SKALPEL_LOAD_PROCESSES, else the cores this process may use; 1: in this process alone).
+    """
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files = find_trace_files(paths)
+    processes = process_count(workers)
     progress = _Progress(files, on_progress)
     parsed: list[FileColumns] = []
     failed: list[str] = []
     for index, path in enumerate(files):
         try:
-            parsed.append(_parse_file(path, progress.of_file(index)))
+            parsed.append(_parse_file(path, progress.of_file(index), processes))
         except TraceError as error:
             if len(files) == 1:
                 raise
@@ -165,9 +173,9 @@ class _Outcome:
     repaired: int = 0  # batches or events whose invalid UTF-8 bytes were replaced
 
 
-def _parse_file(path: Path, report: Callable[[float], None]) -> FileColumns:
+def _parse_file(path: Path, report: Callable[[float], None], processes: int = 1) -> FileColumns:
     builder = ColumnBuilder()
-    outcome, size, gzip_truncated = _read_text(path, builder, report)
+    outcome, size, gzip_truncated = _read_text(path, builder, report, processes)
     report(1.0)
     truncated = outcome.truncated or gzip_truncated
     warnings = _warnings(path, builder, outcome, truncated, size)
@@ -187,7 +195,9 @@ def _parse_file(path: Path, report: Callable[[float], None]) -> FileColumns:
     return FileColumns(path, info, builder.names, columns, memory, builder.extra, warnings)
 
 
-def _read_text(path: Path, builder: ColumnBuilder, report: Callable[[float], None]) -> tuple[_Outcome, int, bool]:
+def _read_text(
+    path: Path, builder: ColumnBuilder, report: Callable[[float], None], processes: int = 1
+) -> tuple[_Outcome, int, bool]:
     """Decode the file's events into ``builder``: the outcome, the length of its text, whether a gzip stream was cut.
 
     The text is gone when this returns, so the columns are finished without it beside them.
@@ -195,7 +205,7 @@ def _read_text(path: Path, builder: ColumnBuilder, report: Callable[[float], Non
     try:
         if not is_gzip(path):
             data, _ = read_source(path)
-            return _read_whole(data, builder, path, report), len(data), False
+            return _read_whole(data, builder, path, report, processes), len(data), False
         share = [_GUNZIP_SHARE]
         text = GzipText(path, lambda fraction: report(share[0] * fraction))
         head, whole = text.read_head(WHOLE_GZIP_BYTES)
@@ -210,12 +220,12 @@ def _read_text(path: Path, builder: ColumnBuilder, report: Callable[[float], Non
         raise TraceError(f"{path}: not enough memory to load it") from None
 
 
-def _read_whole(data, builder: ColumnBuilder, path: Path, report: Callable[[float], None]) -> _Outcome:
+def _read_whole(data, builder: ColumnBuilder, path: Path, report: Callable[[float], None], processes: int = 1) -> _Outcome:
     """The events of a whole document (or of the end of a streamed one): named if it is not a trace."""
     foreign = describe_foreign(data)
     if foreign is not None:
         raise TraceError(f"{path}: {foreign}")
-    return _read_events(data, builder, path, report)
+    return _read_events(data, builder, path, report, processes)
 
 
 class _StreamDecoder:
@@ -270,13 +280,15 @@ def _warnings(path: Path, builder: ColumnBuilder, outcome: _Outcome, truncated: 
     return warnings
 
 
-def _read_events(data: bytes | bytearray, builder: ColumnBuilder, path: Path, report: Callable[[float], None]) -> _Outcome:
+def _read_events(
+    data: bytes | bytearray, builder: ColumnBuilder, path: Path, report: Callable[[float], None], processes: int = 1
+) -> _Outcome:
     """Fast path for complete documents; the exact scanner for the rest (or from where a batch failed)."""
     layout = guess_layout(data)
     resume_at = 0
     if layout is not None:
         outcome = _Outcome(layout.header, recovered_bytes=len(data))
-        resume_at = _read_guessed(data, layout, builder, outcome, report)
+        resume_at = _read_guessed(data, layout, builder, outcome, report, processes)
         if resume_at is None:
             return outcome
     if not isinstance(data, (bytes, bytearray)):
@@ -304,9 +316,9 @@ def _decode_spans(data, spans: np.ndarray, builder: ColumnBuilder, outcome: _Out
         report(end / max(len(data), 1))
 
 
-def _read_guessed(data, layout: Layout, builder: ColumnBuilder, outcome: _Outcome, report) -> int | None:
+def _read_guessed(data, layout: Layout, builder: ColumnBuilder, outcome: _Outcome, report, processes: int = 1) -> int | None:
     """Decode the batches ``fastsplit`` guesses; the offset to go on from exactly when one fails, else None."""
-    start = layout.start
+    start = decode_in_parallel(data, layout, builder, outcome, _decode_into, report, processes)  # layout.start: not worth it
     while start < layout.stop:
         end, next_start = next_cut(data, start, layout.stop)
         for _ in range(_CUT_RETRIES):

@@ -1,0 +1,264 @@
+"""Decode one large uncompressed trace in several processes, by byte ranges of its event array.
+
+The loader cuts a complete document into batches of a few megabytes (``fastsplit``); here
+the same batches, computed the same way, are dealt out in contiguous groups, one group per
+core. This process decodes the first group straight into its own ``ColumnBuilder``; each
+other group is decoded by a forked child into a builder of its own, whose state comes back
+through a pipe and is joined in order: its name ids (names, stacks, shapes, and pid/tid
+labels) remapped onto this builder's table, its event indices shifted. Because the batches
+are the serial loader's own, names are interned in the same order, and every column, name
+and warning equals the serial load's.
+
+A batch that does not decode (a cut inside an event, bytes that are not JSON) ends the
+parallel part there: the groups before it are joined and the loader goes on serially from
+that batch, with its retries and its exact scanner, as it would have anyway.
+
+Fork, not spawn or forkserver: the children need only numpy and msgspec, already imported,
+and the file's map, inherited for free; a spawned child would spend some 0.1 s importing
+them again and reopen the file, as much as it saves on a 50 MB trace. The children run only
+the decoding below and leave with ``os._exit``, so nothing of the parent (atexit handlers,
+buffered output) runs twice.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import signal
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from ..tune.cores import usable_cores
+from .columns import ColumnBuilder
+from .fastsplit import Layout, next_cut
+from .source import release
+
+PARALLEL_FROM_BYTES = 24 << 20  # below this the fork, pipe and join cost more than they save (measured)
+PROCESSES_ENV = "SKALPEL_LOAD_PROCESSES"  # "1" turns the parallel load off; a number caps the processes
+
+Decode = Callable[[ColumnBuilder, object, int, int, object], bool]
+"""``loader._decode_into``: (builder, data, start, end, outcome) -> whether the bytes decoded."""
+
+
+class Batch(NamedTuple):
+    start: int
+    end: int  # this batch's bytes are data[start:end]
+    next_start: int
+
+
+def process_count(requested: int | None = None) -> int:
+    """Processes for one file: ``requested`` (``--workers``), else $SKALPEL_LOAD_PROCESSES, else the usable cores."""
+    if requested is None:
+        setting = os.environ.get(PROCESSES_ENV, "").strip()
+        requested = int(setting) if setting.isdigit() else None
+    return max(1, requested if requested is not None else usable_cores())
+
+
+def decode_in_parallel(data, layout: Layout, builder: ColumnBuilder, outcome, decode: Decode,
+                       report: Callable[[float], None], processes: int) -> int:  # fmt: skip
+    """Decode the event array's batches into ``builder``; the offset from which the loader must go on.
+
+    Returns ``layout.start`` (nothing done) when the file is not worth it: not a mapped file,
+    smaller than ``PARALLEL_FROM_BYTES``, or one process only. Returns ``layout.stop`` when
+    every batch was decoded.
+    """
+    if processes <= 1 or not isinstance(data, mmap.mmap) or layout.stop - layout.start < PARALLEL_FROM_BYTES:
+        return layout.start
+    groups = _groups(_batches(data, layout), processes)
+    if len(groups) <= 1:
+        return layout.start
+    children = [_fork(data, group, outcome, decode) for group in groups[1:]]
+    try:
+        failed_at = _decode_group(builder, data, groups[0], outcome, decode)
+        if failed_at is not None:
+            return failed_at
+        report(groups[0][-1].end / len(data))
+        for child, group in zip(children, groups[1:]):
+            state = child.result()
+            if state is None or state["mixed_ids"]:
+                return group[0].start  # the child died, or its pid/tid ids cannot be told apart: serially from here
+            _join(builder, state)
+            outcome.repaired += state["repaired"]
+            if state["failed_at"] is not None:
+                return state["failed_at"]
+            report(group[-1].end / len(data))
+        return layout.stop
+    finally:
+        for child in children:
+            child.end()
+
+
+def _batches(data, layout: Layout) -> list[Batch]:
+    """The serial loader's batches (``loader._read_guessed`` before any retry)."""
+    batches = []
+    start = layout.start
+    while start < layout.stop:
+        end, next_start = next_cut(data, start, layout.stop)
+        batches.append(Batch(start, end, next_start))
+        start = next_start
+    return batches
+
+
+def _groups(batches: list[Batch], processes: int) -> list[list[Batch]]:
+    """Contiguous runs of batches of about equal bytes, at most ``processes`` of them."""
+    if not batches:
+        return []
+    total = batches[-1].end - batches[0].start
+    groups: list[list[Batch]] = [[]]
+    for batch in batches:
+        share = (batch.start - batches[0].start) * processes // max(total, 1)
+        if share >= len(groups) and groups[-1]:
+            groups.append([])
+        groups[-1].append(batch)
+    return groups
+
+
+def _decode_group(builder: ColumnBuilder, data, group: list[Batch], outcome, decode: Decode) -> int | None:
+    """Decode each batch of the group; the start of the first batch that fails, else None."""
+    for batch in group:
+        if not decode(builder, data, batch.start, batch.end, outcome):
+            return batch.start
+        release(data, batch.next_start)  # as the serial loader does: parsed pages leave this process's memory
+    return None
+
+
+class _RangeBuilder(ColumnBuilder):
+    """A child's builder, which also notes what its pid and tid columns hold.
+
+    A label such as 'stream 7' becomes the negative id -1 - (its name id), which must be
+    remapped on joining; a negative integer pid stays as it is. When one child's columns
+    hold both, they cannot be told apart, and its range is decoded serially instead.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.labels = 0
+        self.negative_ints = False
+
+    def _id(self, value: object) -> int:
+        result = super()._id(value)
+        if result < 0:
+            if isinstance(value, str):
+                self.labels += 1
+            else:
+                self.negative_ints = True
+        return result
+
+    def _ids(self, values: list) -> np.ndarray:
+        labels = self.labels
+        ids = super()._ids(values)
+        if self.labels == labels and len(ids) and ids.min() < 0:  # integers only, taken at C speed
+            self.negative_ints = True
+        return ids
+
+
+def _state(builder: _RangeBuilder, failed_at: int | None, repaired: int) -> dict:
+    """What the parent needs of a child's builder to join it (ColumnBuilder's accumulating fields)."""
+    return {
+        "names": builder.interner.names, "parts": builder._parts, "memory_parts": builder._memory_parts,
+        "flow_parts": builder._flow_parts, "uncorrelated": builder._uncorrelated, "extra": builder.extra,
+        "count": builder.count, "skipped": builder.skipped, "seen": builder.seen, "phased": builder.phased,
+        "unphased": builder.unphased, "unknown_phases": builder.unknown_phases,
+        "labels": builder.labels > 0, "mixed_ids": builder.labels > 0 and builder.negative_ints,
+        "failed_at": failed_at, "repaired": repaired,
+    }  # fmt: skip
+
+
+def _join(builder: ColumnBuilder, state: dict) -> None:
+    """Append a child's batches to ``builder`` as if it had decoded them itself."""
+    remap = np.fromiter((builder.interner[name] for name in state["names"]), np.int32, len(state["names"]))
+    labels = state["labels"]
+    offset = builder.count
+    for key, parts in state["parts"].items():
+        if key == "name":
+            parts = [remap[part] for part in parts]
+        elif key in ("stack", "shapes"):
+            parts = [_remapped_ids(part, remap) for part in parts]
+        elif key in ("pid", "tid") and labels:
+            parts = [_remapped_labels(part, remap) for part in parts]
+        builder._parts[key].extend(parts)
+    for key, parts in state["memory_parts"].items():
+        if key == "tid" and labels:
+            parts = [_remapped_labels(part, remap) for part in parts]
+        builder._memory_parts[key].extend(parts)
+    for pid, tid, ts, ids in state["flow_parts"]:
+        if labels:
+            pid, tid = _remapped_labels(pid, remap), _remapped_labels(tid, remap)
+        builder._flow_parts.append((pid, tid, ts, ids))
+    builder._uncorrelated.extend(indices + offset for indices in state["uncorrelated"])
+    builder.extra.update((index + offset, args) for index, args in state["extra"].items())
+    builder.count += state["count"]
+    builder.skipped += state["skipped"]
+    builder.seen += state["seen"]
+    builder.phased = builder.phased or state["phased"]
+    builder.unphased += state["unphased"]
+    for phase, count in state["unknown_phases"].items():
+        builder.unknown_phases[phase] = builder.unknown_phases.get(phase, 0) + count
+
+
+def _remapped_ids(ids: np.ndarray, remap: np.ndarray) -> np.ndarray:
+    """Name ids (-1: none) of a child's table as ids of the parent's."""
+    return np.where(ids >= 0, remap[np.maximum(ids, 0)], ids)
+
+
+def _remapped_labels(ids: np.ndarray, remap: np.ndarray) -> np.ndarray:
+    """Pids or tids whose negative values are labels (-1 - name id) of a child's table."""
+    return np.where(ids < 0, -1 - remap[np.maximum(-1 - ids, 0)].astype(np.int64), ids)
+
+
+class _Child:
+    """A forked process decoding one group of batches; its state comes back pickled through a pipe."""
+
+    def __init__(self, pid: int, reader: int) -> None:
+        self.pid, self.reader = pid, reader
+
+    def result(self) -> dict | None:
+        """The child's state, or None when it died before sending all of it."""
+        with os.fdopen(self.reader, "rb") as pipe:
+            self.reader = -1
+            blob = pipe.read()
+        try:
+            return pickle.loads(blob)
+        except Exception:  # noqa: BLE001 - a cut or empty message: the child died
+            return None
+
+    def end(self) -> None:
+        """Close the pipe and reap the child (killed first when its result was not read)."""
+        if self.reader >= 0:
+            os.close(self.reader)
+            self.reader = -1
+            _kill(self.pid)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _fork(data, group: list[Batch], outcome, decode: Decode) -> _Child:
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(writer)
+        return _Child(pid, reader)
+    os.close(reader)
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends the child; the parent reaps it
+        builder = _RangeBuilder()
+        repaired_before = outcome.repaired
+        failed_at = _decode_group(builder, data, group, outcome, decode)
+        blob = pickle.dumps(_state(builder, failed_at, outcome.repaired - repaired_before), pickle.HIGHEST_PROTOCOL)
+        with os.fdopen(writer, "wb") as pipe:
+            pipe.write(blob)
+        code = 0
+    finally:
+        os._exit(code)  # never return into the parent's code, whatever happened
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
