@@ -1,0 +1,152 @@
+"""One large uncompressed trace decoded by several processes gives exactly the serial load's Trace."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from skalpel.trace import fastsplit, loader, parallel, source
+from skalpel.trace.model import Trace
+
+from .conftest import corpus
+
+
+def assert_same_trace(serial: Trace, split: Trace) -> None:
+    """Every column (values and dtype), the name table, the ranks, the kept args and the warnings."""
+    assert split.names == serial.names
+    for field in dataclasses.fields(Trace):
+        if field.name.startswith("_"):
+            continue
+        mine, theirs = getattr(split, field.name), getattr(serial, field.name)
+        if isinstance(theirs, np.ndarray):
+            _assert_same_column(mine, theirs, field.name)
+        elif field.name == "memory":
+            for column in dataclasses.fields(theirs):
+                _assert_same_column(getattr(mine, column.name), getattr(theirs, column.name), f"memory.{column.name}")
+        elif field.name == "extra":
+            assert list(mine.items()) == list(theirs.items())  # in the same order too
+        else:
+            assert repr(mine) == repr(theirs), field.name
+
+
+def _assert_same_column(mine: np.ndarray, theirs: np.ndarray, name: str) -> None:
+    assert mine.dtype == theirs.dtype, name
+    assert np.array_equal(mine, theirs, equal_nan=theirs.dtype.kind == "f"), name
+
+
+@pytest.fixture
+def handovers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records how each parallel decode ended: 'all' (every batch), 'none' (not worth it) or 'part'."""
+    seen: list[str] = []
+    real = loader.decode_in_parallel
+
+    def recording(data, layout, *args):
+        at = real(data, layout, *args)
+        seen.append("all" if at == layout.stop else "none" if at == layout.start else "part")
+        return at
+
+    monkeypatch.setattr(loader, "decode_in_parallel", recording)
+    return seen
+
+
+@pytest.fixture
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of 64 KiB, every file mapped and split: small corpus traces then cross many process boundaries."""
+    monkeypatch.setattr(fastsplit.next_cut, "__defaults__", (64 << 10,))  # the serial loader's batches too
+    monkeypatch.setattr(source, "MAP_FROM_BYTES", 1)
+    monkeypatch.setattr(parallel, "PARALLEL_FROM_BYTES", 0)
+
+
+def _plain_copy(tmp_path: Path, name: str, keep: float = 1.0) -> Path:
+    data = gzip.decompress(corpus(name).read_bytes())
+    target = tmp_path / corpus(name).name.removesuffix(".gz")
+    target.write_bytes(data[: int(len(data) * keep)])
+    return target
+
+
+def test_df_index_resolver_loads_the_same_in_two_processes(tmp_path: Path, handovers: list[str]) -> None:
+    plain = _plain_copy(tmp_path, "hta/df_index_resolver/df_index_resolver.json.gz")  # 51 MiB: above the threshold
+    assert plain.stat().st_size >= parallel.PARALLEL_FROM_BYTES
+    serial = loader.load(plain, workers=1)
+    assert handovers == ["none"]
+    split = loader.load(plain, workers=2)
+    assert handovers == ["none", "all"]
+    assert_same_trace(serial, split)
+    assert len(split) == 123378 and len(split.memory) > 0 and split.extra
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "extra/AMD-AGI__TraceLens/tests/traces/b200/eager_trace.json.gz",  # string tids: labels remapped on joining
+        "hta/nccl_parser_config/nccl_data.json.gz",  # collectives: their args kept in extra, by event index
+        "hta/trace_filter/sampled_rank-0.json.gz",
+        "kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143566756.pt.trace.json.gz",  # memory events
+        "hta/mtia_inference_trace/mtia_inference_rank_0.json.gz",
+    ],
+)
+def test_corpus_traces_load_the_same_split_in_small_batches(
+    name: str, tmp_path: Path, small_batches: None, handovers: list[str]
+) -> None:
+    plain = _plain_copy(tmp_path, name)
+    serial = loader.load(plain, workers=1)
+    split = loader.load(plain, workers=3)
+    assert handovers[-1] in ("all", "part")  # part: a header after the events, as serially, sends the end to jsonscan
+    assert_same_trace(serial, split)
+
+
+def test_header_after_the_events_hands_over_to_the_exact_scanner(
+    tmp_path: Path, small_batches: None, handovers: list[str]
+) -> None:
+    """TraceLens traces put header keys (deviceProperties) after traceEvents: the last batch fails, as serially."""
+    plain = _plain_copy(tmp_path, "extra/AMD-AGI__TraceLens/tests/traces/h100/gaunernst_bert-small-uncased__1016001.json.gz")
+    serial = loader.load(plain, workers=1)
+    split = loader.load(plain, workers=3)
+    assert handovers[-1] == "part"
+    assert_same_trace(serial, split)
+    assert split.ranks[0].device_names  # read from the header after the events
+
+
+def test_a_cut_inside_a_name_hands_over_to_the_serial_loader(
+    tmp_path: Path, small_batches: None, handovers: list[str]
+) -> None:
+    """Names starting with '},{' put some guessed cuts inside a string: that batch and the rest go the serial way."""
+    plain = _plain_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
+    text = re.sub(rb'"name": "', b'"name": "},{', plain.read_bytes())
+    plain.write_bytes(text)
+    serial = loader.load(plain, workers=1)
+    split = loader.load(plain, workers=3)
+    assert handovers[-1] == "part"
+    assert_same_trace(serial, split)
+    assert any(name.startswith("},{aten::") for name in split.names)
+
+
+def test_a_cut_off_file_loads_serially(tmp_path: Path, handovers: list[str]) -> None:
+    """A cut-off document has no closing bracket to guess from: the exact scanner reads it, in this process."""
+    plain = _plain_copy(tmp_path, "hta/df_index_resolver/df_index_resolver.json.gz", keep=0.7)
+    serial = loader.load(plain, workers=1)
+    split = loader.load(plain, workers=2)
+    assert handovers == []  # not even tried
+    assert_same_trace(serial, split)
+    assert any("cut off" in warning for warning in split.warnings)
+
+
+def test_small_files_and_one_process_stay_serial(tmp_path: Path, handovers: list[str]) -> None:
+    plain = _plain_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
+    loader.load(plain, workers=4)
+    assert handovers in ([], ["none"])  # read whole (below MAP_FROM_BYTES), or mapped but below the threshold
+
+
+def test_process_count_follows_workers_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "1")
+    assert parallel.process_count() == 1
+    assert parallel.process_count(3) == 3  # --workers wins
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "")
+    from skalpel.tune.cores import usable_cores
+
+    assert parallel.process_count() == usable_cores()
