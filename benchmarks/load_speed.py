@@ -63,13 +63,6 @@ def _child(mode: str, path: str) -> None:
         data = Path(path).read_bytes()
         started = time.perf_counter()
         json.loads(data)
-    elif mode == "analyze":  # the whole `skalpel analyze FILE --json OUT` process: timed by the parent
-        from skalpel.cli import main as skalpel_main
-
-        with open(os.devnull, "w") as quiet:
-            sys.stdout = quiet
-            skalpel_main(["analyze", path, "--json", os.devnull])
-            sys.stdout = sys.__stdout__
     elif mode == "json.load":
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rb") as handle:
@@ -160,20 +153,35 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+def _run_analyze(path: Path, env: dict | None = None) -> dict:
+    """The whole `skalpel analyze FILE --json OUT` process as a user runs it (``python -m skalpel``), timed from
+    its start to its exit; its peak RSS from wait4 (the larger of its own and its forked loaders')."""
+    command = [sys.executable, "-m", "skalpel", "analyze", str(path), "--json", os.devnull]
+    with tempfile.TemporaryFile() as errors_file:
+        started = time.perf_counter()
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors_file,
+                                 env={**_with_bytecode(), **(env or {})}, preexec_fn=_limit_memory)  # fmt: skip
+        _, status, usage = os.wait4(child.pid, 0)
+        seconds = time.perf_counter() - started
+        child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        errors_file.seek(0)
+        errors = errors_file.read().decode(errors="replace").strip().splitlines()
+    if child.returncode != 0:
+        return {"error": (errors or [f"exit {child.returncode}"])[-1]}
+    return {"seconds": seconds, "rss_mib": usage.ru_maxrss / 1024}
+
+
 def _run_child(mode: str, path: Path, env: dict | None = None) -> dict:
+    if mode == "analyze":
+        return _run_analyze(path, env)
     command = [sys.executable, str(Path(__file__).resolve()), "--child", mode, str(path)]
-    started = time.perf_counter()
     done = subprocess.run(
         command, capture_output=True, text=True, env={**_with_bytecode(), **(env or {})}, preexec_fn=_limit_memory
     )
-    process_s = time.perf_counter() - started
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("LOAD_SPEED ")), None)
     if done.returncode != 0 or line is None:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
-    result = json.loads(line.split(" ", 1)[1])
-    if mode == "analyze":
-        result["seconds"] = process_s  # the whole process, interpreter start included
-    return result
+    return json.loads(line.split(" ", 1)[1])
 
 
 def _with_bytecode() -> dict[str, str]:

@@ -357,6 +357,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 INTERNAL_ERROR = 3
+_QUICK_EXIT_COMMANDS = ("analyze", "diff", "explain")
+
+
+def entry() -> None:
+    """The ``skalpel`` command (console script and ``python -m skalpel``): ``main``, then exit.
+
+    When they succeed, the commands that only read traces and write reports leave without the
+    interpreter's teardown, which frees every module and object one by one (some 45 ms: a
+    tenth of analysing a 50 MB trace). They leave no threads or processes running after
+    ``main`` (rank workers are shut down, forked loaders reaped); an interrupted or failed run,
+    and ``--ray`` (Ray's client has exit handlers of its own), exit the usual way. ``main``
+    itself returns, for callers in Python.
+    """
+    code = main()
+    words = sys.argv[1:2]
+    if code == 0 and words and words[0] in _QUICK_EXIT_COMMANDS and "--ray" not in sys.argv:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            sys.exit(code)  # a closed or broken stream: the usual exit, and its usual message
+        os._exit(code)
+    sys.exit(code)
 
 
 def _error(message: str, *, internal: bool = False) -> None:
@@ -367,4 +390,4 @@ def _error(message: str, *, internal: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
