@@ -16,6 +16,8 @@ so that it can be compared with the hardware's link bandwidth whatever the rank 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -194,10 +196,13 @@ class _HostComms:
         self.trace = trace
         ops = np.flatnonzero(trace.mask(Kind.COMM_OP, rank=rank))
         ops = ops[np.argsort(trace.ts[ops], kind="stable")]
-        self.by_thread = {
-            int(tid): (ops[trace.tid[ops] == tid], trace.ts[ops[trace.tid[ops] == tid]], trace.end[ops[trace.tid[ops] == tid]])
-            for tid in np.unique(trace.tid[ops])
-        }
+        # Plain lists: one kernel's look-up is a bisect and a short scan, cheaper than numpy calls on tiny slices.
+        # reach[i]: the latest end among ops 0..i, so that the scan back stops where nothing can still be open.
+        self.by_thread = {}
+        for tid in np.unique(trace.tid[ops]):
+            mine = ops[trace.tid[ops] == tid]
+            ends = trace.end[mine].tolist()
+            self.by_thread[int(tid)] = (mine.tolist(), trace.ts[mine].tolist(), ends, list(itertools.accumulate(ends, max)))
 
     def around(self, kernel: int) -> list[int]:
         """The comm ops open at the kernel's launch on the launching thread, innermost first."""
@@ -206,12 +211,16 @@ class _HostComms:
         if launcher < 0:
             op = int(trace.op_of_event[kernel])
             return [op] if op >= 0 and trace.kind[op] == Kind.COMM_OP else []
-        ops, starts, ends = self.by_thread.get(int(trace.tid[launcher]), (np.zeros(0, np.int64),) * 3)
+        ops, starts, ends, reach = self.by_thread.get(int(trace.tid[launcher]), ([], [], [], []))
         instant = float(trace.ts[launcher])
-        last = int(np.searchsorted(starts, instant, side="right"))
-        first = max(last - 64, 0)
-        open_ = ends[first:last] >= instant
-        return [int(op) for op in ops[first:last][open_][::-1]]
+        last = bisect.bisect_right(starts, instant)
+        found = []
+        for i in range(last - 1, max(last - 64, 0) - 1, -1):  # the 64 latest to start, innermost first
+            if reach[i] < instant:
+                break
+            if ends[i] >= instant:
+                found.append(ops[i])
+        return found
 
     def merged_args(self, ops: list[int]) -> dict:
         merged: dict = {}
