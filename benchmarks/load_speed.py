@@ -17,7 +17,7 @@ expected peak memory exceeds what the machine has available is skipped, and says
 
 Targets (issue 3): skalpel's total no slower than json.load, at least 10x faster than HTA,
 peak memory at most 2x the uncompressed file size. Issue 13: the whole ``skalpel analyze FILE
---json OUT`` process (interpreter start to exit, timed by the parent) at most 0.5x the time of
+--json OUT`` process (``python -m skalpel``, interpreter start to exit, timed by the parent) at most 0.5x the time of
 ``json.loads`` of the same uncompressed file's bytes, and its peak RSS at most 1.5x the file's
 size; the last line of each table prints both ratios. A .gz corpus trace is measured uncompressed.
 """
