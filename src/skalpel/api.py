@@ -28,7 +28,8 @@ def analyze(
     """Load traces (files or folders, any torch.profiler output) and diagnose them.
 
     The rank files of a job are reduced in ``workers`` processes (default: the cores this
-    process may use), or as Ray tasks with ``ray`` (True, or a cluster address).
+    process may use), or as Ray tasks with ``ray`` (True, or a cluster address); one large
+    uncompressed file is decoded by that many processes (``trace.parallel``).
     ``on_progress`` gets (bytes done, bytes total) over all files.
     """
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
