@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import os
 import re
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +126,22 @@ def test_a_cut_inside_a_name_hands_over_to_the_serial_loader(
     assert handovers[-1] == "part"
     assert_same_trace(serial, split)
     assert any(name.startswith("},{aten::") for name in split.names)
+
+
+def test_a_child_that_dies_leaves_its_range_to_the_serial_loader(
+    tmp_path: Path, small_batches: None, handovers: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the children build a _RangeBuilder: each one killed at its start, as the OOM killer would."""
+    plain = _plain_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
+    serial = loader.load(plain, workers=1)
+
+    def killed(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(parallel._RangeBuilder, "__init__", killed)
+    split = loader.load(plain, workers=3)
+    assert handovers[-1] == "part"  # this process's own range, then serially from the first dead child's
+    assert_same_trace(serial, split)
 
 
 def test_a_cut_off_file_loads_serially(tmp_path: Path, handovers: list[str]) -> None:

@@ -62,9 +62,12 @@ def decode_in_parallel(data, layout: Layout, builder: ColumnBuilder, outcome, de
 
     Returns ``layout.start`` (nothing done) when the file is not worth it: not a mapped file,
     smaller than ``PARALLEL_FROM_BYTES``, or one process only. Returns ``layout.stop`` when
-    every batch was decoded.
+    every batch was decoded. A child that dies (killed for memory) leaves its group and the
+    rest to the serial loader.
     """
-    if processes <= 1 or not isinstance(data, mmap.mmap) or layout.stop - layout.start < PARALLEL_FROM_BYTES:
+    if processes <= 1 or not hasattr(os, "fork") or not isinstance(data, mmap.mmap):
+        return layout.start  # one process asked for, no fork (Windows), or not a mapped file (gzip, small)
+    if layout.stop - layout.start < PARALLEL_FROM_BYTES:
         return layout.start
     groups = _groups(_batches(data, layout), processes)
     if len(groups) <= 1:
