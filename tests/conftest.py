@@ -34,3 +34,13 @@ def corpus(relative: str) -> Path:
     if not path.exists():
         missing(f"shared trace corpus not found: {path}")
     return path
+
+
+def uncompressed_copy(tmp_path: Path, name: str, keep: float = 1.0) -> Path:
+    """The corpus trace ``name`` gunzipped into ``tmp_path`` (its first ``keep`` share only: a cut-off file)."""
+    import gzip
+
+    data = gzip.decompress(corpus(name).read_bytes())
+    target = tmp_path / corpus(name).name.removesuffix(".gz")
+    target.write_bytes(data[: int(len(data) * keep)])
+    return target

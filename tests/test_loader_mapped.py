@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import mmap
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 from skalpel.pipeline import build_report
 from skalpel.trace import load, source
 
-from .conftest import corpus
+from .conftest import uncompressed_copy
 
 
 @pytest.fixture
@@ -19,15 +18,8 @@ def mapped_always(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(source, "MAP_FROM_BYTES", 1)
 
 
-def _plain_copy(tmp_path: Path, name: str, keep: float = 1.0) -> Path:
-    data = gzip.decompress(corpus(name).read_bytes())
-    target = tmp_path / corpus(name).name.removesuffix(".gz")
-    target.write_bytes(data[: int(len(data) * keep)])
-    return target
-
-
 def test_mapped_file_gives_the_report_of_the_read_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    plain = _plain_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
+    plain = uncompressed_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
     read = build_report(load(plain)).to_json()
     monkeypatch.setattr(source, "MAP_FROM_BYTES", 1)
     data, _ = source.read_source(plain)
@@ -37,7 +29,7 @@ def test_mapped_file_gives_the_report_of_the_read_one(tmp_path: Path, monkeypatc
 
 
 def test_mapped_cut_off_file_loads_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    plain = _plain_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz", keep=0.6)
+    plain = uncompressed_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz", keep=0.6)
     read = load(plain)
     monkeypatch.setattr(source, "MAP_FROM_BYTES", 1)
     mapped = load(plain)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import os
 import re
 import signal
@@ -15,7 +14,7 @@ import pytest
 from skalpel.trace import fastsplit, loader, parallel, source
 from skalpel.trace.model import Trace
 
-from .conftest import corpus
+from .conftest import uncompressed_copy
 
 
 def assert_same_trace(serial: Trace, split: Trace) -> None:
@@ -64,15 +63,8 @@ def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parallel, "PARALLEL_FROM_BYTES", 0)
 
 
-def _plain_copy(tmp_path: Path, name: str, keep: float = 1.0) -> Path:
-    data = gzip.decompress(corpus(name).read_bytes())
-    target = tmp_path / corpus(name).name.removesuffix(".gz")
-    target.write_bytes(data[: int(len(data) * keep)])
-    return target
-
-
 def test_df_index_resolver_loads_the_same_in_two_processes(tmp_path: Path, handovers: list[str]) -> None:
-    plain = _plain_copy(tmp_path, "hta/df_index_resolver/df_index_resolver.json.gz")  # 51 MiB: above the threshold
+    plain = uncompressed_copy(tmp_path, "hta/df_index_resolver/df_index_resolver.json.gz")  # 51 MiB: above the threshold
     assert plain.stat().st_size >= parallel.PARALLEL_FROM_BYTES
     serial = loader.load(plain, workers=1)
     assert handovers == ["none"]
@@ -95,7 +87,7 @@ def test_df_index_resolver_loads_the_same_in_two_processes(tmp_path: Path, hando
 def test_corpus_traces_load_the_same_split_in_small_batches(
     name: str, tmp_path: Path, small_batches: None, handovers: list[str]
 ) -> None:
-    plain = _plain_copy(tmp_path, name)
+    plain = uncompressed_copy(tmp_path, name)
     serial = loader.load(plain, workers=1)
     split = loader.load(plain, workers=3)
     assert handovers[-1] in ("all", "part")  # part: a header after the events, as serially, sends the end to jsonscan
@@ -106,7 +98,7 @@ def test_header_after_the_events_hands_over_to_the_exact_scanner(
     tmp_path: Path, small_batches: None, handovers: list[str]
 ) -> None:
     """TraceLens traces put header keys (deviceProperties) after traceEvents: the last batch fails, as serially."""
-    plain = _plain_copy(tmp_path, "extra/AMD-AGI__TraceLens/tests/traces/h100/gaunernst_bert-small-uncased__1016001.json.gz")
+    plain = uncompressed_copy(tmp_path, "extra/AMD-AGI__TraceLens/tests/traces/h100/gaunernst_bert-small-uncased__1016001.json.gz")
     serial = loader.load(plain, workers=1)
     split = loader.load(plain, workers=3)
     assert handovers[-1] == "part"
@@ -118,7 +110,7 @@ def test_a_cut_inside_a_name_hands_over_to_the_serial_loader(
     tmp_path: Path, small_batches: None, handovers: list[str]
 ) -> None:
     """Names starting with '},{' put some guessed cuts inside a string: that batch and the rest go the serial way."""
-    plain = _plain_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
+    plain = uncompressed_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
     text = re.sub(rb'"name": "', b'"name": "},{', plain.read_bytes())
     plain.write_bytes(text)
     serial = loader.load(plain, workers=1)
@@ -132,7 +124,7 @@ def test_a_child_that_dies_leaves_its_range_to_the_serial_loader(
     tmp_path: Path, small_batches: None, handovers: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Only the children build a _RangeBuilder: each one killed at its start, as the OOM killer would."""
-    plain = _plain_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
+    plain = uncompressed_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
     serial = loader.load(plain, workers=1)
 
     def killed(self) -> None:
@@ -146,7 +138,7 @@ def test_a_child_that_dies_leaves_its_range_to_the_serial_loader(
 
 def test_a_cut_off_file_loads_serially(tmp_path: Path, handovers: list[str]) -> None:
     """A cut-off document has no closing bracket to guess from: the exact scanner reads it, in this process."""
-    plain = _plain_copy(tmp_path, "hta/df_index_resolver/df_index_resolver.json.gz", keep=0.7)
+    plain = uncompressed_copy(tmp_path, "hta/df_index_resolver/df_index_resolver.json.gz", keep=0.7)
     serial = loader.load(plain, workers=1)
     split = loader.load(plain, workers=2)
     assert handovers == []  # not even tried
@@ -155,7 +147,7 @@ def test_a_cut_off_file_loads_serially(tmp_path: Path, handovers: list[str]) -> 
 
 
 def test_small_files_and_one_process_stay_serial(tmp_path: Path, handovers: list[str]) -> None:
-    plain = _plain_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
+    plain = uncompressed_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
     loader.load(plain, workers=4)
     assert handovers in ([], ["none"])  # read whole (below MAP_FROM_BYTES), or mapped but below the threshold
 
