@@ -160,7 +160,9 @@ class _RangeBuilder(ColumnBuilder):
 def _state(builder: _RangeBuilder, failed_at: int | None, repaired: int) -> dict:
     """What the parent needs of a child's builder to join it (ColumnBuilder's accumulating fields)."""
     return {
-        "names": builder.interner.names, "parts": builder._parts, "memory_parts": builder._memory_parts,
+        "names": builder.interner.names,
+        "columns": {key: column.finish() for key, column in builder._columns.items()},
+        "memory_columns": {key: column.finish() for key, column in builder._memory_columns.items()},
         "flow_parts": builder._flow_parts, "uncorrelated": builder._uncorrelated, "extra": builder.extra,
         "count": builder.count, "skipped": builder.skipped, "seen": builder.seen, "phased": builder.phased,
         "unphased": builder.unphased, "unknown_phases": builder.unknown_phases,
@@ -174,18 +176,18 @@ def _join(builder: ColumnBuilder, state: dict) -> None:
     remap = np.fromiter((builder.interner[name] for name in state["names"]), np.int32, len(state["names"]))
     labels = state["labels"]
     offset = builder.count
-    for key, parts in state["parts"].items():
+    for key, values in state["columns"].items():
         if key == "name":
-            parts = [remap[part] for part in parts]
+            values = remap[values]
         elif key in ("stack", "shapes"):
-            parts = [_remapped_ids(part, remap) for part in parts]
+            values = _remapped_ids(values, remap)
         elif key in ("pid", "tid") and labels:
-            parts = [_remapped_labels(part, remap) for part in parts]
-        builder._parts[key].extend(parts)
-    for key, parts in state["memory_parts"].items():
+            values = _remapped_labels(values, remap)
+        builder._columns[key].append(values)
+    for key, values in state["memory_columns"].items():
         if key == "tid" and labels:
-            parts = [_remapped_labels(part, remap) for part in parts]
-        builder._memory_parts[key].extend(parts)
+            values = _remapped_labels(values, remap)
+        builder._memory_columns[key].append(values)
     for pid, tid, ts, ids in state["flow_parts"]:
         if labels:
             pid, tid = _remapped_labels(pid, remap), _remapped_labels(tid, remap)
