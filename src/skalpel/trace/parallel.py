@@ -35,7 +35,11 @@ from .columns import ColumnBuilder
 from .fastsplit import Layout, next_cut
 from .source import release
 
-PARALLEL_FROM_BYTES = 24 << 20  # below this the fork, pipe and join cost more than they save (measured)
+# Below this one process decodes alone. Measured on 2 cores: with the other core idle, two processes
+# loaded 40 MiB in 0.64x the time (24 MiB: 0.78x; 8-16 MiB: 0.93x); with it busy they took 1.25x, and
+# df_index_resolver's (51 MiB) peak RSS went from 1.50x to 1.8x its size (the child's share, pickled and
+# joined). So only files where the gain is large and the memory ratio small (1.2x at 200 MiB) are split.
+PARALLEL_FROM_BYTES = 64 << 20
 PROCESSES_ENV = "SKALPEL_LOAD_PROCESSES"  # "1" turns the parallel load off; a number caps the processes
 
 Decode = Callable[[ColumnBuilder, object, int, int, object], bool]
