@@ -98,14 +98,16 @@ def write_outputs(report: Report, trace: Trace, folder: Path, *, traces: Iterabl
     they head the returned list so the caller can print every file of the run.
     """
     from ..report import flamegraph, html, terminal
+    from ..report.stacks import thread_stacks
 
     written = [Path(path) for path in traces]
     rank = trace.rank_ids[0] if trace.ranks else 0
+    threads = thread_stacks(trace, rank)  # once for the three renderings: on a big trace, two thirds of their time
     outputs: list[tuple[str, str | bytes]] = [
-        ("flamegraph.svg", flamegraph.render_svg(trace, rank=rank)),
-        ("flamegraph.speedscope.json", flamegraph.render_speedscope(trace, rank=rank)),
+        ("flamegraph.svg", flamegraph.render_svg(trace, rank=rank, threads=threads)),
+        ("flamegraph.speedscope.json", flamegraph.render_speedscope(trace, rank=rank, threads=threads)),
         ("report.json", report.to_json()),
-        ("report.html", html.render(report, flame=html.flame_from_trace(trace, rank=rank))),
+        ("report.html", html.render(report, flame=html.flame_from_trace(trace, rank=rank, threads=threads))),
     ]
     for name, content in outputs:
         written.append(write_file(folder / name, content))

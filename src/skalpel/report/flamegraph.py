@@ -37,9 +37,9 @@ _LEGEND = (
 )  # fmt: skip
 
 
-def render_svg(trace: Trace, *, rank: int = 0) -> str:
-    """The flame graph of ``rank``'s recorded steps as a self-contained SVG document."""
-    threads = thread_stacks(trace, rank)
+def render_svg(trace: Trace, *, rank: int = 0, threads: list[ThreadStacks] | None = None) -> str:
+    """The flame graph of ``rank``'s recorded steps as a self-contained SVG document (``threads``: its stacks, if known)."""
+    threads = thread_stacks(trace, rank) if threads is None else threads
     root = merged_tree(trace, threads)
     rows: list[str] = []
     depth = _draw(trace, root, 0.0, 0, WIDTH - 2 * PAD, root.total_us, rows) if root.total_us > 0 else 0
@@ -130,9 +130,9 @@ def _legend() -> str:
     return "".join(parts)
 
 
-def render_speedscope(trace: Trace, *, rank: int = 0) -> str:
+def render_speedscope(trace: Trace, *, rank: int = 0, threads: list[ThreadStacks] | None = None) -> str:
     """The same stacks as a speedscope file (https://www.speedscope.app): one evented profile per thread."""
-    threads = thread_stacks(trace, rank)
+    threads = thread_stacks(trace, rank) if threads is None else threads
     frames: list[dict] = []
     frame_of: dict[int, int] = {}
     budget = SPEEDSCOPE_EVENTS // max(1, len(threads))  # open and close events per thread

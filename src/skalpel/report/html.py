@@ -94,11 +94,11 @@ def flame_section(flame: Mapping[str, Any] | None) -> str:
     )
 
 
-def flame_from_trace(trace: Trace, *, rank: int = 0) -> dict[str, Any] | None:
+def flame_from_trace(trace: Trace, *, rank: int = 0, threads: list | None = None) -> dict[str, Any] | None:
     """The merged call tree of ``rank``'s recorded steps (report/stacks.py) as {name, value ms, children}."""
     from .stacks import Node, merged_tree, thread_stacks
 
-    root = merged_tree(trace, thread_stacks(trace, rank))
+    root = merged_tree(trace, thread_stacks(trace, rank) if threads is None else threads)
     if root.total_us <= 0:
         return None
     floor = root.total_us * MIN_FLAME_FRACTION
