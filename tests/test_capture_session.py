@@ -78,6 +78,43 @@ def test_profile_in_process_filters_kineto_chatter_and_keeps_real_errors(tmp_pat
     assert (tmp_path / "run" / "trace-rank0.json.gz").is_file()
 
 
+def test_profile_in_process_stops_recording_past_its_memory_budget(tmp_path: Path) -> None:
+    """Steps of tens of thousands of ops under a 16 MiB budget: the window ends at a run.step(), whole steps kept.
+
+    In a fresh process: the budget reads resident memory, which a long-lived test process's freed heap absorbs."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "lstm.py"
+    script.write_text(textwrap.dedent(f"""
+        import torch, skalpel
+        torch.set_num_threads(1)
+        cell, head = torch.nn.LSTMCell(4, 8), torch.nn.Linear(8, 1)
+        x = torch.randn(2, 150, 4)
+        with skalpel.profile(out={str(tmp_path / "run")!r}, warmup=1, active=8) as run:
+            for _ in range(14):
+                h = c = torch.zeros(2, 8)
+                for t in range(x.shape[1]):
+                    h, c = cell(x[:, t], (h, c))
+                head(h).pow(2).mean().backward()
+                run.step()
+        print("recorded", run.recorded_steps, run.report().steps.count, flush=True)
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", SKALPEL_RECORD_BUDGET_MB="16"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "recording stopped early" in result.stderr and "(budget 16 MiB, $SKALPEL_RECORD_BUDGET_MB)" in result.stderr
+    assert "cut where" not in result.stderr  # stopped at a run.step(): whole steps only
+    _, recorded, in_report = result.stdout.split()
+    assert 1 <= int(recorded) < 8 and int(in_report) == int(recorded)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert any("recording stopped early" in warning for warning in report["warnings"])
+    # The look-alike: a small loop under the default budget records its whole window.
+    with skalpel.profile(out=tmp_path / "quiet", warmup=1, active=3) as quiet:
+        _loop(quiet, 8)
+    assert not [w for w in quiet.report().warnings if "stopped early" in w] and quiet.recorded_steps == 3
+
+
 def test_leaving_early_still_yields_what_was_recorded(tmp_path: Path) -> None:
     with skalpel.profile(warmup=1, active=5, out=tmp_path) as run:
         _loop(run, 20, stop_at=4)  # steps 0 (wait) and 1 (warm-up) un-profiled; 2 and 3 recorded

@@ -43,11 +43,13 @@ class OverBudget:
     budget: int
     source: str  # how the budget was chosen, in words
 
-    def note(self, recorded_steps: int) -> str:
+    def note(self, recorded_steps: int, *, cut: bool = True) -> str:
+        """``cut``: stopped inside a step (``skalpel run``'s hooks), not at a step's end (``run.step()``)."""
         return (
             f"recording stopped early: the profiler's events grew the process by {self.grown / 2**20:,.0f} MiB "
             f"(budget {self.budget / 2**20:,.0f} MiB, {self.source}); the trace holds {recorded_steps} whole recorded "
-            "step(s) and the one cut where the recording stopped. Each step runs a very large number of ops: "
+            + ("step(s) and the one cut where the recording stopped. " if cut else "step(s). ")
+            + "Each step runs a very large number of ops: "
             + ("record fewer steps (--active), " if recorded_steps else "")
             + "leave out Python stacks (--no-stack), or mark a smaller unit of work as the step (skalpel.step())"
         )
@@ -107,9 +109,13 @@ def release_results(prof: object) -> None:
 
 
 class RecordingBudget:
-    """Polls resident memory while ``recording()`` is true; calls ``over(OverBudget)`` once, from its own thread."""
+    """Polls resident memory from the profiler's start (``profiling()``) and calls ``over(OverBudget)`` once,
+    from its own thread, when the growth passes the budget while the window records (``recording()``):
+    never during the warm-up, which would leave nothing recorded."""
 
-    def __init__(self, recording: Callable[[], bool], over: Callable[[OverBudget], None]) -> None:
+    def __init__(self, profiling: Callable[[], bool], recording: Callable[[], bool],
+                 over: Callable[[OverBudget], None]) -> None:  # fmt: skip
+        self.profiling = profiling
         self.recording = recording
         self.over = over
         self.tripped: OverBudget | None = None
@@ -128,9 +134,9 @@ class RecordingBudget:
         start: int | None = None
         budget: tuple[int, str] | None = None
         while not self._stop.wait(POLL_S):
-            if not self.recording():
+            if not self.profiling():
                 if start is not None:
-                    return  # one recording per run: it ended within the budget
+                    return  # one profiler per run: it stopped within the budget
                 continue
             now = resident_bytes()
             if now is None:
@@ -140,7 +146,7 @@ class RecordingBudget:
                 if budget is None:
                     return
                 continue
-            if budget is not None and now - start > budget[0]:
+            if budget is not None and now - start > budget[0] and self.recording():
                 self.tripped = OverBudget(now - start, budget[0], budget[1])
                 self.over(self.tripped)
                 return

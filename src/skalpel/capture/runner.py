@@ -163,7 +163,7 @@ class _Capture:
         self.detector = StepDetector(self._boundary, only=step_on)
         self.watchdog = Watchdog(self.detector, step_timeout_s, _say, done=lambda: self.user is not None or own.capture_complete)
         self.aside = ProfilerWatch(self._step_aside)
-        self.budget = RecordingBudget(lambda: own.profiling, self._over_budget)
+        self.budget = RecordingBudget(lambda: own.profiling, lambda: own.recording, self._over_budget)
         self.detector.on_stop_request = self._end_recording_early
         self.thread = threading.get_ident()  # the thread that runs the script: the only one that marks steps
         self.main_steps = 0

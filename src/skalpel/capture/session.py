@@ -34,7 +34,7 @@ from ..report.model import CaptureInfo, Report
 from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
 from . import compile_log, cpu, distributed, runfolder, signals
 from .aside import OWN
-from .budget import release_results
+from .budget import OverBudget, RecordingBudget, release_results
 from .export import ExportError, export_trace
 from .kineto_noise import filtered_stderr
 from .sampler import LineSampler
@@ -112,6 +112,8 @@ class ProfileRun:
         self._sampler: LineSampler | None = None  # statement lines of the first window (with_stack only)
         self._cpu_excluded = (0.0, 0.0)  # wall and CPU seconds of the export, left out of the CPU window
         self._stderr: filtered_stderr | None = None  # Kineto's chatter filtered while skalpel.profile() records
+        self._budget: RecordingBudget | None = None  # skalpel.profile()'s memory budget (skalpel run has its own)
+        self._over_budget: OverBudget | None = None  # set by the budget's thread, acted on at the next run.step()
 
     # -- the session -------------------------------------------------------------------------
     def start(self) -> ProfileRun:
@@ -127,9 +129,11 @@ class ProfileRun:
         self._owns_compile_log = compile_log.install()  # `skalpel run` installs it before the script starts
         compile_log.before_step(self._prof, starting=True)
         OWN.add(self._prof)
-        if not self.auto:  # `skalpel run` filters the whole script's stderr already
+        if not self.auto:  # `skalpel run` filters the whole script's stderr already, and watches the memory
             self._stderr = filtered_stderr()
             self._stderr.__enter__()
+            self._budget = RecordingBudget(lambda: self.profiling, lambda: self.recording, self._note_over_budget)
+            self._budget.start()
         with _quiet():
             self._prof.start()
         if self._phases[0] == (0, ACTIVE):  # no wait or warm-up: the window opened with the profiler
@@ -149,6 +153,9 @@ class ProfileRun:
         prof = self._prof
         number = prof.step_num
         self._intervals.append((number, now - self._last))
+        if self._over_budget is not None:
+            self._end_recording_early(self._over_budget)
+            return
         phases = self._phases
         if number + 1 < len(phases) and phases[number] == phases[number + 1]:
             prof.step()  # no change of phase: the cheap path, nothing of ours in the recorded step
@@ -205,6 +212,11 @@ class ProfileRun:
         return self._prof is not None and not self._stopped
 
     @property
+    def recording(self) -> bool:
+        """The profiler records the window now (not waiting, not warming up)."""
+        return self.profiling and self._prof.current_action in _RECORDING
+
+    @property
     def capture_complete(self) -> bool:
         return self.windows_done >= self.settings.repeat
 
@@ -247,6 +259,16 @@ class ProfileRun:
                 if exc_type is None:
                     raise
 
+    def _note_over_budget(self, tripped: OverBudget) -> None:
+        self._over_budget = tripped  # from the budget's thread: only the loop's thread drives the profiler
+
+    def _end_recording_early(self, tripped: OverBudget) -> None:
+        self._stop_profiler()
+        note = tripped.note(self.recorded_steps, cut=False)
+        self.notes.append(note)
+        print(f"skalpel: {note}", file=sys.stderr, flush=True)
+        self._last = time.perf_counter()
+
     def _stop_profiler(self) -> None:
         if self._stopped:
             return
@@ -264,6 +286,8 @@ class ProfileRun:
         if self._stderr is not None:
             self._stderr.__exit__(None, None, None)
             self._stderr = None
+        if self._budget is not None:
+            self._budget.stop()
 
     def _tag_trace(self) -> None:
         # Header keys must be added while the profiler records; once per window.
