@@ -370,6 +370,9 @@ def entry() -> None:
     and ``--ray`` (Ray's client has exit handlers of its own), exit the usual way. ``main``
     itself returns, for callers in Python.
     """
+    import atexit
+
+    atexit.register(_no_interrupt_in_teardown)  # registered first, so it runs last, after the script's own
     code = main()
     words = sys.argv[1:2]
     if code == 0 and words and words[0] in _QUICK_EXIT_COMMANDS and "--ray" not in sys.argv:
@@ -380,6 +383,19 @@ def entry() -> None:
             sys.exit(code)  # a closed or broken stream: the usual exit, and its usual message
         os._exit(code)
     sys.exit(code)
+
+
+def _no_interrupt_in_teardown() -> None:
+    """The last exit handler: from here on the interpreter only frees modules (torch's take a second after a run).
+
+    Python puts SIGINT back to "die" for that part, so a Ctrl-C then killed skalpel by the signal (status -2)
+    after it had written and said everything; ignored, the exit status stays the run's."""
+    import signal
+
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
 
 
 def _error(message: str, *, internal: bool = False) -> None:
