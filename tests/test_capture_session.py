@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -55,9 +57,6 @@ def test_profile_records_the_active_steps_and_measures_overhead(tmp_path: Path) 
 
 def test_profile_in_process_filters_kineto_chatter_and_keeps_real_errors(tmp_path: Path) -> None:
     """skalpel.profile() in the user's own process: no `USDT: profiler_start` lines, their own stderr intact."""
-    import subprocess
-    import sys
-
     script = tmp_path / "loop.py"
     script.write_text(textwrap.dedent(f"""
         import os, torch, skalpel
@@ -82,9 +81,6 @@ def test_profile_in_process_stops_recording_past_its_memory_budget(tmp_path: Pat
     """Steps of tens of thousands of ops under a 16 MiB budget: the window ends at a run.step(), whole steps kept.
 
     In a fresh process: the budget reads resident memory, which a long-lived test process's freed heap absorbs."""
-    import subprocess
-    import sys
-
     script = tmp_path / "lstm.py"
     script.write_text(textwrap.dedent(f"""
         import torch, skalpel

@@ -27,6 +27,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from ..trace.source import available_memory
+
 ENV_BUDGET = "SKALPEL_RECORD_BUDGET_MB"
 AVAILABLE_SHARE = 0.5  # of the memory available when recording began: for the profiler's stop, at its peak
 STOP_FACTOR = 20  # the peak of stop() and the export, against the growth while recording (12-17x measured)
@@ -72,22 +74,11 @@ def budget_bytes() -> tuple[int, str] | None:
             return max(int(float(raw) * 2**20), 1), f"${ENV_BUDGET}"
         except ValueError:
             pass
-    available = _available_bytes()
+    available = available_memory()
     if available is None:
         return None
     allowed = max(int(available * AVAILABLE_SHARE / STOP_FACTOR), MIN_BUDGET_BYTES)
     return allowed, f"1/{int(STOP_FACTOR / AVAILABLE_SHARE)} of the memory available: stopping the profiler takes up to 17x what it recorded"
-
-
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo", "rb") as meminfo:
-            for line in meminfo:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def release_results(prof: object) -> None:
