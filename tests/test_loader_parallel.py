@@ -67,17 +67,52 @@ def test_df_index_resolver_loads_the_same_in_two_processes(
     tmp_path: Path, handovers: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plain = uncompressed_copy(tmp_path, "hta/df_index_resolver/df_index_resolver.json.gz")  # 51 MiB, 1 MiB batches
-    assert plain.stat().st_size < parallel.PARALLEL_FROM_BYTES  # by default decoded alone: too small to gain
-    loader.load(plain, workers=2)
-    assert handovers == ["none"]
-    monkeypatch.setattr(parallel, "PARALLEL_FROM_BYTES", 0)
-    handovers.clear()
+    assert plain.stat().st_size > parallel.PARALLEL_FROM_BYTES
     serial = loader.load(plain, workers=1)
     assert handovers == ["none"]
-    split = loader.load(plain, workers=2)
+    split = loader.load(plain, workers=2, while_decoding=lambda: None)  # this process's share is then the smaller
     assert handovers == ["none", "all"]
     assert_same_trace(serial, split)
     assert len(split) == 123378 and len(split.memory) > 0 and split.extra
+
+
+def test_while_decoding_runs_once_while_the_children_work(tmp_path: Path, handovers: list[str]) -> None:
+    """Called after forking and before this process decodes its own, smaller, share; else after a serial load."""
+    plain = uncompressed_copy(tmp_path, "hta/df_index_resolver/df_index_resolver.json.gz")
+    seen: list[str] = []
+
+    def children_now() -> None:
+        children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+        seen.append("during" if children else "after")
+
+    loader.load(plain, workers=2, while_decoding=children_now)
+    loader.load(plain, workers=1, while_decoding=children_now)
+    assert seen == ["during", "after"]
+
+
+def test_this_process_takes_a_smaller_share_when_it_has_work_meanwhile() -> None:
+    batches = [parallel.Batch(start, start + 10, start + 10) for start in range(0, 100, 10)]
+    assert [len(group) for group in parallel._groups(batches, 2)] == [5, 5]
+    assert [len(group) for group in parallel._groups(batches, 2, lighter=30)] == [4, 6]
+    assert [len(group) for group in parallel._groups(batches, 3, lighter=20)] == [2, 4, 4]
+    assert [len(group) for group in parallel._groups(batches, 2, lighter=1000)] == [1, 9]  # never empty
+
+
+def test_busy_cores_do_not_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process on a busy core only adds the cost of joining: /proc/loadavg's running tasks (this one too) count."""
+    from skalpel.tune import cores
+
+    monkeypatch.setattr(cores, "usable_cores", lambda: 4)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    loadavg = tmp_path / "loadavg"
+    for running, idle in ((1, 4), (2, 3), (4, 1), (9, 1)):
+        loadavg.write_text(f"0.50 0.40 0.30 {running}/300 12345\n")
+        assert cores.idle_cores(loadavg) == idle
+    loadavg.write_text("garbage")
+    assert cores.idle_cores(loadavg) == 4
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # a container's share of a bigger machine: the count says nothing
+    loadavg.write_text("0.50 0.40 0.30 40/300 12345\n")
+    assert cores.idle_cores(loadavg) == 4
 
 
 @pytest.mark.parametrize(
@@ -163,6 +198,10 @@ def test_process_count_follows_workers_then_the_environment(monkeypatch: pytest.
     assert parallel.process_count() == 1
     assert parallel.process_count(3) == 3  # --workers wins
     monkeypatch.setenv(parallel.PROCESSES_ENV, "")
-    from skalpel.tune.cores import usable_cores
+    from skalpel.tune import cores
 
-    assert parallel.process_count() == usable_cores()
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cores, "_LOADAVG", Path("/nonexistent"))  # unreadable: every usable core counts
+    monkeypatch.setattr(cores.idle_cores, "__defaults__", (Path("/nonexistent"),))
+    assert parallel.process_count() == 2

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import orjson
 
-from .pipeline import build_report
 from .report.model import CaptureInfo, Report
 from .trace.loader import ProgressCallback, find_trace_files, load, load_one
 
@@ -51,22 +50,36 @@ def analyze_job(
     ray: bool | str = False,
     flame: bool = False,
     on_rank_progress: RankProgressCallback | None = None,
+    while_loading: Callable[[], object] | None = None,
 ) -> JobAnalysis:
     """``analyze`` with the flame graph and progress per rank file (what the CLI needs).
 
     One file is loaded whole here; the files of a job (or any file with ``ray``) are
     reduced rank by rank (``skalpel.ranksummary``) and joined (``skalpel.jobreport``).
+    ``while_loading`` is called once: while forked processes decode one large file when they do
+    (the caller's imports then cost no time), else after its load, or before a job's ranks.
     """
     files = find_trace_files(paths)
     capture = stored_capture(paths)
     if len(files) == 1 and not ray:
         report_progress = (lambda done, total: on_rank_progress(0, done / max(total, 1))) if on_rank_progress else None
-        trace = load(files, on_progress=report_progress, workers=workers)
+
+        def imports() -> None:  # while forked processes decode a large file: then they cost no time
+            from . import diagnose, pipeline  # noqa: F401
+
+            if while_loading is not None:
+                while_loading()
+
+        trace = load(files, on_progress=report_progress, workers=workers, while_decoding=imports)
+        from .pipeline import build_report
+
         return JobAnalysis(build_report(trace, capture=capture), tuple(files), _flame(trace) if flame else None)
     from .jobreport import join_summaries
     from .ranksummary import SummaryRequest
     from .workers import summarize_all, summarize_on_ray
 
+    if while_loading is not None:
+        while_loading()
     requests = [SummaryRequest(path, len(files), flame=flame and index == 0) for index, path in enumerate(files)]
     if ray:
         results = summarize_on_ray(requests, None if ray is True else ray, on_progress=on_rank_progress)

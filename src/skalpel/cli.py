@@ -67,14 +67,16 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from .api import analyze_job
-    from .report import terminal
     from .report.progress import rank_progress
     from .trace.loader import find_trace_files
 
     with rank_progress(find_trace_files(args.paths)) as on_rank_progress:
         job = analyze_job(
-            args.paths, workers=args.workers, ray=args.ray, flame=bool(args.html), on_rank_progress=on_rank_progress
-        )
+            args.paths, workers=args.workers, ray=args.ray, flame=bool(args.html), on_rank_progress=on_rank_progress,
+            while_loading=_import_terminal,
+        )  # fmt: skip
+    from .report import terminal
+
     report = _with_commbench(job.report, args.commbench)
     if args.html:
         from .report import html
@@ -88,6 +90,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         write_file(Path(args.json), report.to_json())
     terminal.print_written([Path(p) for p in (args.json, args.html) if p])
     return 0
+
+
+def _import_terminal() -> None:
+    from .report import terminal  # noqa: F401
 
 
 def _with_commbench(report, path: str | None):

@@ -37,7 +37,7 @@ from .fastsplit import Layout, guess_layout, next_cut
 from .jsonscan import NotATraceError, iter_batch_ranges, split_document
 from .model import RankInfo, Trace
 from .outliers import set_aside_far_events
-from .parallel import decode_in_parallel, process_count
+from .parallel import ONE_PROCESS, Meanwhile, Split, decode_in_parallel, process_count
 from .source import GzipText, available_memory, describe_foreign, is_gzip, read_source, release
 
 ProgressCallback = Callable[[int, int], None]
@@ -103,27 +103,35 @@ def _looks_like_trace_file(path: Path) -> bool:
 
 
 def load(
-    paths: str | Path | Iterable[str | Path], *, on_progress: ProgressCallback | None = None, workers: int | None = None
+    paths: str | Path | Iterable[str | Path],
+    *,
+    on_progress: ProgressCallback | None = None,
+    workers: int | None = None,
+    while_decoding: Callable[[], object] | None = None,
 ) -> Trace:
     """Load one or more trace files (or folders of them) into one ``Trace``.
 
     A large uncompressed file is decoded by ``workers`` processes (``trace.parallel``; default:
-    $SKALPEL_LOAD_PROCESSES, else the cores this process may use; 1: in this process alone).
+    $SKALPEL_LOAD_PROCESSES, else the cores this process may use that are idle; 1: in this
+    process alone). ``while_decoding`` is called once, while forked processes decode (this
+    one decodes less to make room for it), or else after the load: the caller's imports.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files = find_trace_files(paths)
-    processes = process_count(workers)
+    meanwhile = Meanwhile(while_decoding)
+    split = Split(process_count(workers), meanwhile)
     progress = _Progress(files, on_progress)
     parsed: list[FileColumns] = []
     failed: list[str] = []
     for index, path in enumerate(files):
         try:
-            parsed.append(_parse_file(path, progress.of_file(index), processes))
+            parsed.append(_parse_file(path, progress.of_file(index), split))
         except TraceError as error:
             if len(files) == 1:
                 raise
             failed.append(str(error))
+    meanwhile()
     if not parsed:
         raise TraceError(f"none of the {len(files)} files loads; the first: {failed[0]}")
     parsed = drop_duplicate_ranks(parsed)
@@ -173,9 +181,9 @@ class _Outcome:
     repaired: int = 0  # batches or events whose invalid UTF-8 bytes were replaced
 
 
-def _parse_file(path: Path, report: Callable[[float], None], processes: int = 1) -> FileColumns:
+def _parse_file(path: Path, report: Callable[[float], None], split: Split = ONE_PROCESS) -> FileColumns:
     builder = ColumnBuilder()
-    outcome, size, gzip_truncated = _read_text(path, builder, report, processes)
+    outcome, size, gzip_truncated = _read_text(path, builder, report, split)
     report(1.0)
     truncated = outcome.truncated or gzip_truncated
     warnings = _warnings(path, builder, outcome, truncated, size)
@@ -196,7 +204,7 @@ def _parse_file(path: Path, report: Callable[[float], None], processes: int = 1)
 
 
 def _read_text(
-    path: Path, builder: ColumnBuilder, report: Callable[[float], None], processes: int = 1
+    path: Path, builder: ColumnBuilder, report: Callable[[float], None], split: Split = ONE_PROCESS
 ) -> tuple[_Outcome, int, bool]:
     """Decode the file's events into ``builder``: the outcome, the length of its text, whether a gzip stream was cut.
 
@@ -205,7 +213,7 @@ def _read_text(
     try:
         if not is_gzip(path):
             data, _ = read_source(path)
-            return _read_whole(data, builder, path, report, processes), len(data), False
+            return _read_whole(data, builder, path, report, split), len(data), False
         share = [_GUNZIP_SHARE]
         text = GzipText(path, lambda fraction: report(share[0] * fraction))
         head, whole = text.read_head(WHOLE_GZIP_BYTES)
@@ -220,12 +228,12 @@ def _read_text(
         raise TraceError(f"{path}: not enough memory to load it") from None
 
 
-def _read_whole(data, builder: ColumnBuilder, path: Path, report: Callable[[float], None], processes: int = 1) -> _Outcome:
+def _read_whole(data, builder: ColumnBuilder, path: Path, report: Callable[[float], None], split: Split = ONE_PROCESS) -> _Outcome:
     """The events of a whole document (or of the end of a streamed one): named if it is not a trace."""
     foreign = describe_foreign(data)
     if foreign is not None:
         raise TraceError(f"{path}: {foreign}")
-    return _read_events(data, builder, path, report, processes)
+    return _read_events(data, builder, path, report, split)
 
 
 class _StreamDecoder:
@@ -281,14 +289,14 @@ def _warnings(path: Path, builder: ColumnBuilder, outcome: _Outcome, truncated: 
 
 
 def _read_events(
-    data: bytes | bytearray, builder: ColumnBuilder, path: Path, report: Callable[[float], None], processes: int = 1
+    data: bytes | bytearray, builder: ColumnBuilder, path: Path, report: Callable[[float], None], split: Split = ONE_PROCESS
 ) -> _Outcome:
     """Fast path for complete documents; the exact scanner for the rest (or from where a batch failed)."""
     layout = guess_layout(data)
     resume_at = 0
     if layout is not None:
         outcome = _Outcome(layout.header, recovered_bytes=len(data))
-        resume_at = _read_guessed(data, layout, builder, outcome, report, processes)
+        resume_at = _read_guessed(data, layout, builder, outcome, report, split)
         if resume_at is None:
             return outcome
     if not isinstance(data, (bytes, bytearray)):
@@ -316,9 +324,9 @@ def _decode_spans(data, spans: np.ndarray, builder: ColumnBuilder, outcome: _Out
         report(end / max(len(data), 1))
 
 
-def _read_guessed(data, layout: Layout, builder: ColumnBuilder, outcome: _Outcome, report, processes: int = 1) -> int | None:
+def _read_guessed(data, layout: Layout, builder: ColumnBuilder, outcome: _Outcome, report, split: Split = ONE_PROCESS) -> int | None:
     """Decode the batches ``fastsplit`` guesses; the offset to go on from exactly when one fails, else None."""
-    start = decode_in_parallel(data, layout, builder, outcome, _decode_into, report, processes)  # layout.start: not worth it
+    start = decode_in_parallel(data, layout, builder, outcome, _decode_into, report, split)  # layout.start: not worth it
     while start < layout.stop:
         end, next_start = next_cut(data, start, layout.stop)
         for _ in range(_CUT_RETRIES):

@@ -30,16 +30,19 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from ..tune.cores import usable_cores
+from ..tune.cores import idle_cores
 from .columns import ColumnBuilder
 from .fastsplit import Layout, next_cut
 from .source import release
 
-# Below this one process decodes alone. Measured on 2 cores: with the other core idle, two processes
-# loaded 40 MiB in 0.64x the time (24 MiB: 0.78x; 8-16 MiB: 0.93x); with it busy they took 1.25x, and
-# df_index_resolver's (51 MiB) peak RSS went from 1.50x to 1.8x its size (the child's share, pickled and
-# joined). So only files where the gain is large and the memory ratio small (1.2x at 200 MiB) are split.
-PARALLEL_FROM_BYTES = 64 << 20
+# Below this one process decodes alone. Measured on 2 cores with the other core idle: two processes loaded 40 MiB
+# in 0.64x the time (24 MiB: 0.78x; 8-16 MiB: 0.93x). With it busy they took 1.25x, so only idle cores count
+# (``process_count``). Once the parent stopped keeping the pages that finding the cuts maps (``_batches``), the
+# peak RSS of a split load is below the serial load's (df_index_resolver, 51 MiB: 53 vs 59 MiB at the end of load).
+PARALLEL_FROM_BYTES = 16 << 20
+# What this process decodes in the time its ``Split.meanwhile`` takes (the analysis imports, about 70 ms, at about
+# 180 MB/s): it takes that much less of the file than each child.
+MEANWHILE_BYTES = 12 << 20
 PROCESSES_ENV = "SKALPEL_LOAD_PROCESSES"  # "1" turns the parallel load off; a number caps the processes
 
 Decode = Callable[[ColumnBuilder, object, int, int, object], bool]
@@ -52,16 +55,41 @@ class Batch(NamedTuple):
     next_start: int
 
 
+class Meanwhile:
+    """A callable run at most once: the caller's work that can overlap the children's decoding."""
+
+    def __init__(self, work: Callable[[], object] | None) -> None:
+        self.work = work
+
+    def __call__(self) -> None:
+        work, self.work = self.work, None
+        if work is not None:
+            work()
+
+    @property
+    def pending(self) -> bool:
+        return self.work is not None
+
+
+class Split(NamedTuple):
+    processes: int = 1
+    meanwhile: Meanwhile = Meanwhile(None)
+
+
+ONE_PROCESS = Split()
+
+
 def process_count(requested: int | None = None) -> int:
-    """Processes for one file: ``requested`` (``--workers``), else $SKALPEL_LOAD_PROCESSES, else the usable cores."""
+    """Processes for one file: ``requested`` (``--workers``), else $SKALPEL_LOAD_PROCESSES, else the usable cores
+    that are idle now (a process on a busy core only adds the cost of joining its share)."""
     if requested is None:
         setting = os.environ.get(PROCESSES_ENV, "").strip()
         requested = int(setting) if setting.isdigit() else None
-    return max(1, requested if requested is not None else usable_cores())
+    return max(1, requested if requested is not None else idle_cores())
 
 
 def decode_in_parallel(data, layout: Layout, builder: ColumnBuilder, outcome, decode: Decode,
-                       report: Callable[[float], None], processes: int) -> int:  # fmt: skip
+                       report: Callable[[float], None], split: Split) -> int:  # fmt: skip
     """Decode the event array's batches into ``builder``; the offset from which the loader must go on.
 
     Returns ``layout.start`` (nothing done) when the file is not worth it: not a mapped file,
@@ -69,15 +97,17 @@ def decode_in_parallel(data, layout: Layout, builder: ColumnBuilder, outcome, de
     every batch was decoded. A child that dies (killed for memory) leaves its group and the
     rest to the serial loader.
     """
-    if processes <= 1 or not hasattr(os, "fork") or not isinstance(data, mmap.mmap):
+    if split.processes <= 1 or not hasattr(os, "fork") or not isinstance(data, mmap.mmap):
         return layout.start  # one process asked for, no fork (Windows), or not a mapped file (gzip, small)
     if layout.stop - layout.start < PARALLEL_FROM_BYTES:
         return layout.start
-    groups = _groups(_batches(data, layout), processes)
+    lighter = MEANWHILE_BYTES if split.meanwhile.pending else 0
+    groups = _groups(_batches(data, layout), split.processes, lighter)
     if len(groups) <= 1:
         return layout.start
     children = [_fork(data, group, outcome, decode) for group in groups[1:]]
     try:
+        split.meanwhile()
         failed_at = _decode_group(builder, data, groups[0], outcome, decode)
         if failed_at is not None:
             return failed_at
@@ -104,19 +134,23 @@ def _batches(data, layout: Layout) -> list[Batch]:
     while start < layout.stop:
         end, next_start = next_cut(data, start, layout.stop)
         batches.append(Batch(start, end, next_start))
+        release(data, end)  # the kernel maps a megabyte or two around each cut looked at: not kept
         start = next_start
     return batches
 
 
-def _groups(batches: list[Batch], processes: int) -> list[list[Batch]]:
-    """Contiguous runs of batches of about equal bytes, at most ``processes`` of them."""
+def _groups(batches: list[Batch], processes: int, lighter: int = 0) -> list[list[Batch]]:
+    """Contiguous runs of batches, at most ``processes`` of them, that take about equally long: the first
+    (this process's) ``lighter`` bytes smaller than the others, which are of about equal bytes."""
     if not batches:
         return []
-    total = batches[-1].end - batches[0].start
+    first = batches[0].start
+    total = batches[-1].end - first
+    share = max((total + lighter) / processes, 1)  # each child's bytes
+    cuts = [max(share - lighter, 0) + share * n for n in range(processes - 1)]  # where groups 2, 3... begin
     groups: list[list[Batch]] = [[]]
     for batch in batches:
-        share = (batch.start - batches[0].start) * processes // max(total, 1)
-        if share >= len(groups) and groups[-1]:
+        if len(groups) <= len(cuts) and batch.start - first >= cuts[len(groups) - 1] and groups[-1]:
             groups.append([])
         groups[-1].append(batch)
     return groups

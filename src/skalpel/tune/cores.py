@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 _CGROUP_V2 = Path("/sys/fs/cgroup/cpu.max")
+_LOADAVG = Path("/proc/loadavg")
 _CGROUP_V1 = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
 
 
@@ -24,6 +25,23 @@ def usable_cores() -> int:
     if quota is not None:
         cores = min(cores, max(1, math.ceil(quota)))
     return max(1, cores)
+
+
+def idle_cores(loadavg: Path = _LOADAVG) -> int:
+    """The usable cores that no other task is running on at this instant; at least 1.
+
+    /proc/loadavg counts the machine's runnable tasks now (this one included). It says something
+    only when this process may use every core of the machine; in a container or under taskset
+    the other tasks may run elsewhere, so then the usable cores count as idle.
+    """
+    cores = usable_cores()
+    if cores < (os.cpu_count() or cores):
+        return cores
+    try:
+        running = int(loadavg.read_text().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return cores
+    return max(1, min(cores, cores - (running - 1)))
 
 
 def cgroup_quota_cores(v2: Path = _CGROUP_V2, v1: tuple[Path, Path] = _CGROUP_V1) -> float | None:
