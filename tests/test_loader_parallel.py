@@ -76,18 +76,20 @@ def test_df_index_resolver_loads_the_same_in_two_processes(
     assert len(split) == 123378 and len(split.memory) > 0 and split.extra
 
 
-def test_while_decoding_runs_once_while_the_children_work(tmp_path: Path, handovers: list[str]) -> None:
+def test_while_decoding_runs_once_while_the_children_work(
+    tmp_path: Path, handovers: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Called after forking and before this process decodes its own, smaller, share; else after a serial load."""
     plain = uncompressed_copy(tmp_path, "hta/df_index_resolver/df_index_resolver.json.gz")
     seen: list[str] = []
-
-    def children_now() -> None:
-        children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
-        seen.append("during" if children else "after")
-
-    loader.load(plain, workers=2, while_decoding=children_now)
-    loader.load(plain, workers=1, while_decoding=children_now)
-    assert seen == ["during", "after"]
+    fork, decode_group = parallel._fork, parallel._decode_group
+    monkeypatch.setattr(parallel, "_fork", lambda *args: seen.append("fork") or fork(*args))
+    monkeypatch.setattr(parallel, "_decode_group", lambda *args: seen.append("decode") or decode_group(*args))
+    loader.load(plain, workers=2, while_decoding=lambda: seen.append("meanwhile"))
+    assert seen == ["fork", "meanwhile", "decode"]  # the child's own decode_group runs in the child
+    seen.clear()
+    loader.load(plain, workers=1, while_decoding=lambda: seen.append("meanwhile"))
+    assert seen == ["meanwhile"] and handovers == ["all", "none"]
 
 
 def test_this_process_takes_a_smaller_share_when_it_has_work_meanwhile() -> None:

@@ -140,7 +140,10 @@ class ColumnBuilder:
             return
         interner, categories = self.interner, self._categories
         name = np.fromiter([interner[text] for text in names], np.int32, len(names))
-        kind = self._kinds.of([categories[legacy_category(e.cat, e.pid)] for e in events], name)
+        cats = [e.cat for e in events]
+        if None in cats:  # no category: maybe the pre-Kineto exporter's, which put it in the pid
+            cats = [legacy_category(e.cat, e.pid) for e in events]
+        kind = self._kinds.of([categories[cat] for cat in cats], name)
         pid = self._ids([e.pid for e in events])
         tid = self._ids([e.tid for e in events])
         no_args = kind == Kind.PYTHON  # python_function args (Python ids) hold nothing skalpel reads
@@ -152,18 +155,26 @@ class ColumnBuilder:
         external = _ints([a.external for a in args], 0)
         if not external.all():
             external = np.where(external != 0, external, _ints([a.external_lower for a in args], 0))
-        on_device = np.isin(kind, _ON_DEVICE)
-        device = _ints([a.device for a in args], MISSING)
-        stream = _ints([a.stream for a in args], MISSING)
+        # device, stream and bytes are read only where they mean something: on the device rows, the copy rows
+        on_device = np.flatnonzero(np.isin(kind, _ON_DEVICE))
+        device, stream = np.full(len(events), -1, np.int64), np.full(len(events), -1, np.int64)
+        if len(on_device):
+            device_args = [args[index] for index in on_device.tolist()]
+            given = _ints([a.device for a in device_args], MISSING)
+            device[on_device] = np.where(given == MISSING, pid[on_device], given)
+            given = _ints([a.stream for a in device_args], MISSING)
+            stream[on_device] = np.where(given == MISSING, tid[on_device], given)
+        nbytes = np.zeros(len(events), np.int64)
+        moves = np.flatnonzero(np.isin(kind, _MOVES_BYTES))
+        if len(moves):
+            nbytes[moves] = _ints([args[index].nbytes for index in moves.tolist()], 0)
         shapes = self._shapes
         columns = {
-            "ts": ts, "dur": dur, "kind": kind, "name": name, "pid": pid, "tid": tid,
-            "device": np.where(on_device, np.where(device == MISSING, pid, device), -1),
-            "stream": np.where(on_device, np.where(stream == MISSING, tid, stream), -1),
+            "ts": ts, "dur": dur, "kind": kind, "name": name, "pid": pid, "tid": tid, "device": device, "stream": stream,
             "correlation": correlation, "external_id": external,
             "stack": np.fromiter([interner[a.stack] if a.stack else -1 for a in args], np.int32, len(args)),
             "shapes": np.fromiter([shapes[bytes(a.dims)] if a.dims else -1 for a in args], np.int32, len(args)),
-            "nbytes": np.where(np.isin(kind, _MOVES_BYTES), _ints([a.nbytes for a in args], 0), 0),
+            "nbytes": nbytes,
         }  # fmt: skip
         for key, values in columns.items():
             self._columns[key].append(values)
