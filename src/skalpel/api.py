@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -70,7 +71,8 @@ def analyze_job(
             if while_loading is not None:
                 while_loading()
 
-        trace = load(files, on_progress=report_progress, workers=workers, while_decoding=imports)
+        meanwhile = imports if "skalpel.pipeline" not in sys.modules else while_loading  # none: a full share here
+        trace = load(files, on_progress=report_progress, workers=workers, while_decoding=meanwhile)
         from .pipeline import build_report
 
         return JobAnalysis(build_report(trace, capture=capture), tuple(files), _flame(trace) if flame else None)
