@@ -11,6 +11,7 @@ import orjson
 
 from .report.model import CaptureInfo, Report
 from .trace.loader import ProgressCallback, find_trace_files, load, load_one
+from .trace.parallel import process_count
 
 if TYPE_CHECKING:
     from .workers import RankProgressCallback
@@ -75,7 +76,8 @@ def analyze_job(
         trace = load(files, on_progress=report_progress, workers=workers, while_decoding=meanwhile)
         from .pipeline import build_report
 
-        return JobAnalysis(build_report(trace, capture=capture), tuple(files), _flame(trace) if flame else None)
+        report = build_report(trace, capture=capture, processes=process_count(workers))
+        return JobAnalysis(report, tuple(files), _flame(trace) if flame else None)
     from .jobreport import join_summaries
     from .ranksummary import SummaryRequest
     from .workers import summarize_all, summarize_on_ray

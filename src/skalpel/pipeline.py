@@ -37,8 +37,9 @@ _STACKS_OFF_WARNING = (
 )
 
 
-def build_report(trace: Trace, *, capture: CaptureInfo | None = None) -> Report:
-    analyses = run_analyses(trace)
+def build_report(trace: Trace, *, capture: CaptureInfo | None = None, processes: int = 1) -> Report:
+    """The report of a loaded trace; with ``processes`` > 1 some analyses of a large trace run in a forked process."""
+    analyses = run_analyses(trace, processes=processes)
     findings = _diagnose(analyses, capture)
     return assemble_report(analyses, findings, tuple(rank_report(analyses, rank) for rank in trace.rank_ids), capture)
 

@@ -8,6 +8,7 @@ from typing import Any
 from ..trace.model import Trace
 from .breakdown import StepBreakdown, step_breakdown
 from .comm import CommAnalysis, analyze_comm
+from .forked import Forked
 from .compile import CompileLog, CompileResult, compile_events, compile_log
 from .gpu_time import GpuTimeResult, gpu_time
 from .kernels import KernelTable, kernel_table
@@ -49,11 +50,32 @@ class Analyses:
     results: dict[str, Any] = field(default_factory=dict)  # name -> typed result, for analyses added later
 
 
-def run_analyses(trace: Trace) -> Analyses:
+# From this many events, with a second idle core, the op table and the step breakdown are computed in a forked
+# process while this one computes the rest (df_index_resolver, 123k events: about 150 -> 90 ms on 2 cores).
+FORK_FROM_EVENTS = 50_000
+
+
+def run_analyses(trace: Trace, *, processes: int = 1) -> Analyses:
     steps = segment_steps(trace)
     analyses = Analyses(trace=trace, steps=steps)
-    analyses.breakdown = step_breakdown(trace, steps)
-    analyses.ops = op_table(trace)
+    elsewhere = None
+    if processes > 1 and len(trace) >= FORK_FROM_EVENTS:
+        trace.launcher, trace.op_of_event  # noqa: B018 - derived once here, before the fork: both processes read them
+        elsewhere = Forked(lambda: (op_table(trace), step_breakdown(trace, steps)), shared=(trace, steps))
+    try:
+        _run_the_rest(trace, steps, analyses)
+    except BaseException:
+        if elsewhere is not None:
+            elsewhere.cancel()
+        raise
+    if elsewhere is not None:
+        analyses.ops, analyses.breakdown = elsewhere.result()
+    else:
+        analyses.ops, analyses.breakdown = op_table(trace), step_breakdown(trace, steps)
+    return analyses
+
+
+def _run_the_rest(trace: Trace, steps: StepSegmentation, analyses: Analyses) -> None:
     analyses.kernels = kernel_table(trace)
     analyses.gpu_time = gpu_time(trace)
     analyses.step_device = device_in_steps(trace, steps)
@@ -67,4 +89,3 @@ def run_analyses(trace: Trace) -> Analyses:
     analyses.comm = analyze_comm(trace, steps)
     if len(trace.ranks) > 1:
         analyses.rank_comparison = compare_ranks(trace, steps, analyses.comm)
-    return analyses
