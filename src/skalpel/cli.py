@@ -53,8 +53,9 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--workers", type=_positive_int, metavar="N",
-        help="processes that reduce the rank files of a job, one rank each at a time, or that decode one large "
-        "uncompressed trace file together (default: the cores this process may use; 1: all in this process)",
+        help="processes that reduce the rank files of a job, one rank each at a time, or that decode and analyse "
+        "one large trace file together (default: the cores this process may use, for one file those idle now; "
+        "1: all in this process)",
     )  # fmt: skip
     parser.add_argument(
         "--ray", nargs="?", const=True, default=False, metavar="ADDRESS",
