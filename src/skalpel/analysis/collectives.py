@@ -16,8 +16,7 @@ so that it can be compared with the hardware's link bandwidth whatever the rank 
 
 from __future__ import annotations
 
-import bisect
-import itertools
+import functools
 import math
 from dataclasses import dataclass
 
@@ -130,13 +129,12 @@ def message_bytes(kind: str, args: dict, group_size: int) -> int:
 
 def find_collectives(trace: Trace, rank: int) -> list[Collective]:
     """Every collective of ``rank`` in time order: device kernels if any, else backend host ranges."""
-    kernels = np.flatnonzero(trace.mask(Kind.COMM_KERNEL, rank=rank))
+    kernels = np.flatnonzero((trace.kind == Kind.COMM_KERNEL) & (trace.rank == rank))
     world = _world_size(trace, rank)
     if len(kernels):
-        host = _HostComms(trace, rank)
-        found = [_from_kernel(trace, int(k), host, world) for k in kernels]
-    else:
-        found = [_from_host(trace, int(e), world) for e in _host_ranges(trace, rank)]
+        kernels = kernels[np.lexsort((kernels, trace.ts[kernels]))]  # time order, as the result is sorted
+        return _from_kernels(trace, kernels, _HostComms(trace, rank), world)
+    found = [_from_host(trace, int(e), world) for e in _host_ranges(trace, rank)]
     return sorted(found, key=lambda c: (c.start_us, c.event))
 
 
@@ -167,21 +165,40 @@ def _from_host(trace: Trace, event: int, world: int) -> Collective:
     )
 
 
-def _from_kernel(trace: Trace, kernel: int, host: _HostComms, world: int) -> Collective:
-    around = host.around(kernel)
-    args = host.merged_args(around)
-    args.update({key: value for key, value in trace.args_of(kernel).items() if value not in (None, "", "[]")})
-    name = args.get("Collective name") or host.op_name(around) or trace.name_of(kernel)
-    kind = collective_type(str(name))
-    if kind == "other":
-        kind = collective_type(trace.name_of(kernel))
-    group = _group_size(args, world)
-    start = float(trace.ts[kernel])
-    return Collective(
-        rank=int(trace.rank[kernel]), type=kind, event=kernel, start_us=start,
-        end_us=start + float(trace.dur[kernel]), nbytes=message_bytes(kind, args, group), group_size=group,
-        on_device=True, tid=int(trace.stream[kernel]),
+def _from_kernels(trace: Trace, kernels: np.ndarray, host: _HostComms, world: int) -> list[Collective]:
+    """The collectives the kernels time, each described by its args over those of the host ops around its launch."""
+    starts = trace.ts[kernels]
+    columns = zip(
+        kernels.tolist(), host.around(kernels), trace.name[kernels].tolist(), trace.rank[kernels].tolist(),
+        starts.tolist(), (starts + trace.dur[kernels]).tolist(), trace.stream[kernels].tolist(),
     )
+    plain: dict[tuple[int, str | None], tuple[str, int, int]] = {}  # descriptions from names alone, by names
+    found = []
+    for kernel, around, name, rank, start, end, stream in columns:
+        args = host.merged_args(around)
+        args.update({key: value for key, value in _metadata(trace, kernel).items() if value not in (None, "", "[]")})
+        op_name = host.op_name(around)
+        if args:
+            kind, nbytes, group = _describe(args, op_name, trace.names[name], world)
+        else:  # most kernels of an older trace: the same few names, described once
+            key = (name, op_name)
+            if key not in plain:
+                plain[key] = _describe(args, op_name, trace.names[name], world)
+            kind, nbytes, group = plain[key]
+        found.append(Collective(
+            rank=rank, type=kind, event=kernel, start_us=start, end_us=end, nbytes=nbytes, group_size=group,
+            on_device=True, tid=stream,
+        ))  # fmt: skip
+    return found
+
+
+def _describe(args: dict, op_name: str | None, kernel_name: str, world: int) -> tuple[str, int, int]:
+    """(type, nccl-tests size, group size) of a collective kernel from its merged args and names."""
+    kind = _type_of(str(args.get("Collective name") or op_name or kernel_name))
+    if kind == "other":
+        kind = _type_of(kernel_name)
+    group = _group_size(args, world)
+    return kind, message_bytes(kind, args, group), group
 
 
 def _group_size(args: dict, world: int) -> int:
@@ -189,43 +206,76 @@ def _group_size(args: dict, world: int) -> int:
     return size if isinstance(size, int) and size > 0 else world
 
 
+_METADATA = frozenset({"Collective name", "Group size", "dtype", "In msg nelems", "Out msg nelems", "Input Dims", "Input type"})
+"""The args a collective's type, group and size are read from; an event's other args are never read here."""
+
+
+def _metadata(trace: Trace, event: int) -> dict:
+    args = trace.args_of(event)
+    if _METADATA.isdisjoint(args):  # most ops carry none (only External id and the like): no dict built
+        return {}
+    return {key: value for key, value in args.items() if key in _METADATA}
+
+
+@functools.lru_cache(maxsize=256)
+def _type_of(name: str) -> str:
+    """``collective_type``, once per distinct name (thousands of kernels share a handful of names)."""
+    return collective_type(name)
+
+
 class _HostComms:
     """The host collective ops of one rank, to find those open when a kernel was launched."""
 
     def __init__(self, trace: Trace, rank: int) -> None:
         self.trace = trace
-        ops = np.flatnonzero(trace.mask(Kind.COMM_OP, rank=rank))
+        self.record_param_comms = trace.name_id("record_param_comms")
+        ops = np.flatnonzero((trace.kind == Kind.COMM_OP) & (trace.rank == rank))
         ops = ops[np.argsort(trace.ts[ops], kind="stable")]
-        # Plain lists: one kernel's look-up is a bisect and a short scan, cheaper than numpy calls on tiny slices.
         # reach[i]: the latest end among ops 0..i, so that the scan back stops where nothing can still be open.
         self.by_thread = {}
         for tid in np.unique(trace.tid[ops]):
             mine = ops[trace.tid[ops] == tid]
-            ends = trace.end[mine].tolist()
-            self.by_thread[int(tid)] = (mine.tolist(), trace.ts[mine].tolist(), ends, list(itertools.accumulate(ends, max)))
+            ends = trace.ts[mine] + trace.dur[mine]
+            self.by_thread[int(tid)] = (mine, trace.ts[mine], ends, np.maximum.accumulate(ends))
 
-    def around(self, kernel: int) -> list[int]:
-        """The comm ops open at the kernel's launch on the launching thread, innermost first."""
+    def around(self, kernels: np.ndarray) -> list[list[int]]:
+        """For each kernel, the comm ops open at its launch on the launching thread, innermost first."""
         trace = self.trace
-        launcher = int(trace.launcher[kernel])
-        if launcher < 0:
-            op = int(trace.op_of_event[kernel])
-            return [op] if op >= 0 and trace.kind[op] == Kind.COMM_OP else []
-        ops, starts, ends, reach = self.by_thread.get(int(trace.tid[launcher]), ([], [], [], []))
-        instant = float(trace.ts[launcher])
-        last = bisect.bisect_right(starts, instant)
-        found = []
-        for i in range(last - 1, max(last - 64, 0) - 1, -1):  # the 64 latest to start, innermost first
-            if reach[i] < instant:
-                break
-            if ends[i] >= instant:
-                found.append(ops[i])
+        found: list[list[int]] = [[] for _ in range(len(kernels))]
+        launcher = trace.launcher[kernels]
+        for position in np.flatnonzero(launcher < 0):  # no launch call: the op the kernel is linked to, if a comm op
+            op = int(trace.op_of_event[kernels[position]])
+            if op >= 0 and trace.kind[op] == Kind.COMM_OP:
+                found[position].append(op)
+        launched = np.flatnonzero(launcher >= 0)
+        threads = trace.tid[launcher[launched]]
+        for tid in np.unique(threads):
+            if int(tid) not in self.by_thread:
+                continue
+            ops, starts, ends, reach = self.by_thread[int(tid)]
+            positions = launched[threads == tid]
+            instant = trace.ts[launcher[positions]]
+            last = np.searchsorted(starts, instant, side="right")
+            # Scan back from the latest op to start, one op per round for all kernels at once: an op is open
+            # when it ends at or after the launch; the scan stops where no earlier op reaches the launch,
+            # after the 64 latest to start at most.
+            scanning = np.ones(len(positions), dtype=bool)
+            for back in range(1, 65):
+                index = last - back
+                scanning &= index >= 0
+                scanning[scanning] = reach[index[scanning]] >= instant[scanning]
+                if not scanning.any():
+                    break
+                open_now = np.flatnonzero(scanning)
+                open_now = open_now[ends[index[open_now]] >= instant[open_now]]
+                for position, op in zip(positions[open_now].tolist(), ops[index[open_now]].tolist()):
+                    found[position].append(op)
         return found
 
     def merged_args(self, ops: list[int]) -> dict:
         merged: dict = {}
         for op in ops:  # innermost first: the innermost op's args win
-            for key, value in self.trace.args_of(op).items():
+            for key, value in _metadata(self.trace, op).items():
                 if key not in merged and value not in (None, "", "[]", [], [[]]):
                     merged[key] = value
         return merged
@@ -233,7 +283,6 @@ class _HostComms:
     def op_name(self, ops: list[int]) -> str | None:
         """The name of the innermost backend op (nccl:all_to_all) among ``ops``."""
         for op in ops:
-            name = self.trace.name_of(op)
-            if name != "record_param_comms":
-                return name
+            if self.trace.name[op] != self.record_param_comms:
+                return self.trace.name_of(op)
         return None

@@ -119,12 +119,10 @@ def _in_steps(found: list[Collective], steps: list[Step]) -> list[Collective]:
     bounds = sorted((step.start_us, step.end_us) for step in steps)
     starts = np.array([start for start, _ in bounds])
     ends = np.array([end for _, end in bounds])
-    kept = []
-    for collective in found:
-        position = int(np.searchsorted(starts, collective.start_us, side="right")) - 1
-        if position >= 0 and collective.start_us <= ends[position]:
-            kept.append(collective)
-    return kept
+    collective_starts = np.array([collective.start_us for collective in found], dtype=np.float64)
+    position = np.searchsorted(starts, collective_starts, side="right") - 1  # the last step to start by it
+    inside = (position >= 0) & (collective_starts <= ends[np.maximum(position, 0)])
+    return [collective for collective, keep in zip(found, inside.tolist()) if keep]
 
 
 def _compute(trace: Trace, rank: int, found: list[Collective]) -> tuple[np.ndarray, np.ndarray]:
