@@ -196,7 +196,7 @@ def _claim(
     other = CATEGORIES.index("other")
     merged = [union(starts[roles == c], ends[roles == c]) for c in range(other)]
     pieces = [step_start, step_end] + [part for pair in merged for part in pair]
-    points, position = np.unique(np.concatenate(pieces), return_inverse=True)
+    points, position = _unique_inverse(np.concatenate(pieces))
     bounds = np.cumsum([0] + [len(piece) for piece in pieces])
     slices = [position[bounds[i] : bounds[i + 1]] for i in range(len(pieces))]
     seg_len = np.diff(points)
@@ -210,6 +210,19 @@ def _claim(
     cells = step[inside] * len(CATEGORIES) + category[inside]
     sums = np.bincount(cells, weights=seg_len[inside], minlength=len(step_start) * len(CATEGORIES))
     return sums.reshape(len(step_start), len(CATEGORIES))
+
+
+def _unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for values without NaN, by a stable sort: the values are
+    a few sorted runs (the merged ranges), which it merges instead of sorting them anew."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    first = np.empty(len(values), dtype=bool)
+    first[:1] = True
+    first[1:] = ordered[1:] != ordered[:-1]
+    inverse = np.empty(len(values), dtype=np.intp)
+    inverse[order] = np.cumsum(first) - 1
+    return ordered[first], inverse
 
 
 def _running_sum(
