@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from skalpel.analysis.kernels import kernel_table
-from skalpel.analysis.ops import _NESTING, _enclosing_ops, op_table, self_times
+from skalpel.analysis.ops import _NESTING, _enclosing_ops, _parents, op_table, self_times
 from skalpel.trace import Kind, load
 
 from .conftest import corpus
@@ -163,3 +164,39 @@ def test_collective_kernels_are_comm():
 def test_cpu_only_trace_has_no_kernel_table():
     trace = _load("hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
     assert kernel_table(trace).ranks == ()
+
+
+def test_parents_follow_their_definition_on_ties_and_overlaps():
+    """Random ranges on a few threads, with equal starts, equal ends and ranges that overlap without nesting:
+    ``_parents`` (sorts that exploit time order) against the definition it implements, computed pair by pair."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        count = int(rng.integers(1, 60))
+        trace = SimpleNamespace(
+            ts=rng.integers(0, 30, count) + 0.5 * (rng.random(count) < 0.3),
+            dur=rng.integers(1, 12, count) + 0.25 * (rng.random(count) < 0.2),
+            rank=rng.integers(0, 2, count).astype(np.int32),
+            pid=rng.integers(0, 2, count).astype(np.int64),
+            tid=rng.integers(0, 3, count).astype(np.int64),
+        )
+        events = rng.permutation(count)[: int(rng.integers(1, count + 1))]
+        np.testing.assert_array_equal(_parents(trace, events), _parents_by_definition(trace, events))
+
+
+def _parents_by_definition(trace, events: np.ndarray) -> np.ndarray:
+    """Per thread, in (start, longer first, position) order: an event's depth is the events before it less those
+    ended by its start; its parent is the nearest earlier one a level up, if still open at its start."""
+    key = [(trace.rank[e], trace.pid[e], trace.tid[e], trace.ts[e], -(trace.ts[e] + trace.dur[e]), p)
+           for p, e in enumerate(events)]  # fmt: skip
+    order = sorted(range(len(events)), key=lambda p: key[p])
+    start = {p: trace.ts[events[p]] for p in order}
+    end = {p: trace.ts[events[p]] + trace.dur[events[p]] for p in order}
+    depth, parent = {}, np.full(len(events), -1)
+    for at, p in enumerate(order):
+        same = [q for q in order if key[q][:3] == key[p][:3]]
+        before = [q for q in order[:at] if key[q][:3] == key[p][:3]]
+        depth[p] = len(before) - sum(1 for q in same if end[q] <= start[p])
+        up = [q for q in before if depth[q] == depth[p] - 1]
+        if depth[p] > 0 and up and end[up[-1]] > start[p]:
+            parent[p] = up[-1]
+    return parent

@@ -6,8 +6,7 @@ Python API and the capture layer all come through here.
 
 from __future__ import annotations
 
-import numpy as np
-
+from .analysis import numeric
 from .analysis.bundle import Analyses, run_analyses
 from .analysis.memory import DeviceMemory
 from .report.model import (
@@ -252,12 +251,12 @@ def _top_kernels(analyses: Analyses, rank: int) -> tuple[KernelRow, ...]:
 
 def _step_stats(analyses: Analyses) -> StepStats:
     durations = analyses.steps.durations_ms
-    median = float(np.median(durations)) if len(durations) else 0.0
+    median = numeric.median(durations) if len(durations) else 0.0
     mean = float(durations.mean()) if len(durations) else 0.0
     return StepStats(
         count=len(durations),
         median_ms=round(median, 4),
-        p90_ms=round(float(np.percentile(durations, 90)), 4) if len(durations) else 0.0,
+        p90_ms=round(numeric.percentile(durations, 90), 4) if len(durations) else 0.0,
         cv=round(float(durations.std() / mean), 4) if mean > 0 else 0.0,
         marked=analyses.steps.marked,
     )

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
-from . import intervals
+from . import intervals, numeric
 from .onetime import OneTimeResult
 from .steps import StepSegmentation, inferred_iterations
 
@@ -55,7 +55,7 @@ class AllocatorResult:
 def allocator_calls(trace: Trace, steps: StepSegmentation, *, one_time: OneTimeResult | None = None) -> AllocatorResult:
     """Steady-state allocator calls per rank; calls inside ``one_time`` work (a first cuBLAS call) are left out."""
     ids = [trace.name_id(name) for name in ALLOCATOR_CALLS]
-    calls = np.flatnonzero(np.isin(trace.name, [i for i in ids if i >= 0]) & np.isin(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
+    calls = np.flatnonzero(numeric.isin(trace.name, [i for i in ids if i >= 0]) & np.isin(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
     if one_time is not None:
         calls = calls[~_inside_one_time(trace, calls, one_time)]
     return AllocatorResult({rank: _rank_calls(trace, steps, rank, calls[trace.rank[calls] == rank]) for rank in trace.rank_ids})
@@ -76,7 +76,7 @@ _SLICES = 8
 def _in_ranges(trace: Trace, calls: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, float, float]:
     """(the calls inside the sorted, disjoint ranges, their total length in us, share of ranges holding a call)."""
     where = intervals.containing(starts, ends, trace.ts[calls])
-    spread = 100.0 * len(np.unique(where[where >= 0])) / len(starts) if len(starts) else 0.0
+    spread = 100.0 * len(numeric.unique(where[where >= 0])) / len(starts) if len(starts) else 0.0
     return calls[where >= 0], float((ends - starts).sum()), spread
 
 

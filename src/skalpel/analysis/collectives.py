@@ -24,6 +24,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
+from . import numeric
 
 TYPES = (
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier",
@@ -233,7 +234,7 @@ class _HostComms:
         ops = ops[np.argsort(trace.ts[ops], kind="stable")]
         # reach[i]: the latest end among ops 0..i, so that the scan back stops where nothing can still be open.
         self.by_thread = {}
-        for tid in np.unique(trace.tid[ops]):
+        for tid in numeric.unique(trace.tid[ops]):
             mine = ops[trace.tid[ops] == tid]
             ends = trace.ts[mine] + trace.dur[mine]
             self.by_thread[int(tid)] = (mine, trace.ts[mine], ends, np.maximum.accumulate(ends))
@@ -249,7 +250,7 @@ class _HostComms:
                 found[position].append(op)
         launched = np.flatnonzero(launcher >= 0)
         threads = trace.tid[launcher[launched]]
-        for tid in np.unique(threads):
+        for tid in numeric.unique(threads):
             if int(tid) not in self.by_thread:
                 continue
             ops, starts, ends, reach = self.by_thread[int(tid)]

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
-from . import intervals
+from . import intervals, numeric
 from .collectives import TYPES, Collective, busbw_factor, find_collectives
 from .steps import Step, StepSegmentation
 
@@ -147,7 +147,7 @@ def _by_type(found: list[Collective], steps: int, step_us: float) -> tuple[Colle
 def _stats(kind: str, calls: list[Collective], steps: int, step_us: float) -> CollectiveStats:
     total_us = float(sum(c.dur_us for c in calls))
     sized = [c for c in calls if c.nbytes > 0 and c.dur_us > 0]
-    group = int(np.median([c.group_size for c in calls]))
+    group = int(numeric.median([c.group_size for c in calls]))
     algbw = sum(c.nbytes for c in sized) / sum(c.dur_us for c in sized) / 1e3 if sized else None
     return CollectiveStats(
         type=kind,
@@ -157,7 +157,7 @@ def _stats(kind: str, calls: list[Collective], steps: int, step_us: float) -> Co
         ms_per_step=total_us / steps / 1000.0,
         share_pct=100.0 * total_us / step_us if step_us > 0 else 0.0,
         bytes_per_step=float(sum(c.nbytes for c in calls)) / steps,
-        median_bytes=int(np.median([c.nbytes for c in calls])),
+        median_bytes=int(numeric.median([c.nbytes for c in calls])),
         group_size=group,
         algbw_gbps=algbw,
         busbw_gbps=algbw * busbw_factor(kind, group) if algbw is not None else None,

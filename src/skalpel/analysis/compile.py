@@ -24,7 +24,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
-from . import intervals
+from . import intervals, numeric
 from .steps import StepSegmentation
 
 _REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
@@ -70,7 +70,7 @@ class CompileResult:
 
 def compile_events(trace: Trace, steps: StepSegmentation) -> CompileResult:
     """torch.compile activity over all ranks of the trace."""
-    used_names = np.unique(trace.name[np.isin(trace.kind, _HOST)])
+    used_names = numeric.unique(trace.name[np.isin(trace.kind, _HOST)])
     text = {int(i): trace.names[i] for i in used_names}
     region_ids = [i for i, name in text.items() if _REGION.match(name)]
     ids: set[tuple[int, int]] = set()
@@ -81,11 +81,11 @@ def compile_events(trace: Trace, steps: StepSegmentation) -> CompileResult:
         if found:
             ids.add(_pair(found))
     host = np.isin(trace.kind, _HOST)
-    regions = host & np.isin(trace.name, region_ids)
+    regions = host & numeric.isin(trace.name, region_ids)
     lookups = host & (trace.name == trace.name_id("TorchDynamo Cache Lookup"))
     aot_names = [trace.name_id("CompiledFunction"), trace.name_id("CompiledFunctionBackward")]
-    compiled = host & np.isin(trace.name, aot_names)
-    compile_time = host & np.isin(trace.name, [i for i, name in text.items() if _COMPILE_TIME.search(name)])
+    compiled = host & numeric.isin(trace.name, aot_names)
+    compile_time = host & numeric.isin(trace.name, [i for i, name in text.items() if _COMPILE_TIME.search(name)])
     top = _outer_compilations(trace, host)
     triton = _triton(trace)
     return CompileResult(
@@ -113,7 +113,7 @@ def _pair(match: re.Match) -> tuple[int, int]:
 def _union_ms(trace: Trace, mask: np.ndarray) -> float:
     """Union per rank (ranks run in parallel), summed."""
     total = 0.0
-    for rank in np.unique(trace.rank[mask]):
+    for rank in numeric.unique(trace.rank[mask]):
         on_rank = mask & (trace.rank == rank)
         total += intervals.length(trace.ts[on_rank], trace.ts[on_rank] + trace.dur[on_rank])
     return total / 1000.0
@@ -132,7 +132,7 @@ def _after_first_step(trace: Trace, events: np.ndarray, steps: StepSegmentation)
     if not steps.marked or len(events) == 0:
         return 0
     count = 0
-    for rank in np.unique(trace.rank[events]):
+    for rank in numeric.unique(trace.rank[events]):
         rank_steps = steps.for_rank(int(rank))
         if len(rank_steps) < 2:
             continue
@@ -144,9 +144,9 @@ def _after_first_step(trace: Trace, events: np.ndarray, steps: StepSegmentation)
 
 def _triton(trace: Trace) -> dict[str, float]:
     kernels = np.flatnonzero(np.isin(trace.kind, _KERNELS))
-    names = np.unique(trace.name[kernels])
+    names = numeric.unique(trace.name[kernels])
     triton_names = [i for i in names if trace.names[i].startswith("triton_")]
-    triton = kernels[np.isin(trace.name[kernels], triton_names)]
+    triton = kernels[numeric.isin(trace.name[kernels], triton_names)]
     kernel_us = float(trace.dur[kernels].sum())
     triton_us = float(trace.dur[triton].sum())
     return {
@@ -322,12 +322,12 @@ class BreakTime:
 def graph_break_time(trace: Trace, steps: StepSegmentation, frames: set[int]) -> BreakTime:
     """Eager code between the graphs of split functions: the region minus the graphs run inside it."""
     host = np.isin(trace.kind, _HOST)
-    names = {i: _REGION.match(trace.names[i]) for i in np.unique(trace.name[host])}
+    names = {i: _REGION.match(trace.names[i]) for i in numeric.unique(trace.name[host])}
     all_regions = [i for i, found in names.items() if found]
     split = [i for i in all_regions if int(names[i].group(1)) in frames]
-    regions = np.flatnonzero(host & np.isin(trace.name, split))
+    regions = np.flatnonzero(host & numeric.isin(trace.name, split))
     regions = regions[_in_steps(trace, regions, steps)]
-    graphs = np.flatnonzero(host & np.isin(trace.name, [*all_regions, trace.name_id("CompiledFunction")]))
+    graphs = np.flatnonzero(host & numeric.isin(trace.name, [*all_regions, trace.name_id("CompiledFunction")]))
     graph_start, graph_end = trace.ts[graphs], trace.ts[graphs] + trace.dur[graphs]
     region_us = eager_us = 0.0
     calls = 0

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..trace.kinds import DEVICE_KINDS, Kind
 from ..trace.model import Trace
+from . import numeric
 from .compile import CompileLog
 
 _REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
@@ -46,13 +47,13 @@ class RegionRow:
 def compiled_regions(trace: Trace, rank: int, log: CompileLog | None = None) -> tuple[RegionRow, ...]:
     """One row per compiled region that ran on ``rank``, most host time first."""
     on_rank = (trace.rank == rank) & np.isin(trace.kind, _HOST)
-    names = {int(i): trace.names[int(i)] for i in np.unique(trace.name[on_rank])}
+    names = {int(i): trace.names[int(i)] for i in numeric.unique(trace.name[on_rank])}
     region_ids = [i for i, name in names.items() if _REGION.match(name)]
     if not region_ids:
         return ()
     graph_ids = {i: _GRAPH.match(name).group(1) for i, name in names.items() if _GRAPH.match(name)}
-    regions = np.flatnonzero(on_rank & np.isin(trace.name, region_ids))
-    graphs = np.flatnonzero(on_rank & np.isin(trace.name, list(graph_ids)))
+    regions = np.flatnonzero(on_rank & numeric.isin(trace.name, region_ids))
+    graphs = np.flatnonzero(on_rank & numeric.isin(trace.name, list(graph_ids)))
     launches, kernel_us, triton = _launched_kernels(trace, rank)  # sorted by launch time
     cum_us = np.concatenate([[0.0], np.cumsum(kernel_us)])
     cum_triton = np.concatenate([[0], np.cumsum(triton)])
@@ -88,8 +89,8 @@ def _launched_kernels(trace: Trace, rank: int) -> tuple[np.ndarray, np.ndarray, 
     launcher = trace.launcher[device]
     device = device[launcher >= 0]
     launcher = launcher[launcher >= 0]
-    triton_names = [i for i in np.unique(trace.name[device]) if trace.names[int(i)].startswith("triton_")]
-    triton = np.isin(trace.name[device], triton_names)
+    triton_names = [i for i in numeric.unique(trace.name[device]) if trace.names[int(i)].startswith("triton_")]
+    triton = numeric.isin(trace.name[device], triton_names)
     order = np.argsort(trace.ts[launcher], kind="stable")
     return trace.ts[launcher][order], trace.dur[device][order], triton[order].astype(np.int64)
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..trace.kinds import DEVICE_KINDS, Kind
 from ..trace.model import Trace
-from . import intervals
+from . import intervals, numeric
 
 _DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 
@@ -151,7 +151,7 @@ def _counted_events(trace: Trace, options: GpuTimeOptions) -> np.ndarray:
 def _compute_name_mask(trace: Trace, events: np.ndarray) -> np.ndarray:
     """Boolean per name id: a kernel of that name is compute by HTA's name rule."""
     is_compute = np.zeros(len(trace.names), dtype=bool)
-    kernel_names = np.unique(trace.name[events[trace.kind[events] == Kind.KERNEL]])
+    kernel_names = numeric.unique(trace.name[events[trace.kind[events] == Kind.KERNEL]])
     for name_id in kernel_names:
         is_compute[name_id] = _HTA_NON_COMPUTE.match(trace.names[name_id]) is None
     return is_compute
@@ -166,7 +166,7 @@ def _launched_before_last_step(trace: Trace, events: np.ndarray, rank: int) -> n
     or move steps), so the window is exactly HTA's.
     """
     markers = np.flatnonzero((trace.kind == Kind.STEP) & (trace.rank == rank))
-    if len(np.unique(trace.name[markers])) < 2:
+    if len(numeric.unique(trace.name[markers])) < 2:
         return events
     last_start = float(trace.ts[markers].max())
     launcher = trace.launcher[events]
@@ -245,7 +245,7 @@ def _stream_idle(trace: Trace, events: np.ndarray, threshold_us: float) -> tuple
     """HTA's per-stream idle breakdown (kernels, copies and memsets; syncs are left out, as in HTA)."""
     result = []
     streams = trace.stream[events]
-    for stream in np.unique(streams):
+    for stream in numeric.unique(streams):
         on_stream = events[streams == stream]
         on_stream = on_stream[np.argsort(trace.ts[on_stream], kind="stable")]
         starts = trace.ts[on_stream]

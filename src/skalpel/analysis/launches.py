@@ -18,6 +18,7 @@ import numpy as np
 
 from ..trace.kinds import DEVICE_KINDS, Kind
 from ..trace.model import Trace
+from . import numeric
 from .steps import StepSegmentation
 
 _DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
@@ -84,7 +85,7 @@ def _rank_launches(
         return None
     launcher = trace.launcher[device]
     delays = trace.ts[device] - trace.ts[launcher]
-    p50, p90, p99 = np.percentile(delays, [50, 90, 99])
+    p50, p90, p99 = (numeric.percentile(delays, q) for q in (50, 90, 99))
     kernels = device[np.isin(trace.kind[device], _KERNELS)]
     kernel_dur = trace.dur[kernels]
     launch_dur = trace.dur[trace.launcher[kernels]]
@@ -99,8 +100,8 @@ def _rank_launches(
         delay_max_us=float(delays.max()),
         negative_delays=int((delays < 0).sum()),
         kernels=len(kernels),
-        kernel_median_us=float(np.median(kernel_dur)) if len(kernels) else 0.0,
-        launch_call_median_us=float(np.median(launch_dur)) if len(kernels) else 0.0,
+        kernel_median_us=numeric.median(kernel_dur) if len(kernels) else 0.0,
+        launch_call_median_us=numeric.median(launch_dur) if len(kernels) else 0.0,
         tiny_kernels=int((kernel_dur < threshold).sum()),
         steps=step_count,
         kernels_per_step=kernels_in_steps / step_count if step_count else 0.0,

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
+from . import numeric
 from .steps import StepSegmentation
 
 _HOST_OPS = np.array([Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.COMM_OP, Kind.DATALOADER], dtype=np.int8)
@@ -111,7 +112,7 @@ def _device_memory(
         peak_ts_us=float(ts[peak]),
         start_bytes=int(allocated[0]),
         end_bytes=int(allocated[-1]),
-        growth_bytes_per_step=float(np.median(deltas)) if len(deltas) >= 2 else None,
+        growth_bytes_per_step=numeric.median(deltas) if len(deltas) >= 2 else None,
         step_end_bytes=tuple(int(v) for v in at_boundaries),
         largest_alloc_bytes=int(events.nbytes[largest]),
         largest_alloc_op=trace.name_of(op) if op >= 0 else None,
@@ -158,7 +159,7 @@ def _downsample(ts: np.ndarray, values: np.ndarray, max_points: int) -> tuple[tu
     """At most ``max_points`` points; each bucket of consecutive events keeps its maximum, so the peak survives."""
     if len(ts) > max_points:
         starts = np.linspace(0, len(ts), max_points, endpoint=False).astype(np.int64)
-        starts = np.unique(starts)
+        starts = numeric.unique(starts)
         peaks = np.maximum.reduceat(values, starts)
         ts, values = ts[starts], peaks
     return tuple((float(t), int(v)) for t, v in zip(ts, values))  # rounded once, in the report

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..trace.model import Trace
+from . import numeric
 from .steps import StepSegmentation
 
 DEFAULT_DTYPE = "bf16"  # the training dtype MFU is usually quoted for; fp16 has the same peak on these devices
@@ -102,7 +103,7 @@ def mfu(trace: Trace, steps: StepSegmentation, *, dtype: str = DEFAULT_DTYPE) ->
         for step in rank_steps:
             inside |= mine & (trace.ts[events] >= step.start_us) & (trace.ts[events] < step.end_us)
         per_step = float(flops[inside].sum()) / len(rank_steps)
-        step_s = float(np.median([step.duration_us for step in rank_steps])) / 1e6
+        step_s = numeric.median([step.duration_us for step in rank_steps]) / 1e6
         device = info.device_names[0] if info.device_names else None
         results.append(utilisation(info.rank, device, per_step, step_s, dtype, has_device=trace.has_device))
     return tuple(results)
@@ -119,7 +120,7 @@ def op_flops(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     counted = {index: float(args["flops"]) for index, args in trace.extra.items() if "flops" in args}
     names = {trace.name_id(name): name for name in (*_MATMUL, *_ATTENTION)}
     names.pop(-1, None)
-    candidates = np.flatnonzero(np.isin(trace.name, list(names)) & (trace.shapes >= 0))
+    candidates = np.flatnonzero(numeric.isin(trace.name, list(names)) & (trace.shapes >= 0))
     by_shapes: dict[tuple[int, int], float] = {}
     for index in candidates.tolist():
         if index in counted:

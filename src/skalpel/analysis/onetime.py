@@ -17,7 +17,7 @@ import numpy as np
 
 from ..trace.kinds import DEVICE_KINDS, Kind
 from ..trace.model import Trace
-from . import intervals
+from . import intervals, numeric
 
 _DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 _CONSIDERED = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER], dtype=np.int8)
@@ -99,7 +99,7 @@ def _flagged(trace: Trace, events: np.ndarray, options: OneTimeOptions) -> list[
     """(event, median us of the later calls) of every one-time event among ``events``."""
     result: list[tuple[int, float | None]] = []
     min_us = options.min_event_ms * 1000.0
-    long_names = np.unique(trace.name[events[trace.dur[events] >= min_us]])
+    long_names = numeric.unique(trace.name[events[trace.dur[events] >= min_us]])
     for name_id in long_names:
         name = trace.names[name_id]
         if any(part in name for part in _WAITS):
@@ -113,7 +113,7 @@ def _flagged(trace: Trace, events: np.ndarray, options: OneTimeOptions) -> list[
             if trace.kind[first] != Kind.CPU_OP and name.startswith(_SETUP_CALLS):
                 result.append((first, None))
             continue
-        later = float(np.median(trace.dur[calls[1:]]))
+        later = numeric.median(trace.dur[calls[1:]])
         if trace.dur[first] >= options.ratio * max(later, 1.0):
             result.append((first, later))
     return result

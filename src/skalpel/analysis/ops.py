@@ -28,6 +28,7 @@ import numpy as np
 
 from ..trace.kinds import DEVICE_KINDS, HOST_OP_KINDS, Kind
 from ..trace.model import Trace
+from . import numeric
 
 _ROWS = np.array(sorted(int(k) for k in HOST_OP_KINDS), dtype=np.int8)
 _NESTING = np.array(sorted(int(k) for k in HOST_OP_KINDS | {Kind.STEP}), dtype=np.int8)
@@ -172,7 +173,7 @@ def _device_time_by_op(trace: Trace, nesting: np.ndarray) -> np.ndarray:
     launcher = trace.launcher[device]
     missing = (op < 0) & (launcher >= 0)
     if missing.any():
-        calls = np.unique(launcher[missing])
+        calls = numeric.unique(launcher[missing])
         enclosing = _enclosing_ops(trace, nesting, calls)
         op[missing] = enclosing[np.searchsorted(calls, launcher[missing])]
     linked = op >= 0

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
-from . import intervals
+from . import intervals, numeric
 from .comm import CommAnalysis
 from .steps import StepSegmentation
 
@@ -38,7 +38,7 @@ def excess(profiles: dict[int, Profile], rank: int, limit: int = 3) -> tuple[Exc
     others = [profile.ms for other, profile in profiles.items() if other != rank]
     rows = []
     for category in set(mine.ms).union(*others):
-        median = float(np.median([profile.get(category, 0.0) for profile in others]))
+        median = numeric.median([profile.get(category, 0.0) for profile in others])
         extra = mine.ms.get(category, 0.0) - median
         if extra > 0:
             where = mine.where.get(category, ((), ()))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..trace.model import Trace
+from . import numeric
 from .collectives import SYNCHRONISING, Collective, busbw_factor
 from .comm import CommAnalysis
 from .rankcheck import consistency_warnings
@@ -176,7 +177,7 @@ def _estimate(groups: list[dict[int, Collective]], reference: int, ranks: set[in
             low, high = max(low, call.start_us - ref.end_us), min(high, call.end_us - ref.start_us)
     if not diffs:
         return None
-    value = float(np.median(diffs))
+    value = numeric.median(diffs)
     return float(np.clip(value, low, high)) if low <= high else value
 
 
@@ -214,7 +215,7 @@ def _transfer_busbw(groups: list[dict[int, Collective]], offsets: dict[int, floa
 def _timing(trace, steps, comm, rank, groups, offsets, waits, last) -> RankTiming:
     own = steps.for_rank(rank)
     count = max(len(own), 1)
-    step_ms = float(np.median([s.duration_ms for s in own])) if own else 0.0
+    step_ms = numeric.median([s.duration_ms for s in own]) if own else 0.0
     rank_comm = comm.for_rank(rank)
     wait_ms = waits.get(rank, 0.0) / count / 1000.0
     return RankTiming(
@@ -247,7 +248,7 @@ def _straggler(trace, steps, comm, timings, matched, profiles) -> Straggler | No
         return None
     candidate = min(timings, key=lambda t: (t.wait_ms_per_step, -t.last_arrivals))
     others = [t for t in timings if t.rank != candidate.rank]
-    others_wait = float(np.median([t.wait_ms_per_step for t in others]))
+    others_wait = numeric.median([t.wait_ms_per_step for t in others])
     if profiles is None:
         profiles = {t.rank: time_profile(trace, steps, comm, t.rank) for t in timings}
     return Straggler(
@@ -256,6 +257,6 @@ def _straggler(trace, steps, comm, timings, matched, profiles) -> Straggler | No
         others_wait_ms_per_step=others_wait,
         imposed_wait_ms_per_step=max(others_wait - candidate.wait_ms_per_step, 0.0),
         last_arrival_pct=100.0 * candidate.last_arrivals / matched,
-        step_ms=float(np.median([t.step_ms for t in timings])),
+        step_ms=numeric.median([t.step_ms for t in timings]),
         excess=excess(profiles, candidate.rank),
     )

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..trace.kinds import DEVICE_KINDS, Kind
 from ..trace.model import Trace
+from . import numeric
 
 _DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 _LAUNCH_PARTS = ("LaunchKernel", "LaunchCooperativeKernel", "GraphLaunch", "MemcpyAsync", "MemcpyWithStream", "MemsetAsync")
@@ -60,9 +61,9 @@ def is_launch_call(name: str) -> bool:
 def _during_graph_capture(trace: Trace, runtime: np.ndarray, launches: np.ndarray) -> np.ndarray:
     """Launches between a stream's BeginCapture and EndCapture are recorded into a graph, not run."""
     inside = np.zeros(len(launches), dtype=bool)
-    names = np.unique(trace.name[runtime])
-    begins = runtime[np.isin(trace.name[runtime], [i for i in names if trace.names[i].endswith("StreamBeginCapture")])]
-    ends = runtime[np.isin(trace.name[runtime], [i for i in names if trace.names[i].endswith("StreamEndCapture")])]
+    names = numeric.unique(trace.name[runtime])
+    begins = runtime[numeric.isin(trace.name[runtime], [i for i in names if trace.names[i].endswith("StreamBeginCapture")])]
+    ends = runtime[numeric.isin(trace.name[runtime], [i for i in names if trace.names[i].endswith("StreamEndCapture")])]
     for begin in begins:
         later = ends[(trace.ts[ends] > trace.ts[begin]) & (trace.rank[ends] == trace.rank[begin])]
         stop = float(trace.ts[later].min()) if len(later) else np.inf
@@ -72,9 +73,9 @@ def _during_graph_capture(trace: Trace, runtime: np.ndarray, launches: np.ndarra
 
 def device_recording(trace: Trace) -> RecordingResult:
     runtime = np.flatnonzero(np.isin(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
-    names = np.unique(trace.name[runtime])
+    names = numeric.unique(trace.name[runtime])
     launch_names = [name for name in names if is_launch_call(trace.names[name])]
-    launches = runtime[np.isin(trace.name[runtime], launch_names)]
+    launches = runtime[numeric.isin(trace.name[runtime], launch_names)]
     device = np.flatnonzero(np.isin(trace.kind, _DEVICE))
     linked = np.zeros(len(trace), dtype=bool)
     if len(device):

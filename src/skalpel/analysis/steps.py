@@ -38,6 +38,7 @@ import numpy as np
 
 from ..trace.kinds import DEVICE_KINDS, HOST_OP_KINDS, LAUNCH_KINDS, Kind, step_number
 from ..trace.model import Trace
+from . import numeric
 
 _DEFECT_RATIO = 0.1  # a step under a tenth of the median step is a marking defect, not a step
 _TAIL_RATIO = 0.8  # the plugin drops a last step with fewer than 80% of the previous step's device events
@@ -142,8 +143,8 @@ def _sound_steps(trace: Trace, rank: int, starts: np.ndarray, host_ends: np.ndar
     if len(durations) >= 3 and sound.sum() >= 2:
         # far shorter and with far fewer ops: a boundary marked inside an iteration (on a busy machine a
         # preempted step is ten times longer than its neighbours, with the same ops, and both are real)
-        short = durations < _DEFECT_RATIO * float(np.median(durations[sound]))
-        sound &= ~(short & (inside < 0.5 * float(np.median(inside[sound]))))
+        short = durations < _DEFECT_RATIO * numeric.median(durations[sound])
+        sound &= ~(short & (inside < 0.5 * numeric.median(inside[sound])))
     return [bool(value) for value in sound]
 
 
@@ -269,8 +270,8 @@ def inferred_iterations(trace: Trace, rank: int, *, minimum: int = 3) -> tuple[n
         starts, source = np.sort(trace.ts[fetches]), "DataLoader fetches"
     else:
         annotations = np.flatnonzero(host & np.isin(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
-        names = [i for i in np.unique(trace.name[annotations]) if trace.names[i].startswith("Optimizer.step#")]
-        steps = annotations[np.isin(trace.name[annotations], names)]
+        names = [i for i in numeric.unique(trace.name[annotations]) if trace.names[i].startswith("Optimizer.step#")]
+        steps = annotations[numeric.isin(trace.name[annotations], names)]
         if len(steps) < minimum:
             return None
         starts, source = np.sort(trace.end[steps])[:-1], "optimizer steps"

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..trace.kinds import LAUNCH_KINDS, Kind
 from ..trace.model import Trace
-from . import intervals
+from . import intervals, numeric
 from .steps import StepSegmentation
 
 SYNC_CALLS = frozenset(
@@ -128,18 +128,18 @@ def syncs(trace: Trace, steps: StepSegmentation, *, options: SyncOptions = SyncO
 
 def _named(trace: Trace, names: frozenset[str]) -> np.ndarray:
     ids = [trace.name_id(name) for name in names]
-    return np.isin(trace.name, [i for i in ids if i >= 0])
+    return numeric.isin(trace.name, [i for i in ids if i >= 0])
 
 
 def _names_with(trace: Trace, events: np.ndarray, part: str) -> list[str]:
-    return [trace.names[i] for i in np.unique(trace.name[events]) if part in trace.names[i]]
+    return [trace.names[i] for i in numeric.unique(trace.name[events]) if part in trace.names[i]]
 
 
 def _memcpy_named(trace: Trace, wanted) -> np.ndarray:
     """Copy events whose name passes ``wanted`` (tested once per distinct copy name)."""
     copies = np.flatnonzero(trace.kind == Kind.MEMCPY)
-    names = [i for i in np.unique(trace.name[copies]) if wanted(trace.names[i])]
-    return copies[np.isin(trace.name[copies], names)]
+    names = [i for i in numeric.unique(trace.name[copies]) if wanted(trace.names[i])]
+    return copies[numeric.isin(trace.name[copies], names)]
 
 
 def _category(events: np.ndarray, blocked_us: np.ndarray, step_count: int, worst: int) -> SyncCategory:
@@ -166,7 +166,7 @@ def _blocking_dtoh(trace: Trace, sync_call: np.ndarray, lookahead: int) -> tuple
     position[calls] = np.arange(len(calls))
     launch = trace.launcher[copies]
     # A copy to pageable host memory returns only when done, whatever the API (CUDA runtime docs, "API sync behavior").
-    to_pageable = np.isin(trace.name[copies], [trace.name_id(n) for n in _names_with(trace, copies, "Pageable")])
+    to_pageable = numeric.isin(trace.name[copies], [trace.name_id(n) for n in _names_with(trace, copies, "Pageable")])
     synchronous = _named(trace, SYNC_COPY_CALLS)[launch] | to_pageable
     blocked = np.where(synchronous, trace.dur[launch], 0.0)
     followed = np.zeros(len(copies), dtype=bool)

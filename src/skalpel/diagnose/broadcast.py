@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis import numeric
 from ..trace.kinds import Kind
 from .rule import Context
 
@@ -39,7 +40,7 @@ def materialised_broadcast(ctx: Context, op_event: int) -> Broadcast | None:
     same = (trace.rank == trace.rank[op_event]) & (trace.tid == trace.tid[op_event]) & (trace.kind == Kind.CPU_OP)
     start = float(trace.ts[op_event])
     names = [trace.name_id(name) for name in _EXPANDS]
-    candidates = np.flatnonzero(same & np.isin(trace.name, names) & (trace.end <= start) & (trace.end >= start - _LOOK_BACK_US))
+    candidates = np.flatnonzero(same & numeric.isin(trace.name, names) & (trace.end <= start) & (trace.end >= start - _LOOK_BACK_US))
     for event in candidates[np.argsort(-trace.ts[candidates])]:
         from_dims = _first_input_dims(trace, int(event))
         if len(from_dims) == len(to_dims) and all(a in (1, b) for a, b in zip(from_dims, to_dims)):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis import intervals
+from ..analysis import intervals, numeric
 from ..analysis.gpu_time import gpu_time
 from ..analysis.launches import launches
 from ..analysis.ops import op_table
@@ -166,7 +166,7 @@ def _check_launch_bound(ctx: Context, rule: Rule) -> Outcome:
         }
         kernels = np.flatnonzero((ctx.trace.kind == Kind.KERNEL) & (ctx.trace.rank == rank))
         launching_ops = ctx.trace.op_of_event[kernels]
-        sources = tiny_op_sources(ctx, rank, np.unique(launching_ops[launching_ops >= 0]))
+        sources = tiny_op_sources(ctx, rank, numeric.unique(launching_ops[launching_ops >= 0]))
         evidence["tiny_ops_by_source_pct"] = {name: share for name, share, _ in sources}
         fix, events = source_fix(ctx, sources, rule.fix)
         locations = ctx.locations(events) if len(events) and fix != rule.fix else ctx.locations(kernels)
@@ -180,9 +180,9 @@ def _graph_launched_pct(ctx: Context, rank: int) -> float:
     kernels = np.flatnonzero((trace.kind == Kind.KERNEL) & (trace.rank == rank) & (trace.launcher >= 0))
     if len(kernels) == 0:
         return 0.0
-    launch_names = np.unique(trace.name[trace.launcher[kernels]])
+    launch_names = numeric.unique(trace.name[trace.launcher[kernels]])
     graph = [name for name in launch_names if "GraphLaunch" in trace.names[name]]
-    return 100.0 * float(np.isin(trace.name[trace.launcher[kernels]], graph).sum()) / len(kernels)
+    return 100.0 * float(numeric.isin(trace.name[trace.launcher[kernels]], graph).sum()) / len(kernels)
 
 
 def _idle_not_waiting_for_data(ctx: Context, idle, rank: int) -> float:
@@ -275,7 +275,7 @@ def _check_attention(ctx: Context, rule: Rule) -> Outcome:
             "fused_attention_seen": fused,
         }
         names = {ctx.trace.name_id(name) for name in _SOFTMAX} - {-1}
-        events = np.flatnonzero(np.isin(ctx.trace.name, list(names)) & (ctx.trace.rank == rank_ops.rank))
+        events = np.flatnonzero(numeric.isin(ctx.trace.name, list(names)) & (ctx.trace.rank == rank_ops.rank))
         findings.append(rule.finding(evidence, locations=ctx.locations(events), rank=rank_ops.rank))
     return findings
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis import numeric
 from ..analysis.collectives import SYNCHRONISING, collective_type
 from ..analysis.comm import CommAnalysis, RankComm, analyze_comm
 from ..analysis.ops import op_table
@@ -241,7 +242,7 @@ def _check_straggler(ctx: Context, rule: Rule) -> Outcome:
 def _load_note(ctx: Context, rule: Rule, comparison: RankComparison) -> Finding:
     """Identical work on one machine: who arrives last follows the machine's load, so no rank is blamed."""
     timings = comparison.ranks
-    step_ms = float(np.median([t.step_ms for t in timings]))
+    step_ms = numeric.median([t.step_ms for t in timings])
     wait_ms = max(t.wait_ms_per_step for t in timings)  # the rank that waits most
     comm_share = {r.rank: r.share_pct for r in _comm(ctx).ranks}
     slowest = comparison.straggler

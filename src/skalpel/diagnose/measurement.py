@@ -6,8 +6,7 @@ the step times of the trace otherwise, so they also judge traces taken by hand.
 
 from __future__ import annotations
 
-import numpy as np
-
+from ..analysis import numeric
 from . import thresholds
 from .common import pct, windows
 from .rule import Context, Docs, NotJudged, Outcome, Rule
@@ -40,7 +39,7 @@ def _slow_first_steps(ctx: Context, limits) -> list[dict]:
         if window.count < 3 or not ctx.steps.marked:
             continue
         durations = [step.duration_ms for step in sorted(window.steps, key=lambda step: step.start_us)]
-        first, rest = durations[0], float(np.median(durations[1:]))
+        first, rest = durations[0], numeric.median(durations[1:])
         slower = pct(first - rest, rest)
         if slower >= limits.share_pct and first - rest >= limits.floor:
             result.append({"first_step_ms": first, "median_other_ms": rest, "slower_pct": slower, "rank": window.rank})

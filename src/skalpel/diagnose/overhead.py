@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis import intervals
+from ..analysis import intervals, numeric
 from ..analysis.breakdown import step_breakdown
 from ..analysis.ops import self_times
 from ..trace.kinds import Kind
@@ -42,7 +42,7 @@ def check_cpu_overhead(ctx: Context, rule: Rule) -> Outcome:
         evidence = {
             "ops_per_step": per_step,
             "tiny_op_pct": tiny_pct,
-            "op_median_us": float(np.median(self_us)),
+            "op_median_us": numeric.median(self_us),
             "overhead_pct": overhead,
             "step_ms": step_ms,
         }
@@ -76,8 +76,8 @@ def tiny_op_sources(ctx: Context, rank: int, ops: np.ndarray) -> list[tuple[str,
     if len(ops) == 0:
         return []
     annotations = np.flatnonzero((trace.rank == rank) & np.isin(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
-    optimizer_names = [i for i in np.unique(trace.name[annotations]) if trace.names[i].startswith("Optimizer.step#")]
-    optimizer = annotations[np.isin(trace.name[annotations], optimizer_names)]
+    optimizer_names = [i for i in numeric.unique(trace.name[annotations]) if trace.names[i].startswith("Optimizer.step#")]
+    optimizer = annotations[numeric.isin(trace.name[annotations], optimizer_names)]
     loader = np.flatnonzero((trace.kind == Kind.DATALOADER) & (trace.rank == rank))
     in_loader = _inside(trace, ops, loader)
     in_optimizer = _inside(trace, ops, optimizer) & ~in_loader
@@ -109,6 +109,6 @@ def _substantial(names: np.ndarray, self_us: np.ndarray, tiny_us: float) -> np.n
     Judged per name, so a tiny op that a busy machine preempted once does not count as work.
     """
     ids, group = np.unique(names, return_inverse=True)
-    medians = np.array([np.median(self_us[group == g]) for g in range(len(ids))])
+    medians = np.array([numeric.median(self_us[group == g]) for g in range(len(ids))])
     return medians[group] >= tiny_us
 

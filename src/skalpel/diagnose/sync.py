@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis import intervals
+from ..analysis import intervals, numeric
 from ..analysis.syncs import SyncOptions, syncs
 from ..trace.kinds import DEVICE_KINDS
 from . import thresholds
@@ -64,7 +64,7 @@ def _host_events(ctx: Context, rank) -> np.ndarray:
     copies = np.array(rank.categories["blocking_dtoh"].worst_events, dtype=np.int64)
     parts = [np.array(rank.categories[name].worst_events, dtype=np.int64) for name in ("sync_call", "item")]
     parts.append(trace.launcher[copies] if len(copies) else copies)
-    host = np.unique(np.concatenate(parts))
+    host = numeric.unique(np.concatenate(parts))
     return host[host >= 0]
 
 

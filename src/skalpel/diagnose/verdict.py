@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
+from ..analysis import numeric
 from ..report.model import Finding
 from . import thresholds
 from .rule import Context, Docs, Rule
@@ -63,7 +62,7 @@ def not_judged(reason: str, rule_ids: list[str]) -> Finding:
 def no_bottleneck(ctx: Context) -> Finding:
     durations = ctx.steps.durations_ms
     evidence: dict = {
-        "median_step_ms": float(np.median(durations)) if len(durations) else 0.0,
+        "median_step_ms": numeric.median(durations) if len(durations) else 0.0,
         "steps": len(durations),
         "largest_category": "unknown",
         "largest_pct": 0.0,

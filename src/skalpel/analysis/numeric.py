@@ -1,0 +1,65 @@
+"""numpy's median, percentile and unique, with the same results, minus the import of numpy.ma.
+
+On first use ``np.median``, ``np.percentile`` and a plain ``np.unique`` import numpy.ma (for a
+masked-array check: 8-15 ms, a tenth of all analyses on a 50 MB trace). These give the values
+numpy gives, bit for bit, on the plain float and integer arrays the analyses pass them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def median(values) -> float:
+    """``float(np.median(values))``: the middle value, or the mean of the two middle ones."""
+    data = np.asarray(values)
+    if data.dtype.kind not in "iuf" or data.dtype.itemsize < 8:
+        return float(np.median(data))  # float32 and the like average in their own precision: numpy's own way
+    data = data.ravel()
+    count = len(data)
+    if count == 0 or (data.dtype.kind == "f" and np.isnan(data).any()):
+        return math.nan
+    half = count // 2
+    if count % 2:
+        return float(np.partition(data, half)[half])
+    part = np.partition(data, (half - 1, half))
+    return (float(part[half - 1]) + float(part[half])) / 2.0
+
+
+def percentile(values, q: float) -> float:
+    """``float(np.percentile(values, q))`` with numpy's default (linear) interpolation; values not empty."""
+    data = np.asarray(values, dtype=np.float64).ravel()
+    if np.isnan(data).any():
+        return math.nan
+    position = (len(data) - 1) * (q / 100)
+    if position >= len(data) - 1:
+        return float(data.max())
+    below = math.floor(position)
+    part = np.partition(data, (below, below + 1))
+    low, high = part[below], part[below + 1]
+    weight = position - below
+    step = high - low
+    # numpy's _lerp: from the nearer end, so that the weights 0 and 1 give the values themselves
+    return float(high - step * (1 - weight)) if weight >= 0.5 else float(low + step * weight)
+
+
+def unique(values) -> np.ndarray:
+    """``np.unique(values)`` of integers or floats: the distinct values, sorted, in the values' dtype."""
+    data = np.asarray(values).ravel()
+    if data.dtype.kind not in "iuf" or (data.dtype.kind == "f" and np.isnan(data).any()):
+        return np.unique(data)
+    if len(data) == 0:
+        return data.copy()
+    low, high = data.min(), data.max()
+    if data.dtype.kind in "iu" and low >= 0 and high <= 4 * len(data) + 4096:  # ids (interned names, event indices): a count per id, no sort
+        return np.flatnonzero(np.bincount(data)).astype(data.dtype)
+    ordered = np.sort(data)
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+
+
+def isin(values: np.ndarray, ids) -> np.ndarray:
+    """``np.isin(values, ids)`` for integer ids given as a list: typed as integers, an empty list too
+    (numpy takes ``[]`` for floats and falls back to its sorting method, through a plain np.unique)."""
+    return np.isin(values, np.asarray(ids, dtype=np.int64))
