@@ -30,6 +30,8 @@ ALLOCATOR_CALLS = frozenset(
 
 @dataclass(frozen=True)
 class RankAllocatorCalls:
+    """Allocator calls (cudaMalloc, cudaFree...) of one rank in steady state."""
+
     rank: int
     calls: int  # in steady state
     total_ms: float
@@ -46,6 +48,8 @@ class RankAllocatorCalls:
 
 @dataclass(frozen=True)
 class AllocatorResult:
+    """Allocator calls per rank."""
+
     ranks: dict[int, RankAllocatorCalls]
 
     def for_rank(self, rank: int) -> RankAllocatorCalls | None:

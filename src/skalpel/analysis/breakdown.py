@@ -45,6 +45,8 @@ _PLUGIN_COMM_OPS = frozenset(
 
 @dataclass(frozen=True)
 class BreakdownOptions:
+    """How to split step time: as our definitions say, or with the TensorBoard plugin's quirks."""
+
     plugin_quirks: bool = False  # reproduce the plugin on modern traces too (see the module docstring)
 
 
@@ -76,6 +78,8 @@ class RankBreakdown:
 
 @dataclass(frozen=True)
 class StepBreakdown:
+    """The step-time breakdown of every rank that has steps."""
+
     ranks: tuple[RankBreakdown, ...]
 
     def for_rank(self, rank: int) -> RankBreakdown | None:

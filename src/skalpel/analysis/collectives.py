@@ -55,6 +55,8 @@ _DTYPE_BYTES = {
 
 @dataclass(frozen=True)
 class Collective:
+    """One collective call: its type, when it ran, its size and its group."""
+
     rank: int
     type: str  # one of TYPES
     event: int  # index of the timed event (kernel or host range) in the trace

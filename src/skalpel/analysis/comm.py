@@ -28,6 +28,8 @@ from .steps import Step, StepSegmentation
 
 @dataclass(frozen=True)
 class CollectiveStats:
+    """The collectives of one type on one rank: calls, time, bytes and bandwidth."""
+
     type: str
     calls: int
     calls_per_step: float
@@ -43,6 +45,8 @@ class CollectiveStats:
 
 @dataclass(frozen=True)
 class RankComm:
+    """Communication of one rank over its steps: share of the step, overlap, by type."""
+
     rank: int
     timed_on: str  # "device" (collective kernels), "host" (backend host ranges) or "none"
     steps: int
@@ -72,6 +76,8 @@ class RankComm:
 
 @dataclass(frozen=True)
 class CommAnalysis:
+    """Communication of every rank."""
+
     ranks: tuple[RankComm, ...]
 
     @property

@@ -37,6 +37,8 @@ _KERNELS = np.array([Kind.KERNEL, Kind.COMM_KERNEL], dtype=np.int8)
 
 @dataclass(frozen=True)
 class CompileResult:
+    """torch.compile as the trace shows it: regions, compilations and Triton kernels."""
+
     regions: int  # Torch-Compiled Region ranges that ran
     region_ms: float
     frames: int  # distinct frames N seen (regions or compile ids)
@@ -182,6 +184,8 @@ class LoggedCompilation:
 
 @dataclass(frozen=True)
 class LoggedBreak:
+    """A graph break from skalpel run's compile log: where and why."""
+
     location: str  # "file:line" of the user code that broke the graph
     reason: str
     hints: tuple[str, ...] = ()
@@ -189,6 +193,8 @@ class LoggedBreak:
 
 @dataclass(frozen=True)
 class LoggedLimit:
+    """A recompile limit hit, from skalpel run's compile log."""
+
     function: str  # "'forward' (model.py:30)"
     limit: str  # recompile_limit (cache_size_limit before torch 2.6)
     value: int | None
@@ -198,6 +204,8 @@ class LoggedLimit:
 
 @dataclass(frozen=True)
 class CompileLog:
+    """What skalpel run's compile log says: compilations, graph breaks, limits hit."""
+
     compilations: tuple[LoggedCompilation, ...]
     graph_breaks: tuple[LoggedBreak, ...]  # distinct (location, reason)
     limits: tuple[LoggedLimit, ...]

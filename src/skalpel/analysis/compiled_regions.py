@@ -26,6 +26,8 @@ _DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 
 @dataclass(frozen=True)
 class RegionRow:
+    """One compiled region of one rank: its calls, host and device time."""
+
     region: str  # "N/M": frame N, compile id M
     function: str | None  # the compiled function, from the compile log ("forward")
     location: str | None  # "model.py:30 in forward"

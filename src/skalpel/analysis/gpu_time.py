@@ -59,6 +59,8 @@ IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
 
 @dataclass(frozen=True)
 class GpuTimeOptions:
+    """Where HTA's definitions leave a choice: the window, syncs, the kernel-wait threshold."""
+
     exclude_last_step: bool = False  # True: HTA's default window (device work launched before the last step starts)
     count_syncs: bool = True  # cuda_sync rows with a stream count as non-compute busy time, as in HTA
     kernel_wait_threshold_us: float = 30.0  # HTA's consecutive_kernel_delay
@@ -78,6 +80,8 @@ class StreamIdle:
 
 @dataclass(frozen=True)
 class RankGpuTime:
+    """The HTA temporal and idle-time breakdown of one rank's device."""
+
     rank: int
     events: int  # device events counted
     window_start_us: float
@@ -118,6 +122,8 @@ class RankGpuTime:
 
 @dataclass(frozen=True)
 class GpuTimeResult:
+    """The device time breakdown of every rank."""
+
     ranks: dict[int, RankGpuTime | None]  # None: no device activity on that rank
     options: GpuTimeOptions
 

@@ -21,6 +21,8 @@ _TYPES = {Kind.KERNEL: "COMP", Kind.COMM_KERNEL: "COMM", Kind.MEMCPY: "MEMORY", 
 
 @dataclass(frozen=True)
 class KernelStats:
+    """One kernel name on one rank: calls and time."""
+
     name: str
     type: str  # COMP | COMM | MEMORY
     calls: int
@@ -31,6 +33,8 @@ class KernelStats:
 
 @dataclass(frozen=True)
 class RankKernels:
+    """The kernel table of one rank."""
+
     rank: int
     rows: tuple[KernelStats, ...]  # by total time, longest first
     device_ms: float  # all device time on this rank
@@ -42,6 +46,8 @@ class RankKernels:
 
 @dataclass(frozen=True)
 class KernelTable:
+    """Kernel tables of the ranks with device activity."""
+
     ranks: tuple[RankKernels, ...]  # only ranks with device activity
 
     def for_rank(self, rank: int) -> RankKernels | None:

@@ -27,11 +27,15 @@ _KERNELS = np.array([Kind.KERNEL, Kind.COMM_KERNEL], dtype=np.int8)
 
 @dataclass(frozen=True)
 class LaunchOptions:
+    """When a kernel counts as tiny."""
+
     tiny_kernel_us: float | None = None  # None: a kernel is tiny when shorter than its own launch call
 
 
 @dataclass(frozen=True)
 class RankLaunches:
+    """Launch delays, tiny kernels and kernels and ops per step of one rank."""
+
     rank: int
     launched: int  # device events with a known launch call
     delay_median_us: float
@@ -59,6 +63,8 @@ class RankLaunches:
 
 @dataclass(frozen=True)
 class LaunchResult:
+    """Launch figures of every rank."""
+
     ranks: dict[int, RankLaunches | None]  # None: no device work with a known launch on that rank
     options: LaunchOptions
 

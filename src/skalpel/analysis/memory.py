@@ -28,11 +28,15 @@ _DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda"}
 
 @dataclass(frozen=True)
 class MemoryOptions:
+    """How far the memory curves are decimated."""
+
     max_points: int = 2000  # downsampled curve length; each point keeps the maximum of its bucket
 
 
 @dataclass(frozen=True)
 class DeviceMemory:
+    """The allocated-memory curve of one device of one rank, its peak and growth."""
+
     rank: int
     device: str  # "cuda:0", "cpu", "device7:0"
     events: int
@@ -51,6 +55,8 @@ class DeviceMemory:
 
 @dataclass(frozen=True)
 class MemoryResult:
+    """Memory curves of every device of every rank."""
+
     devices: tuple[DeviceMemory, ...]
     options: MemoryOptions
 

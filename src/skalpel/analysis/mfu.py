@@ -60,6 +60,8 @@ PEAK_TFLOPS: tuple[tuple[str, str, dict[str, float]], ...] = (
 
 @dataclass(frozen=True)
 class Mfu:
+    """Achieved FLOP/s of one rank and its share of the device's peak."""
+
     rank: int
     device: str | None
     flops_per_step: float  # 0 when the trace has no flop counts

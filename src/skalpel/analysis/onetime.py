@@ -32,12 +32,16 @@ _LAUNCHES = ("LaunchKernel", "LaunchCooperativeKernel", "ModuleLaunchKernel", "M
 
 @dataclass(frozen=True)
 class OneTimeOptions:
+    """When a first call counts as one-time work."""
+
     ratio: float = 10.0  # the first call is this many times slower than the median of the later calls
     min_event_ms: float = 10.0  # ... and at least this long
 
 
 @dataclass(frozen=True)
 class OneTimeCost:
+    """One piece of one-time work: a slow first call or a setup call."""
+
     name: str
     what: str  # "CUDA context creation", "first cuDNN call (autotuning, lazy loading)", ...
     ms: float
@@ -47,6 +51,8 @@ class OneTimeCost:
 
 @dataclass(frozen=True)
 class RankOneTime:
+    """The one-time work of one rank and its share of the window."""
+
     rank: int
     window_ms: float  # first to last event of the rank
     total_ms: float  # union of the one-time events
@@ -59,6 +65,8 @@ class RankOneTime:
 
 @dataclass(frozen=True)
 class OneTimeResult:
+    """One-time work per rank."""
+
     ranks: dict[int, RankOneTime]
 
     def for_rank(self, rank: int) -> RankOneTime | None:

@@ -37,6 +37,8 @@ _DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 
 @dataclass(frozen=True)
 class OpStats:
+    """One op name on one rank: calls, self and total host time, self device time."""
+
     name: str
     calls: int
     self_ms: float  # host time excluding direct child ops
@@ -48,6 +50,8 @@ class OpStats:
 
 @dataclass(frozen=True)
 class RankOps:
+    """The op table of one rank."""
+
     rank: int
     rows: tuple[OpStats, ...]  # sorted by device_ms when sorted_by == "device_ms", else by self_ms
     sorted_by: str  # "device_ms" | "self_ms"
@@ -58,6 +62,8 @@ class RankOps:
 
 @dataclass(frozen=True)
 class OpTable:
+    """Op tables of every rank."""
+
     ranks: tuple[RankOps, ...]
 
     def for_rank(self, rank: int) -> RankOps | None:

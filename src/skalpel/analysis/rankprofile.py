@@ -24,6 +24,8 @@ OUTSIDE_OPS = "(host time outside any op, no collective running: Python code, sl
 
 @dataclass(frozen=True)
 class Excess:
+    """Where a straggler spends more time per step than the other ranks."""
+
     category: str  # an op name, "kernel: NAME" or OUTSIDE_OPS
     ms_per_step: float  # on the straggler
     others_ms_per_step: float  # median of the other ranks
@@ -48,6 +50,8 @@ def excess(profiles: dict[int, Profile], rank: int, limit: int = 3) -> tuple[Exc
 
 @dataclass
 class Profile:
+    """Time per step of one rank by category, for comparing ranks."""
+
     ms: dict[str, float]  # ms per step by category
     where: dict[str, tuple[tuple[int, ...], tuple[float, ...]]]  # category -> (events, instants) to locate it
     tid: int | None  # the training thread

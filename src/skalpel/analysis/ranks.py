@@ -38,6 +38,8 @@ from .steps import StepSegmentation
 
 @dataclass(frozen=True)
 class RankTiming:
+    """One rank's step, communication and waiting times on the aligned clocks."""
+
     rank: int
     steps: int
     step_ms: float  # median step time
@@ -53,6 +55,8 @@ class RankTiming:
 
 @dataclass(frozen=True)
 class Straggler:
+    """The rank the others wait for, and where its extra time goes."""
+
     rank: int
     own_wait_ms_per_step: float
     others_wait_ms_per_step: float  # median wait of the other ranks
@@ -64,6 +68,8 @@ class Straggler:
 
 @dataclass(frozen=True)
 class RankComparison:
+    """Ranks side by side: clocks, waits and the straggler."""
+
     reference_rank: int
     ranks: tuple[RankTiming, ...]
     matched_groups: int  # collectives matched across 2+ ranks

@@ -22,6 +22,8 @@ _LAUNCH_PARTS = ("LaunchKernel", "LaunchCooperativeKernel", "GraphLaunch", "Memc
 
 @dataclass(frozen=True)
 class RankRecording:
+    """Launch calls of one rank against the device work recorded for them."""
+
     rank: int
     launch_calls: int
     launch_calls_with_work: int  # with device work linked to them (by correlation id)
@@ -43,6 +45,8 @@ class RankRecording:
 
 @dataclass(frozen=True)
 class RecordingResult:
+    """Launch calls against recorded device work, per rank."""
+
     ranks: dict[int, RankRecording]
 
     def for_rank(self, rank: int) -> RankRecording | None:

@@ -24,6 +24,8 @@ _DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 
 @dataclass(frozen=True)
 class RankStepDevice:
+    """How busy one rank's device is in each step."""
+
     rank: int
     step_ms: tuple[float, ...]  # each step's duration, in time order
     busy_ms: tuple[float, ...]  # device busy time inside each step (streams merged)
@@ -70,6 +72,8 @@ class RankStepDevice:
 
 @dataclass(frozen=True)
 class StepDeviceResult:
+    """Device busy share in the steps of every rank."""
+
     ranks: dict[int, RankStepDevice | None]  # None: no steps or no device work on that rank
     marked: bool  # False: each rank's one pseudo-step is its whole window
 

@@ -50,6 +50,8 @@ _HOST_SPAN = np.array(sorted(int(k) for k in HOST_OP_KINDS | {Kind.STEP}), dtype
 
 @dataclass(frozen=True)
 class Step:
+    """One step of one rank: its number and where it starts and ends."""
+
     rank: int
     number: int  # N of ProfilerStep#N; 0 for the whole-trace pseudo-step
     start_us: float  # host start, moved to the end of the previous step when its device work ran later
@@ -68,6 +70,8 @@ class Step:
 
 @dataclass(frozen=True)
 class StepSegmentation:
+    """The steps of every rank and what was done to the markers."""
+
     steps: tuple[Step, ...]
     marked: bool  # False: no ProfilerStep markers, each rank's whole trace is one step
     dropped_tail: int = 0  # trailing steps dropped because their device work was not (fully) recorded

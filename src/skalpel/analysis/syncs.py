@@ -46,12 +46,16 @@ _LAUNCH = np.array(sorted(int(k) for k in LAUNCH_KINDS), dtype=np.int8)
 
 @dataclass(frozen=True)
 class SyncOptions:
+    """How many events to keep, and how far to look for a blocking copy."""
+
     worst: int = 5  # event indices kept per category
     sync_lookahead_calls: int = 2  # an async DtoH copy is blocking when a sync call is among the next N calls
 
 
 @dataclass(frozen=True)
 class SyncCategory:
+    """One kind of host-device synchronisation on one rank."""
+
     count: int
     total_ms: float
     ms_per_step: float
@@ -60,6 +64,8 @@ class SyncCategory:
 
 @dataclass(frozen=True)
 class PageableCopies:
+    """Host-to-device copies from pageable memory on one rank."""
+
     count: int
     total_bytes: int
     device_ms: float
@@ -68,6 +74,8 @@ class PageableCopies:
 
 @dataclass(frozen=True)
 class RankSyncs:
+    """Host-device synchronisations and pageable copies of one rank."""
+
     rank: int
     steps: int
     categories: dict[str, SyncCategory]  # keys: CATEGORIES
@@ -87,6 +95,8 @@ class RankSyncs:
 
 @dataclass(frozen=True)
 class SyncResult:
+    """Synchronisations and pageable copies per rank."""
+
     ranks: dict[int, RankSyncs]
     options: SyncOptions
 

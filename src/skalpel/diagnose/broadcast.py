@@ -25,6 +25,8 @@ _LOOK_BACK_US = 1000.0  # the expand is issued just before the copy: the same Py
 
 @dataclass(frozen=True)
 class Broadcast:
+    """An expanded tensor materialised by a copy, with the shapes."""
+
     expand_event: int
     from_dims: list[int]  # the expanded tensor's own shape (size-1 dims broadcast)
     to_dims: list[int]  # the shape materialised

@@ -64,6 +64,8 @@ Outcome = Union[list[Finding], NotJudged]
 
 @dataclass(frozen=True)
 class Rule:
+    """A finding's rule: its id, family, severity, title, threshold, check and docs."""
+
     id: str  # stable and public: never reused; renamed ids go to registry.REDIRECTS
     family: str
     severity: str  # default severity; a check may raise it to critical past thresholds.critical_share_pct

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Threshold:
+    """When a rule fires: a share and an absolute floor."""
+
     share_pct: float | None  # fires at or above this share (None: the rule has no meaningful share)
     share_of: str  # what the share is a share of
     floor: float  # ... and at or above this absolute amount
