@@ -178,15 +178,15 @@ def _from_kernels(trace: Trace, kernels: np.ndarray, host: _HostComms, world: in
     plain: dict[tuple[int, str | None], tuple[str, int, int]] = {}  # descriptions from names alone, by names
     found = []
     for kernel, around, name, rank, start, end, stream in columns:
-        args = host.merged_args(around)
-        args.update({key: value for key, value in _metadata(trace, kernel).items() if value not in (None, "", "[]")})
         op_name = host.op_name(around)
-        if args:
+        if _has_metadata(trace, kernel) or not host.described.isdisjoint(around):
+            args = host.merged_args(around)
+            args.update({key: value for key, value in _metadata(trace, kernel).items() if value not in (None, "", "[]")})
             kind, nbytes, group = _describe(args, op_name, trace.names[name], world)
-        else:  # most kernels of an older trace: the same few names, described once
+        else:  # no args to read (most kernels of an older trace): the same few names, described once
             key = (name, op_name)
             if key not in plain:
-                plain[key] = _describe(args, op_name, trace.names[name], world)
+                plain[key] = _describe({}, op_name, trace.names[name], world)
             kind, nbytes, group = plain[key]
         found.append(Collective(
             rank=rank, type=kind, event=kernel, start_us=start, end_us=end, nbytes=nbytes, group_size=group,
@@ -213,11 +213,12 @@ _METADATA = frozenset({"Collective name", "Group size", "dtype", "In msg nelems"
 """The args a collective's type, group and size are read from; an event's other args are never read here."""
 
 
+def _has_metadata(trace: Trace, event: int) -> bool:
+    return not _METADATA.isdisjoint(trace.extra.get(event, ()))  # most events carry none (only External id...)
+
+
 def _metadata(trace: Trace, event: int) -> dict:
-    args = trace.args_of(event)
-    if _METADATA.isdisjoint(args):  # most ops carry none (only External id and the like): no dict built
-        return {}
-    return {key: value for key, value in args.items() if key in _METADATA}
+    return {key: value for key, value in trace.args_of(event).items() if key in _METADATA}
 
 
 @functools.lru_cache(maxsize=256)
@@ -234,6 +235,8 @@ class _HostComms:
         self.record_param_comms = trace.name_id("record_param_comms")
         ops = np.flatnonzero((trace.kind == Kind.COMM_OP) & (trace.rank == rank))
         ops = ops[np.argsort(trace.ts[ops], kind="stable")]
+        self.described = {op for op in ops.tolist() if _has_metadata(trace, op)}  # ops with args to merge
+        self.name_of_op = dict(zip(ops.tolist(), trace.name[ops].tolist()))
         # reach[i]: the latest end among ops 0..i, so that the scan back stops where nothing can still be open.
         self.by_thread = {}
         for tid in numeric.unique(trace.tid[ops]):
@@ -286,6 +289,7 @@ class _HostComms:
     def op_name(self, ops: list[int]) -> str | None:
         """The name of the innermost backend op (nccl:all_to_all) among ``ops``."""
         for op in ops:
-            if self.trace.name[op] != self.record_param_comms:
-                return self.trace.name_of(op)
+            name = self.name_of_op[op]
+            if name != self.record_param_comms:
+                return self.trace.names[name]
         return None
