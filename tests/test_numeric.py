@@ -44,6 +44,9 @@ def test_unique_and_isin_equal_numpys():
         ids = [int(v) for v in values[::3]]
         np.testing.assert_array_equal(numeric.isin(values, ids), np.isin(values, ids))
     assert numeric.unique(np.array([], dtype=np.int32)).dtype == np.int32
+    kinds = np.random.default_rng(4).integers(0, 16, 500).astype(np.int8)  # a kind column
+    for members in ([], [3], [1, 2, 9], np.array([0, 5, 7, 15], dtype=np.int8)):
+        np.testing.assert_array_equal(numeric.isin_few(kinds, members), np.isin(kinds, members))
     assert not numeric.isin(np.arange(4), []).any()
 
 

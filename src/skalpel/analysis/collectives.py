@@ -149,7 +149,7 @@ def _world_size(trace: Trace, rank: int) -> int:
 
 
 def _host_ranges(trace: Trace, rank: int) -> np.ndarray:
-    ops = np.flatnonzero(trace.mask(Kind.COMM_OP, rank=rank))
+    ops = np.flatnonzero((trace.kind == Kind.COMM_OP) & (trace.rank == rank))
     names = [trace.name_of(i) for i in ops]
     backend = [i for i, name in zip(ops, names) if name.startswith(_HOST_BACKENDS)]
     if backend:

@@ -147,7 +147,7 @@ def gpu_time(trace: Trace, *, options: GpuTimeOptions = GpuTimeOptions()) -> Gpu
 
 
 def _counted_events(trace: Trace, options: GpuTimeOptions) -> np.ndarray:
-    mask = np.isin(trace.kind, _DEVICE)
+    mask = numeric.isin_few(trace.kind, _DEVICE)
     if options.count_syncs:
         # HTA keeps any row whose stream is not -1; a Context Sync's stream is 2**32-1, which counts.
         mask |= (trace.kind == Kind.DEVICE_SYNC) & (trace.stream != -1)
@@ -208,7 +208,7 @@ def _rank_gpu_time(
         comm_us=float((comm[1] - comm[0]).sum()),
         comm_overlap_us=intervals.intersection_length(comm, compute),
         idle_breakdown_us=_merged_idle_breakdown(trace, events, options.kernel_wait_threshold_us),
-        streams=_stream_idle(trace, events[np.isin(kinds, _DEVICE)], options.kernel_wait_threshold_us),
+        streams=_stream_idle(trace, events[numeric.isin_few(kinds, _DEVICE)], options.kernel_wait_threshold_us),
     )
 
 

@@ -76,11 +76,11 @@ def _during_graph_capture(trace: Trace, runtime: np.ndarray, launches: np.ndarra
 
 
 def device_recording(trace: Trace) -> RecordingResult:
-    runtime = np.flatnonzero(np.isin(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
+    runtime = np.flatnonzero(numeric.isin_few(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
     names = numeric.unique(trace.name[runtime])
     launch_names = [name for name in names if is_launch_call(trace.names[name])]
     launches = runtime[numeric.isin(trace.name[runtime], launch_names)]
-    device = np.flatnonzero(np.isin(trace.kind, _DEVICE))
+    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE))
     linked = np.zeros(len(trace), dtype=bool)
     if len(device):
         launcher = trace.launcher[device]

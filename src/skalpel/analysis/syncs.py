@@ -106,7 +106,7 @@ class SyncResult:
 
 def syncs(trace: Trace, steps: StepSegmentation, *, options: SyncOptions = SyncOptions()) -> SyncResult:
     """Synchronisations per rank. CPU-only traces give empty categories (item ops may still appear)."""
-    sync_call = _named(trace, SYNC_CALLS) & np.isin(trace.kind, _LAUNCH)
+    sync_call = _named(trace, SYNC_CALLS) & numeric.isin_few(trace.kind, _LAUNCH)
     item = np.flatnonzero(_named(trace, ITEM_OPS) & (trace.kind == Kind.CPU_OP))
     thread = trace.rank[item].astype(np.int64) * (1 << 40) + trace.tid[item]
     # outermost only: not again for the _local_scalar_dense inside an aten::item
@@ -169,7 +169,7 @@ def _blocking_dtoh(trace: Trace, sync_call: np.ndarray, lookahead: int) -> tuple
     copies = copies[trace.launcher[copies] >= 0]
     if len(copies) == 0:
         return copies, np.zeros(0)
-    calls = np.flatnonzero(np.isin(trace.kind, _LAUNCH))
+    calls = np.flatnonzero(numeric.isin_few(trace.kind, _LAUNCH))
     # Runtime calls ordered by (rank, thread, start): the next calls on the same thread follow directly.
     calls = calls[np.lexsort((trace.ts[calls], trace.tid[calls], trace.rank[calls]))]
     position = np.full(len(trace), -1, dtype=np.int64)

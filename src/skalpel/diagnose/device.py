@@ -86,7 +86,7 @@ def _idle_in_dataloader_pct(ctx: Context, rank: int, idle_ms: float) -> float:
     if idle_ms <= 0 or len(waits) == 0:
         return 0.0
     loader = intervals.union(trace.ts[waits], trace.end[waits])
-    on_device = np.flatnonzero(np.isin(trace.kind, _DEVICE) & (trace.rank == rank))
+    on_device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (trace.rank == rank))
     busy = intervals.union(trace.ts[on_device], trace.end[on_device])
     idle_inside = intervals.length(*loader) - intervals.intersection_length(loader, busy)
     return min(100.0 * idle_inside / 1000.0 / idle_ms, 100.0)
@@ -95,7 +95,7 @@ def _idle_in_dataloader_pct(ctx: Context, rank: int, idle_ms: float) -> float:
 def _after_longest_gaps(ctx: Context, rank: int, count: int = 20) -> np.ndarray:
     """The device events that end the longest idle gaps: their launch sites are where the host was late."""
     trace = ctx.trace
-    events = np.flatnonzero(np.isin(trace.kind, _DEVICE) & (trace.rank == rank))
+    events = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (trace.rank == rank))
     if len(events) < 2:
         return events
     events = events[np.argsort(trace.ts[events], kind="stable")]

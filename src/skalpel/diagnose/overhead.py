@@ -75,7 +75,7 @@ def tiny_op_sources(ctx: Context, rank: int, ops: np.ndarray) -> list[tuple[str,
     trace = ctx.trace
     if len(ops) == 0:
         return []
-    annotations = np.flatnonzero((trace.rank == rank) & np.isin(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
+    annotations = np.flatnonzero((trace.rank == rank) & numeric.isin_few(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
     optimizer_names = [i for i in numeric.unique(trace.name[annotations]) if trace.names[i].startswith("Optimizer.step#")]
     optimizer = annotations[numeric.isin(trace.name[annotations], optimizer_names)]
     loader = np.flatnonzero((trace.kind == Kind.DATALOADER) & (trace.rank == rank))

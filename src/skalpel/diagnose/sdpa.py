@@ -15,6 +15,7 @@ import json
 
 import numpy as np
 
+from ..analysis import numeric
 from ..report.model import Finding
 from ..trace.kinds import DEVICE_KINDS, Kind
 from .rule import Context, Rule
@@ -84,7 +85,7 @@ def _backend(trace, call: int) -> str:
 def _kernel_ms_inside(ctx: Context, rank: int):
     """ms of the device work launched by ops inside a host call (on its thread, within its time range)."""
     trace = ctx.trace
-    device = np.flatnonzero(np.isin(trace.kind, _DEVICE) & (trace.rank == rank))
+    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (trace.rank == rank))
     launcher = trace.launcher[device]
     device, launcher = device[launcher >= 0], launcher[launcher >= 0]
 

@@ -71,7 +71,7 @@ def _host_events(ctx: Context, rank) -> np.ndarray:
 def _idle_after(ctx: Context, window: Window, host: np.ndarray) -> float:
     """Device idle time (us) that starts when a sync returns, each gap counted once, cut at the step's end."""
     trace = ctx.trace
-    device = np.flatnonzero(np.isin(trace.kind, _DEVICE) & (trace.rank == window.rank))
+    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (trace.rank == window.rank))
     if len(device) == 0 or len(host) == 0:
         return 0.0
     busy_start, busy_end = intervals.union(trace.ts[device], trace.ts[device] + trace.dur[device])
