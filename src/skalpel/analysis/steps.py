@@ -141,7 +141,7 @@ def _sound_steps(trace: Trace, rank: int, starts: np.ndarray, host_ends: np.ndar
                  durations: np.ndarray) -> list[bool]:  # fmt: skip
     """Which steps are real: some host op inside, and not far shorter than the median step."""
     ops = np.flatnonzero((trace.rank == rank) & numeric.isin_few(trace.kind, _OPS))
-    op_starts = np.sort(trace.ts[ops])
+    op_starts = np.sort(trace.ts[ops], kind="stable")  # nearly in time order already: the stable sort finds the runs
     inside = np.searchsorted(op_starts, host_ends, side="left") - np.searchsorted(op_starts, starts, side="left")
     sound = inside > 0
     if len(durations) >= 3 and sound.sum() >= 2:
