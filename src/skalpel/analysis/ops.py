@@ -106,7 +106,8 @@ def _parents(trace: Trace, events: np.ndarray) -> np.ndarray:
     count = len(events)
     if count == 0:
         return np.empty(0, dtype=np.int64)
-    start, end = trace.ts[events], trace.ts[events] + trace.dur[events]
+    start = trace.ts[events]
+    end = start + trace.dur[events]
     rank, pid, tid = trace.rank[events], trace.pid[events], trace.tid[events]
     order = _thread_order(rank, pid, tid, start, end)
     start, end = start[order], end[order]
@@ -135,10 +136,11 @@ def _thread_order(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray, start: np.
     """``np.lexsort((-end, start, tid, pid, rank))``, cheaper on events that come nearly in time order.
 
     A stable sort by start finds the runs already in order; only events with equal starts need the
-    longer-first tie-break; the thread keys are small integers, sorted last without moving equal ones.
+    longer-first tie-break; a last stable sort by thread keeps that order within each thread.
     """
     order = np.argsort(start, kind="stable")
-    tie = start[order][1:] == start[order][:-1]
+    ordered = start[order]
+    tie = ordered[1:] == ordered[:-1]
     if tie.any():
         tied = np.flatnonzero(np.concatenate([tie, [False]]) | np.concatenate([[False], tie]))
         events = order[tied]
