@@ -31,8 +31,9 @@ def test_median_and_percentile_equal_numpys():
         expected = float(np.median(values))
         assert numeric.median(values) == expected and numeric.median(list(values)) == expected
         qs = (50, 90, 99, 0, 100, 33.3)
-        for q, from_numpy in zip(qs, np.percentile(values, qs)):  # the list form, as launches used it
-            assert numeric.percentile(values, q) == float(from_numpy) == float(np.percentile(values, q))
+        from_numpy = [float(value) for value in np.percentile(values, qs)]
+        assert numeric.percentiles(values, qs) == from_numpy
+        assert [numeric.percentile(values, q) for q in qs] == [float(np.percentile(values, q)) for q in qs]
     assert np.isnan(numeric.median([1.0, np.nan])) and np.isnan(numeric.percentile([np.nan, 2.0], 50))
     assert numeric.median(np.array([1.5, 2.5], dtype=np.float32)) == float(np.median(np.float32([1.5, 2.5])))
 

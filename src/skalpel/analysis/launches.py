@@ -91,7 +91,7 @@ def _rank_launches(
         return None
     launcher = trace.launcher[device]
     delays = trace.ts[device] - trace.ts[launcher]
-    p50, p90, p99 = (numeric.percentile(delays, q) for q in (50, 90, 99))
+    p50, p90, p99 = numeric.percentiles(delays, (50, 90, 99))
     kernels = device[numeric.isin_few(trace.kind[device], _KERNELS)]
     kernel_dur = trace.dur[kernels]
     launch_dur = trace.dur[trace.launcher[kernels]]

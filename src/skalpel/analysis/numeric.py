@@ -30,19 +30,27 @@ def median(values) -> float:
 
 def percentile(values, q: float) -> float:
     """``float(np.percentile(values, q))`` with numpy's default (linear) interpolation; values not empty."""
+    return percentiles(values, (q,))[0]
+
+
+def percentiles(values, qs) -> list[float]:
+    """``np.percentile(values, qs)`` as floats, from one partition of the values; values not empty."""
     data = np.asarray(values, dtype=np.float64).ravel()
     if np.isnan(data).any():
-        return math.nan
-    position = (len(data) - 1) * (q / 100)
-    if position >= len(data) - 1:
-        return float(data.max())
-    below = math.floor(position)
-    part = np.partition(data, (below, below + 1))
-    low, high = part[below], part[below + 1]
-    weight = position - below
-    step = high - low
-    # numpy's _lerp: from the nearer end, so that the weights 0 and 1 give the values themselves
-    return float(high - step * (1 - weight)) if weight >= 0.5 else float(low + step * weight)
+        return [math.nan for _ in qs]
+    last = len(data) - 1
+    positions = [last * (q / 100) for q in qs]
+    below = [min(math.floor(position), last) for position in positions]
+    part = np.partition(data, sorted({index for low in below for index in (low, min(low + 1, last))}))
+    result = []
+    for position, low in zip(positions, below):
+        if position >= last:
+            result.append(float(part[last]))
+            continue
+        weight, step = position - low, part[low + 1] - part[low]
+        # numpy's _lerp: from the nearer end, so that the weights 0 and 1 give the values themselves
+        result.append(float(part[low + 1] - step * (1 - weight)) if weight >= 0.5 else float(part[low] + step * weight))
+    return result
 
 
 def unique(values) -> np.ndarray:
