@@ -53,16 +53,16 @@ def test_unique_and_isin_equal_numpys():
 
 _PROBE = """
 import sys
-from skalpel.analysis.bundle import run_analyses
+from skalpel.pipeline import build_report
 from skalpel.trace import load
-analyses = run_analyses(load([sys.argv[1]]))
-print(int(analyses.launches is not None), int("numpy.ma" in sys.modules))
+report = build_report(load([sys.argv[1]]))  # the analyses, the findings (user-code locations too), the report
+print(int(bool(report.ranks[0].top_ops)), int("numpy.ma" in sys.modules))
 """
 
 
 def test_analyses_leave_numpy_ma_unimported():
     """np.median, np.percentile and a plain np.unique import numpy.ma on first use (8-15 ms of a 50 MB trace's
-    analyses): the analyses use analysis.numeric instead."""
+    analyses): the analyses use analysis.numeric instead, and so do the findings and the report."""
     trace = corpus("kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz")
     done = subprocess.run([sys.executable, "-c", _PROBE, str(trace)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

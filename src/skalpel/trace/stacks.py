@@ -110,7 +110,8 @@ class Locator:
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
         python = np.flatnonzero(trace.kind == Kind.PYTHON)
-        user_names = {name_id: _user_frame(trace.names[name_id]) for name_id in np.unique(trace.name[python])}
+        seen = np.flatnonzero(np.bincount(trace.name[python]))  # the distinct ids: np.unique imports numpy.ma (~8 ms)
+        user_names = {name_id: _user_frame(trace.names[name_id]) for name_id in seen.tolist()}
         keep = np.array([user_names[name_id] is not None for name_id in trace.name[python]], dtype=bool)
         self._frames = python[keep] if len(python) else python
         self._frame_text = {name_id: frame for name_id, frame in user_names.items() if frame is not None}
