@@ -18,7 +18,13 @@ from .errors import SkalpelError
 from .files import write_file
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``skalpel`` parser; given the ``command`` the words name, only that command's own parser is built.
+
+    Building them all costs ``skalpel analyze`` some 10 ms: ``run``, ``demo`` and ``tune`` take their
+    options from the capture and tune layers. A word that is not a command (``--help``, a typo) gets them all,
+    so the help and the "invalid choice" error list every command.
+    """
     parser = argparse.ArgumentParser(
         prog="skalpel",
         description="A profiler doctor for PyTorch: profile a training loop, read any torch.profiler trace, "
@@ -26,13 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"skalpel {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    _add_analyze(commands)
-    _add_diff(commands)
-    _add_run(commands)
-    _add_demo(commands)
-    _add_explain(commands)
-    _add_commbench(commands)
-    _add_tune(commands)
+    for name, add in _COMMANDS.items():
+        if command not in _COMMANDS or name == command:
+            add(commands)
     return parser
 
 
@@ -86,6 +88,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if args.json == "-":
         sys.stdout.buffer.write(report.to_json() + b"\n")
         return 0
+    from .report import terminal  # rich: only for the terminal report (20 ms of imports)
+
     terminal.print_report(report)
     if args.json:
         write_file(Path(args.json), report.to_json())
@@ -280,6 +284,17 @@ def _add_tune(commands: argparse._SubParsersAction) -> None:
     add_parser(commands)
 
 
+_COMMANDS = {  # in the order `skalpel --help` lists them
+    "analyze": _add_analyze,
+    "diff": _add_diff,
+    "run": _add_run,
+    "demo": _add_demo,
+    "explain": _add_explain,
+    "commbench": _add_commbench,
+    "tune": _add_tune,
+}
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -336,8 +351,9 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    words, script_args = split_script_args(parser, sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else None)
+    words, script_args = split_script_args(parser, argv)
     args = parser.parse_args(words)
     if script_args:
         args.args = list(args.args or []) + script_args
@@ -380,8 +396,12 @@ def entry() -> None:
     import atexit
 
     atexit.register(_no_interrupt_in_teardown)  # registered first, so it runs last, after the script's own
-    code = main()
     words = sys.argv[1:2]
+    if words and words[0] in _QUICK_EXIT_COMMANDS:
+        # numpy's OpenBLAS starts a thread per core when imported, which spins for some 70 ms of CPU; these
+        # commands do no linear algebra (their rank workers inherit this too). Set before numpy is imported.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    code = main()
     if code == 0 and words and words[0] in _QUICK_EXIT_COMMANDS and "--ray" not in sys.argv:
         try:
             sys.stdout.flush()

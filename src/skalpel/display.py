@@ -50,6 +50,7 @@ def cut_name(text: str, limit: int = NAME_CHARS) -> str:
 
 
 TEXT_CHARS = 1000  # any one string of a report on a terminal: prose fits, a megabyte name does not
+_UNCHANGED = frozenset((int, float, bool, type(None)))
 
 
 def for_terminal(value: T) -> T:
@@ -58,13 +59,16 @@ def for_terminal(value: T) -> T:
     Control characters are escaped and each string is cut to ``TEXT_CHARS``: a terminal
     shows what the trace says, and nothing in the trace can drive the terminal or stall it.
     """
+    if type(value) in _UNCHANGED:  # most of a report (the memory curve, the tables' figures): as is, at once
+        return value
     if isinstance(value, str):
         return cut_name(value, TEXT_CHARS)  # type: ignore[return-value]
+    if isinstance(value, (tuple, list)):  # checked before dataclasses, which cost more (none is a tuple)
+        items = [item if type(item) in _UNCHANGED else for_terminal(item) for item in value]
+        return type(value)(items)  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {for_terminal(key): for_terminal(item) for key, item in value.items()}  # type: ignore[return-value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = {f.name: for_terminal(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
         return dataclasses.replace(value, **changes)
-    if isinstance(value, dict):
-        return {for_terminal(key): for_terminal(item) for key, item in value.items()}  # type: ignore[return-value]
-    if isinstance(value, (tuple, list)):
-        return type(value)(for_terminal(item) for item in value)  # type: ignore[return-value]
     return value

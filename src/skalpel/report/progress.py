@@ -44,18 +44,20 @@ def load_progress(*, console: Console | None = None) -> Iterator[ProgressCallbac
     covers a folder of many rank files. The bar goes away when loading is done; it is
     never shown when stderr is not a terminal.
     """
-    console = console or _stderr_console()
     started = time.monotonic()
     progress = None
     task = None
     finished = False
 
     def on_progress(done: int, total: int) -> None:
-        nonlocal progress, task, finished
+        nonlocal console, progress, task, finished
         if finished:
             return
         if progress is None:
-            if done >= total or time.monotonic() - started < SHOW_AFTER_S or not console.is_terminal:
+            if done >= total or time.monotonic() - started < SHOW_AFTER_S:
+                return
+            console = console or _stderr_console()  # rich only once a bar may show: a quick load never imports it
+            if not console.is_terminal:
                 return
             progress = _bar("loading trace", console)
             progress.start()
@@ -79,22 +81,24 @@ def rank_progress(files: list[Path], *, console: Console | None = None) -> Itera
     The job's bar counts ranks done and bytes over all files, with the time left; each rank
     in flight has its own line (its file's name, bytes and time left) until it is done.
     """
-    console = console or _stderr_console()
     sizes = [_size(path) for path in files]
     total = max(sum(sizes), 1)
     done = [0.0] * len(files)
     started = time.monotonic()
-    state: dict = {"progress": None, "job": None, "lines": {}}
+    state: dict = {"progress": None, "job": None, "lines": {}, "console": console}
 
     def start() -> None:
-        progress = state["progress"] = _bar("{task.description}", console)
+        progress = state["progress"] = _bar("{task.description}", state["console"])
         progress.start()
         state["job"] = progress.add_task(_job_label(done), total=total)
 
     def on_rank(index: int, fraction: float) -> None:
         done[index] = max(done[index], min(max(fraction, 0.0), 1.0))
         if state["progress"] is None:
-            if time.monotonic() - started < SHOW_AFTER_S or not console.is_terminal or all(part >= 1.0 for part in done):
+            if time.monotonic() - started < SHOW_AFTER_S or all(part >= 1.0 for part in done):
+                return
+            state["console"] = state["console"] or _stderr_console()  # rich only once a bar may show
+            if not state["console"].is_terminal:
                 return
             start()
         progress, lines = state["progress"], state["lines"]
