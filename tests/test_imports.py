@@ -1,7 +1,8 @@
 """`skalpel analyze`, `diff`, `explain` and `--help` never import torch (only `capture/` may).
 
 Each command runs in a fresh interpreter, through the CLI entry point in-process, and the
-interpreter then lists what it imported: torch must not be there, nor the capture modules.
+interpreter then lists what it imported: torch must not be there, nor the capture modules,
+nor what only other commands need (each command builds only its own argument parser).
 """
 
 from __future__ import annotations
@@ -51,6 +52,21 @@ def test_command_never_imports_torch(command: list[str], tmp_path) -> None:
     assert status in (0, None)
     assert "torch" not in modules
     assert not {name for name in modules if name.startswith("skalpel.capture.")} - {"skalpel.capture.command", "skalpel.capture.settings"}
+    if command != ["--help"]:  # the help lists every command's options; a command builds only its own
+        assert not _OTHER_COMMANDS & modules
+
+
+# What only `run`, `demo` and `tune` need for their options (capture settings, tune candidates, traceback).
+_OTHER_COMMANDS = {"skalpel.capture", "skalpel.capture.command", "skalpel.capture.settings", "skalpel.tune.command",
+                   "skalpel.tune.candidates"}  # fmt: skip
+
+
+def test_json_to_stdout_of_one_rank_imports_no_terminal_renderer(tmp_path) -> None:
+    status, modules = _imported_by(["analyze", str(corpus("hta/trace_filter/sampled_rank-0.json.gz")), "--json", "-"],
+                                   tmp_path)  # fmt: skip
+    assert status == 0
+    assert "skalpel.pipeline" in modules  # the report was made
+    assert not {"rich", "skalpel.report.terminal", "difflib"} & modules  # nothing prints it; one rank: no matching
 
 
 def test_help_imports_no_analysis_or_terminal_renderer(tmp_path) -> None:

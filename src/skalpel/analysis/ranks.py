@@ -20,7 +20,6 @@ runs (Python code, ``time.sleep``, I/O), each per step against the median of the
 
 from __future__ import annotations
 
-import difflib
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -147,6 +146,8 @@ def _pairs(kind: str, ref_keys: list[int], mine: list[Collective]) -> list[tuple
     """(reference position, collective): in order when sizes may differ per rank, else on equal sizes."""
     if kind in _UNEVEN and len(mine) == len(ref_keys):
         return list(enumerate(mine))  # uneven all_to_all splits: each rank moves its own byte count
+    import difflib  # here: a one-rank analysis never needs it (1-2 ms of `skalpel analyze`'s start)
+
     matcher = difflib.SequenceMatcher(None, ref_keys, [c.nbytes for c in mine], autojunk=False)
     return [(block.a + step, mine[block.b + step]) for block in matcher.get_matching_blocks() for step in range(block.size)]
 

@@ -21,6 +21,8 @@ SEVERITIES = ("critical", "warning", "info")
 
 @dataclass(frozen=True)
 class Finding:
+    """One diagnosis: its stable id, severity, the numbers that prove it, the user's code lines and the fix."""
+
     id: str
     severity: str  # critical | warning | info
     title: str  # one line, with the key number
@@ -32,6 +34,8 @@ class Finding:
 
 @dataclass(frozen=True)
 class Source:
+    """What was analysed: the trace files, and the torch version, device and world size they record."""
+
     paths: tuple[str, ...]
     torch_version: str | None = None
     device: str | None = None  # e.g. "NVIDIA H100 80GB HBM3", "cpu"
@@ -88,6 +92,8 @@ def describe_steps(wait: int | None, warmup: int, active: int, repeat: int = 1) 
 
 @dataclass(frozen=True)
 class StepStats:
+    """The analysed steps: how many, their median and p90 time, and their spread."""
+
     count: int
     median_ms: float
     p90_ms: float
@@ -97,6 +103,8 @@ class StepStats:
 
 @dataclass(frozen=True)
 class OpRow:
+    """One op of a rank's op table: calls, host time and the device time of the work it launched."""
+
     name: str
     calls: int
     self_ms: float  # host time excluding child ops
@@ -114,6 +122,8 @@ class OpRow:
 
 @dataclass(frozen=True)
 class KernelRow:
+    """One kernel of a rank's kernel table."""
+
     name: str
     type: str  # COMP | COMM | MEMORY
     calls: int
@@ -124,6 +134,8 @@ class KernelRow:
 
 @dataclass(frozen=True)
 class GpuSummary:
+    """A rank's device time by HTA's temporal and idle-time breakdowns."""
+
     idle_pct: float
     compute_pct: float
     non_compute_pct: float
@@ -133,6 +145,8 @@ class GpuSummary:
 
 @dataclass(frozen=True)
 class MemorySummary:
+    """A rank's device memory: peak, growth per step and a downsampled curve."""
+
     peak_bytes: int
     growth_bytes_per_step: float | None
     device: str  # "cuda:0", "cpu"
@@ -155,6 +169,8 @@ class MfuSummary:
 
 @dataclass(frozen=True)
 class RankReport:
+    """Everything measured on one rank."""
+
     rank: int
     step_ms: tuple[float, ...]
     step_breakdown_pct: dict[str, float]
@@ -169,6 +185,8 @@ class RankReport:
 
 @dataclass(frozen=True)
 class Report:
+    """The whole result, schema ``skalpel.report/1``: findings, source, steps, ranks, capture and warnings."""
+
     source: Source
     steps: StepStats
     ranks: tuple[RankReport, ...]
