@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,6 +99,8 @@ def _execute_ranks(target: Target, args: argparse.Namespace) -> int:
 
 
 def _show_error(result: RunResult) -> None:
+    import traceback  # here: `skalpel --help` builds run's options from this module
+
     from .signals import Terminated, name
 
     error = result.error

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SkalpelError
-from ..report.model import describe_steps
 
 WAIT, WARMUP, ACTIVE = "wait", "warmup", "active"
 STEP_SIGNALS = ("optimizer", "dataloader", "backward", "forward")  # what may mark a step, by priority (steps.py)
@@ -41,6 +40,8 @@ class CaptureSettings:
 
     def describe(self) -> str:
         """``1 wait + 2 warm-up + 5 active steps``: how the header and the summary count them."""
+        from ..report.model import describe_steps  # here: the report model (and orjson) would slow `skalpel --help`
+
         return describe_steps(self.wait, self.warmup, self.active, self.repeat)
 
     @property

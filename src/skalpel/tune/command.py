@@ -8,7 +8,6 @@ from pathlib import Path
 
 from ..errors import SkalpelError
 from ..files import write_file
-from .candidates import BY_NAME
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -41,6 +40,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
+    from .candidates import BY_NAME  # here: `skalpel --help` builds tune's options from this module
+
     unknown = [name for name in args.forced if name not in BY_NAME]
     if unknown:
         raise SkalpelError(f"unknown candidate {unknown[0]!r}; skalpel tune --list shows them: {', '.join(BY_NAME)}")
