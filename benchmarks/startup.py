@@ -1,14 +1,16 @@
 """The fixed costs of a `skalpel` process: interpreter start, imports, parser, terminal report, exit.
 
-    .venv/bin/python benchmarks/startup.py               # 15 runs of each, interleaved
-    .venv/bin/python benchmarks/startup.py --repeats 31
+    .venv/bin/python benchmarks/startup.py                          # 15 runs of each, interleaved
+    .venv/bin/python benchmarks/startup.py --before /tmp/old/src    # the same for another source tree, interleaved
+    .venv/bin/python benchmarks/startup.py --trace big.json         # analyze that trace instead
 
 Every command runs as a user runs it (``python -m skalpel ...``, from cached bytecode), timed
 by this process from start to exit, with its CPU time (user + system, threads included) from
 wait4. ``analyze`` reads a 15 KB trace of the corpus, so its time is almost all fixed cost;
-the baseline is a bare interpreter that imports numpy, which every analysis needs. Issue 13
-asks for imports and fixed costs of about 80 ms in all. Medians, interleaved so that machine
-noise hits every command alike.
+the baseline is a bare interpreter that imports numpy (with one BLAS thread, as skalpel's
+read-only commands do), which every analysis needs. Issue 13 asks for imports and fixed costs
+of about 80 ms in all. Medians, interleaved so that machine noise hits every command (and both
+trees) alike.
 """
 
 from __future__ import annotations
@@ -26,21 +28,24 @@ TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 TINY = TRACES / "kineto" / "docs" / "traces" / "after_fix_trace.json"
 
 
-def _commands(out: str) -> dict[str, list[str]]:
+def _commands(trace: Path, out: str) -> dict[str, list[str]]:
     skalpel = [sys.executable, "-m", "skalpel"]
     return {
         "python": [sys.executable, "-c", "pass"],
-        "python + numpy": [sys.executable, "-c", "import numpy"],
-        "skalpel --version": [*skalpel, "--version"],
+        # numpy as skalpel's read-only commands import it: one BLAS thread (cli.entry), none spinning beside
+        "python + numpy": [sys.executable, "-c", "import os; os.environ['OPENBLAS_NUM_THREADS'] = '1'; import numpy"],
+        "skalpel --help": [*skalpel, "--help"],
         "skalpel explain ID": [*skalpel, "explain", "gpu_idle"],
-        "analyze --json -": [*skalpel, "analyze", str(TINY), "--json", "-"],
-        "analyze --json OUT": [*skalpel, "analyze", str(TINY), "--json", out],
+        "analyze --json -": [*skalpel, "analyze", str(trace), "--json", "-"],
+        "analyze --json OUT": [*skalpel, "analyze", str(trace), "--json", out],
     }
 
 
-def _run(command: list[str]) -> tuple[float, float]:
+def _run(command: list[str], tree: str | None) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one run; raises when it fails."""
     env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    if tree:
+        env["PYTHONPATH"] = tree
     started = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(child.pid, 0)
@@ -53,23 +58,30 @@ def _run(command: list[str]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15, help="runs of each command (15)")
+    parser.add_argument("--before", metavar="SRC", help="another source tree (its src folder) to measure too")
+    parser.add_argument("--trace", type=Path, default=TINY, help="the trace analyze reads (a 15 KB corpus trace)")
     options = parser.parse_args()
-    if not TINY.exists():
-        raise SystemExit(f"the corpus trace {TINY} is missing (../shared/traces)")
+    if not options.trace.exists():
+        raise SystemExit(f"the trace {options.trace} is missing (the default is in ../shared/traces)")
+    trees = {"this": None, **({"before": options.before} if options.before else {})}
     with tempfile.TemporaryDirectory(prefix="skalpel_startup_") as folder:
-        commands = _commands(str(Path(folder) / "report.json"))
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
-        for command in commands.values():  # one unmeasured run each: the bytecode and file caches warm
-            _run(command)
+        commands = _commands(options.trace, str(Path(folder) / "report.json"))
+        times: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for tree in trees.values():  # one unmeasured run each: the bytecode and file caches warm
+            for command in commands.values():
+                _run(command, tree)
         for _ in range(options.repeats):
             for name, command in commands.items():
-                times[name].append(_run(command))
-    floor = statistics.median(wall for wall, _ in times["python + numpy"])
-    print(f"{'command':22s} {'wall ms':>8s} {'CPU ms':>7s} {'over numpy':>11s}   (medians of {options.repeats})")
-    for name, runs in times.items():
+                for label, tree in trees.items():
+                    times.setdefault((name, label), []).append(_run(command, tree))
+    header = f"{'command':22s} {'tree':6s} {'wall ms':>8s} {'CPU ms':>7s} {'over numpy':>11s}"
+    print(f"{header}  (medians of {options.repeats})")
+    for (name, label), runs in times.items():
+        floor = statistics.median(wall for wall, _ in times[("python + numpy", label)])
         wall = statistics.median(wall for wall, _ in runs)
         cpu = statistics.median(cpu for _, cpu in runs)
-        print(f"{name:22s} {wall * 1000:8.0f} {cpu * 1000:7.0f} {(wall - floor) * 1000:+10.0f}")
+        over = (wall - floor) * 1000
+        print(f"{name:22s} {label:6s} {wall * 1000:8.0f} {cpu * 1000:7.0f} {over:+10.0f}")
 
 
 if __name__ == "__main__":
