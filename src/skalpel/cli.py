@@ -73,22 +73,21 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .report.progress import rank_progress
     from .trace.loader import find_trace_files
 
+    printing = args.json != "-"  # rich (20 ms of imports) only for the terminal report: --json - prints none
     with rank_progress(find_trace_files(args.paths)) as on_rank_progress:
         job = analyze_job(
             args.paths, workers=args.workers, ray=args.ray, flame=bool(args.html), on_rank_progress=on_rank_progress,
-            while_loading=_import_terminal,
+            while_loading=_import_terminal if printing else None,
         )  # fmt: skip
-    from .report import terminal
-
     report = _with_commbench(job.report, args.commbench)
     if args.html:
         from .report import html
 
         write_file(Path(args.html), html.render(report, flame=job.flame))
-    if args.json == "-":
+    if not printing:
         sys.stdout.buffer.write(report.to_json() + b"\n")
         return 0
-    from .report import terminal  # rich: only for the terminal report (20 ms of imports)
+    from .report import terminal
 
     terminal.print_report(report)
     if args.json:
