@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,28 @@ def test_a_folder_where_no_file_loads(tmp_path: Path, capsys) -> None:
     for rank in (0, 1):
         (tmp_path / f"trace-rank{rank}.json").write_text("not json")
     assert "none of the 2 files loads" in _one_line_error(capsys, "analyze", str(tmp_path))
+
+
+_COMMANDS = ("analyze", "diff", "run", "demo", "explain", "commbench", "tune")
+
+
+def test_help_and_a_misspelt_command_name_every_command(capsys) -> None:
+    """A command builds only its own parser (cli.build_parser); the help and a misspelt command still list all."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["--help"])
+    assert stopped.value.code == 0
+    listed = re.findall(r"^    (\w+)", capsys.readouterr().out, re.M)
+    assert tuple(listed) == _COMMANDS
+    err = _usage_error(capsys, "analyse", "trace.json")
+    assert "invalid choice: 'analyse' (choose from " + ", ".join(f"'{name}'" for name in _COMMANDS) + ")" in err
+
+
+@pytest.mark.parametrize(
+    ("command", "options"), [("run", ("--warmup", "--step-on", "--nproc")), ("demo", ("--repeat",)), ("tune", ("--try",))]
+)
+def test_a_command_built_alone_keeps_its_options(capsys, command: str, options: tuple[str, ...]) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: skalpel {command} ")
+    assert all(option in out for option in options)
