@@ -150,7 +150,8 @@ def test_help_and_a_misspelt_command_name_every_command(capsys) -> None:
 
 
 @pytest.mark.parametrize(
-    ("command", "options"), [("run", ("--warmup", "--step-on", "--nproc")), ("demo", ("--repeat",)), ("tune", ("--try",))]
+    ("command", "options"),
+    [("run", ("--warmup", "--step-on", "--nproc")), ("demo", ("--repeat",)), ("tune", ("--try", "--budget"))],
 )
 def test_a_command_built_alone_keeps_its_options(capsys, command: str, options: tuple[str, ...]) -> None:
     with pytest.raises(SystemExit):
