@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import orjson
 
-from .report.model import CaptureInfo, Report
 from .trace.loader import ProgressCallback, find_trace_files, load, load_one
 from .trace.parallel import process_count
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the report model is imported where it is used: while forked processes decode a large file
+    from .report.model import CaptureInfo, Report
     from .workers import RankProgressCallback
 
 RUN_REPORT = "report.json"
@@ -125,6 +125,8 @@ def stored_capture(paths: str | Path | Iterable[str | Path]) -> CaptureInfo | No
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if len(paths) != 1 or not (Path(paths[0]) / RUN_REPORT).is_file():
         return None
+    from .report.model import Report
+
     try:
         return Report.from_json((Path(paths[0]) / RUN_REPORT).read_bytes()).capture
     except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
