@@ -51,8 +51,10 @@ class Analyses:
 
 
 # From this many events, with a second idle core, the op table and the step breakdown are computed in a forked
-# process while this one computes the rest (df_index_resolver, 123k events: about 150 -> 90 ms on 2 cores).
-FORK_FROM_EVENTS = 50_000
+# process while this one computes the rest. Measured in the whole `analyze` process on 2 idle cores: a 200 MB trace
+# (617k events) 400 -> 270 ms; df_index_resolver (51 MB, 123k events) no gain (68 vs 70 ms): what the fork costs,
+# copying pages both processes then write, is as much as it saves on a trace that size.
+FORK_FROM_EVENTS = 250_000
 
 
 def run_analyses(trace: Trace, *, processes: int = 1) -> Analyses:
