@@ -204,6 +204,5 @@ def test_process_count_follows_workers_then_the_environment(monkeypatch: pytest.
 
     monkeypatch.setattr(cores, "usable_cores", lambda: 2)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(cores, "_LOADAVG", Path("/nonexistent"))  # unreadable: every usable core counts
-    monkeypatch.setattr(cores.idle_cores, "__defaults__", (Path("/nonexistent"),))
+    monkeypatch.setattr(cores.idle_cores, "__defaults__", (Path("/nonexistent"),))  # unreadable: every core counts
     assert parallel.process_count() == 2

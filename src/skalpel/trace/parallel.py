@@ -40,8 +40,8 @@ from .source import release
 # (``process_count``). Once the parent stopped keeping the pages that finding the cuts maps (``_batches``), the
 # peak RSS of a split load is below the serial load's (df_index_resolver, 51 MiB: 53 vs 59 MiB at the end of load).
 PARALLEL_FROM_BYTES = 16 << 20
-# What this process decodes in the time its ``Split.meanwhile`` takes (the analysis imports, about 70 ms, at about
-# 180 MB/s): it takes that much less of the file than each child.
+# What this process decodes in the time its ``Split.meanwhile`` takes (for `skalpel analyze`, importing the analyses,
+# findings and terminal report: 65-85 ms here, at about 180 MB/s): it takes that much less of the file than a child.
 MEANWHILE_BYTES = 12 << 20
 PROCESSES_ENV = "SKALPEL_LOAD_PROCESSES"  # "1" turns the parallel load off; a number caps the processes
 
