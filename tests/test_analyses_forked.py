@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from skalpel.analysis import bundle
+from skalpel.forking import Child
 from skalpel.pipeline import build_report
 from skalpel.trace.loader import load
 
@@ -19,13 +20,13 @@ from .conftest import corpus
 def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Records the pid of each forked analysis child."""
     started: list[int] = []
-    real = bundle.Forked.__init__
 
-    def recording(self, work, shared) -> None:
-        real(self, work, shared)
-        started.append(self.pid)
+    def recording(work, shared):
+        child = Child(work, shared)
+        started.append(child.pid)
+        return child
 
-    monkeypatch.setattr(bundle.Forked, "__init__", recording)
+    monkeypatch.setattr(bundle, "Child", recording)
     return started
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..forking import Child
 from ..trace.model import Trace
 from .breakdown import StepBreakdown, step_breakdown
 from .comm import CommAnalysis, analyze_comm
-from .forked import Forked
 from .compile import CompileLog, CompileResult, compile_events, compile_log
 from .gpu_time import GpuTimeResult, gpu_time
 from .kernels import KernelTable, kernel_table
@@ -61,19 +62,19 @@ def run_analyses(trace: Trace, *, processes: int = 1) -> Analyses:
     steps = segment_steps(trace)
     analyses = Analyses(trace=trace, steps=steps)
     elsewhere = None
-    if processes > 1 and len(trace) >= FORK_FROM_EVENTS:
+    if processes > 1 and len(trace) >= FORK_FROM_EVENTS and hasattr(os, "fork"):
         trace.launcher, trace.op_of_event  # noqa: B018 - derived once here, before the fork: both processes read them
-        elsewhere = Forked(lambda: (op_table(trace), step_breakdown(trace, steps)), shared=(trace, steps))
+        # the trace and steps the results refer to come back as this process's own objects, not copies
+        elsewhere = Child(lambda: (op_table(trace), step_breakdown(trace, steps)), shared=(trace, steps))
     try:
         _run_the_rest(trace, steps, analyses)
     except BaseException:
         if elsewhere is not None:
-            elsewhere.cancel()
+            elsewhere.end()
         raise
-    if elsewhere is not None:
-        analyses.ops, analyses.breakdown = elsewhere.result()
-    else:
-        analyses.ops, analyses.breakdown = op_table(trace), step_breakdown(trace, steps)
+    done = elsewhere.result() if elsewhere is not None else None
+    # the child's results, or computed here (no second core, or the child died: killed for memory?)
+    analyses.ops, analyses.breakdown = done if done is not None else (op_table(trace), step_breakdown(trace, steps))
     return analyses
 
 

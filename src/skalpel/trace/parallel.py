@@ -15,21 +15,18 @@ that batch, with its retries and its exact scanner, as it would have anyway.
 
 Fork, not spawn or forkserver: the children need only numpy and msgspec, already imported,
 and the file's map, inherited for free; a spawned child would spend some 0.1 s importing
-them again and reopen the file, as much as it saves on a 50 MB trace. The children run only
-the decoding below and leave with ``os._exit``, so nothing of the parent (atexit handlers,
-buffered output) runs twice.
+them again and reopen the file, as much as it saves on a 50 MB trace (``skalpel.forking``).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import pickle
-import signal
 from typing import Callable, NamedTuple
 
 import numpy as np
 
+from ..forking import Child
 from ..tune.cores import idle_cores
 from .columns import ColumnBuilder
 from .fastsplit import Layout, next_cut
@@ -251,57 +248,13 @@ def _remapped_labels(ids: np.ndarray, remap: np.ndarray) -> np.ndarray:
     return np.where(ids < 0, -1 - remap[np.maximum(-1 - ids, 0)].astype(np.int64), ids)
 
 
-class _Child:
-    """A forked process decoding one group of batches; its state comes back pickled through a pipe."""
+def _fork(data, group: list[Batch], outcome, decode: Decode) -> Child:
+    """A forked child decoding ``group`` into a builder of its own: its result is that builder's state."""
 
-    def __init__(self, pid: int, reader: int) -> None:
-        self.pid, self.reader = pid, reader
-
-    def result(self) -> dict | None:
-        """The child's state, or None when it died before sending all of it."""
-        with os.fdopen(self.reader, "rb") as pipe:
-            self.reader = -1
-            blob = pipe.read()
-        try:
-            return pickle.loads(blob)
-        except Exception:  # noqa: BLE001 - a cut or empty message: the child died
-            return None
-
-    def end(self) -> None:
-        """Close the pipe and reap the child (killed first when its result was not read)."""
-        if self.reader >= 0:
-            os.close(self.reader)
-            self.reader = -1
-            _kill(self.pid)
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
-
-
-def _fork(data, group: list[Batch], outcome, decode: Decode) -> _Child:
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(writer)
-        return _Child(pid, reader)
-    os.close(reader)
-    code = 1
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends the child; the parent reaps it
+    def decode_group() -> dict:
         builder = _RangeBuilder()
         repaired_before = outcome.repaired
         failed_at = _decode_group(builder, data, group, outcome, decode)
-        blob = pickle.dumps(_state(builder, failed_at, outcome.repaired - repaired_before), pickle.HIGHEST_PROTOCOL)
-        with os.fdopen(writer, "wb") as pipe:
-            pipe.write(blob)
-        code = 0
-    finally:
-        os._exit(code)  # never return into the parent's code, whatever happened
+        return _state(builder, failed_at, outcome.repaired - repaired_before)
 
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    return Child(decode_group)
