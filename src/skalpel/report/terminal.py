@@ -80,7 +80,7 @@ def _verdict(report: Report) -> Panel:
     parts: list = [_finding_text(finding) for finding in judged]
     if not judged:
         parts.append(Text("No findings were produced for this trace."))
-    parts.extend(Text(f"not judged: {finding.title}", style="dim") for finding in notes)
+    parts.extend(Text(finding.title, style="dim") for finding in notes)  # the title says "Not judged (why): ids"
     title = "verdict" if serious else "verdict: no bottleneck found"
     return Panel(Group(*parts), title=title, title_align="left")
 
