@@ -303,6 +303,16 @@ def test_profiler_overhead_inside_its_noise_is_no_finding(tmp_path):
     assert report.capture.overhead_words() == "profiler overhead within the noise (+-55%)"
 
 
+def test_overhead_against_one_unprofiled_step_is_not_measurable():
+    from skalpel.report.model import CaptureInfo
+
+    words = CaptureInfo(warmup_steps=1, active_steps=5, overhead_pct=12.0, overhead_noise_pct=200.0,
+                        baseline_steps=1).overhead_words()  # fmt: skip
+    assert words.startswith("profiler overhead not measurable: 1 un-profiled step(s)") and "200" not in words
+    steady = CaptureInfo(warmup_steps=1, active_steps=5, overhead_pct=12.0, overhead_noise_pct=20.0, baseline_steps=8)
+    assert steady.overhead_words() == "profiler overhead within the noise (+-20%)"
+
+
 def test_negative_overhead_is_never_printed_as_a_figure():
     from skalpel.report.model import CaptureInfo
 

@@ -69,6 +69,9 @@ class CaptureInfo:
             return None
         if noise is None:
             return f"profiler overhead {overhead:+.1f}%" if overhead >= 0 else "profiler overhead not measurable"
+        if self.baseline_steps is not None and self.baseline_steps < _FEWEST_BASELINE_STEPS:
+            return (f"profiler overhead not measurable: {self.baseline_steps} un-profiled step(s) to compare with "
+                    "(the script ended soon after the recording)")  # fmt: skip
         if abs(overhead) <= noise:
             return f"profiler overhead within the noise (+-{noise:.0f}%)"
         if overhead < 0:
@@ -80,6 +83,9 @@ class CaptureInfo:
         if self.wait_steps is None:
             return describe_steps(None, self.warmup_steps, self.active_steps, self.repeats)
         return describe_steps(self.wait_steps, self.warmup_steps - self.wait_steps, self.active_steps, self.repeats)
+
+
+_FEWEST_BASELINE_STEPS = 3  # with fewer un-profiled steps the overhead's noise band is about the step itself (+-200%)
 
 
 def describe_steps(wait: int | None, warmup: int, active: int, repeat: int = 1) -> str:
