@@ -232,7 +232,8 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         "`skalpel run`, and print the diagnosis. No download.",
     )
     add_capture_options(parser, repeat=2)
-    parser.add_argument("--steps", type=_positive_int, default=18, help="training steps the demo runs (18)")
+    # 24: two windows of 8 steps, then the un-profiled steps the profiler overhead is measured against
+    parser.add_argument("--steps", type=_positive_int, default=24, help="training steps the demo runs (24)")
     parser.set_defaults(handler=_cmd_demo)
 
 
