@@ -132,7 +132,7 @@ def message_bytes(kind: str, args: dict, group_size: int) -> int:
 
 def find_collectives(trace: Trace, rank: int) -> list[Collective]:
     """Every collective of ``rank`` in time order: device kernels if any, else backend host ranges."""
-    kernels = np.flatnonzero((trace.kind == Kind.COMM_KERNEL) & (trace.rank == rank))
+    kernels = np.flatnonzero(trace.mask(Kind.COMM_KERNEL, rank=rank))
     world = _world_size(trace, rank)
     if len(kernels):
         kernels = kernels[np.lexsort((kernels, trace.ts[kernels]))]  # time order, as the result is sorted
@@ -149,7 +149,7 @@ def _world_size(trace: Trace, rank: int) -> int:
 
 
 def _host_ranges(trace: Trace, rank: int) -> np.ndarray:
-    ops = np.flatnonzero((trace.kind == Kind.COMM_OP) & (trace.rank == rank))
+    ops = np.flatnonzero(trace.mask(Kind.COMM_OP, rank=rank))
     names = [trace.name_of(i) for i in ops]
     backend = [i for i, name in zip(ops, names) if name.startswith(_HOST_BACKENDS)]
     if backend:
@@ -233,7 +233,7 @@ class _HostComms:
     def __init__(self, trace: Trace, rank: int) -> None:
         self.trace = trace
         self.record_param_comms = trace.name_id("record_param_comms")
-        ops = np.flatnonzero((trace.kind == Kind.COMM_OP) & (trace.rank == rank))
+        ops = np.flatnonzero(trace.mask(Kind.COMM_OP, rank=rank))
         ops = ops[np.argsort(trace.ts[ops], kind="stable")]
         self.described = {op for op in ops.tolist() if _has_metadata(trace, op)}  # ops with args to merge
         self.name_of_op = dict(zip(ops.tolist(), trace.name[ops].tolist()))

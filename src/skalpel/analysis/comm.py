@@ -134,10 +134,10 @@ def _in_steps(found: list[Collective], steps: list[Step]) -> list[Collective]:
 def _compute(trace: Trace, rank: int, found: list[Collective]) -> tuple[np.ndarray, np.ndarray]:
     """The intervals in which the rank computes while its collectives run."""
     if found[0].on_device:
-        selected = (trace.kind == Kind.KERNEL) & (trace.rank == rank)
+        selected = trace.mask(Kind.KERNEL, rank=rank)
     else:
         comm_threads = np.array(sorted({c.tid for c in found}), dtype=np.int64)
-        selected = (trace.kind == Kind.CPU_OP) & (trace.rank == rank) & ~np.isin(trace.tid, comm_threads)
+        selected = trace.mask(Kind.CPU_OP, rank=rank) & ~np.isin(trace.tid, comm_threads)
     index = np.flatnonzero(selected)
     return intervals.union(trace.ts[index], trace.ts[index] + trace.dur[index])
 

@@ -65,8 +65,8 @@ def time_profile(trace: Trace, steps: StepSegmentation, comm: CommAnalysis, rank
         return profile
     count = len(own)
     spans = intervals.union(np.array([s.start_us for s in own]), np.array([s.end_us for s in own]))
-    host = numeric.isin_few(trace.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER]) & (trace.rank == rank)
-    step_events = np.flatnonzero((trace.kind == Kind.STEP) & (trace.rank == rank))
+    host = trace.mask(Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER, rank=rank)
+    step_events = np.flatnonzero(trace.mask(Kind.STEP, rank=rank))
     if len(step_events):
         threads, counts = np.unique(trace.tid[step_events], return_counts=True)
         profile.tid = int(threads[np.argmax(counts)])
@@ -76,7 +76,7 @@ def time_profile(trace: Trace, steps: StepSegmentation, comm: CommAnalysis, rank
         name = trace.names[name_id]
         profile.ms[name] += float(trace.dur[events].sum()) / 1000.0 / count
         profile.where[name] = (tuple(int(i) for i in events[:50]), ())
-    kernels = np.flatnonzero((trace.kind == Kind.KERNEL) & (trace.rank == rank) & _inside(trace, spans))
+    kernels = np.flatnonzero(trace.mask(Kind.KERNEL, rank=rank) & _inside(trace, spans))
     for name_id, events in _by_name(trace, kernels):
         profile.ms["kernel: " + _short(trace.names[name_id])] += float(trace.dur[events].sum()) / 1000.0 / count
     rank_comm = comm.for_rank(rank)

@@ -100,7 +100,7 @@ class Trace:
     @property
     def has_device(self) -> bool:
         """True when the trace recorded any device activity (kernels, copies, memsets)."""
-        return bool(np.isin(self.kind, _DEVICE_KIND_VALUES).any())
+        return bool(isin_few(self.kind, _DEVICE_KIND_VALUES).any())
 
     @property
     def has_stacks(self) -> bool:
@@ -117,7 +117,7 @@ class Trace:
 
     def mask(self, *kinds: Kind, rank: int | None = None) -> np.ndarray:
         """Boolean mask of events of the given kinds (all kinds when none), optionally on one rank."""
-        selected = np.isin(self.kind, [int(k) for k in kinds]) if kinds else np.ones(len(self), bool)
+        selected = isin_few(self.kind, [int(k) for k in kinds]) if kinds else np.ones(len(self), bool)
         if rank is not None:
             selected &= self.rank == rank
         return selected
@@ -152,3 +152,12 @@ class Trace:
 
 
 _DEVICE_KIND_VALUES = np.array([Kind.KERNEL, Kind.COMM_KERNEL, Kind.MEMCPY, Kind.MEMSET], dtype=np.int8)
+
+
+def isin_few(values: np.ndarray, members) -> np.ndarray:
+    """``np.isin(values, members)`` for a handful of members (event kinds): one comparison each, about
+    ten times cheaper on a column of int8 kinds than np.isin's lookup table, which widens to intp."""
+    result = np.zeros(np.shape(values), dtype=bool)
+    for member in np.asarray(members).ravel().tolist():
+        result |= values == member
+    return result
