@@ -28,7 +28,7 @@ _ONE_RUN = """
 import json, sys, time
 clock = time.process_time
 from skalpel.analysis import bundle
-from skalpel.pipeline import _diagnose
+from skalpel.job.build import _diagnose
 from skalpel.trace import load
 trace = load([sys.argv[1]])
 times, steps = {}, None

@@ -51,7 +51,7 @@ def write_repetitive_gzip(target: Path, size_bytes: int) -> int:
 def _child(mode: str, path: str) -> None:
     result: dict = {}
     if mode == "imports":
-        import skalpel.pipeline  # noqa: F401
+        import skalpel.job.build  # noqa: F401
         import skalpel.trace  # noqa: F401
     elif mode == "load":
         import numpy as np

@@ -57,7 +57,7 @@ def _child(mode: str, path: str) -> None:
     if mode == "python":
         pass
     elif mode == "imports":
-        import skalpel.pipeline  # noqa: F401
+        import skalpel.job.build  # noqa: F401
         import skalpel.trace  # noqa: F401
     elif mode == "json.loads":  # the parse alone, of bytes already read (issue 13's yardstick)
         data = Path(path).read_bytes()
@@ -68,7 +68,7 @@ def _child(mode: str, path: str) -> None:
         with opener(path, "rb") as handle:
             json.load(handle)
     elif mode == "skalpel":
-        from skalpel.pipeline import build_report
+        from skalpel.job.build import build_report
         from skalpel.trace import load
 
         import_s = time.perf_counter() - started

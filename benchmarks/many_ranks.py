@@ -70,7 +70,7 @@ _CHILD = """
 import json, sys, time
 paths, mode = sys.argv[1:3]
 if mode == "whole":
-    from skalpel.pipeline import build_report
+    from skalpel.job.build import build_report
     from skalpel.trace.loader import load
     report = build_report(load([paths]))
 else:

@@ -17,8 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from skalpel.report.model import (
-    CaptureInfo, Finding, GpuSummary, KernelRow, MemorySummary, OpRow, RankReport, Report, Source, StepStats,
+from skalpel.result.report import (
+    CaptureInfo,
+    Finding,
+    GpuSummary,
+    KernelRow,
+    MemorySummary,
+    OpRow,
+    RankReport,
+    Report,
+    Source,
+    StepStats,
 )  # fmt: skip
 
 from .conftest import STRICT, missing

@@ -10,7 +10,7 @@ import pytest
 
 from skalpel.analysis import bundle
 from skalpel.forking import Child
-from skalpel.pipeline import build_report
+from skalpel.job.build import build_report
 from skalpel.trace.loader import load
 
 from .conftest import corpus

@@ -6,7 +6,7 @@ import dataclasses
 import shutil
 
 import skalpel
-from skalpel.report.model import CaptureInfo
+from skalpel.result.report import CaptureInfo
 
 from .conftest import corpus
 

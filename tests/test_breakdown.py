@@ -13,7 +13,7 @@ import pytest
 
 from skalpel.analysis.breakdown import CATEGORIES, BreakdownOptions, step_breakdown
 from skalpel.analysis.steps import segment_steps
-from skalpel.pipeline import build_report
+from skalpel.job.build import build_report
 from skalpel.trace import Kind, load
 
 from .conftest import corpus

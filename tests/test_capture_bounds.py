@@ -13,11 +13,11 @@ import torch
 
 from skalpel.api import analyze
 from skalpel.capture import bounded, export, kineto_noise, runfolder
-from skalpel.capture.signals import Terminated, deferred
 from skalpel.capture.settings import CaptureSettings, profiler_kwargs
+from skalpel.capture.signals import Terminated, deferred
 from skalpel.report import flamegraph
 from skalpel.report.evidence import evidence_text
-from skalpel.report.model import OpRow
+from skalpel.result.report import OpRow
 from skalpel.trace.loader import load
 
 STEPS = 14

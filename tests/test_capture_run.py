@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from skalpel.report.model import Report
+from skalpel.result.report import Report
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import skalpel
-from skalpel.capture.timing import step_timing
-from skalpel.capture.settings import CaptureSettings
 from skalpel.capture import runfolder
+from skalpel.capture.settings import CaptureSettings
+from skalpel.capture.timing import step_timing
 from skalpel.cli import main
 from skalpel.errors import SkalpelError
 

@@ -8,7 +8,7 @@ import pytest
 
 from skalpel.analysis.compile import compile_events
 from skalpel.analysis.steps import segment_steps
-from skalpel.pipeline import build_report
+from skalpel.job.build import build_report
 from skalpel.trace.loader import load
 
 from .conftest import corpus

@@ -11,17 +11,18 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from skalpel.api import load_report
 from skalpel.cli import main
 from skalpel.report import diff_render
-from skalpel.report.diff import DiffOptions, diff_reports, load_side
-from skalpel.report.model import CaptureInfo, Finding, OpRow, RankReport, Report, Source, StepStats
+from skalpel.result.diff import DiffOptions, diff_reports
+from skalpel.result.report import CaptureInfo, Finding, OpRow, RankReport, Report, Source, StepStats
 from tests.conftest import corpus
 from tests.report_fixtures import DomSummary, chromium, console_messages, needs_browser
 
 NW0 = "kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
 NW4 = "kineto/tb_plugin/samples/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz"
 OTHER_MODEL = "hta/with_gpu_user_annotation/step_based_trace_2543932.json.gz"
-DIFF_SCHEMA = json.loads(resources.files("skalpel.report").joinpath("diff.schema.json").read_text())
+DIFF_SCHEMA = json.loads(resources.files("skalpel.result").joinpath("diff.schema.json").read_text())
 
 
 def run(steps: list[float], *, device: str = "cpu", noise: float | None = None, ops: dict[str, float] | None = None,
@@ -79,7 +80,7 @@ def test_resnet_diff_terminal_and_html(resnet: tuple[Path, Path, dict], tmp_path
 
 @pytest.mark.slow
 def test_same_run_is_no_change(resnet: tuple[Path, Path, dict]) -> None:
-    report = load_side(resnet[0], which="BEFORE")
+    report = load_report(resnet[0], which="BEFORE")
     result = diff_reports(report, report)
     assert result.step.change_pct == 0 and result.step.verdict == "within_noise"
     assert result.appeared == () and result.disappeared == ()
@@ -175,7 +176,7 @@ def test_run_folder_side_reads_its_report_json(tmp_path: Path) -> None:
     folder = tmp_path / "run"
     folder.mkdir()
     _write(folder / "report.json", run(TIGHT, noise=2.5))
-    report = load_side(folder, which="BEFORE")
+    report = load_report(folder, which="BEFORE")
     assert report.capture is not None and report.capture.noise_pct == 2.5
 
 

@@ -20,11 +20,11 @@ from skalpel.analysis.bundle import run_analyses
 from skalpel.analysis.collectives import busbw_factor, collective_type, dtype_bytes, message_bytes
 from skalpel.analysis.ranks import compare_ranks
 from skalpel.cli import main
-from skalpel.commbench import BenchRow, CommBench, compare
 from skalpel.diagnose import distributed
 from skalpel.diagnose.rule import Context
 from skalpel.errors import SkalpelError
-from skalpel.pipeline import build_report
+from skalpel.job.build import build_report
+from skalpel.result.commbench import BenchRow, CommBench, compare
 from skalpel.trace.loader import load
 
 from .conftest import corpus

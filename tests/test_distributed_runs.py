@@ -19,7 +19,7 @@ import pytest
 
 from skalpel.analysis.ranks import OUTSIDE_OPS
 from skalpel.cli import main
-from skalpel.report.model import Report
+from skalpel.result.report import Report
 
 pytestmark = pytest.mark.slow
 
@@ -157,7 +157,7 @@ def test_ranks_reduced_in_workers_give_the_whole_trace_report(runs: dict[str, Pa
     # Real gloo ranks with Python stacks and capture facts: the straggler's and the collectives'
     # locations come from the workers' summaries, and must be the whole trace's.
     from skalpel.api import analyze, stored_capture
-    from skalpel.pipeline import build_report
+    from skalpel.job.build import build_report
     from skalpel.trace.loader import load
 
     for name in ("straggler", "comm_heavy", "small"):

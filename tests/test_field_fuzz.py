@@ -28,7 +28,7 @@ import orjson
 import pytest
 
 from skalpel.cli import main
-from skalpel.report.model import Report
+from skalpel.result.report import Report
 
 from .conftest import corpus
 from .mutations import flip_bytes, mutate, serialize

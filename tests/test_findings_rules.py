@@ -13,7 +13,6 @@ import pytest
 
 from skalpel.api import analyze
 from skalpel.diagnose import thresholds
-
 from tests.tracebuilder import TraceBuilder
 
 
@@ -258,8 +257,8 @@ def test_findings_without_stacks_say_how_to_get_them(tmp_path):
 
 
 def _with_capture(tmp_path: Path, **capture_fields):
-    from skalpel.pipeline import build_report
-    from skalpel.report.model import CaptureInfo
+    from skalpel.job.build import build_report
+    from skalpel.result.report import CaptureInfo
     from skalpel.trace.loader import load
 
     builder = TraceBuilder()
@@ -304,7 +303,7 @@ def test_profiler_overhead_inside_its_noise_is_no_finding(tmp_path):
 
 
 def test_overhead_against_one_unprofiled_step_is_not_measurable():
-    from skalpel.report.model import CaptureInfo
+    from skalpel.result.report import CaptureInfo
 
     words = CaptureInfo(warmup_steps=1, active_steps=5, overhead_pct=12.0, overhead_noise_pct=200.0,
                         baseline_steps=1).overhead_words()  # fmt: skip
@@ -314,7 +313,7 @@ def test_overhead_against_one_unprofiled_step_is_not_measurable():
 
 
 def test_negative_overhead_is_never_printed_as_a_figure():
-    from skalpel.report.model import CaptureInfo
+    from skalpel.result.report import CaptureInfo
 
     words = CaptureInfo(warmup_steps=1, active_steps=5, overhead_pct=-87.7, overhead_noise_pct=10.0).overhead_words()
     assert "not measurable" in words and "-87" not in words
@@ -367,7 +366,7 @@ def test_dataloader_fix_never_asks_for_more_workers_than_cores(tmp_path):
 
 
 def test_empty_or_tiny_steps_are_defects_left_out_and_said(tmp_path):
-    from skalpel.pipeline import build_report
+    from skalpel.job.build import build_report
     from skalpel.trace.loader import load
 
     builder = TraceBuilder()

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import skalpel
+from skalpel.analysis.call_tree import merged_tree, thread_stacks
 from skalpel.report import flamegraph
-from skalpel.report.stacks import merged_tree, thread_stacks
 from skalpel.trace import Kind, load
 
 from .conftest import corpus

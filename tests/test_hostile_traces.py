@@ -20,11 +20,11 @@ import orjson
 import pytest
 
 from skalpel.analysis.breakdown import step_breakdown
+from skalpel.analysis.call_tree import FOLDED, MAX_DEPTH, flame_tree
 from skalpel.analysis.steps import segment_steps
 from skalpel.cli import main
-from skalpel.pipeline import build_report
-from skalpel.report import flamegraph, html, terminal
-from skalpel.report.stacks import FOLDED, MAX_DEPTH
+from skalpel.job.build import build_report
+from skalpel.report import flamegraph, terminal
 from skalpel.trace import load
 
 from .conftest import corpus
@@ -166,7 +166,7 @@ def test_call_stack_deeper_than_the_renderers_recurse(tmp_path: Path) -> None:
     svg = flamegraph.render_svg(trace)
     assert svg.count("<g>") == MAX_DEPTH + 2  # root, MAX_DEPTH frames, the folded frame
     assert json.loads(flamegraph.render_speedscope(trace))["profiles"]
-    tree = html.flame_from_trace(trace)
+    tree = flame_tree(trace)
     depth, node = 0, tree
     while node["children"]:
         node, depth = node["children"][0], depth + 1

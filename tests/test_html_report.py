@@ -16,13 +16,22 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from skalpel.analysis import call_tree
 from skalpel.api import analyze
 from skalpel.cli import main
 from skalpel.report import html
-from skalpel.report.model import RankReport, Report, Source, StepStats
+from skalpel.result.report import RankReport, Report, Source, StepStats
 from tests.conftest import corpus
 from tests.report_fixtures import (
-    EVIL, EVIL_SCRIPT, EVIL_TITLE, DomSummary, chromium, console_messages, flame_tree, full_report, needs_browser,
+    EVIL,
+    EVIL_SCRIPT,
+    EVIL_TITLE,
+    DomSummary,
+    chromium,
+    console_messages,
+    flame_tree,
+    full_report,
+    needs_browser,
     tiny_kineto,
 )  # fmt: skip
 
@@ -131,12 +140,12 @@ def test_analyze_html_on_a_real_trace(tmp_path: Path) -> None:
     "hta/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz",
 ])  # fmt: skip
 def test_small_corpus_traces_render(relative: str) -> None:
-    from skalpel.pipeline import build_report
+    from skalpel.job.build import build_report
     from skalpel.trace.loader import load
 
     trace = load(corpus(relative))
     report = build_report(trace)
-    page = html.render(report, flame=html.flame_from_trace(trace, rank=trace.rank_ids[0]))
+    page = html.render(report, flame=call_tree.flame_tree(trace, rank=trace.rank_ids[0]))
     headings = re.findall(r"<h2>([^<]+)</h2>", page)
     assert headings[0] == "Verdict" and "Capture facts" in headings
     assert page.count("<svg") >= 1 and page.endswith("</html>\n")
@@ -248,7 +257,7 @@ def test_browser_opens_the_demo_run_folder_report(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     document = json.loads((folder / "report.json").read_text())
-    jsonschema.Draft202012Validator(json.loads(resources.files("skalpel.report").joinpath("report.schema.json").read_text())).validate(document)
+    jsonschema.Draft202012Validator(json.loads(resources.files("skalpel.result").joinpath("report.schema.json").read_text())).validate(document)
     assert document["capture"]["warmup_steps"] >= 1  # a captured run: the capture facts are filled
     page = folder / "report.html"
     dumped = chromium(page, "--dump-dom", tmp=tmp_path)

@@ -65,7 +65,7 @@ def test_json_to_stdout_of_one_rank_imports_no_terminal_renderer(tmp_path) -> No
     status, modules = _imported_by(["analyze", str(corpus("hta/trace_filter/sampled_rank-0.json.gz")), "--json", "-"],
                                    tmp_path)  # fmt: skip
     assert status == 0
-    assert "skalpel.pipeline" in modules  # the report was made
+    assert "skalpel.job.build" in modules  # the report was made
     assert not {"rich", "skalpel.report.terminal", "difflib"} & modules  # nothing prints it; one rank: no matching
 
 

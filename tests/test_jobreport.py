@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from skalpel.analysis.call_tree import flame_tree
 from skalpel.api import analyze_job
-from skalpel.jobreport import join_summaries
-from skalpel.pipeline import build_report
-from skalpel.ranksummary import RankFailure, SummaryRequest, summarize_rank
+from skalpel.job.build import build_report
+from skalpel.job.join import join_summaries
+from skalpel.job.pool import summarize_all
+from skalpel.job.rank import RankFailure, SummaryRequest, summarize_rank
 from skalpel.trace.loader import find_trace_files, load
-from skalpel.workers import summarize_all
 
 from .conftest import corpus
 from .test_distributed import _dlrm_files, _rewrite
@@ -223,9 +224,8 @@ def test_ray_tasks_give_the_local_report() -> None:
 
 
 def test_flame_graph_is_the_lowest_ranks_as_from_the_whole_trace() -> None:
-    from skalpel.report import html
 
-    whole = html.flame_from_trace(load(corpus(DLRM)), rank=0)
+    whole = flame_tree(load(corpus(DLRM)), rank=0)
     assert whole is not None
     assert analyze_job([corpus(DLRM)], workers=2, flame=True).flame == whole
 

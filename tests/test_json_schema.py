@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from skalpel.cli import main
-from skalpel.report import model
+from skalpel.result import report as model
 from tests.conftest import corpus
 from tests.report_fixtures import full_report
 
@@ -28,7 +28,7 @@ CORPUS = (
 
 
 def schema(name: str) -> dict:
-    return json.loads(resources.files("skalpel.report").joinpath(name).read_text())
+    return json.loads(resources.files("skalpel.result").joinpath(name).read_text())
 
 
 def validator(name: str) -> jsonschema.Draft202012Validator:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from skalpel.pipeline import build_report
+from skalpel.job.build import build_report
 from skalpel.trace import load, source
 
 from .conftest import uncompressed_copy

@@ -102,7 +102,7 @@ def test_this_process_takes_a_smaller_share_when_it_has_work_meanwhile() -> None
 
 def test_busy_cores_do_not_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A process on a busy core only adds the cost of joining: /proc/loadavg's running tasks (this one too) count."""
-    from skalpel.tune import cores
+    from skalpel import cores
 
     monkeypatch.setattr(cores, "usable_cores", lambda: 4)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
@@ -200,7 +200,7 @@ def test_process_count_follows_workers_then_the_environment(monkeypatch: pytest.
     assert parallel.process_count() == 1
     assert parallel.process_count(3) == 3  # --workers wins
     monkeypatch.setenv(parallel.PROCESSES_ENV, "")
-    from skalpel.tune import cores
+    from skalpel import cores
 
     monkeypatch.setattr(cores, "usable_cores", lambda: 2)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)

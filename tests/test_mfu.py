@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 
 from skalpel.analysis.mfu import PEAK_TFLOPS, peak_tflops, utilisation
-from skalpel.report.model import Report
+from skalpel.result.report import Report
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_cpu_capture_with_flops_reports_achieved_flops_and_no_mfu(tmp_path):
     document = json.loads((tmp_path / "report.json").read_text())
     from importlib import resources
 
-    schema = json.loads(resources.files("skalpel.report").joinpath("report.schema.json").read_text())
+    schema = json.loads(resources.files("skalpel.result").joinpath("report.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(document)
     assert Report.from_dict(document).ranks[0].mfu == mfu  # reads back
     assert "GFLOP/s achieved, no MFU" in (tmp_path / "summary.txt").read_text()

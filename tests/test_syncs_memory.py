@@ -11,8 +11,8 @@ import pytest
 from skalpel.analysis.memory import memory
 from skalpel.analysis.steps import segment_steps
 from skalpel.analysis.syncs import syncs
-from skalpel.pipeline import build_report
-from skalpel.report.model import Report
+from skalpel.job.build import build_report
+from skalpel.result.report import Report
 from skalpel.trace.kinds import Kind
 from skalpel.trace.loader import load
 

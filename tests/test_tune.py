@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from skalpel.cli import main
+from skalpel.cores import cgroup_quota_cores, usable_cores
 from skalpel.diagnose import RULES
 from skalpel.tune import candidates, stats
-from skalpel.tune.cores import cgroup_quota_cores, usable_cores
 from skalpel.tune.html import render as render_html
 from skalpel.tune.launch import StepClock, WindowDone
 from skalpel.tune.measure import Window, read_result

@@ -20,7 +20,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from skalpel.tune.cores import usable_cores
+from skalpel.cores import usable_cores
 from skalpel.tune.measure import Window, run_once
 from skalpel.tune.session import loss_check
 

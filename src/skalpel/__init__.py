@@ -15,7 +15,7 @@ __all__ = ["Report", "analyze", "profile", "step", "__version__"]
 if TYPE_CHECKING:
     from .api import analyze
     from .capture.session import profile
-    from .report.model import Report
+    from .result.report import Report
 
 
 def __getattr__(name: str) -> Any:
@@ -30,7 +30,7 @@ def __getattr__(name: str) -> Any:
 
         return analyze
     if name == "Report":
-        from .report.model import Report
+        from .result.report import Report
 
         return Report
     if name == "step":

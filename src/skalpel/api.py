@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,14 +10,17 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import orjson
 
-from .trace.loader import ProgressCallback, find_trace_files, load, load_one
+from .errors import SkalpelError, TraceError
+from .trace.loader import ProgressCallback, find_trace_files, load, load_one, path_mode
 from .trace.parallel import process_count
+from .trace.source import without_bom
 
 if TYPE_CHECKING:  # the report model is imported where it is used: while forked processes decode a large file
-    from .report.model import CaptureInfo, Report
-    from .workers import RankProgressCallback
+    from .job.pool import RankProgressCallback
+    from .result.report import CaptureInfo, Report
 
 RUN_REPORT = "report.json"
+_SKALPEL_JSON_MAX_BYTES = 64 * 2**20
 
 
 def analyze(
@@ -57,7 +61,7 @@ def analyze_job(
     """``analyze`` with the flame graph and progress per rank file (what the CLI needs).
 
     One file is loaded whole here; the files of a job (or any file with ``ray``) are
-    reduced rank by rank (``skalpel.ranksummary``) and joined (``skalpel.jobreport``).
+    reduced rank by rank (``skalpel.job.rank``) and joined (``skalpel.job.join``).
     ``while_loading`` is called once: while forked processes decode one large file when they do
     (the caller's imports then cost no time), else after its load, or before a job's ranks.
     """
@@ -67,20 +71,21 @@ def analyze_job(
         report_progress = (lambda done, total: on_rank_progress(0, done / max(total, 1))) if on_rank_progress else None
 
         def imports() -> None:  # while forked processes decode a large file: then they cost no time
-            from . import diagnose, pipeline  # noqa: F401
+            from . import diagnose  # noqa: F401
+            from .job import build  # noqa: F401
 
             if while_loading is not None:
                 while_loading()
 
-        meanwhile = imports if "skalpel.pipeline" not in sys.modules else while_loading  # none: a full share here
+        meanwhile = imports if "skalpel.job.build" not in sys.modules else while_loading  # none: a full share here
         trace = load(files, on_progress=report_progress, workers=workers, while_decoding=meanwhile)
-        from .pipeline import build_report
+        from .job.build import build_report
 
         report = build_report(trace, capture=capture, processes=process_count(workers))
         return JobAnalysis(report, tuple(files), _flame(trace) if flame else None)
-    from .jobreport import join_summaries
-    from .ranksummary import SummaryRequest
-    from .workers import summarize_all, summarize_on_ray
+    from .job.join import join_summaries
+    from .job.pool import summarize_all, summarize_on_ray
+    from .job.rank import SummaryRequest
 
     if while_loading is not None:
         while_loading()
@@ -97,9 +102,9 @@ def analyze_job(
 
 
 def _flame(trace) -> dict[str, Any] | None:
-    from .report import html
+    from .analysis.call_tree import flame_tree
 
-    return html.flame_from_trace(trace, rank=trace.rank_ids[0] if trace.ranks else 0)
+    return flame_tree(trace, rank=trace.rank_ids[0] if trace.ranks else 0)
 
 
 def _in_bytes(files: list[Path], on_progress: ProgressCallback | None) -> RankProgressCallback | None:
@@ -125,9 +130,63 @@ def stored_capture(paths: str | Path | Iterable[str | Path]) -> CaptureInfo | No
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if len(paths) != 1 or not (Path(paths[0]) / RUN_REPORT).is_file():
         return None
-    from .report.model import Report
+    from .result.report import Report
 
     try:
         return Report.from_json((Path(paths[0]) / RUN_REPORT).read_bytes()).capture
     except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
         return None  # an old or damaged report: analyse the traces without capture facts
+
+
+def load_report(path: str | Path, *, which: str) -> Report:
+    """The Report of one path: a report.json, a run folder (its report.json), or trace files/folders.
+
+    ``which`` names the path in errors (``BEFORE``, ``--from``).
+    """
+    if str(path) == "":
+        raise SkalpelError(f"{which}: an empty path ('') was given: name a run folder, trace or report.json")
+    path = Path(path)
+    try:
+        is_dir = stat.S_ISDIR(path_mode(path))
+    except TraceError as error:
+        raise SkalpelError(f"{which}: {error}") from None
+    report_json = path / "report.json" if is_dir else path
+    if report_json.is_file() and report_json.suffix == ".json":
+        report = _read_skalpel_json(report_json, which=which)
+        if report is not None:
+            return report
+    try:
+        return analyze(path)
+    except TraceError as error:
+        raise TraceError(f"{which}: {error}") from None
+
+
+def _read_skalpel_json(path: Path, *, which: str) -> Report | None:
+    """The Report in ``path`` when it is a skalpel JSON document; None for anything else (a trace)."""
+    if path.stat().st_size > _SKALPEL_JSON_MAX_BYTES or not _looks_like_skalpel(path):
+        return None
+    from .result.report import Report
+
+    try:
+        data = orjson.loads(without_bom(path.read_bytes()))
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("skalpel."):
+        return None
+    try:
+        return Report.from_dict(data)
+    except (ValueError, KeyError, TypeError) as error:
+        raise SkalpelError(f"{which}: {path} is not a readable skalpel report: {error}") from None
+
+
+def _looks_like_skalpel(path: Path) -> bool:
+    """Our JSON names its schema near one end (first or last key); a trace does not, and is not parsed twice."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4096)
+            handle.seek(max(0, path.stat().st_size - 4096))
+            tail = handle.read()
+    except OSError:
+        return False
+    return b'"skalpel.' in head or b'"skalpel.' in tail
+

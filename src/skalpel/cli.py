@@ -103,8 +103,7 @@ def _import_terminal() -> None:
 def _with_commbench(report, path: str | None):
     if not path:
         return report
-    from .commbench import CommBench, compare
-
+    from .result.commbench import CommBench, compare
     from .trace.source import without_bom
 
     try:
@@ -134,7 +133,7 @@ def _add_commbench(commands: argparse._SubParsersAction) -> None:
 
 def _cmd_commbench(args: argparse.Namespace) -> int:
     from .capture.commbench import TYPES, BenchOptions, run_commbench, sizes_between
-    from .commbench import render_table
+    from .result.commbench import render_table
 
     options = BenchOptions(
         nproc=args.nproc, backend=args.backend, sizes=sizes_between(args.min_bytes, args.max_bytes, args.backend),
@@ -167,11 +166,12 @@ def _add_diff(commands: argparse._SubParsersAction) -> None:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
+    from .api import load_report
     from .report import diff_render
-    from .report.diff import diff_reports, load_side
+    from .result.diff import diff_reports
 
-    before = load_side(args.before, which="BEFORE")
-    after = load_side(args.after, which="AFTER")
+    before = load_report(args.before, which="BEFORE")
+    after = load_report(args.after, which="AFTER")
     result = diff_reports(before, after, labels=(_short_label(args.before), _short_label(args.after)))
     if args.html:
         write_file(Path(args.html), diff_render.render_html(result))

@@ -171,8 +171,6 @@ def raw_file_summary(path: Path) -> dict:
 
 def run_worker(case_name: str, out_path: str) -> int:
     import pandas as pd
-
-    import hta
     from hta.configs.env_options import HTAEnvOptions
     from hta.trace_analysis import TraceAnalysis
     from hta.utils.utils import get_kernel_type

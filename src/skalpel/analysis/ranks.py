@@ -34,7 +34,6 @@ from .rankprofile import OUTSIDE_OPS, Excess, Profile, excess, time_profile  # n
 from .steps import StepSegmentation
 
 
-
 @dataclass(frozen=True)
 class RankTiming:
     """One rank's step, communication and waiting times on the aligned clocks."""
@@ -102,7 +101,7 @@ def compare_ranks(
     """Compare the ranks of one job; meaningful from two ranks on.
 
     ``profiles`` (rank -> ``time_profile``) are given when the ranks were reduced one by one
-    (``skalpel.jobreport``); ``trace`` then only needs ``ranks`` and ``rank_ids``.
+    (``skalpel.job.join``); ``trace`` then only needs ``ranks`` and ``rank_ids``.
     """
     by_rank = {item.rank: list(item.collectives) for item in comm.ranks}
     reference = trace.rank_ids[0]

@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..analysis.collectives import busbw_factor
-from ..commbench import BenchRow, CommBench
 from ..errors import SkalpelError
+from ..result.commbench import BenchRow, CommBench
 
 TYPES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 CPU_SIZES = tuple(4**k * 1024 for k in range(0, 7))  # 1 KiB .. 4 MiB

@@ -18,7 +18,7 @@ from . import compile_log, distributed, runfolder, signals
 from .session import ProfileRun
 
 if TYPE_CHECKING:
-    from ..report.model import Report
+    from ..result.report import Report
     from .runner import Target, _Capture
 
 

@@ -177,7 +177,7 @@ def load_capture(folder: Path, rank: int = 0):
     """The CaptureInfo a rank saved (None when it saved none)."""
     import orjson
 
-    from ..report.model import CaptureInfo
+    from ..result.report import CaptureInfo
 
     path = folder / _capture_file(rank)
     try:
@@ -214,8 +214,8 @@ def launch_and_merge(target, args):
 
     Returns (exit status, report or None, files written).
     """
-    from ..pipeline import build_report
-    from ..report.model import CaptureInfo
+    from ..job.build import build_report
+    from ..result.report import CaptureInfo
     from ..trace.loader import load
     from .runner import check_target
 

@@ -18,7 +18,7 @@ from typing import Iterable
 
 from ..errors import SkalpelError
 from ..files import write_file
-from ..report.model import Report
+from ..result.report import Report
 from ..trace.model import Trace
 
 DEFAULT_PARENT = "skalpel-runs"
@@ -97,8 +97,8 @@ def write_outputs(report: Report, trace: Trace, folder: Path, *, traces: Iterabl
     ``traces`` are the trace files already in the folder (written by the profiler);
     they head the returned list so the caller can print every file of the run.
     """
+    from ..analysis.call_tree import flame_tree, thread_stacks
     from ..report import flamegraph, html, terminal
-    from ..report.stacks import thread_stacks
 
     written = [Path(path) for path in traces]
     rank = trace.rank_ids[0] if trace.ranks else 0
@@ -107,7 +107,7 @@ def write_outputs(report: Report, trace: Trace, folder: Path, *, traces: Iterabl
         ("flamegraph.svg", flamegraph.render_svg(trace, rank=rank, threads=threads)),
         ("flamegraph.speedscope.json", flamegraph.render_speedscope(trace, rank=rank, threads=threads)),
         ("report.json", report.to_json()),
-        ("report.html", html.render(report, flame=html.flame_from_trace(trace, rank=rank, threads=threads))),
+        ("report.html", html.render(report, flame=flame_tree(trace, rank=rank, threads=threads))),
     ]
     for name, content in outputs:
         written.append(write_file(folder / name, content))

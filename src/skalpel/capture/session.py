@@ -30,7 +30,7 @@ import torch
 from torch.profiler import ProfilerAction
 
 from ..errors import SkalpelError
-from ..report.model import CaptureInfo, Report
+from ..result.report import CaptureInfo, Report
 from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
 from . import compile_log, cpu, distributed, runfolder, signals
 from .aside import OWN
@@ -344,7 +344,7 @@ class ProfileRun:
 
     def finish(self) -> list[Path]:
         """Analyse the recorded trace and write the run folder; returns every file of the run."""
-        from ..pipeline import build_report
+        from ..job.build import build_report
         from ..trace.loader import load
 
         self.stop()
@@ -376,7 +376,7 @@ class ProfileRun:
         if self._report is None:
             self.finish()
         if self._report is None:  # a rank that leaves the merged report to rank 0: its own trace only
-            from ..pipeline import build_report
+            from ..job.build import build_report
             from ..trace.loader import load
 
             self._report = build_report(load(self.trace_paths), capture=self.capture_info())

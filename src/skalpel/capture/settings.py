@@ -40,7 +40,7 @@ class CaptureSettings:
 
     def describe(self) -> str:
         """``1 wait + 2 warm-up + 5 active steps``: how the header and the summary count them."""
-        from ..report.model import describe_steps  # here: the report model (and orjson) would slow `skalpel --help`
+        from ..result.report import describe_steps  # here: the report model (and orjson) would slow `skalpel --help`
 
         return describe_steps(self.wait, self.warmup, self.active, self.repeat)
 

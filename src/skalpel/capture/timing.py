@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..report.model import Report
+from ..result.report import Report
 from .settings import ACTIVE, WAIT, CaptureSettings
 
 NOISE_NOTE_PCT = 20.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ..report.model import SEVERITIES, CaptureInfo, Finding
+from ..result.report import SEVERITIES, CaptureInfo, Finding
 from .registry import BY_ID, REDIRECTS, RULES, judged_rules, lookup
 from .rule import Context, NotJudged, Rule
 from .verdict import no_bottleneck, not_judged
@@ -45,7 +45,7 @@ def unmet_need(rule: Rule, ctx: Context) -> NotJudged | None:
 def conclude(ctx: Context, outcomes: list[tuple[Rule, list[Finding] | NotJudged]]) -> tuple[Finding, ...]:
     """The findings of every rule's outcome, most severe first, then the verdict and the not-judged notes.
 
-    ``outcomes`` are in registry order; a job analysed rank by rank (``skalpel.jobreport``)
+    ``outcomes`` are in registry order; a job analysed rank by rank (``skalpel.job.join``)
     merges its ranks' outcomes per rule and concludes here as a whole trace does.
     """
     findings: list[Finding] = []

@@ -18,9 +18,9 @@ from ..analysis.collectives import SYNCHRONISING, collective_type
 from ..analysis.comm import CommAnalysis, RankComm, analyze_comm
 from ..analysis.ops import op_table
 from ..analysis.ranks import OUTSIDE_OPS, RankComparison, compare_ranks
+from ..result.report import Finding
 from ..trace.kinds import Kind
 from . import thresholds
-from ..report.model import Finding
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 

@@ -7,8 +7,8 @@ Rules run in the order of this table; the report sorts findings by severity.
 
 from __future__ import annotations
 
-from . import compile as compile_rules
 from . import allocator, coldstart, cpu, device, distributed, input, measurement, memory, recording, sync, verdict
+from . import compile as compile_rules
 from .rule import Rule
 
 _FAMILIES = (input, cpu, sync, device, memory, allocator, compile_rules, distributed, measurement, coldstart, recording,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Union
 
 import numpy as np
 
-from ..report.model import CaptureInfo, Finding
+from ..result.report import CaptureInfo, Finding
 from .thresholds import Threshold
 
 DOC_HEADINGS = ("What it detects", "Why it matters", "Evidence", "How to fix", "Known false positives")

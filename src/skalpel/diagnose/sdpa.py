@@ -16,7 +16,7 @@ import json
 import numpy as np
 
 from ..analysis import numeric
-from ..report.model import Finding
+from ..result.report import Finding
 from ..trace.kinds import DEVICE_KINDS, Kind
 from .rule import Context, Rule
 

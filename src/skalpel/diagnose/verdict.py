@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..analysis import numeric
-from ..report.model import Finding
+from ..result.report import Finding
 from . import thresholds
 from .rule import Context, Docs, Rule
 

@@ -13,8 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..display import cut_name, for_terminal
+from ..result.diff import DiffResult, FindingChange, OpDelta, StepChange
 from . import html_parts as parts
-from .diff import DiffResult, FindingChange, OpDelta, StepChange
 
 _VERDICT_WORDS = {"slower": "slower", "faster": "faster", "within_noise": "no change beyond the noise"}
 

@@ -17,10 +17,10 @@ from html import escape
 
 import orjson
 
+from ..analysis.call_tree import Node, ThreadStacks, merged_tree, thread_stacks
 from ..trace.kinds import Kind
 from ..trace.model import Trace
 from ..trace.stacks import is_user_file, parse_frame
-from .stacks import Node, ThreadStacks, merged_tree, thread_stacks
 
 WIDTH = 1200
 ROW = 18

@@ -19,12 +19,11 @@ from html import escape
 from importlib import resources
 from typing import Any, Mapping
 
-from ..trace.model import Trace
+from ..analysis.call_tree import MIN_FLAME_FRACTION
+from ..result.report import Report
 from . import html_parts as parts
-from .model import Report
 
 MAX_FLAME_NODES = 4000
-MIN_FLAME_FRACTION = 0.0005
 MAX_NAME_CHARS = 400
 
 
@@ -92,33 +91,6 @@ def flame_section(flame: Mapping[str, Any] | None) -> str:
         '<svg id="flame" class="chart flame" width="100%" viewBox="0 0 1060 18" preserveAspectRatio="xMinYMin meet" '
         f'xmlns="http://www.w3.org/2000/svg"></svg><script type="application/json" id="flame-data">{data}</script></section>'
     )
-
-
-def flame_from_trace(trace: Trace, *, rank: int = 0, threads: list | None = None) -> dict[str, Any] | None:
-    """The merged call tree of ``rank``'s recorded steps (report/stacks.py) as {name, value ms, children}."""
-    from .stacks import Node, merged_tree, thread_stacks
-
-    root = merged_tree(trace, thread_stacks(trace, rank) if threads is None else threads)
-    if root.total_us <= 0:
-        return None
-    floor = root.total_us * MIN_FLAME_FRACTION
-
-    def convert(node: Node) -> dict[str, Any]:
-        kids = [convert(child) for child in node.children.values() if child.total_us >= floor]
-        return {"name": node.name, "value": node.total_us / 1000.0, "children": kids}
-
-    tree = convert(root)
-    # Fold the chain of frames that enclose everything (runpy, the CLI, the script's main):
-    # they would take a row each and say nothing; the innermost of them stays.
-    node, folded = tree, 0
-    while len(node["children"]) == 1 and node["children"][0]["value"] >= 0.99 * node["value"]:
-        node, folded = node["children"][0], folded + 1
-    if folded > 1:
-        tree["children"] = [node]
-    name = f"all (rank {rank}, recorded steps)"
-    tree["name"] = name + (f"; {folded - 1} enclosing frames folded" if folded > 1 else "")
-    tree["unit"] = "ms"
-    return tree
 
 
 def prune_flame(tree: Mapping[str, Any], *, max_nodes: int = MAX_FLAME_NODES,

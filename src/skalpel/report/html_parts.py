@@ -10,9 +10,9 @@ import statistics
 from html import escape
 from typing import Any, Iterable, Sequence
 
-from .evidence import evidence_text
+from ..result.report import Finding, RankReport, Report
 from . import html_svg as svg
-from .model import Finding, RankReport, Report
+from .evidence import evidence_text
 from .terminal import mfu_text, sorted_findings
 
 TABLE_ROWS = 50

@@ -16,8 +16,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..display import cut_name, for_terminal, plain
+from ..result.report import SEVERITIES, Finding, MfuSummary, RankReport, Report
 from .evidence import evidence_text
-from .model import SEVERITIES, Finding, MfuSummary, RankReport, Report
 from .terminal_comm import comm_line, ranks_table
 
 NOT_JUDGED = "not_judged"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from .model import RankReport, Report
+from ..result.report import RankReport, Report
 
 MAX_RANK_ROWS = 16
 

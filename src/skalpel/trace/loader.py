@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-
 import numpy as np
 
 from ..display import cut_name
@@ -141,7 +140,7 @@ def load(
 
 
 def load_one(path: Path, *, on_fraction: Callable[[float], None] | None = None, job_ranks: int | None = None) -> Trace:
-    """One trace file on its own: one rank of a job that is reduced rank by rank (``skalpel.ranksummary``).
+    """One trace file on its own: one rank of a job that is reduced rank by rank (``skalpel.job.rank``).
 
     ``job_ranks`` is the number of rank files of the whole job, for what depends on it (the
     group size of collectives whose trace does not say).

@@ -26,8 +26,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from ..cores import idle_cores
 from ..forking import Child
-from ..tune.cores import idle_cores
 from .columns import ColumnBuilder
 from .fastsplit import Layout, next_cut
 from .source import release

@@ -41,7 +41,7 @@ NO_STACKS = "no Python stacks in this trace: profile with with_stack=True (skalp
 
 _FRAME = re.compile(r"^(?P<path>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
 _LIBRARY_DIRS = ("site-packages/", "dist-packages/", "/lib/python", "/lib64/python", "/usr/lib/", "/torch/")
-_SKALPEL_OWN = re.compile(r"(^|/)skalpel/(capture|trace|analysis|diagnose|report|tune)/|(^|/)skalpel/(cli|api|pipeline|__main__|__init__)\.py$")
+_SKALPEL_OWN = re.compile(r"(^|/)skalpel/(capture|trace|analysis|diagnose|report|result|job|tune)/|(^|/)skalpel/(cli|api|pipeline|cores|__main__|__init__)\.py$")
 _KNOWN_LIBRARIES = frozenset(
     "torch torchvision torchaudio torchtext torchrec fbgemm_gpu functorch triton transformers accelerate "
     "datasets huggingface_hub safetensors tokenizers timm lightning pytorch_lightning deepspeed apex fairscale "

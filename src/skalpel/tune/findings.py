@@ -14,9 +14,9 @@ from .result import TuneFailed
 def findings_for(script: str, args: tuple[str, ...], *, source: str | None, profile: bool, timeout_s: float) -> tuple[set[str], str]:
     """Finding ids, and where they came from in words."""
     if source:
-        from ..report.diff import load_side
+        from ..api import load_report
 
-        return {finding.id for finding in load_side(source, which="--from").findings}, source
+        return {finding.id for finding in load_report(source, which="--from").findings}, source
     if not profile:
         return set(), "nowhere (--no-profile)"
     return profile_findings(script, args, timeout_s=timeout_s), "a profiled run (skalpel run)"

@@ -101,9 +101,9 @@ def run(options: argparse.Namespace, out: IO[str]) -> int:
     except SkalpelError as error:
         out.write(json.dumps({"end": "bad_target", "exit_status": 2, "error": str(error)}) + "\n")
         return 2
-    from .patches import Patcher
-
     import torch
+
+    from .patches import Patcher
 
     def sync() -> None:
         if torch.cuda.is_initialized():

@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..cores import usable_cores
 from . import candidates as catalogue
 from . import stats
-from .cores import usable_cores
 from .findings import findings_for
 from .measure import RunOutcome, Window, run_once
 from .result import Baseline, CandidateResult, LossCheck, TuneFailed, TuneResult

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..capture.timing import spread_pct
-from ..report.diff import DiffOptions, bootstrap_change_interval
+from ..result.diff import DiffOptions, bootstrap_change_interval
 
 CLEARLY_WORSE_PCT = 25.0  # a first run this much slower, beyond the noise, ends a candidate early
 

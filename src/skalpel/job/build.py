@@ -6,10 +6,10 @@ Python API and the capture layer all come through here.
 
 from __future__ import annotations
 
-from .analysis import numeric
-from .analysis.bundle import Analyses, run_analyses
-from .analysis.memory import DeviceMemory
-from .report.model import (
+from ..analysis import numeric
+from ..analysis.bundle import Analyses, run_analyses
+from ..analysis.memory import DeviceMemory
+from ..result.report import (
     CaptureInfo,
     Finding,
     GpuSummary,
@@ -22,7 +22,7 @@ from .report.model import (
     Source,
     StepStats,
 )
-from .trace.model import Trace
+from ..trace.model import Trace
 
 _NO_STEPS_WARNING = (
     "the trace has no ProfilerStep markers: each rank's whole trace is treated as one step "
@@ -75,7 +75,7 @@ def assemble_report(
 
 
 def _diagnose(analyses: Analyses, capture: CaptureInfo | None) -> tuple[Finding, ...]:
-    from .diagnose import diagnose
+    from ..diagnose import diagnose
 
     return diagnose(analyses, capture)
 
@@ -169,7 +169,7 @@ def _extra(analyses: Analyses, rank: int) -> dict:
 
 def _compiled(analyses: Analyses, rank: int) -> dict:
     """Compiled regions in the user's terms and what the compile log says, for the tables."""
-    from .analysis.compiled_regions import compiled_regions
+    from ..analysis.compiled_regions import compiled_regions
 
     log = analyses.compile_log
     regions = compiled_regions(analyses.trace, rank, log) if analyses.compile is not None and analyses.compile.regions else ()

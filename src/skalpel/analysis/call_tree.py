@@ -14,12 +14,14 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
 
+MIN_FLAME_FRACTION = 0.0005  # a frame under this share of the total is left out of the flame graph
 _RANGES = np.array([int(Kind.USER_ANNOTATION), int(Kind.DATALOADER)], dtype=np.int8)
 FRAME_KINDS = (Kind.PYTHON, Kind.USER_ANNOTATION, Kind.DATALOADER, Kind.COMM_OP, Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER)
 _ADDRESS = re.compile(r" of [^<>]*? object at 0x[0-9a-fA-F]+>$")  # "<built-in method add_ of Parameter object at 0x7f..>"
@@ -246,3 +248,28 @@ def merged_tree(trace: Trace, threads: list[ThreadStacks]) -> Node:
         if top is not root:
             root.total_us += float((stacks.end - stacks.start)[stacks.parent < 0].sum())
     return root
+
+
+def flame_tree(trace: Trace, *, rank: int = 0, threads: list | None = None) -> dict[str, Any] | None:
+    """The merged call tree of ``rank``'s recorded steps as {name, value ms, children}: the flame graph's data."""
+    root = merged_tree(trace, thread_stacks(trace, rank) if threads is None else threads)
+    if root.total_us <= 0:
+        return None
+    floor = root.total_us * MIN_FLAME_FRACTION
+
+    def convert(node: Node) -> dict[str, Any]:
+        kids = [convert(child) for child in node.children.values() if child.total_us >= floor]
+        return {"name": node.name, "value": node.total_us / 1000.0, "children": kids}
+
+    tree = convert(root)
+    # Fold the chain of frames that enclose everything (runpy, the CLI, the script's main):
+    # they would take a row each and say nothing; the innermost of them stays.
+    node, folded = tree, 0
+    while len(node["children"]) == 1 and node["children"][0]["value"] >= 0.99 * node["value"]:
+        node, folded = node["children"][0], folded + 1
+    if folded > 1:
+        tree["children"] = [node]
+    name = f"all (rank {rank}, recorded steps)"
+    tree["name"] = name + (f"; {folded - 1} enclosing frames folded" if folded > 1 else "")
+    tree["unit"] = "ms"
+    return tree

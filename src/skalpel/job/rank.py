@@ -1,12 +1,12 @@
 """One rank of a job reduced to a compact summary, in the worker that loaded it.
 
-A job is analysed rank by rank (``skalpel.workers`` runs ``summarize_rank`` in worker
+A job is analysed rank by rank (``skalpel.job.pool`` runs ``summarize_rank`` in worker
 processes or Ray tasks): each worker loads one rank file, runs every analysis on it and
 the findings that need only that rank, and hands back a ``RankSummary`` of a few hundred
 kilobytes: its steps, breakdown, GPU time, collectives with their timestamps (for clock
 alignment and waits), time profile (for the straggler), decimated memory curve, the
 rank's part of the report, and the locations the cross-rank findings may cite. The trace
-itself stays in the worker. ``skalpel.jobreport`` joins the summaries into the report
+itself stays in the worker. ``skalpel.job.join`` joins the summaries into the report
 the whole trace would give.
 
 Times in a summary are microseconds from the rank's own first event (``origin_us``);
@@ -19,26 +19,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .analysis.breakdown import StepBreakdown
-from .analysis.bundle import run_analyses
-from .analysis.comm import CommAnalysis
-from .analysis.gpu_time import GpuTimeResult
-from .analysis.memory import DeviceMemory
-from .analysis.ops import OpTable
-from .analysis.rankprofile import Profile, time_profile
-from .analysis.recorded import RecordingResult
-from .analysis.step_device import StepDeviceResult
-from .analysis.steps import StepSegmentation
-from .diagnose import judge
-from .diagnose import cpu, distributed, measurement
-from .diagnose.distributed import RankLocations, rank_locations
-from .diagnose.registry import judged_rules
-from .diagnose.rule import Context, NotJudged
-from .errors import TraceError
-from .pipeline import rank_report
-from .report.model import Finding, RankReport
-from .trace.loader import load_one
-from .trace.model import RankInfo
+from ..analysis.breakdown import StepBreakdown
+from ..analysis.bundle import run_analyses
+from ..analysis.comm import CommAnalysis
+from ..analysis.gpu_time import GpuTimeResult
+from ..analysis.memory import DeviceMemory
+from ..analysis.ops import OpTable
+from ..analysis.rankprofile import Profile, time_profile
+from ..analysis.recorded import RecordingResult
+from ..analysis.step_device import StepDeviceResult
+from ..analysis.steps import StepSegmentation
+from ..diagnose import cpu, distributed, judge, measurement
+from ..diagnose.distributed import RankLocations, rank_locations
+from ..diagnose.registry import judged_rules
+from ..diagnose.rule import Context, NotJudged
+from ..errors import TraceError
+from ..result.report import Finding, RankReport
+from ..trace.loader import load_one
+from ..trace.model import RankInfo
+from .build import rank_report
 
 JOB_RULES = frozenset(rule.id for rule in measurement.RULES + cpu.RULES + distributed.RULES)
 """Findings judged on the whole job, on the driver, from the summaries: they read steps, the
@@ -101,9 +100,9 @@ def summarize_rank(
     locations = rank_locations(ctx, rank, profile)
     flame = None
     if request.flame:
-        from .report import html
+        from ..analysis.call_tree import flame_tree
 
-        flame = html.flame_from_trace(trace, rank=rank)
+        flame = flame_tree(trace, rank=rank)
     return RankSummary(
         path=Path(request.path),
         info=trace.ranks[0],

@@ -21,8 +21,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
-from .errors import SkalpelError
-from .ranksummary import RankFailure, RankSummary, SummaryRequest, summarize_rank
+from ..errors import SkalpelError
+from .rank import RankFailure, RankSummary, SummaryRequest, summarize_rank
 
 RankProgressCallback = Callable[[int, float], None]
 """Called with (index of the rank file, fraction of it done, 0..1) while ranks are reduced."""
@@ -159,7 +159,7 @@ def _context():
         context = multiprocessing.get_context("forkserver")
     except ValueError:  # Windows
         return multiprocessing.get_context("spawn")
-    context.set_forkserver_preload(["skalpel.ranksummary"])
+    context.set_forkserver_preload(["skalpel.job.rank"])
     return context
 
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import orjson
 
-from .errors import SkalpelError
-from .report.model import Report
+from ..errors import SkalpelError
+from .report import Report
 
-SCHEMA = "skalpel.commbench/1"
+SCHEMA = "skalpel.result.commbench/1"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """What changed between two runs: step time against the noise, per category, per op, findings.
 
 ``diff_reports(before, after)`` is pure: two Reports in, one frozen ``DiffResult`` out.
-``load_side(path)`` (the only I/O here) turns a run folder, trace file/folder or
-report.json into a Report for it.
+``skalpel.api.load_report(path)`` turns a run folder, trace file/folder or report.json
+into the Report for each side.
 
 The step-time change is the change of the median step. Whether it is real is judged
 two ways: a bootstrap interval over each side's step times (step-to-step variance) and
@@ -13,20 +13,14 @@ when the runs carry it. A change inside either is reported as noise.
 from __future__ import annotations
 
 import math
-import stat
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-import orjson
 
-from ..errors import SkalpelError, TraceError
-from ..trace.loader import path_mode
-from ..trace.source import without_bom
-from .model import Finding, Report
+from ..errors import SkalpelError
+from .report import Finding, Report
 
 DIFF_SCHEMA = "skalpel.diff/1"
-_SKALPEL_JSON_MAX_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -298,53 +292,3 @@ def _finding_changes(before: Report, after: Report):
     disappeared = tuple(change(key) for key in b if key not in a)
     persisting = tuple(change(key) for key in b if key in a)
     return appeared, disappeared, persisting
-
-
-def load_side(path: str | Path, *, which: str) -> Report:
-    """A Report for one side of a diff: a report.json, a run folder, or trace files/folders."""
-    from ..api import analyze
-
-    if str(path) == "":
-        raise SkalpelError(f"{which}: an empty path ('') was given: name a run folder, trace or report.json")
-    path = Path(path)
-    try:
-        is_dir = stat.S_ISDIR(path_mode(path))
-    except TraceError as error:
-        raise SkalpelError(f"{which}: {error}") from None
-    report_json = path / "report.json" if is_dir else path
-    if report_json.is_file() and report_json.suffix == ".json":
-        report = _read_skalpel_json(report_json, which=which)
-        if report is not None:
-            return report
-    try:
-        return analyze(path)
-    except TraceError as error:
-        raise TraceError(f"{which}: {error}") from None
-
-
-def _read_skalpel_json(path: Path, *, which: str) -> Report | None:
-    """The Report in ``path`` when it is a skalpel JSON document; None for anything else (a trace)."""
-    if path.stat().st_size > _SKALPEL_JSON_MAX_BYTES or not _looks_like_skalpel(path):
-        return None
-    try:
-        data = orjson.loads(without_bom(path.read_bytes()))
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("skalpel."):
-        return None
-    try:
-        return Report.from_dict(data)
-    except (ValueError, KeyError, TypeError) as error:
-        raise SkalpelError(f"{which}: {path} is not a readable skalpel report: {error}") from None
-
-
-def _looks_like_skalpel(path: Path) -> bool:
-    """Our JSON names its schema near one end (first or last key); a trace does not, and is not parsed twice."""
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(4096)
-            handle.seek(max(0, path.stat().st_size - 4096))
-            tail = handle.read()
-    except OSError:
-        return False
-    return b'"skalpel.' in head or b'"skalpel.' in tail

@@ -24,25 +24,25 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .analysis.breakdown import StepBreakdown
-from .analysis.bundle import Analyses
-from .analysis.collectives import Collective
-from .analysis.comm import CommAnalysis, RankComm
-from .analysis.gpu_time import GpuTimeResult
-from .analysis.ops import OpTable
-from .analysis.recorded import RecordingResult
-from .analysis.ranks import compare_ranks
-from .analysis.step_device import StepDeviceResult
-from .analysis.steps import Step, StepSegmentation
-from .diagnose import conclude, judge, unmet_need
-from .diagnose.registry import judged_rules
-from .diagnose.rule import Context, NotJudged
-from .errors import TraceError
-from .pipeline import assemble_report, memory_summary
-from .ranksummary import JOB_RULES, RankFailure, RankSummary
-from .report.model import CaptureInfo, Finding, Report
-from .trace.loader import drop_duplicate_ranks
-from .trace.model import RankInfo
+from ..analysis.breakdown import StepBreakdown
+from ..analysis.bundle import Analyses
+from ..analysis.collectives import Collective
+from ..analysis.comm import CommAnalysis, RankComm
+from ..analysis.gpu_time import GpuTimeResult
+from ..analysis.ops import OpTable
+from ..analysis.ranks import compare_ranks
+from ..analysis.recorded import RecordingResult
+from ..analysis.step_device import StepDeviceResult
+from ..analysis.steps import Step, StepSegmentation
+from ..diagnose import conclude, judge, unmet_need
+from ..diagnose.registry import judged_rules
+from ..diagnose.rule import Context, NotJudged
+from ..errors import TraceError
+from ..result.report import CaptureInfo, Finding, Report
+from ..trace.loader import drop_duplicate_ranks
+from ..trace.model import RankInfo
+from .build import assemble_report, memory_summary
+from .rank import JOB_RULES, RankFailure, RankSummary
 
 EVENT_INDEX_KEYS = ("events",)
 """Evidence keys whose values are event indices: a rank's own indices move by the events of the ranks before it."""

@@ -1,0 +1,91 @@
+"""Do two source trees give the same reports? Byte for byte, on every trace of the corpus.
+
+Runs ``skalpel analyze TARGET --json J --html H`` (terminal report on stdout), ``analyze --json -``
+and ``explain --json`` under each tree, for every trace file of ``../shared/traces`` and every folder
+that holds trace files, plus ``skalpel diff`` of the corpus's before/after pair, and compares stdout,
+stderr, exit status and the written files. Paths of the scratch folder are normalised.
+
+    python benchmarks/compare_trees.py --before /tmp/skalpel-before/src [--after src] [--only SUBSTR]
+
+Prints one line per difference and a count; exits 1 when any output differs. A refactor that must
+not change behaviour (issue 19) is checked with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT.parent / "shared" / "traces"
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def targets(corpus: Path) -> list[Path]:
+    """Every trace file of the corpus, and every folder that directly holds one."""
+    files = sorted(
+        p for p in corpus.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES) and "README" not in p.name
+    )
+    folders = sorted({p.parent for p in files})
+    return files + folders
+
+
+def commands(corpus: Path) -> list[tuple[str, list[str], list[str]]]:
+    """(label, argv after `skalpel`, names of files the command writes) for each check."""
+    out = []
+    for target in targets(corpus):
+        label = str(target.relative_to(corpus))
+        out.append((label, ["analyze", str(target), "--json", "{tmp}/r.json", "--html", "{tmp}/r.html"],
+                    ["r.json", "r.html"]))  # fmt: skip
+        out.append((label + " [--json -]", ["analyze", str(target), "--json", "-"], []))
+    pair = corpus / "hta" / "trace_diff"
+    if pair.is_dir():
+        out.append(("diff trace_diff", ["diff", str(pair / "control"), str(pair / "test"), "--json", "{tmp}/d.json",
+                                        "--html", "{tmp}/d.html"], ["d.json", "d.html"]))  # fmt: skip
+    out.append(("explain --json", ["explain", "--json"], []))
+    return out
+
+
+def run(src: Path, argv: list[str], written: list[str]) -> dict[str, bytes]:
+    with tempfile.TemporaryDirectory(prefix="skalpel-cmp-") as tmp:
+        args = [a.replace("{tmp}", tmp) for a in argv]
+        env = dict(os.environ, PYTHONPATH=str(src), COLUMNS="120", NO_COLOR="1")
+        done = subprocess.run([sys.executable, "-m", "skalpel", *args], capture_output=True, env=env, cwd=tmp)
+        result = {"stdout": done.stdout, "stderr": done.stderr, "rc": str(done.returncode).encode()}
+        for name in written:
+            path = Path(tmp) / name
+            result[name] = path.read_bytes() if path.exists() else b"<missing>"
+        return {k: v.replace(tmp.encode(), b"{tmp}") for k, v in result.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, type=Path, help="the other tree's src/ folder")
+    parser.add_argument("--after", default=ROOT / "src", type=Path, help="this tree's src/ (default)")
+    parser.add_argument("--only", default="", help="only targets whose label contains this")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    checks = [c for c in commands(CORPUS) if args.only in c[0]]
+
+    def compare(check):
+        label, argv, written = check
+        before, after = run(args.before, argv, written), run(args.after, argv, written)
+        return label, [k for k in before if before[k] != after[k]]
+
+    differing = 0
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for label, keys in pool.map(compare, checks):
+            if keys:
+                differing += 1
+                print(f"DIFFERS  {label}: {', '.join(keys)}", flush=True)
+    print(f"{len(checks)} checks, {differing} differ ({len(targets(CORPUS))} corpus targets)")
+    return 1 if differing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
