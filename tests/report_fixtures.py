@@ -151,3 +151,46 @@ class DomSummary(HTMLParser):
         if self._in_title:
             self.title += data
         self.text.append(data)
+
+
+# The stored results every renderer is tried on (tests/test_renderers.py): each carries HOSTILE
+# where a trace's or script's names go, so an output that forgets to escape shows it.
+HOSTILE = "<img onerror=x>"
+STEADY = (100.0, 100.5, 99.5, 100.2, 99.8, 100.1, 99.9, 100.3)
+
+
+def _source(ranks: int = 1) -> Source:
+    return Source((f"/tmp/{HOSTILE}.json",), "2.13.0", "cpu", ranks)
+
+
+def empty_report() -> Report:
+    """A trace with no steps at all: one rank and nothing measured on it."""
+    return Report(_source(), StepStats(0, 0.0, 0.0, 0.0, marked=False), (RankReport(0, (), {}),))
+
+
+def one_finding_report() -> Report:
+    """One rank, one finding whose title and op carry HOSTILE."""
+    rank = RankReport(0, STEADY, {"cpu_exec": 60.0, "dataloader": 40.0},
+                      top_ops=(OpRow(HOSTILE, 8, 30.0, 40.0, 0.0), OpRow("aten::mm", 8, 10.0, 12.0, 0.0)),
+                      data_wait_ms_per_step=40.0)  # fmt: skip
+    finding = Finding("dataloader_bound", "critical", f"Waiting for data: 40% of each step in {HOSTILE}",
+                      {"dataloader_pct": 40.0}, (f"train.py:42 in {HOSTILE}",), "DataLoader(num_workers=4)")  # fmt: skip
+    return Report(_source(), StepStats(len(STEADY), 100.05, 100.5, 0.003), (rank,), (finding,))
+
+
+def several_ranks_report() -> Report:
+    """Four ranks with every section filled (``full_report``), findings of all three severities."""
+    return full_report(ranks=4, ops=12, curve=40, steps=8)
+
+
+def compiled_report() -> Report:
+    """One rank with torch.compile regions (``extra["compiled"]``), no finding."""
+    regions = [{"region": f"Torch-Compiled Region: 0/{i}", "location": f"train.py:{20 + i} in {HOSTILE}", "calls": 8,
+                "host_ms": 4.0 - i, "device_ms": 0.0, "kernels": 0, "triton_kernels": 0} for i in range(3)]  # fmt: skip
+    rank = RankReport(0, tuple(value * 1.2 for value in STEADY), {"cpu_exec": 100.0},
+                      top_ops=(OpRow(HOSTILE, 8, 36.0, 48.0, 0.0),), extra={"compiled": {"regions": regions}})  # fmt: skip
+    return Report(_source(), StepStats(len(STEADY), 120.06, 120.6, 0.003), (rank,))
+
+
+STORED_REPORTS = {"empty": empty_report, "one_finding": one_finding_report, "several_ranks": several_ranks_report,
+                  "compiled": compiled_report}  # fmt: skip

@@ -38,6 +38,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+_OUT_HELP = "write {what} to FILE in the format its extension names: .json, .html or .txt"
+
+
 def _add_analyze(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "analyze",
@@ -50,6 +53,7 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
         "--json", nargs="?", const="-", metavar="FILE", help="write the skalpel.report/1 JSON to FILE (or stdout)"
     )
     parser.add_argument("--html", metavar="FILE", help="write the self-contained HTML report to FILE")
+    parser.add_argument("--out", metavar="FILE", help=_OUT_HELP.format(what="the report"))
     parser.add_argument(
         "--commbench", metavar="FILE", help="a `skalpel commbench --json` result: compare achieved bus bandwidth with it"
     )
@@ -70,29 +74,28 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from .api import analyze_job
+    from .report.base import RENDERERS, named, requested, write
     from .report.progress import rank_progress
     from .trace.loader import find_trace_files
 
+    files = requested(RENDERERS, json=args.json, html=args.html, out=args.out)
     printing = args.json != "-"  # rich (20 ms of imports) only for the terminal report: --json - prints none
     with rank_progress(find_trace_files(args.paths)) as on_rank_progress:
         job = analyze_job(
-            args.paths, workers=args.workers, ray=args.ray, flame=bool(args.html), on_rank_progress=on_rank_progress,
+            args.paths, workers=args.workers, ray=args.ray, on_rank_progress=on_rank_progress,
+            flame=any(renderer.name == "html" for _, renderer in files),  # the page's flame graph needs the trace
             while_loading=_import_terminal if printing else None,
         )  # fmt: skip
     report = _with_commbench(job.report, args.commbench)
-    if args.html:
-        from .report import html
-
-        write_file(Path(args.html), html.render(report, flame=job.flame))
+    options = {"html": {"flame": job.flame}}
     if not printing:
-        sys.stdout.buffer.write(report.to_json() + b"\n")
+        write(report, files, options)
+        sys.stdout.buffer.write(named("json", RENDERERS)().render(report) + b"\n")
         return 0
     from .report import terminal
 
     terminal.print_report(report)
-    if args.json:
-        write_file(Path(args.json), report.to_json())
-    terminal.print_written([Path(p) for p in (args.json, args.html) if p])
+    terminal.print_written(write(report, files, options))
     return 0
 
 
@@ -158,6 +161,7 @@ def _add_diff(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("after", metavar="AFTER", help="run folder, trace file/folder or report.json")
     parser.add_argument("--json", nargs="?", const="-", metavar="FILE", help="write the skalpel.diff/1 JSON to FILE (or stdout)")
     parser.add_argument("--html", metavar="FILE", help="write the comparison as a self-contained HTML page")
+    parser.add_argument("--out", metavar="FILE", help=_OUT_HELP.format(what="the comparison"))
     parser.add_argument(
         "--fail-if-slower", type=_percent, metavar="PCT",
         help="exit with status 1 when AFTER is slower by more than PCT percent and outside the noise (a CI gate)",
@@ -167,20 +171,21 @@ def _add_diff(commands: argparse._SubParsersAction) -> None:
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     from .api import load_report
-    from .report import diff_render
+    from .report.base import DIFF_RENDERERS, named, requested, write
     from .result.diff import diff_reports
 
+    files = requested(DIFF_RENDERERS, json=args.json, html=args.html, out=args.out)
     before = load_report(args.before, which="BEFORE")
     after = load_report(args.after, which="AFTER")
     result = diff_reports(before, after, labels=(_short_label(args.before), _short_label(args.after)))
-    if args.html:
-        write_file(Path(args.html), diff_render.render_html(result))
     if args.json == "-":
-        sys.stdout.buffer.write(diff_render.to_json(result) + b"\n")
+        write(result, files)
+        sys.stdout.buffer.write(named("json", DIFF_RENDERERS)().render(result) + b"\n")
     else:
-        diff_render.print_diff(result)
-        if args.json:
-            write_file(Path(args.json), diff_render.to_json(result))
+        from .report.diff_render import print_diff
+
+        print_diff(result)
+        write(result, files)
     gate = args.fail_if_slower is not None and result.slower_than(args.fail_if_slower)
     if gate:
         print(f"skalpel: slower by {result.step.change_pct:.1f}% (> {args.fail_if_slower:g}%, outside the noise)",

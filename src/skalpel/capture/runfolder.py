@@ -4,7 +4,8 @@
 started in the same second: ``...-train-2``). The folder is created (and checked for
 writing) before the script runs, as an absolute path, so a bad ``--out`` fails at once
 and a script that changes directory does not move it.
-Every derived output is written by ``write_outputs``; a new output is one more line there.
+Every derived output is written by ``write_outputs``: the trace exporters, then each renderer of
+``report/base.RENDERERS`` (a new renderer is one more file here, ``report.<extension>``).
 """
 
 from __future__ import annotations
@@ -98,20 +99,24 @@ def write_outputs(report: Report, trace: Trace, folder: Path, *, traces: Iterabl
     they head the returned list so the caller can print every file of the run.
     """
     from ..analysis.call_tree import flame_tree, thread_stacks
-    from ..report import flamegraph, html, terminal
+    from ..report import flamegraph
+    from ..report.base import RENDERERS, named, write
 
     written = [Path(path) for path in traces]
     rank = trace.rank_ids[0] if trace.ranks else 0
     threads = thread_stacks(trace, rank)  # once for the three renderings: on a big trace, two thirds of their time
-    outputs: list[tuple[str, str | bytes]] = [
+    # The flame graph and the speedscope profile export the Trace itself, so they are no renderers of a Report.
+    exports: list[tuple[str, str | bytes]] = [
         ("flamegraph.svg", flamegraph.render_svg(trace, rank=rank, threads=threads)),
         ("flamegraph.speedscope.json", flamegraph.render_speedscope(trace, rank=rank, threads=threads)),
-        ("report.json", report.to_json()),
-        ("report.html", html.render(report, flame=flame_tree(trace, rank=rank, threads=threads))),
     ]
-    for name, content in outputs:
+    for name, content in exports:
         written.append(write_file(folder / name, content))
+    # Each renderer of a Report writes report.<extension>, but the text one: that is summary.txt, written last
+    # because it lists every file of the run.
+    files = [(folder / f"report{renderer.extension}", renderer) for renderer in RENDERERS if renderer.name != "text"]
+    written += write(report, files, {"html": {"flame": flame_tree(trace, rank=rank, threads=threads)}})
     summary = folder / "summary.txt"
-    listing = "\n".join(f"wrote {path}" for path in [*written, summary])
-    written.append(write_file(summary, terminal.render_text(report) + listing + "\n"))
+    listing = "\n".join(f"wrote {path}" for path in [*written, summary])  # every file of the run, itself included
+    written.append(write_file(summary, named("text", RENDERERS)().render(report) + listing + "\n"))
     return written

@@ -1,12 +1,10 @@
-"""Renderers for a DiffResult: terminal (rich), JSON (skalpel.diff/1) and a self-contained HTML page."""
+"""Renderers for a DiffResult: terminal (rich) and a self-contained HTML page (its JSON: ``report/json.py``)."""
 
 from __future__ import annotations
 
-import dataclasses
 from html import escape
 from typing import Any
 
-import orjson
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -15,16 +13,9 @@ from rich.text import Text
 from ..display import cut_name, for_terminal
 from ..result.diff import DiffResult, FindingChange, OpDelta, StepChange
 from . import html_parts as parts
+from .terminal import text_console
 
 _VERDICT_WORDS = {"slower": "slower", "faster": "faster", "within_noise": "no change beyond the noise"}
-
-
-def to_dict(result: DiffResult) -> dict[str, Any]:
-    return dataclasses.asdict(result)
-
-
-def to_json(result: DiffResult) -> bytes:
-    return orjson.dumps(to_dict(result), option=orjson.OPT_INDENT_2)
 
 
 def headline(step: StepChange) -> str:
@@ -115,6 +106,13 @@ def print_diff(result: DiffResult, *, console: Console | None = None) -> None:
     console = console or Console()
     for renderable in render(result):
         console.print(renderable)
+
+
+def render_text(result: DiffResult, *, width: int = 100) -> str:
+    """The comparison as plain text, as ``print_diff`` shows it without colour."""
+    console = text_console(width)
+    print_diff(result, console=console)
+    return console.export_text()
 
 
 def render_html(result: DiffResult) -> str:

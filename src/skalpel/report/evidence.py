@@ -1,4 +1,4 @@
-"""A finding's evidence in words and numbers, for the terminal and the HTML page.
+"""A finding's evidence (and a rank's MFU) in words and numbers, for the terminal and the HTML page.
 
 ``{"median_step_ms": 0.379, "breakdown_pct": {"cpu_exec": 48.3, "other": 51.7}}`` reads
 ``median step 0.379 ms, breakdown (cpu exec 48.3%, other 51.7%)``: the unit suffix of a
@@ -9,6 +9,8 @@ spaces, and nothing prints as a Python dict or list.
 from __future__ import annotations
 
 from typing import Any
+
+from ..result.report import MfuSummary
 
 _UNITS = (("_pct", "%"), ("_ms", " ms"), ("_us", " µs"), ("_s", " s"), ("_mib", " MiB"), ("_gib", " GiB"),
           ("_bytes", " bytes"), ("_gbps", " GB/s"))  # fmt: skip
@@ -59,3 +61,11 @@ def value_text(value: Any, unit: str = "") -> str:
         more = f", {len(items) - MAX_ITEMS} more" if len(items) > MAX_ITEMS else ""
         return f"({shown}{more})" if items else "none"
     return str(value)
+
+
+def mfu_text(mfu: MfuSummary) -> str:
+    """'41.2% of the NVIDIA H100 bf16 peak (407.5 of 989.4 TFLOP/s)', or the achieved rate and why there is no MFU."""
+    if mfu.mfu_pct is not None:
+        return (f"MFU {mfu.mfu_pct:.1f}% of the {mfu.device} {mfu.dtype} peak "
+                f"({mfu.achieved_tflops:.1f} of {mfu.peak_tflops:g} TFLOP/s, {mfu.flops_per_step / 1e12:.3g} TFLOP/step)")  # fmt: skip
+    return f"{mfu.achieved_tflops * 1000:.3g} GFLOP/s achieved, no MFU: {mfu.note}"

@@ -10,10 +10,9 @@ import statistics
 from html import escape
 from typing import Any, Iterable, Sequence
 
-from ..result.report import Finding, RankReport, Report
+from ..result.report import Finding, RankReport, Report, sorted_findings
 from . import html_svg as svg
-from .evidence import evidence_text
-from .terminal import mfu_text, sorted_findings
+from .evidence import evidence_text, mfu_text
 
 TABLE_ROWS = 50
 DETAIL_RANKS = 8

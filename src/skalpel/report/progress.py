@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..trace.loader import ProgressCallback
-
 SHOW_AFTER_S = 1.0
+ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total): what trace.loader.load reports
 
 
 def _stderr_console() -> Console:

@@ -6,7 +6,6 @@ The renderer is handed a Console; tests give it a fixed-width, colourless one.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -16,8 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..display import cut_name, for_terminal, plain
-from ..result.report import SEVERITIES, Finding, MfuSummary, RankReport, Report
-from .evidence import evidence_text
+from ..result.report import Finding, RankReport, Report, sorted_findings
+from .evidence import evidence_text, mfu_text
 from .terminal_comm import comm_line, ranks_table
 
 NOT_JUDGED = "not_judged"
@@ -39,9 +38,14 @@ def print_written(paths: Iterable[Path], *, console: Console | None = None) -> N
 
 def render_text(report: Report, *, width: int = 100) -> str:
     """The summary as plain text (for summary.txt and tests)."""
-    console = Console(width=width, record=True, color_system=None, file=_Discard())
+    console = text_console(width)
     print_report(report, console=console)
     return console.export_text()
+
+
+def text_console(width: int) -> Console:
+    """A colourless Console of ``width`` columns that prints nowhere; ``export_text()`` returns what it printed."""
+    return Console(width=width, record=True, color_system=None, file=_Discard())
 
 
 class _Discard:
@@ -65,10 +69,6 @@ def render(report: Report) -> list:
     if report.warnings:
         parts.append(Text("\n".join(f"note: {warning}" for warning in report.warnings), style="dim"))
     return parts
-
-
-def sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
-    return sorted(findings, key=lambda finding: SEVERITIES.index(finding.severity))
 
 
 def _verdict(report: Report) -> Panel:
@@ -178,14 +178,6 @@ def _ops_table(rank: RankReport, *, device: bool) -> Table:
     return table
 
 
-def mfu_text(mfu: MfuSummary) -> str:
-    """'41.2% of the NVIDIA H100 bf16 peak (407.5 of 989.4 TFLOP/s)', or the achieved rate and why there is no MFU."""
-    if mfu.mfu_pct is not None:
-        return (f"MFU {mfu.mfu_pct:.1f}% of the {mfu.device} {mfu.dtype} peak "
-                f"({mfu.achieved_tflops:.1f} of {mfu.peak_tflops:g} TFLOP/s, {mfu.flops_per_step / 1e12:.3g} TFLOP/step)")  # fmt: skip
-    return f"{mfu.achieved_tflops * 1000:.3g} GFLOP/s achieved, no MFU: {mfu.note}"
-
-
 def _regions_table(regions: list[dict], *, device: bool) -> Table:
     table = Table(title="torch.compile regions (ms over the profiled steps)", title_justify="left", expand=False)
     table.add_column("region", no_wrap=True)
@@ -217,9 +209,3 @@ def _capture(report: Report) -> Text:
     if capture.noise_pct is not None:
         parts.append(f"noise {capture.noise_pct:.1f}%")
     return Text(", ".join(parts))
-
-
-if __name__ == "__main__":  # pragma: no cover - manual check
-    from ..api import analyze
-
-    print_report(analyze(sys.argv[1:]))

@@ -32,6 +32,11 @@ class Finding:
     rank: int | None = None
 
 
+def sorted_findings(findings: typing.Iterable[Finding]) -> list[Finding]:
+    """Most severe first (critical, warning, info); the order of equals is kept."""
+    return sorted(findings, key=lambda finding: SEVERITIES.index(finding.severity))
+
+
 @dataclass(frozen=True)
 class Source:
     """What was analysed: the trace files, and the torch version, device and world size they record."""

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ..errors import SkalpelError
-from ..files import write_file
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -34,6 +32,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                         help="skip the profiled run: candidates from the device and --try only")  # fmt: skip
     parser.add_argument("--json", nargs="?", const="-", metavar="FILE", help="write skalpel.tune/1 JSON to FILE (or stdout)")
     parser.add_argument("--html", metavar="FILE", help="write the result as a self-contained HTML page")
+    parser.add_argument("--out", metavar="FILE",
+                        help="write the result to FILE in the format its extension names: .json, .html or .txt")  # fmt: skip
     parser.add_argument("target", nargs="?", metavar="SCRIPT", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
     parser.set_defaults(handler=execute)
@@ -63,10 +63,13 @@ def execute(args: argparse.Namespace) -> int:
         Console().print(render.catalogue_table())
         return 0
     check(args)
+    from ..report.base import named, requested, write
     from .measure import Window
+    from .renderers import TUNE_RENDERERS
     from .result import TuneFailed
     from .session import TuneOptions, tune
 
+    files = requested(TUNE_RENDERERS, json=args.json, html=args.html, out=args.out)  # a bad --out fails before the runs
     options = TuneOptions(window=Window(args.warmup, args.steps), repeats=args.repeats, budget_s=args.budget,
                           forced=tuple(dict.fromkeys(args.forced)), findings_from=args.findings_from,
                           profile=args.profile)  # fmt: skip
@@ -76,14 +79,10 @@ def execute(args: argparse.Namespace) -> int:
         if failed.output:
             print(failed.output.rstrip(), file=sys.stderr)
         raise
-    if args.html:
-        from . import html
-
-        write_file(Path(args.html), html.render(result))
     if args.json == "-":
-        sys.stdout.buffer.write(result.to_json() + b"\n")
+        write(result, files)
+        sys.stdout.buffer.write(named("json", TUNE_RENDERERS)().render(result) + b"\n")
     else:
         render.print_result(result)
-        if args.json:
-            write_file(Path(args.json), result.to_json())
+        write(result, files)
     return 130 if result.interrupted else 0

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..report.terminal import text_console
 from .candidates import CATALOGUE
 from .result import CandidateResult, TuneResult
 
@@ -70,6 +71,13 @@ def print_result(result: TuneResult, *, console: Console | None = None) -> None:
     if result.interrupted:
         console.print(Text("interrupted: the results above are those measured so far", style="yellow"))
     console.print(recommendation(result))
+
+
+def render_text(result: TuneResult, *, width: int = 100) -> str:
+    """What ``print_result`` shows, as plain text."""
+    console = text_console(width)
+    print_result(result, console=console)
+    return console.export_text()
 
 
 def recommendation(result: TuneResult) -> Text:
