@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from . import __version__
+from . import __version__, env
 from .errors import SkalpelError
 from .files import write_file
 
@@ -377,10 +377,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error("out of memory: analysing this input needs more memory than skalpel may use here")
         return 2
     except Exception as error:  # a bug: one line, not a traceback (SKALPEL_TRACEBACK=1 shows it)
-        if os.environ.get("SKALPEL_TRACEBACK"):
+        if env.text(env.TRACEBACK):
             raise
         _error(f"internal error ({type(error).__name__}: {error}); please report it with the input "
-               "(SKALPEL_TRACEBACK=1 shows where)", internal=True)  # fmt: skip
+               f"({env.TRACEBACK.name}=1 shows where)", internal=True)  # fmt: skip
         return INTERNAL_ERROR
 
 

@@ -2,6 +2,8 @@
 
 ``os.cpu_count()`` counts the machine; a container or ``taskset`` may give the process far
 fewer, and more DataLoader workers or threads than that only fight over the same cores.
+The one place that reads the affinity, the cgroup quota and /proc/loadavg: the capture's CPU
+facts, the job's worker pool, the trace loader and ``skalpel tune`` all ask here.
 """
 
 from __future__ import annotations
@@ -15,16 +17,21 @@ _LOADAVG = Path("/proc/loadavg")
 _CGROUP_V1 = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
 
 
+def affinity_cores() -> int:
+    """Cores in the affinity mask (what ``os.process_cpu_count`` counts), the machine's where there is none; at least 1."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):  # not on Linux
+        return max(os.cpu_count() or 1, 1)
+
+
 def usable_cores() -> int:
     """Cores in the affinity mask, lowered to the cgroup quota (rounded up) when one is set; at least 1."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        cores = os.cpu_count() or 1
+    cores = affinity_cores()
     quota = cgroup_quota_cores()
     if quota is not None:
         cores = min(cores, max(1, math.ceil(quota)))
-    return max(1, cores)
+    return cores
 
 
 def idle_cores(loadavg: Path = _LOADAVG) -> int:
@@ -37,17 +44,24 @@ def idle_cores(loadavg: Path = _LOADAVG) -> int:
     cores = usable_cores()
     if cores < (os.cpu_count() or cores):
         return cores
-    try:
-        running = int(loadavg.read_text().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):
+    running = runnable_tasks(loadavg)
+    if running is None:
         return cores
     return max(1, min(cores, cores - (running - 1)))
+
+
+def runnable_tasks(loadavg: Path = _LOADAVG) -> int | None:
+    """Tasks runnable on the machine right now, this one included (Linux /proc/loadavg); None where unreadable."""
+    try:
+        return int(loadavg.read_text().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def cgroup_quota_cores(v2: Path = _CGROUP_V2, v1: tuple[Path, Path] = _CGROUP_V1) -> float | None:
     """The CPU quota in cores (quota / period), or None when there is none or it cannot be read."""
     try:
-        quota, period = v2.read_text().split()[:2]
+        quota, period = v2.read_text().split()[:2]  # cgroup v2: "max 100000" or "200000 100000"
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         pass

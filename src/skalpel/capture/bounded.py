@@ -13,13 +13,14 @@ cost is a scan, not a parse; a file of another layout is left whole.
 from __future__ import annotations
 
 import mmap
-import os
 import re
 from dataclasses import dataclass
 from typing import BinaryIO
 
-STACKS_BUDGET_BYTES = 64 * 2**20
-ENV_BUDGET = "SKALPEL_STACKS_BUDGET_MB"
+from .. import env
+
+STACKS_BUDGET_BYTES = int(env.STACKS_BUDGET_MB.default * 2**20)
+ENV_BUDGET = env.STACKS_BUDGET_MB.name
 STACK_STEPS = 10
 _CHUNK = 8 << 20
 _BLOCK_START = b"\n  {\n"
@@ -59,10 +60,7 @@ def stack_cut(path: str, size: int) -> tuple[float, int] | None:
 
 
 def _budget() -> float:
-    try:
-        return float(os.environ[ENV_BUDGET]) * 2**20
-    except (KeyError, ValueError):
-        return STACKS_BUDGET_BYTES
+    return env.number(env.STACKS_BUDGET_MB) * 2**20
 
 
 def copy_bounded(source: BinaryIO, target: BinaryIO, cut: float) -> int:

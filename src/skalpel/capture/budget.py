@@ -21,15 +21,17 @@ released (``release_results``) before the analysis loads it.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import env
 from ..trace.source import available_memory
 
-ENV_BUDGET = "SKALPEL_RECORD_BUDGET_MB"
+ENV_BUDGET = env.RECORD_BUDGET_MB.name
 AVAILABLE_SHARE = 0.5  # of the memory available when recording began: for the profiler's stop, at its peak
 STOP_FACTOR = 20  # the peak of stop() and the export, against the growth while recording (12-17x measured)
 MIN_BUDGET_BYTES = 64 * 2**20
@@ -68,12 +70,9 @@ def resident_bytes() -> int | None:
 
 def budget_bytes() -> tuple[int, str] | None:
     """The growth allowed while recording, and how it was chosen; None when it cannot be known."""
-    raw = os.environ.get(ENV_BUDGET)
-    if raw:
-        try:
-            return max(int(float(raw) * 2**20), 1), f"${ENV_BUDGET}"
-        except ValueError:
-            pass
+    chosen = env.number(env.RECORD_BUDGET_MB)
+    if chosen is not None and not math.isnan(chosen):  # "nan" reads as a number, but is no budget
+        return max(int(chosen * 2**20), 1), f"${ENV_BUDGET}"
     available = available_memory()
     if available is None:
         return None

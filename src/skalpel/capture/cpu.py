@@ -2,12 +2,12 @@
 
 Asked: torch's intra-op threads, the DataLoader workers, the processes of the job on this
 machine. Available: the cores the process may run on (``sched_getaffinity``) and the
-cgroup quota (``cpu.max``, or ``cpu.cfs_quota_us`` on cgroup v1). Got: the process's CPU
-time against the wall time of the recorded steps, and (Linux) the time its threads
-spent runnable but waiting for a core (``/proc/self/task/*/schedstat``, the run-queue
-delay), which is contention itself rather than a guess from load. The system load
-average, and the threads runnable at the end of the window, say whether the machine is
-busier than its cores.
+cgroup quota (``cpu.max``, or ``cpu.cfs_quota_us`` on cgroup v1), as ``skalpel.cores``
+reads them. Got: the process's CPU time against the wall time of the recorded steps, and
+(Linux) the time its threads spent runnable but waiting for a core
+(``/proc/self/task/*/schedstat``, the run-queue delay), which is contention itself rather
+than a guess from load. The system load average, and the threads runnable at the end of
+the window, say whether the machine is busier than its cores.
 
 The facts go into the capture info (``CaptureInfo.cpu``), which the rule reads without torch.
 """
@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from .. import cores
 
 
 @dataclass(frozen=True)
@@ -38,18 +39,19 @@ def facts(start: Snapshot, end: Snapshot, *, steps: int, loader_workers: int = 0
 
     wall = max(end.wall_s - start.wall_s, 1e-9)
     cpu = max(end.cpu_s - start.cpu_s, 0.0)
+    quota = cores.cgroup_quota_cores()
     result: dict[str, Any] = {
         "intra_op_threads": torch.get_num_threads(),
         "inter_op_threads": torch.get_num_interop_threads(),
         "loader_workers": loader_workers,
         "processes": _local_processes(),
-        "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "cpu_quota_cores": cgroup_quota_cores(),
+        "cores_available": cores.affinity_cores(),
+        "cpu_quota_cores": None if quota is None else round(quota, 2),  # recorded to 2 decimals
         "cpu_s": round(cpu, 4),
         "wall_s": round(wall, 4),
         "steps": steps,
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-        "runnable_now": _runnable(),
+        "runnable_now": cores.runnable_tasks(),
         "run_queue_wait_s": None,
     }
     if start.waits_ns is not None and end.waits_ns is not None:
@@ -57,21 +59,6 @@ def facts(start: Snapshot, end: Snapshot, *, steps: int, loader_workers: int = 0
         waited = sum(ns - start.waits_ns.get(tid, 0) for tid, ns in end.waits_ns.items())
         result["run_queue_wait_s"] = round(max(waited, 0) / 1e9, 4)
     return result
-
-
-def cgroup_quota_cores(root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """Cores the cgroup quota allows (None: no quota, or no cgroup file)."""
-    try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]  # cgroup v2: "max 100000" or "200000 100000"
-        return None if quota == "max" else round(int(quota) / int(period), 2)
-    except (OSError, ValueError):
-        pass
-    try:
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-        return round(quota_us / period_us, 2) if quota_us > 0 and period_us > 0 else None
-    except (OSError, ValueError):
-        return None
 
 
 def _run_queue_waits() -> dict[str, int] | None:
@@ -89,14 +76,6 @@ def _run_queue_waits() -> dict[str, int] | None:
         if len(fields) >= 2:
             waits[task] = int(fields[1])
     return waits or None
-
-
-def _runnable() -> int | None:
-    """Threads runnable on the machine right now, this one included (Linux ``/proc/loadavg``)."""
-    try:
-        return int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _local_processes() -> int:

@@ -29,14 +29,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import env
 from ..errors import SkalpelError
 from . import runfolder, signals
 
-ENV_OUT = "SKALPEL_OUT"
-ENV_TRACE_ONLY = "SKALPEL_TRACE_ONLY"
-ENV_RUN_ID = "SKALPEL_RUN_ID"
-ENV_WAIT = "SKALPEL_RANK_WAIT_S"
-DEFAULT_WAIT_S = 120.0
+ENV_OUT = env.OUT.name
+ENV_TRACE_ONLY = env.TRACE_ONLY.name
+ENV_RUN_ID = env.RUN_ID.name
+ENV_WAIT = env.RANK_WAIT_S.name
 _STORE_KEY = "skalpel/run_folder"
 
 
@@ -60,14 +60,14 @@ def job() -> Job | None:
     if world <= 1:
         return None
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
-    run_id = os.environ.get(ENV_RUN_ID) or (elastic if elastic and elastic != "none" else None)
-    return Job(rank, world, run_id, os.environ.get(ENV_TRACE_ONLY) == "1")
+    run_id = env.text(env.RUN_ID) or (elastic if elastic and elastic != "none" else None)
+    return Job(rank, world, run_id, env.text(env.TRACE_ONLY) == "1")
 
 
 def run_folder(out: Path | None, label: str) -> Path:
     """The run folder of this process (absolute): the same for every rank of a job (see the module doc)."""
-    if out is None and os.environ.get(ENV_OUT):
-        out = Path(os.environ[ENV_OUT])
+    if out is None and env.text(env.OUT):
+        out = Path(env.text(env.OUT))
     current = job()
     if out is None and current is not None:
         out = _agreed_folder(current, label)
@@ -130,10 +130,7 @@ def rank_traces(folder: Path, own: list[Path]) -> tuple[list[Path], str | None]:
 
 
 def _wait_s() -> float:
-    try:
-        return float(os.environ.get(ENV_WAIT, DEFAULT_WAIT_S))
-    except ValueError:
-        return DEFAULT_WAIT_S
+    return env.number(env.RANK_WAIT_S)
 
 
 def launch_command(nproc: int, forwarded: list[str], folder: Path) -> list[str]:
@@ -148,9 +145,9 @@ def launch(nproc: int, forwarded: list[str], folder: Path) -> int:
     """Run the ranks (traces only) and return torchrun's exit status; the caller merges the traces."""
     if nproc < 1:
         raise SkalpelError(f"--nproc must be at least 1 (got {nproc})")
-    env = dict(os.environ, **{ENV_TRACE_ONLY: "1", ENV_RUN_ID: uuid.uuid4().hex, ENV_OUT: str(folder)})
+    ranks_env = dict(os.environ, **{ENV_TRACE_ONLY: "1", ENV_RUN_ID: uuid.uuid4().hex, ENV_OUT: str(folder)})
     try:
-        process = subprocess.Popen(launch_command(nproc, forwarded, folder), env=env)
+        process = subprocess.Popen(launch_command(nproc, forwarded, folder), env=ranks_env)
     except OSError as error:
         raise SkalpelError(f"cannot start torch.distributed.run: {error.strerror or error}") from None
     # Never kill torchrun outright (subprocess.call would, on Ctrl-C): its ranks write their traces

@@ -18,7 +18,11 @@ from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
 def usable_cores(cpu: dict[str, Any]) -> float | None:
-    """Cores the process may use: its affinity, lowered by a cgroup quota."""
+    """Cores the captured process could use: its affinity, lowered by a cgroup quota.
+
+    Read from the facts the capture recorded (``skalpel.cores`` answered them on the machine
+    that ran the script), never from the machine that analyses the trace.
+    """
     cores = cpu.get("cores_available")
     quota = cpu.get("cpu_quota_cores")
     if cores is None:
@@ -116,6 +120,7 @@ CPU_CONTENTION = Rule(
     title="CPU contention: the process waited for a core {waiting_pct:.0f}% of the time it wanted one",
     thresholds=thresholds.CPU_CONTENTION,
     check=_check_contention,
+    scope="job",
     fix="torch.set_num_threads(N) or OMP_NUM_THREADS=N with N the cores per process; fewer DataLoader workers "
     "or processes; stop other loads on the machine",
     docs=Docs(

@@ -314,6 +314,7 @@ COMMUNICATION_BOUND = Rule(
     thresholds=thresholds.COMMUNICATION_BOUND,
     check=_check_communication_bound,
     needs_steps=True,
+    scope="job",
     fix="communicate less per sample: gradient accumulation (DDP no_sync() on all but the last micro-step), "
     "a larger per-GPU batch, FSDP or a sharded optimizer (ZeroRedundancyOptimizer) for large models, "
     "bf16/fp16 gradient compression (DDP comm hooks)",
@@ -345,6 +346,7 @@ LOW_COMM_OVERLAP = Rule(
     thresholds=thresholds.LOW_COMM_OVERLAP,
     check=_check_low_overlap,
     needs_steps=True,
+    scope="job",
     fix="let collectives run during backward: DDP overlaps its bucketed all_reduce with backward (a smaller "
     "bucket_cap_mb starts it earlier; avoid find_unused_parameters=True), issue your own collectives with "
     "async_op=True and wait() later, FSDP backward_prefetch / forward_prefetch",
@@ -374,6 +376,7 @@ STRAGGLER_RANK = Rule(
     thresholds=thresholds.STRAGGLER_RANK,
     check=_check_straggler,
     needs_steps=True,
+    scope="job",
     fix="give every rank the same work: shard data evenly (same batch size and sequence lengths), keep logging, "
     "evaluation and checkpointing off the step or spread them, and check the slow rank's host and device "
     "(other processes, thermal throttling, a slower link)",

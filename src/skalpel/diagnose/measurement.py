@@ -53,6 +53,7 @@ NO_WARMUP = Rule(
     title="The first profiled step is {slower_pct:.0f}% slower than the others ({first_step_ms:.1f} vs {median_other_ms:.1f} ms): warm-up was recorded",
     thresholds=thresholds.NO_WARMUP,
     check=_check_no_warmup,
+    scope="job",
     fix="skip warm-up steps before recording: torch.profiler.schedule(wait=1, warmup=2, active=5), "
     "or skalpel run --warmup 2 (the default)",
     docs=Docs(
@@ -92,6 +93,7 @@ TOO_FEW_STEPS = Rule(
     title="Only {steps} profiled step(s): at least {minimum} are needed to judge step time and its spread",
     thresholds=thresholds.TOO_FEW_STEPS,
     check=_check_too_few_steps,
+    scope="job",
     fix="record more active steps: torch.profiler.schedule(active=5) or skalpel run --active 5",
     docs=Docs(
         what="Fewer profiled steps than the minimum on some rank (or in the capture settings).",
@@ -132,6 +134,7 @@ NOISY_MEASUREMENT = Rule(
     title="Step time varies {noise_pct:.0f}% between {source} ({spread_ms:.1f} ms): compare numbers with care",
     thresholds=thresholds.NOISY_MEASUREMENT,
     check=_check_noise,
+    scope="job",
     fix="fix the seed and input sizes, torch.set_num_threads(N) explicitly, stop other loads on the machine, "
     "record more steps",
     docs=Docs(
@@ -178,6 +181,7 @@ PROFILER_OVERHEAD = Rule(
     title="The profiler slows each step by {overhead_pct:.0f}%: host-side shares are inflated",
     thresholds=thresholds.PROFILER_OVERHEAD,
     check=_check_overhead,
+    scope="job",
     fix="profile with fewer options for timing (with_stack=False, record_shapes=False, profile_memory=False) "
     "and keep the full profile for locating",
     docs=Docs(

@@ -19,6 +19,9 @@ RULES: tuple[Rule, ...] = tuple(rule for family in _FAMILIES for rule in family.
 
 BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}
 
+JOB_RULES: frozenset[str] = frozenset(rule.id for rule in RULES if rule.scope == "job")
+"""The findings judged once on the whole job (``Rule.scope``); the job's rank workers judge the others."""
+
 REDIRECTS: dict[str, str] = {
     # old id -> current id (never reuse an old id for something else)
     "dataloader": "dataloader_bound",

@@ -4,7 +4,9 @@ A family module (``input.py``, ``sync.py``, ...) declares each of its findings o
 ``Rule`` and lists them in a module-level ``RULES`` tuple; ``registry.py`` collects every
 family into one table. A check reads analysis results through ``Context`` (never the raw
 JSON) and returns either a list of ``Finding`` values (empty: nothing to report) or a
-``NotJudged`` saying why the question cannot be answered from this trace.
+``NotJudged`` saying why the question cannot be answered from this trace. A rule whose check
+needs the whole job (every rank's steps, the capture's facts, figures across ranks) says so
+with ``scope="job"``; ``registry.JOB_RULES`` is derived from it.
 
 Writing a rule::
 
@@ -23,7 +25,7 @@ Writing a rule::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Iterable, Literal, Union
 
 import numpy as np
 
@@ -76,6 +78,14 @@ class Rule:
     fix: str  # one line, the default fix shown with the finding
     needs_device: bool = False  # judged only where the trace has device activity
     needs_steps: bool = False  # judged per step: needs ProfilerStep markers
+    # "job": its check needs the whole job (every rank's steps, the capture, results across ranks), so a job of
+    # many rank files judges it once, on the driver, from the rank summaries; "rank": each rank's worker judges it
+    # on that rank's events, and the driver merges the outcomes
+    scope: Literal["rank", "job"] = "rank"
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("rank", "job"):
+            raise ValueError(f"rule {self.id}: scope must be 'rank' or 'job', not {self.scope!r}")
 
     def finding(
         self,

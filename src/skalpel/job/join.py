@@ -35,14 +35,14 @@ from ..analysis.recorded import RecordingResult
 from ..analysis.step_device import StepDeviceResult
 from ..analysis.steps import Step, StepSegmentation
 from ..diagnose import conclude, judge, unmet_need
-from ..diagnose.registry import judged_rules
+from ..diagnose.registry import JOB_RULES, judged_rules
 from ..diagnose.rule import Context, NotJudged
 from ..errors import TraceError
 from ..result.report import CaptureInfo, Finding, Report
 from ..trace.loader import drop_duplicate_ranks
 from ..trace.model import RankInfo
 from .build import assemble_report, memory_summary
-from .rank import JOB_RULES, RankFailure, RankSummary
+from .rank import RankFailure, RankSummary
 
 EVENT_INDEX_KEYS = ("events",)
 """Evidence keys whose values are event indices: a rank's own indices move by the events of the ranks before it."""

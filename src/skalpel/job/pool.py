@@ -14,13 +14,13 @@ the workers (through a queue) as they load.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import queue as queue_module
 import socket
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
+from ..cores import affinity_cores
 from ..errors import SkalpelError
 from .rank import RankFailure, RankSummary, SummaryRequest, summarize_rank
 
@@ -34,14 +34,6 @@ _REPORT_EVERY = 0.02  # of a file: progress messages from a worker are at least 
 _POLL_S = 0.1
 
 
-def default_workers() -> int:
-    """The cores this process may use (its CPU affinity), as ``os.process_cpu_count`` counts them."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:  # not on Linux
-        return max(os.cpu_count() or 1, 1)
-
-
 def summarize_all(
     requests: list[SummaryRequest],
     *,
@@ -50,7 +42,7 @@ def summarize_all(
     task: Task = summarize_rank,
 ) -> list[Result]:
     """One result per request, in order; ``workers`` processes (1: in this process, one rank after another)."""
-    workers = workers or default_workers()
+    workers = workers or affinity_cores()  # the affinity, not lowered to a cgroup quota
     if workers <= 1 or len(requests) <= 1:
         return [_in_process(task, request, index, on_progress) for index, request in enumerate(requests)]
     return _Pool(requests, min(workers, len(requests)), on_progress, task).run()

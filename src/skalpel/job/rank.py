@@ -29,20 +29,15 @@ from ..analysis.rankprofile import Profile, time_profile
 from ..analysis.recorded import RecordingResult
 from ..analysis.step_device import StepDeviceResult
 from ..analysis.steps import StepSegmentation
-from ..diagnose import cpu, distributed, judge, measurement
+from ..diagnose import judge
 from ..diagnose.distributed import RankLocations, rank_locations
-from ..diagnose.registry import judged_rules
+from ..diagnose.registry import JOB_RULES, judged_rules
 from ..diagnose.rule import Context, NotJudged
 from ..errors import TraceError
 from ..result.report import Finding, RankReport
 from ..trace.loader import load_one
 from ..trace.model import RankInfo
 from .build import rank_report
-
-JOB_RULES = frozenset(rule.id for rule in measurement.RULES + cpu.RULES + distributed.RULES)
-"""Findings judged on the whole job, on the driver, from the summaries: they read steps, the
-capture (cpu_contention: its CPU facts) and per-rank results only. Every other rule reads one rank's events at a time and is
-judged in that rank's worker."""
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from .. import env
 from ..cores import idle_cores
 from ..forking import Child
 from .columns import ColumnBuilder
@@ -40,7 +41,7 @@ PARALLEL_FROM_BYTES = 16 << 20
 # What this process decodes in the time its ``Split.meanwhile`` takes (for `skalpel analyze`, importing the analyses,
 # findings and terminal report: 65-85 ms here, at about 180 MB/s): it takes that much less of the file than a child.
 MEANWHILE_BYTES = 12 << 20
-PROCESSES_ENV = "SKALPEL_LOAD_PROCESSES"  # "1" turns the parallel load off; a number caps the processes
+PROCESSES_ENV = env.LOAD_PROCESSES.name  # "1" turns the parallel load off; a number caps the processes
 
 Decode = Callable[[ColumnBuilder, object, int, int, object], bool]
 """``loader._decode_into``: (builder, data, start, end, outcome) -> whether the bytes decoded."""
@@ -80,8 +81,7 @@ def process_count(requested: int | None = None) -> int:
     """Processes for one file: ``requested`` (``--workers``), else $SKALPEL_LOAD_PROCESSES, else the usable cores
     that are idle now (a process on a busy core only adds the cost of joining its share)."""
     if requested is None:
-        setting = os.environ.get(PROCESSES_ENV, "").strip()
-        requested = int(setting) if setting.isdigit() else None
+        requested = env.count(env.LOAD_PROCESSES)
     return max(1, requested if requested is not None else idle_cores())
 
 
