@@ -1,4 +1,5 @@
-"""Every SKALPEL_* variable is declared once (skalpel/env.py), documented once (docs/environment.md), and read through the table."""
+"""Every SKALPEL_* variable is declared once (skalpel/env.py), documented once (docs/environment.md),
+and read through the table."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_every_variable_in_the_repository_is_documented_and_none_is_stale() -> N
     documented = [row[0] for rows in sections.values() for row in rows]
     assert len(documented) == len(set(documented)), "a variable is listed twice"
     mentions = _mentions()
-    assert set(mentions) - set(documented) == set(), "undocumented: add them to docs/environment.md (skalpel's own: env.py)"
+    assert set(mentions) - set(documented) == set(), "undocumented: add to docs/environment.md (the package's: env.py)"
     assert set(documented) - set(mentions) == set(), "documented but read nowhere: remove them"
     # a variable the package reads is in env.py; the development section holds only what the package never reads
     development = {row[0] for row in sections["skalpel's own tests and examples"]}

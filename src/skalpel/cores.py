@@ -18,7 +18,7 @@ _CGROUP_V1 = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/
 
 
 def affinity_cores() -> int:
-    """Cores in the affinity mask (what ``os.process_cpu_count`` counts), the machine's where there is none; at least 1."""
+    """Cores in the affinity mask (as ``os.process_cpu_count`` counts), else the machine's; at least 1."""
     try:
         return max(len(os.sched_getaffinity(0)), 1)
     except (AttributeError, OSError):  # not on Linux
