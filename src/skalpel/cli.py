@@ -244,7 +244,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .capture.command import execute
-    from .capture.runner import Target
+    from .capture.target import Target
 
     args.name = args.name or "demo"
     return execute(Target("skalpel.demo", ("--steps", str(args.steps)), module=True), args)

@@ -7,6 +7,7 @@ show the script's own error (if any) and hand its exit status back to the CLI.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -16,7 +17,9 @@ from ..errors import SkalpelError
 from .settings import STEP_SIGNALS, CaptureSettings
 
 if TYPE_CHECKING:  # the runner imports torch: only once a script really runs (`skalpel --help` stays torch-free)
-    from .runner import RunResult, Target
+    from ..result.report import Report
+    from .conclude import RunResult
+    from .target import Target
 
 _OWN_FRAMES = ("runpy.py", "<frozen runpy>", "skalpel/capture/runner.py", "skalpel\\capture\\runner.py")
 
@@ -86,7 +89,6 @@ def execute(target: Target, args: argparse.Namespace) -> int:
 def _execute_ranks(target: Target, args: argparse.Namespace) -> int:
     """``--nproc N``: every rank through torch.distributed.run, then one merged report."""
     from ..report import terminal
-    from .distributed import launch_and_merge
 
     status, report, written = launch_and_merge(target, args)
     if report is None:
@@ -118,8 +120,61 @@ def _show_error(result: RunResult) -> None:
 
 
 def script_target(args: argparse.Namespace) -> Target:
-    from .runner import Target
+    from .target import Target
 
     if not args.target:
         raise SkalpelError("give a script to run (skalpel run train.py [ARGS]) or a module (skalpel run -m MODULE)")
     return Target(args.target, tuple(args.args), module=args.module)
+
+
+def launch_and_merge(target: Target, args: argparse.Namespace) -> tuple[int, Report | None, list[Path]]:
+    """``skalpel run --nproc N``: run N ranks through torch.distributed.run, then merge their traces.
+
+    Returns (exit status, report or None, files written).
+    """
+    from ..job.build import build_report
+    from ..result.report import CaptureInfo
+    from ..trace.loader import load
+    from . import distributed, runfolder
+    from .target import check_target
+
+    if distributed.job() is not None:
+        raise SkalpelError("--nproc launches the ranks itself: under torchrun (or another launcher) leave it out")
+    check_target(target)
+    label = args.name or target.label
+    folder = runfolder.prepare(Path(args.out)) if args.out else runfolder.prepare_new(runfolder.default_folder(label))
+    script = (["-m"] if target.module else []) + [target.name, *target.args]
+    status = distributed.launch(args.nproc, forwarded_options(args) + script, folder)
+    traces = sorted(folder.glob("trace-rank*.json.gz"))
+    if not traces:
+        if not args.out:
+            runfolder.remove_if_empty(folder)  # a run that recorded nothing leaves no folder
+        return status, None, []
+    trace = load(traces)
+    ranks = {info.rank for info in trace.ranks}
+    missing = [str(rank) for rank in range(args.nproc) if rank not in ranks]
+    if missing:
+        trace.warnings.append(f"rank(s) {', '.join(missing)} wrote no trace (exit status {status}); the report covers the others")
+    capture = distributed.load_capture(folder) or CaptureInfo(
+        warmup_steps=args.wait + args.warmup, wait_steps=args.wait, active_steps=args.active, repeats=args.repeat,
+    )  # fmt: skip
+    capture = dataclasses.replace(capture, script=target.name, exit_status=status)
+    report = build_report(trace, capture=capture)
+    return status, report, runfolder.write_outputs(report, trace, folder, traces=traces)
+
+
+def forwarded_options(args: argparse.Namespace) -> list[str]:
+    """The capture options of ``skalpel run`` as the ranks get them (everything but --nproc and --out)."""
+    options = ["--wait", str(args.wait), "--warmup", str(args.warmup), "--active", str(args.active),
+               "--repeat", str(args.repeat)]  # fmt: skip
+    if args.name:
+        options += ["--name", args.name]
+    if args.stop_after_capture:
+        options.append("--stop-after-capture")
+    if getattr(args, "step_on", None):
+        options += ["--step-on", args.step_on]
+    if getattr(args, "step_timeout", None) is not None:
+        options += ["--step-timeout", str(args.step_timeout)]
+    if getattr(args, "no_stack", False):
+        options.append("--no-stack")
+    return options

@@ -352,9 +352,8 @@ def _library_dirs() -> tuple[str, ...]:
     import os
     import sysconfig
 
-    import skalpel
-
-    dirs = [os.path.dirname(torch.__file__), os.path.dirname(skalpel.__file__), sysconfig.get_paths()["stdlib"]]
+    package = os.path.dirname(os.path.dirname(__file__))  # skalpel's own folder, above capture/
+    dirs = [os.path.dirname(torch.__file__), package, sysconfig.get_paths()["stdlib"]]
     return tuple(os.path.join(path, "") for path in dirs)
 
 

@@ -11,15 +11,36 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import SkalpelError
 from . import compile_log, distributed, runfolder, signals
 from .session import ProfileRun
+from .target import Target
 
 if TYPE_CHECKING:
     from ..result.report import Report
-    from .runner import Target, _Capture
+
+
+class _Aside(Protocol):
+    where: str | None  # the script's line that started its own torch.profiler, if it did
+
+
+class Capture(Protocol):
+    """What the end of a run reads of ``skalpel run``'s capture (the runner's)."""
+
+    @property
+    def result_run(self) -> ProfileRun:
+        """The session whose trace is the run's: the script's own skalpel.profile(), else skalpel's."""
+
+    @property
+    def aside(self) -> _Aside: ...
+
+    def notes(self, guard: signals.Guard, error: BaseException | None) -> list[str]:
+        """What the report should say about how this run went, beyond the numbers."""
+
+    def why_nothing(self, target: Target, *, failed: bool = False) -> str:
+        """Why no step was recorded, in one line."""
 
 
 @dataclass
@@ -33,7 +54,7 @@ class RunResult:
     forked_child: bool = False  # a child the script forked ended here; its parent writes the run
 
 
-def conclude(capture: _Capture, guard: signals.Guard, target: Target, status: int, error: BaseException | None,
+def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int, error: BaseException | None,
              folder: Path, *, removable: bool) -> RunResult:  # fmt: skip
     """After the script: write the trace whole, analyse it, and say what the run folder holds."""
     chosen = capture.result_run
@@ -89,7 +110,7 @@ def _holding(chosen: ProfileRun) -> str:
     )
 
 
-def _nothing_recorded(capture: _Capture, target: Target, status: int, error: BaseException | None, folder: Path,
+def _nothing_recorded(capture: Capture, target: Target, status: int, error: BaseException | None, folder: Path,
                       *, removable: bool) -> RunResult:  # fmt: skip
     """No trace: remove the run folder skalpel made for it (a job's shared folder stays), then say why."""
     stopped = error is not None or status != 0

@@ -11,9 +11,9 @@ Under ``torchrun`` each rank runs ``skalpel run`` (``torchrun ... -m skalpel run
 - rank 0 waits for the other ranks' traces (``$SKALPEL_RANK_WAIT_S``, 120 s) and writes the
   merged report; the other ranks write their trace only.
 
-``skalpel run --nproc N`` launches the script through ``torch.distributed.run`` itself; its
-children write traces only (``$SKALPEL_TRACE_ONLY``) and the launcher merges them after
-they exit, which survives a rank that dies. Nodes without a shared folder: copy every
+``skalpel run --nproc N`` launches the script through ``torch.distributed.run`` itself
+(``launch``); its children write traces only (``$SKALPEL_TRACE_ONLY``) and the launcher
+merges them after they exit (``command.launch_and_merge``), which survives a rank that dies. Nodes without a shared folder: copy every
 node's ``trace-rank*.json.gz`` into one folder and run ``skalpel analyze FOLDER``.
 """
 
@@ -160,8 +160,6 @@ def save_capture(folder: Path | None, rank: int, capture) -> None:
     """A trace-only rank's CaptureInfo (overhead, noise), for the launcher's merged report."""
     if folder is None or job() is None or not job().trace_only:
         return
-    import dataclasses
-
     import orjson
 
     try:
@@ -187,55 +185,3 @@ def load_capture(folder: Path, rank: int = 0):
 
 def _capture_file(rank: int) -> str:
     return f".capture-rank{rank}.skalpel"  # not *.json: the trace loader passes it over
-
-
-def forwarded_options(args) -> list[str]:
-    """The capture options of ``skalpel run`` as the ranks get them (everything but --nproc and --out)."""
-    options = ["--wait", str(args.wait), "--warmup", str(args.warmup), "--active", str(args.active),
-               "--repeat", str(args.repeat)]  # fmt: skip
-    if args.name:
-        options += ["--name", args.name]
-    if args.stop_after_capture:
-        options.append("--stop-after-capture")
-    if getattr(args, "step_on", None):
-        options += ["--step-on", args.step_on]
-    if getattr(args, "step_timeout", None) is not None:
-        options += ["--step-timeout", str(args.step_timeout)]
-    if getattr(args, "no_stack", False):
-        options.append("--no-stack")
-    return options
-
-
-def launch_and_merge(target, args):
-    """``skalpel run --nproc N``: run N ranks through torch.distributed.run, then merge their traces.
-
-    Returns (exit status, report or None, files written).
-    """
-    from ..job.build import build_report
-    from ..result.report import CaptureInfo
-    from ..trace.loader import load
-    from .runner import check_target
-
-    if job() is not None:
-        raise SkalpelError("--nproc launches the ranks itself: under torchrun (or another launcher) leave it out")
-    check_target(target)
-    label = args.name or target.label
-    folder = runfolder.prepare(Path(args.out)) if args.out else runfolder.prepare_new(runfolder.default_folder(label))
-    script = (["-m"] if target.module else []) + [target.name, *target.args]
-    status = launch(args.nproc, forwarded_options(args) + script, folder)
-    traces = sorted(folder.glob("trace-rank*.json.gz"))
-    if not traces:
-        if not args.out:
-            runfolder.remove_if_empty(folder)  # a run that recorded nothing leaves no folder
-        return status, None, []
-    trace = load(traces)
-    ranks = {info.rank for info in trace.ranks}
-    missing = [str(rank) for rank in range(args.nproc) if rank not in ranks]
-    if missing:
-        trace.warnings.append(f"rank(s) {', '.join(missing)} wrote no trace (exit status {status}); the report covers the others")
-    capture = load_capture(folder) or CaptureInfo(
-        warmup_steps=args.wait + args.warmup, wait_steps=args.wait, active_steps=args.active, repeats=args.repeat,
-    )  # fmt: skip
-    capture = dataclasses.replace(capture, script=target.name, exit_status=status)
-    report = build_report(trace, capture=capture)
-    return status, report, runfolder.write_outputs(report, trace, folder, traces=traces)

@@ -18,14 +18,11 @@ unprofiled and leaves the run folder to its parent.
 
 from __future__ import annotations
 
-import importlib.util
 import runpy
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SkalpelError
 from . import compile_log, distributed, session, signals
 from .aside import ProfilerWatch
 from .budget import OverBudget, RecordingBudget
@@ -34,19 +31,7 @@ from .kineto_noise import filtered_stderr
 from .session import ProfileRun
 from .settings import CaptureSettings
 from .steps import ALL_SIGNALS, HOW_TO_MARK, LABELS, StepDetector, Watchdog
-
-
-@dataclass(frozen=True)
-class Target:
-    """A script path or a module name (``-m``), and the arguments it is given."""
-
-    name: str
-    args: tuple[str, ...] = ()
-    module: bool = False
-
-    @property
-    def label(self) -> str:
-        return self.name.rsplit(".", 1)[-1] if self.module else Path(self.name).stem
+from .target import Target, as_main, check_target, exit_status
 
 
 class CaptureComplete(BaseException):
@@ -69,7 +54,7 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
     guard = signals.Guard()
     compile_log.install()  # before the script: its first compilation comes before the first step
     with guard, filtered_stderr():  # until the trace is written and analysed
-        with capture.installed(), _as_main(target, code_path):
+        with capture.installed(), as_main(target, code_path):
             status, error = _run_script(target, code_path, guard)
         if not signals.is_owner():  # a child the script forked came back here
             return RunResult(status, None, error=error, forked_child=True)
@@ -89,7 +74,7 @@ def _run_script(target: Target, code_path: Path, guard: signals.Guard) -> tuple[
     except CaptureComplete:
         pass
     except SystemExit as exit_:
-        return _exit_status(exit_), None
+        return exit_status(exit_), None
     except KeyboardInterrupt as interrupt:
         return 130, interrupt
     except signals.Terminated as stopped:
@@ -97,59 +82,6 @@ def _run_script(target: Target, code_path: Path, guard: signals.Guard) -> tuple[
     except BaseException as raised:  # noqa: BLE001 - the script's error is shown, not ours to judge
         return 1, raised
     return 0, None
-
-
-def check_target(target: Target) -> Path:
-    """The file that will run; a one-line SkalpelError when it is missing or does not compile."""
-    if target.module:
-        sys.path.insert(0, str(Path.cwd()))  # as python -m does
-        try:
-            spec = importlib.util.find_spec(target.name)
-        except (ImportError, ValueError) as error:
-            raise SkalpelError(f"cannot find module {target.name!r}: {error}") from None
-        finally:
-            del sys.path[0]
-        if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
-            raise SkalpelError(f"no module named {target.name!r} (on sys.path, from {Path.cwd()})")
-        if spec.submodule_search_locations is not None:  # a package: python -m runs its __main__
-            main = Path(spec.origin).with_name("__main__.py")
-            if not main.is_file():
-                raise SkalpelError(f"{target.name!r} is a package without __main__.py; it cannot be run with -m")
-            path = main
-        else:
-            path = Path(spec.origin)
-    else:
-        path = Path(target.name)
-        if not path.exists():
-            raise SkalpelError(f"no such script: {target.name}")
-        if not path.is_file():
-            raise SkalpelError(f"not a script file: {target.name}")
-    if path.suffix == ".py":
-        _compile(path)
-    return path
-
-
-def _compile(path: Path) -> None:
-    try:
-        source = path.read_bytes()
-    except OSError as error:
-        raise SkalpelError(f"cannot read {path}: {error.strerror or error}") from None
-    try:
-        compile(source, str(path), "exec")
-    except SyntaxError as error:
-        raise SkalpelError(f"syntax error in {path}, line {error.lineno}: {error.msg}") from None
-    except ValueError as error:  # null bytes
-        raise SkalpelError(f"cannot compile {path}: {error}") from None
-
-
-def _exit_status(exit_: SystemExit) -> int:
-    code = exit_.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
 
 
 class _Capture:
@@ -183,7 +115,7 @@ class _Capture:
         self.main_steps += 1
         own = self.own
         own.step_signal = LABELS.get(self.detector.signal or "")
-        if not _started(own):
+        if not own.started:
             own.start()
             return
         own.step()
@@ -212,7 +144,7 @@ class _Capture:
     def _step_aside(self) -> None:
         """The script starts torch.profiler itself: stop marking steps, keep what was recorded."""
         self.detector.uninstall()
-        if _started(self.result_run) and threading.get_ident() == self.thread and signals.is_owner():
+        if self.result_run.started and threading.get_ident() == self.thread and signals.is_owner():
             self.result_run.stop()
 
     def notes(self, guard: signals.Guard, error: BaseException | None) -> list[str]:
@@ -243,7 +175,7 @@ class _Capture:
     def _adopt(self, user: ProfileRun) -> Path | None:
         """A script's own skalpel.profile() session: it keeps its steps, we stand down."""
         self.detector.uninstall()
-        if _started(self.own):
+        if self.own.started:
             self.own.discard()
         user.step_signal = "run.step()"
         self.user = user
@@ -298,10 +230,10 @@ class _Installed:
         self.capture.aside.__enter__()
         self.capture.watchdog.start()
         self.capture.budget.start()
-        session._listener = self.capture._adopt
+        session.set_listener(self.capture._adopt)
 
     def __exit__(self, *exc: object) -> None:
-        session._listener = None
+        session.set_listener(None)
         self.capture.watchdog.stop()
         self.capture.budget.stop()
         self.capture.aside.__exit__()
@@ -310,24 +242,3 @@ class _Installed:
 
 def _say(message: str) -> None:
     print(f"skalpel: {message}", file=sys.stderr, flush=True)
-
-
-def _started(run: ProfileRun) -> bool:
-    return run._prof is not None
-
-
-class _as_main:
-    """``sys.argv``, ``sys.path[0]`` as ``python SCRIPT`` (or ``python -m MODULE``) sets them; restored after."""
-
-    def __init__(self, target: Target, path: Path) -> None:
-        self.argv = [str(path) if target.module else target.name, *target.args]
-        self.path0 = str(Path.cwd()) if target.module else str(path.resolve().parent)
-
-    def __enter__(self) -> None:
-        self.saved_argv, self.saved_path = sys.argv, list(sys.path)
-        sys.argv = list(self.argv)
-        sys.path[:1] = [self.path0]  # python puts the script's folder (with -m: the current one) first
-
-    def __exit__(self, *exc: object) -> None:
-        sys.argv = self.saved_argv
-        sys.path[:] = self.saved_path

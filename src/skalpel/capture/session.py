@@ -48,6 +48,12 @@ _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 _listener: Callable[[ProfileRun], Path | None] | None = None
 
 
+def set_listener(listener: Callable[[ProfileRun], Path | None] | None) -> None:
+    """Set (or, with None, clear) the listener told of each skalpel.profile() session the script starts."""
+    global _listener
+    _listener = listener
+
+
 def profile(
     *,
     wait: int = 1,
@@ -205,6 +211,11 @@ class ProfileRun:
             self._after.append(now - self._last)
         self._after_started = True  # the first step after the stop may carry the profiler's teardown: left out
         self._last = time.perf_counter()
+
+    @property
+    def started(self) -> bool:
+        """The profiler was started (it may have stopped since)."""
+        return self._prof is not None
 
     @property
     def profiling(self) -> bool:

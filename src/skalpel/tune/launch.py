@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(options: argparse.Namespace, out: IO[str]) -> int:
-    from ..capture.runner import Target, _as_main, _exit_status, check_target
     from ..capture.steps import StepDetector
+    from ..capture.target import Target, as_main, check_target, exit_status
     from ..errors import SkalpelError
 
     target = Target(options.target, tuple(options.args))
@@ -115,13 +115,13 @@ def run(options: argparse.Namespace, out: IO[str]) -> int:
     end, status, error = "script_end", 0, None
     patcher.install()
     detector.install()
-    with _as_main(target, code_path):
+    with as_main(target, code_path):
         try:
             runpy.run_path(str(code_path), run_name="__main__")
         except WindowDone as done:
             end = done.reason
         except SystemExit as exit_:
-            status = _exit_status(exit_)
+            status = exit_status(exit_)
             if status:
                 end, error = "error", f"the script exited with status {status}"
         except BaseException as raised:  # noqa: BLE001 - the script's error is reported, not ours to judge

@@ -65,7 +65,7 @@ class _Session:
                                  self.cores, None, [], "", Baseline(), [], [], [], options.budget_s)  # fmt: skip
 
     def run(self) -> None:
-        from ..capture.runner import Target, check_target  # a missing script or a syntax error: one line, now
+        from ..capture.target import Target, check_target  # a missing script or a syntax error: one line, now
 
         check_target(Target(self.script, self.args))
         findings, source = self._findings()
