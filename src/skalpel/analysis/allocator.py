@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..trace.kinds import Kind
-from ..trace.model import Trace
+from ..trace.model import Trace, isin_few
 from . import intervals, numeric
 from .onetime import OneTimeResult
 from .steps import StepSegmentation, inferred_iterations
@@ -59,7 +59,7 @@ class AllocatorResult:
 def allocator_calls(trace: Trace, steps: StepSegmentation, *, one_time: OneTimeResult | None = None) -> AllocatorResult:
     """Steady-state allocator calls per rank; calls inside ``one_time`` work (a first cuBLAS call) are left out."""
     ids = [trace.name_id(name) for name in ALLOCATOR_CALLS]
-    calls = np.flatnonzero(numeric.isin(trace.name, [i for i in ids if i >= 0]) & numeric.isin_few(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
+    calls = np.flatnonzero(numeric.isin(trace.name, [i for i in ids if i >= 0]) & isin_few(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
     if one_time is not None:
         calls = calls[~_inside_one_time(trace, calls, one_time)]
     return AllocatorResult({rank: _rank_calls(trace, steps, rank, calls[trace.rank[calls] == rank]) for rank in trace.rank_ids})

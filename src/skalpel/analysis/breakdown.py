@@ -30,8 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..trace.kinds import Kind
-from ..trace.model import Trace
-from . import numeric
+from ..trace.model import Trace, isin_few
 from .intervals import union
 from .steps import Step, StepSegmentation
 
@@ -121,7 +120,7 @@ def _role_of_events(trace: Trace, options: BreakdownOptions) -> np.ndarray:
 
 def _refine_by_name(trace: Trace, roles: np.ndarray, options: BreakdownOptions) -> None:
     """Apply the plugin's name rules to host ranges: which count as DataLoader, which as Communication."""
-    host = np.flatnonzero(numeric.isin_few(trace.kind, [Kind.DATALOADER, Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.COMM_OP]))
+    host = np.flatnonzero(isin_few(trace.kind, [Kind.DATALOADER, Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.COMM_OP]))
     host_names = trace.name[host]
     ids = np.flatnonzero(np.bincount(host_names, minlength=len(trace.names)))  # the names used, without a sort
     loader = _name_flags(trace, ids, _is_data_wait)[host_names]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..trace.kinds import Kind
-from ..trace.model import Trace
+from ..trace.model import Trace, isin_few
 from . import intervals, numeric
 from .steps import StepSegmentation
 
@@ -72,7 +72,7 @@ class CompileResult:
 
 def compile_events(trace: Trace, steps: StepSegmentation) -> CompileResult:
     """torch.compile activity over all ranks of the trace."""
-    used_names = numeric.unique(trace.name[numeric.isin_few(trace.kind, _HOST)])
+    used_names = numeric.unique(trace.name[isin_few(trace.kind, _HOST)])
     text = {int(i): trace.names[i] for i in used_names}
     region_ids = [i for i, name in text.items() if _REGION.match(name)]
     ids: set[tuple[int, int]] = set()
@@ -82,7 +82,7 @@ def compile_events(trace: Trace, steps: StepSegmentation) -> CompileResult:
         found = _COMPILE_ID.search(name)
         if found:
             ids.add(_pair(found))
-    host = numeric.isin_few(trace.kind, _HOST)
+    host = isin_few(trace.kind, _HOST)
     regions = host & numeric.isin(trace.name, region_ids)
     lookups = host & (trace.name == trace.name_id("TorchDynamo Cache Lookup"))
     aot_names = [trace.name_id("CompiledFunction"), trace.name_id("CompiledFunctionBackward")]
@@ -145,7 +145,7 @@ def _after_first_step(trace: Trace, events: np.ndarray, steps: StepSegmentation)
 
 
 def _triton(trace: Trace) -> dict[str, float]:
-    kernels = np.flatnonzero(numeric.isin_few(trace.kind, _KERNELS))
+    kernels = np.flatnonzero(isin_few(trace.kind, _KERNELS))
     names = numeric.unique(trace.name[kernels])
     triton_names = [i for i in names if trace.names[i].startswith("triton_")]
     triton = kernels[numeric.isin(trace.name[kernels], triton_names)]
@@ -329,7 +329,7 @@ class BreakTime:
 
 def graph_break_time(trace: Trace, steps: StepSegmentation, frames: set[int]) -> BreakTime:
     """Eager code between the graphs of split functions: the region minus the graphs run inside it."""
-    host = numeric.isin_few(trace.kind, _HOST)
+    host = isin_few(trace.kind, _HOST)
     names = {i: _REGION.match(trace.names[i]) for i in numeric.unique(trace.name[host])}
     all_regions = [i for i, found in names.items() if found]
     split = [i for i in all_regions if int(names[i].group(1)) in frames]

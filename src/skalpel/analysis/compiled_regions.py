@@ -13,15 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KINDS, Kind
-from ..trace.model import Trace
+from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace.model import Trace, isin_few
 from . import numeric
 from .compile import CompileLog
 
 _REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 _GRAPH = re.compile(r"^## Call CompiledFxGraph (\w+) ##$")
 _HOST = np.array([Kind.CPU_OP, Kind.USER_ANNOTATION], dtype=np.int8)
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ class RegionRow:
 
 def compiled_regions(trace: Trace, rank: int, log: CompileLog | None = None) -> tuple[RegionRow, ...]:
     """One row per compiled region that ran on ``rank``, most host time first."""
-    on_rank = (trace.rank == rank) & numeric.isin_few(trace.kind, _HOST)
+    on_rank = (trace.rank == rank) & isin_few(trace.kind, _HOST)
     names = {int(i): trace.names[int(i)] for i in numeric.unique(trace.name[on_rank])}
     region_ids = [i for i, name in names.items() if _REGION.match(name)]
     if not region_ids:
@@ -87,7 +86,7 @@ def compiled_regions(trace: Trace, rank: int, log: CompileLog | None = None) -> 
 
 def _launched_kernels(trace: Trace, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Device events on the rank with a known launch call, by launch time: the launch's host time, duration, Triton or not."""
-    device = np.flatnonzero((trace.rank == rank) & numeric.isin_few(trace.kind, _DEVICE))
+    device = np.flatnonzero((trace.rank == rank) & isin_few(trace.kind, DEVICE_KIND_ARRAY))
     launcher = trace.launcher[device]
     device = device[launcher >= 0]
     launcher = launcher[launcher >= 0]

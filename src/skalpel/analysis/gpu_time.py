@@ -43,11 +43,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KINDS, Kind
-from ..trace.model import Trace
+from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace.model import Trace, isin_few
 from . import intervals, numeric
-
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 
 # common/types.py:129 of HTA (ComputeKernelGroupingPattern, inverse match), kept verbatim.
 _HTA_NON_COMPUTE = re.compile(
@@ -147,7 +145,7 @@ def gpu_time(trace: Trace, *, options: GpuTimeOptions = GpuTimeOptions()) -> Gpu
 
 
 def _counted_events(trace: Trace, options: GpuTimeOptions) -> np.ndarray:
-    mask = numeric.isin_few(trace.kind, _DEVICE)
+    mask = isin_few(trace.kind, DEVICE_KIND_ARRAY)
     if options.count_syncs:
         # HTA keeps any row whose stream is not -1; a Context Sync's stream is 2**32-1, which counts.
         mask |= (trace.kind == Kind.DEVICE_SYNC) & (trace.stream != -1)
@@ -208,7 +206,7 @@ def _rank_gpu_time(
         comm_us=float((comm[1] - comm[0]).sum()),
         comm_overlap_us=intervals.intersection_length(comm, compute),
         idle_breakdown_us=_merged_idle_breakdown(trace, events, options.kernel_wait_threshold_us),
-        streams=_stream_idle(trace, events[numeric.isin_few(kinds, _DEVICE)], options.kernel_wait_threshold_us),
+        streams=_stream_idle(trace, events[isin_few(kinds, DEVICE_KIND_ARRAY)], options.kernel_wait_threshold_us),
     )
 
 

@@ -12,11 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KINDS, Kind
-from ..trace.model import Trace
-from . import numeric
+from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace.model import Trace, isin_few
 
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 _TYPES = {Kind.KERNEL: "COMP", Kind.COMM_KERNEL: "COMM", Kind.MEMCPY: "MEMORY", Kind.MEMSET: "MEMORY"}
 
 
@@ -57,7 +55,7 @@ class KernelTable:
 
 def kernel_table(trace: Trace) -> KernelTable:
     """Group each rank's device events by name."""
-    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE))
+    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
     ranks = []
     for rank in trace.rank_ids:
         mine = device[trace.rank[device] == rank]

@@ -16,12 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KINDS, Kind
-from ..trace.model import Trace
+from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace.model import Trace, isin_few
 from . import numeric
 from .steps import StepSegmentation
 
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 _KERNELS = np.array([Kind.KERNEL, Kind.COMM_KERNEL], dtype=np.int8)
 
 
@@ -77,7 +76,7 @@ def launches(trace: Trace, steps: StepSegmentation, *, options: LaunchOptions = 
     if not trace.has_device:
         return None
     launcher = trace.launcher
-    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (launcher >= 0))
+    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (launcher >= 0))
     ranks = {
         rank: _rank_launches(trace, rank, device[trace.rank[device] == rank], steps, options) for rank in trace.rank_ids
     }
@@ -92,7 +91,7 @@ def _rank_launches(
     launcher = trace.launcher[device]
     delays = trace.ts[device] - trace.ts[launcher]
     p50, p90, p99 = numeric.percentiles(delays, (50, 90, 99))
-    kernels = device[numeric.isin_few(trace.kind[device], _KERNELS)]
+    kernels = device[isin_few(trace.kind[device], _KERNELS)]
     kernel_dur = trace.dur[kernels]
     launch_dur = trace.dur[trace.launcher[kernels]]
     threshold = launch_dur if options.tiny_kernel_us is None else options.tiny_kernel_us
@@ -124,7 +123,7 @@ def _per_step_counts(trace: Trace, rank: int, steps: StepSegmentation) -> tuple[
     bounds = np.array([(start, step.host_end_us) for start, step in zip(starts, rank_steps)])
     bounds = bounds[np.argsort(bounds[:, 0])]
     on_rank = trace.rank == rank
-    kernels = np.flatnonzero(on_rank & numeric.isin_few(trace.kind, _KERNELS) & (trace.launcher >= 0))
+    kernels = np.flatnonzero(on_rank & isin_few(trace.kind, _KERNELS) & (trace.launcher >= 0))
     ops = np.flatnonzero(on_rank & (trace.kind == Kind.CPU_OP))
     launched_inside = _count_inside(trace.ts[trace.launcher[kernels]], bounds)
     return len(rank_steps), launched_inside, _count_inside(trace.ts[ops], bounds)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..trace.kinds import Kind
-from ..trace.model import Trace
+from ..trace.model import Trace, isin_few
 from . import numeric
 from .steps import StepSegmentation
 
@@ -154,7 +154,7 @@ def _value_at(ts: np.ndarray, values: np.ndarray, times: np.ndarray) -> np.ndarr
 
 def _enclosing_op(trace: Trace, rank: int, tid: int, at_us: float) -> int:
     """The innermost host op on (rank, tid) running at ``at_us``; -1 when none."""
-    candidates = np.flatnonzero((trace.tid == tid) & (trace.rank == rank) & numeric.isin_few(trace.kind, _HOST_OPS))
+    candidates = np.flatnonzero((trace.tid == tid) & (trace.rank == rank) & isin_few(trace.kind, _HOST_OPS))
     inside = candidates[(trace.ts[candidates] <= at_us) & (trace.ts[candidates] + trace.dur[candidates] >= at_us)]
     if len(inside) == 0:
         return -1

@@ -11,8 +11,6 @@ import math
 
 import numpy as np
 
-from ..trace.model import isin_few  # noqa: F401 - the analyses take it from here with the rest
-
 
 def median(values) -> float:
     """``float(np.median(values))``: the middle value, or the mean of the two middle ones."""

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KINDS, Kind
-from ..trace.model import Trace
+from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace.model import Trace, isin_few
 from . import intervals, numeric
 
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 _CONSIDERED = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER], dtype=np.int8)
 _SETUP_CALLS = (
     "cuInit", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cudaFree", "cudaSetDevice", "cudaGetDeviceCount",
@@ -81,9 +80,9 @@ def _rank_one_time(trace: Trace, rank: int, options: OneTimeOptions) -> RankOneT
     on_rank = np.flatnonzero(trace.rank == rank)
     timed = on_rank[trace.kind[on_rank] != Kind.PYTHON]
     window_ms = float(trace.end[timed].max() - trace.ts[timed].min()) / 1000.0 if len(timed) else 0.0
-    flagged = _flagged(trace, on_rank[numeric.isin_few(trace.kind[on_rank], _CONSIDERED)], options)
-    device = on_rank[numeric.isin_few(trace.kind[on_rank], _DEVICE)]
-    runtime = on_rank[numeric.isin_few(trace.kind[on_rank], [Kind.RUNTIME, Kind.DRIVER])]
+    flagged = _flagged(trace, on_rank[isin_few(trace.kind[on_rank], _CONSIDERED)], options)
+    device = on_rank[isin_few(trace.kind[on_rank], DEVICE_KIND_ARRAY)]
+    runtime = on_rank[isin_few(trace.kind[on_rank], [Kind.RUNTIME, Kind.DRIVER])]
     flagged = [
         (event, later) for event, later in flagged
         if not _waits_for_device(trace, event, device) and not _inside_a_wait(trace, event, runtime)

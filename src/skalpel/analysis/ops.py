@@ -26,13 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KINDS, HOST_OP_KINDS, Kind
-from ..trace.model import Trace
+from ..trace.kinds import DEVICE_KIND_ARRAY, HOST_OP_KINDS, Kind, kind_array
+from ..trace.model import Trace, isin_few
 from . import numeric
 
-_ROWS = np.array(sorted(int(k) for k in HOST_OP_KINDS), dtype=np.int8)
-_NESTING = np.array(sorted(int(k) for k in HOST_OP_KINDS | {Kind.STEP}), dtype=np.int8)
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
+_ROWS = kind_array(HOST_OP_KINDS)
+_NESTING = kind_array(HOST_OP_KINDS | {Kind.STEP})
 
 
 @dataclass(frozen=True)
@@ -72,12 +71,12 @@ class OpTable:
 
 def op_table(trace: Trace) -> OpTable:
     """Aggregate host ops by name, per rank."""
-    nesting = np.flatnonzero(numeric.isin_few(trace.kind, _NESTING))
+    nesting = np.flatnonzero(isin_few(trace.kind, _NESTING))
     self_us = np.zeros(len(trace))
     self_us[nesting] = self_times(trace, nesting)
     device_us = _device_time_by_op(trace, nesting)
-    rows = np.flatnonzero(numeric.isin_few(trace.kind, _ROWS))
-    has_device = numeric.isin_few(trace.kind, _DEVICE)
+    rows = np.flatnonzero(isin_few(trace.kind, _ROWS))
+    has_device = isin_few(trace.kind, DEVICE_KIND_ARRAY)
     ranks = []
     for rank in trace.rank_ids:
         mine = rows[trace.rank[rows] == rank]
@@ -176,7 +175,7 @@ def _device_time_by_op(trace: Trace, nesting: np.ndarray) -> np.ndarray:
     correlation id); there the launch call's innermost enclosing host op on its thread
     stands in, which is the op Kineto would have named.
     """
-    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE))
+    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
     op = trace.op_of_event[device]
     launcher = trace.launcher[device]
     missing = (op < 0) & (launcher >= 0)
@@ -194,7 +193,7 @@ def _enclosing_ops(trace: Trace, nesting: np.ndarray, calls: np.ndarray) -> np.n
     events = np.concatenate([nesting[trace.dur[nesting] > 0], positive])
     parent = _parents(trace, events)[len(events) - len(positive) :]
     found = np.where(parent >= 0, events[np.maximum(parent, 0)], -1)
-    found[(found >= 0) & ~numeric.isin_few(trace.kind[np.maximum(found, 0)], _ROWS)] = -1  # a ProfilerStep is no op
+    found[(found >= 0) & ~isin_few(trace.kind[np.maximum(found, 0)], _ROWS)] = -1  # a ProfilerStep is no op
     result = np.full(len(calls), -1, dtype=np.int64)
     result[trace.dur[calls] > 0] = found
     return result

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KINDS, Kind
-from ..trace.model import Trace
+from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace.model import Trace, isin_few
 from . import numeric
 
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 _LAUNCH_PARTS = ("LaunchKernel", "LaunchCooperativeKernel", "GraphLaunch", "MemcpyAsync", "MemcpyWithStream", "MemsetAsync")
 
 
@@ -76,11 +75,11 @@ def _during_graph_capture(trace: Trace, runtime: np.ndarray, launches: np.ndarra
 
 
 def device_recording(trace: Trace) -> RecordingResult:
-    runtime = np.flatnonzero(numeric.isin_few(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
+    runtime = np.flatnonzero(isin_few(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
     names = numeric.unique(trace.name[runtime])
     launch_names = [name for name in names if is_launch_call(trace.names[name])]
     launches = runtime[numeric.isin(trace.name[runtime], launch_names)]
-    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE))
+    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
     linked = np.zeros(len(trace), dtype=bool)
     if len(device):
         launcher = trace.launcher[device]

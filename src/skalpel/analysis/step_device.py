@@ -14,12 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KINDS
-from ..trace.model import Trace
-from . import intervals, numeric
+from ..trace.kinds import DEVICE_KIND_ARRAY
+from ..trace.model import Trace, isin_few
+from . import intervals
 from .steps import StepSegmentation
-
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,7 @@ def device_in_steps(trace: Trace, steps: StepSegmentation) -> StepDeviceResult |
     """Device busy time inside every step, per rank; None when the trace has no device work."""
     if not trace.has_device:
         return None
-    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE))
+    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
     ranks: dict[int, RankStepDevice | None] = {}
     for rank in trace.rank_ids:
         on_rank = device[trace.rank[device] == rank]

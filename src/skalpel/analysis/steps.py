@@ -36,16 +36,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KINDS, HOST_OP_KINDS, LAUNCH_KINDS, Kind, step_number
-from ..trace.model import Trace
+from ..trace.kinds import DEVICE_KIND_ARRAY, HOST_OP_KINDS, LAUNCH_KINDS, Kind, kind_array, step_number
+from ..trace.model import Trace, isin_few
 from . import numeric
 
 _DEFECT_RATIO = 0.1  # a step under a tenth of the median step is a marking defect, not a step
 _TAIL_RATIO = 0.8  # the plugin drops a last step with fewer than 80% of the previous step's device events
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
-_LAUNCH = np.array(sorted(int(k) for k in LAUNCH_KINDS), dtype=np.int8)
-_OPS = np.array(sorted(int(k) for k in HOST_OP_KINDS | LAUNCH_KINDS), dtype=np.int8)  # what a real step holds
-_HOST_SPAN = np.array(sorted(int(k) for k in HOST_OP_KINDS | {Kind.STEP}), dtype=np.int8)
+_LAUNCH = kind_array(LAUNCH_KINDS)
+_OPS = kind_array(HOST_OP_KINDS | LAUNCH_KINDS)  # what a real step holds
+_HOST_SPAN = kind_array(HOST_OP_KINDS | {Kind.STEP})
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,7 @@ def segment_steps(trace: Trace) -> StepSegmentation:
 def _sound_steps(trace: Trace, rank: int, starts: np.ndarray, host_ends: np.ndarray,
                  durations: np.ndarray) -> list[bool]:  # fmt: skip
     """Which steps are real: some host op inside, and not far shorter than the median step."""
-    ops = np.flatnonzero((trace.rank == rank) & numeric.isin_few(trace.kind, _OPS))
+    ops = np.flatnonzero((trace.rank == rank) & isin_few(trace.kind, _OPS))
     op_starts = np.sort(trace.ts[ops], kind="stable")  # nearly in time order already: the stable sort finds the runs
     inside = np.searchsorted(op_starts, host_ends, side="left") - np.searchsorted(op_starts, starts, side="left")
     sound = inside > 0
@@ -181,7 +180,7 @@ def _marker_notes(cut: int, dropped: int, unnumbered: int) -> tuple[str, ...]:
 
 def _host_span(trace: Trace, rank: int) -> tuple[float, float]:
     """First start and last end of the host ops of a rank (of any event when it has none)."""
-    on_rank = (trace.rank == rank) & numeric.isin_few(trace.kind, _HOST_SPAN)
+    on_rank = (trace.rank == rank) & isin_few(trace.kind, _HOST_SPAN)
     if not on_rank.any():
         on_rank = (trace.rank == rank) & (trace.kind != Kind.PYTHON)
     if not on_rank.any():
@@ -192,11 +191,11 @@ def _host_span(trace: Trace, rank: int) -> tuple[float, float]:
 
 
 def _device_work(trace: Trace, rank: int) -> _DeviceWork:
-    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (trace.rank == rank))
+    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
     launcher = trace.launcher[device]
     launched = launcher >= 0
     # A device event linked to something other than a launch call (a cuda_sync) has no launcher.
-    launched[launched] = numeric.isin_few(trace.kind[launcher[launched]], _LAUNCH)
+    launched[launched] = isin_few(trace.kind[launcher[launched]], _LAUNCH)
     events, calls = device[launched], launcher[launched]
     order = np.argsort(trace.ts[calls], kind="stable")
     events, calls = events[order], calls[order]
@@ -265,7 +264,7 @@ def inferred_iterations(trace: Trace, rank: int, *, minimum: int = 3) -> tuple[n
     else right after each optimizer step (``Optimizer.step#...``); the last one ends with the
     rank's last event. Fewer than ``minimum`` fetches or steps: no loop to infer.
     """
-    host = (trace.rank == rank) & numeric.isin_few(trace.kind, _HOST_SPAN)
+    host = (trace.rank == rank) & isin_few(trace.kind, _HOST_SPAN)
     if not host.any():
         return None
     last = float(trace.end[(trace.rank == rank) & (trace.kind != Kind.PYTHON)].max())  # runtime calls and kernels too
@@ -273,7 +272,7 @@ def inferred_iterations(trace: Trace, rank: int, *, minimum: int = 3) -> tuple[n
     if len(fetches) >= minimum:
         starts, source = np.sort(trace.ts[fetches]), "DataLoader fetches"
     else:
-        annotations = np.flatnonzero(host & numeric.isin_few(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
+        annotations = np.flatnonzero(host & isin_few(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
         names = [i for i in numeric.unique(trace.name[annotations]) if trace.names[i].startswith("Optimizer.step#")]
         steps = annotations[numeric.isin(trace.name[annotations], names)]
         if len(steps) < minimum:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import LAUNCH_KINDS, Kind
-from ..trace.model import Trace
+from ..trace.kinds import LAUNCH_KINDS, Kind, kind_array
+from ..trace.model import Trace, isin_few
 from . import intervals, numeric
 from .steps import StepSegmentation
 
@@ -41,7 +41,7 @@ SYNC_CALLS = frozenset(
 SYNC_COPY_CALLS = frozenset({"cudaMemcpy", "hipMemcpy", "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cudaMemcpy2D"})
 ITEM_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 CATEGORIES = ("device_sync", "sync_call", "item", "blocking_dtoh")
-_LAUNCH = np.array(sorted(int(k) for k in LAUNCH_KINDS), dtype=np.int8)
+_LAUNCH = kind_array(LAUNCH_KINDS)
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class SyncResult:
 
 def syncs(trace: Trace, steps: StepSegmentation, *, options: SyncOptions = SyncOptions()) -> SyncResult:
     """Synchronisations per rank. CPU-only traces give empty categories (item ops may still appear)."""
-    sync_call = _named(trace, SYNC_CALLS) & numeric.isin_few(trace.kind, _LAUNCH)
+    sync_call = _named(trace, SYNC_CALLS) & isin_few(trace.kind, _LAUNCH)
     item = np.flatnonzero(_named(trace, ITEM_OPS) & (trace.kind == Kind.CPU_OP))
     thread = trace.rank[item].astype(np.int64) * (1 << 40) + trace.tid[item]
     # outermost only: not again for the _local_scalar_dense inside an aten::item
@@ -169,7 +169,7 @@ def _blocking_dtoh(trace: Trace, sync_call: np.ndarray, lookahead: int) -> tuple
     copies = copies[trace.launcher[copies] >= 0]
     if len(copies) == 0:
         return copies, np.zeros(0)
-    calls = np.flatnonzero(numeric.isin_few(trace.kind, _LAUNCH))
+    calls = np.flatnonzero(isin_few(trace.kind, _LAUNCH))
     # Runtime calls ordered by (rank, thread, start): the next calls on the same thread follow directly.
     calls = calls[np.lexsort((trace.ts[calls], trace.tid[calls], trace.rank[calls]))]
     position = np.full(len(trace), -1, dtype=np.int64)

@@ -9,13 +9,12 @@ from ..analysis.gpu_time import gpu_time
 from ..analysis.launches import launches
 from ..analysis.ops import op_table
 from ..analysis.step_device import device_in_steps
-from ..trace.kinds import DEVICE_KINDS, Kind
+from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace.model import isin_few
 from . import thresholds
 from .overhead import check_cpu_overhead, source_fix, tiny_op_sources
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 from .sdpa import SDPA, check_sdpa
-
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 
 
 def _steps_on(ctx: Context, rank: int) -> int:
@@ -86,7 +85,7 @@ def _idle_in_dataloader_pct(ctx: Context, rank: int, idle_ms: float) -> float:
     if idle_ms <= 0 or len(waits) == 0:
         return 0.0
     loader = intervals.union(trace.ts[waits], trace.end[waits])
-    on_device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (trace.rank == rank))
+    on_device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
     busy = intervals.union(trace.ts[on_device], trace.end[on_device])
     idle_inside = intervals.length(*loader) - intervals.intersection_length(loader, busy)
     return min(100.0 * idle_inside / 1000.0 / idle_ms, 100.0)
@@ -95,7 +94,7 @@ def _idle_in_dataloader_pct(ctx: Context, rank: int, idle_ms: float) -> float:
 def _after_longest_gaps(ctx: Context, rank: int, count: int = 20) -> np.ndarray:
     """The device events that end the longest idle gaps: their launch sites are where the host was late."""
     trace = ctx.trace
-    events = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (trace.rank == rank))
+    events = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
     if len(events) < 2:
         return events
     events = events[np.argsort(trace.ts[events], kind="stable")]

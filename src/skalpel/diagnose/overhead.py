@@ -8,6 +8,7 @@ from ..analysis import intervals, numeric
 from ..analysis.breakdown import step_breakdown
 from ..analysis.ops import self_times
 from ..trace.kinds import Kind
+from ..trace.model import isin_few
 from .common import events_of, pct, windows
 from .rule import Context, NotJudged, Outcome, Rule
 
@@ -75,7 +76,7 @@ def tiny_op_sources(ctx: Context, rank: int, ops: np.ndarray) -> list[tuple[str,
     trace = ctx.trace
     if len(ops) == 0:
         return []
-    annotations = np.flatnonzero((trace.rank == rank) & numeric.isin_few(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
+    annotations = np.flatnonzero((trace.rank == rank) & isin_few(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
     optimizer_names = [i for i in numeric.unique(trace.name[annotations]) if trace.names[i].startswith("Optimizer.step#")]
     optimizer = annotations[numeric.isin(trace.name[annotations], optimizer_names)]
     loader = np.flatnonzero((trace.kind == Kind.DATALOADER) & (trace.rank == rank))

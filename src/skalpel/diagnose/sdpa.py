@@ -15,9 +15,9 @@ import json
 
 import numpy as np
 
-from ..analysis import numeric
 from ..result.report import Finding
-from ..trace.kinds import DEVICE_KINDS, Kind
+from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace.model import isin_few
 from .rule import Context, Rule
 
 SDPA = "aten::scaled_dot_product_attention"
@@ -28,7 +28,6 @@ _BACKENDS = (  # (part of the inner op's name, backend)
     ("cudnn_attention", "cuDNN"),
 )
 _SLOW = ("math (eager fallback)", "memory-efficient")
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 
 
 def check_sdpa(ctx: Context, rule: Rule, rank: int, steps: int, device_ms: float) -> list[Finding]:
@@ -85,7 +84,7 @@ def _backend(trace, call: int) -> str:
 def _kernel_ms_inside(ctx: Context, rank: int):
     """ms of the device work launched by ops inside a host call (on its thread, within its time range)."""
     trace = ctx.trace
-    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (trace.rank == rank))
+    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
     launcher = trace.launcher[device]
     device, launcher = device[launcher >= 0], launcher[launcher >= 0]
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from ..analysis import intervals, numeric
 from ..analysis.syncs import SyncOptions, syncs
-from ..trace.kinds import DEVICE_KINDS
+from ..trace.kinds import DEVICE_KIND_ARRAY
+from ..trace.model import isin_few
 from . import thresholds
 from .common import Window, pct, windows
 from .rule import Context, Docs, Outcome, Rule
@@ -23,7 +24,6 @@ _CAUSES = {
     "item": ".item() / .tolist() / Python control flow on a device tensor",
     "blocking_dtoh": "blocking device-to-host copy (.cpu(), .to('cpu'), .numpy())",
 }
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 
 
 def _check_sync(ctx: Context, rule: Rule) -> Outcome:
@@ -71,7 +71,7 @@ def _host_events(ctx: Context, rank) -> np.ndarray:
 def _idle_after(ctx: Context, window: Window, host: np.ndarray) -> float:
     """Device idle time (us) that starts when a sync returns, each gap counted once, cut at the step's end."""
     trace = ctx.trace
-    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (trace.rank == window.rank))
+    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == window.rank))
     if len(device) == 0 or len(host) == 0:
         return 0.0
     busy_start, busy_end = intervals.union(trace.ts[device], trace.ts[device] + trace.dur[device])

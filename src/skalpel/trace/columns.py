@@ -19,11 +19,10 @@ import numpy as np
 import orjson
 
 from .events import EMPTY, MISSING, Event, decode_args, decode_memory_args, full_args
-from .kinds import DEVICE_KINDS, Kind, classify, legacy_category
+from .kinds import DEVICE_KIND_ARRAY, DEVICE_KINDS, Kind, classify, kind_array, legacy_category
 
 _KEPT_ARG_KINDS = np.array([Kind.COMM_OP, Kind.COMM_KERNEL, Kind.DEVICE_SYNC, Kind.MEMCPY], np.int8)
-_DEVICE_KINDS = np.array(sorted(DEVICE_KINDS), np.int8)
-_ON_DEVICE = np.array(sorted(DEVICE_KINDS | {Kind.DEVICE_SYNC, Kind.GPU_ANNOTATION}), np.int8)
+_ON_DEVICE = kind_array(DEVICE_KINDS | {Kind.DEVICE_SYNC, Kind.GPU_ANNOTATION})
 _MOVES_BYTES = np.array([Kind.MEMCPY, Kind.MEMSET], np.int8)
 _FLOW_CATEGORIES = ("ac2g", "async")
 # Every phase of the Trace Event Format (and its legacy async ones); skalpel reads X, i/I and f.
@@ -185,7 +184,7 @@ class ColumnBuilder:
         flops = _ints([a.flops for a in args], 0)  # with_flops: few ops carry a count, kept beside their other args
         for index in np.flatnonzero(flops > 0).tolist():
             self.extra.setdefault(self.count + index, {})["flops"] = float(flops[index])
-        uncorrelated = np.flatnonzero(np.isin(kind, _DEVICE_KINDS) & (correlation == 0))
+        uncorrelated = np.flatnonzero(np.isin(kind, DEVICE_KIND_ARRAY) & (correlation == 0))
         if len(uncorrelated):
             self._uncorrelated.append(uncorrelated + self.count)
         self.count += len(events)

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterable
+
+import numpy as np
 
 
 class Kind(enum.IntEnum):
@@ -42,6 +45,18 @@ HOST_OP_KINDS = frozenset({Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER, K
 """Host ranges that appear in an operator table."""
 
 LAUNCH_KINDS = frozenset({Kind.RUNTIME, Kind.DRIVER})
+
+LAUNCHED_KINDS = DEVICE_KINDS | {Kind.DEVICE_SYNC}
+"""Device records that a runtime call launched (same correlation id): device work, and a sync's device record."""
+
+
+def kind_array(kinds: Iterable[Kind]) -> np.ndarray:
+    """Kinds as a sorted int8 array, the form ``isin_few`` and ``np.isin`` compare the ``kind`` column with."""
+    return np.array(sorted(int(k) for k in kinds), dtype=np.int8)
+
+
+DEVICE_KIND_ARRAY = kind_array(DEVICE_KINDS)
+"""``DEVICE_KINDS`` as an array, for masks over the ``kind`` column."""
 
 _CATEGORY_KINDS = {
     "cpu_op": Kind.CPU_OP,

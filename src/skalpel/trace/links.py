@@ -1,57 +1,55 @@
-"""Links between events: device work to the runtime call that launched it, and to its host op."""
+"""Links between events: device work to the runtime call that launched it, and to its host op.
+
+Both read columns of a ``Trace`` (``Trace.launcher`` and ``Trace.op_of_event`` compute
+them once and cache them).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from .kinds import DEVICE_KINDS, HOST_OP_KINDS, LAUNCH_KINDS, Kind
+from .kinds import HOST_OP_KINDS, LAUNCH_KINDS, LAUNCHED_KINDS, kind_array
 
-if TYPE_CHECKING:
-    from .model import Trace
-
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS | {Kind.DEVICE_SYNC}), dtype=np.int8)
-_LAUNCH = np.array(sorted(int(k) for k in LAUNCH_KINDS), dtype=np.int8)
-_HOST_OPS = np.array(sorted(int(k) for k in HOST_OP_KINDS), dtype=np.int8)
+_LAUNCHED = kind_array(LAUNCHED_KINDS)
+_LAUNCH = kind_array(LAUNCH_KINDS)
+_HOST_OPS = kind_array(HOST_OP_KINDS)
 
 
-def _keys(trace: Trace, indices: np.ndarray, column: np.ndarray) -> np.ndarray:
-    """Combine rank and an id column into one sortable key."""
-    return trace.rank[indices].astype(np.int64) * (1 << 40) + (column[indices] & ((1 << 40) - 1))
+def launcher_of_events(kind: np.ndarray, rank: np.ndarray, correlation: np.ndarray) -> np.ndarray:
+    """For each device event (and sync record), the runtime call with the same (rank, correlation id); -1 otherwise."""
+    return _link(kind, rank, correlation, _LAUNCHED, _LAUNCH)
 
 
-def _match(trace: Trace, sources: np.ndarray, targets: np.ndarray, source_ids: np.ndarray, target_ids: np.ndarray) -> np.ndarray:
-    """For each source event, the target event with the same (rank, id); -1 when none."""
-    result = np.full(len(sources), -1, dtype=np.int64)
-    if len(sources) == 0 or len(targets) == 0:
-        return result
-    target_keys = _keys(trace, targets, target_ids)
-    order = np.argsort(target_keys, kind="stable")
-    sorted_keys = target_keys[order]
-    source_keys = _keys(trace, sources, source_ids)
-    found = np.searchsorted(sorted_keys, source_keys)
-    found_clipped = np.minimum(found, len(sorted_keys) - 1)
-    hit = sorted_keys[found_clipped] == source_keys
-    result[hit] = targets[order[found_clipped[hit]]]
-    return result
-
-
-def launcher_of_events(trace: Trace) -> np.ndarray:
-    launcher = np.full(len(trace), -1, dtype=np.int64)
-    device = np.flatnonzero(np.isin(trace.kind, _DEVICE) & (trace.correlation != 0))
-    launches = np.flatnonzero(np.isin(trace.kind, _LAUNCH) & (trace.correlation != 0))
-    launcher[device] = _match(trace, device, launches, trace.correlation, trace.correlation)
-    return launcher
-
-
-def op_of_events(trace: Trace) -> np.ndarray:
-    """The host op of each runtime call (by External id) and of each device event (through its launcher)."""
-    op = np.full(len(trace), -1, dtype=np.int64)
-    launches = np.flatnonzero(np.isin(trace.kind, _LAUNCH) & (trace.external_id != 0))
-    ops = np.flatnonzero(np.isin(trace.kind, _HOST_OPS) & (trace.external_id != 0))
-    op[launches] = _match(trace, launches, ops, trace.external_id, trace.external_id)
-    launcher = trace.launcher
+def op_of_events(kind: np.ndarray, rank: np.ndarray, external_id: np.ndarray, launcher: np.ndarray) -> np.ndarray:
+    """The host op of each runtime call (by External id) and of each device event (through its ``launcher``)."""
+    op = _link(kind, rank, external_id, _LAUNCH, _HOST_OPS)
     device = np.flatnonzero(launcher >= 0)
     op[device] = op[launcher[device]]
     return op
+
+
+def _link(kind: np.ndarray, rank: np.ndarray, ids: np.ndarray, source_kinds: np.ndarray,
+          target_kinds: np.ndarray) -> np.ndarray:  # fmt: skip
+    """For each event of ``source_kinds``, the event of ``target_kinds`` with the same (rank, id); -1 otherwise.
+
+    An id of 0 is no id: such events link to nothing.
+    """
+    linked = np.full(len(kind), -1, dtype=np.int64)
+    has_id = ids != 0
+    sources = np.flatnonzero(np.isin(kind, source_kinds) & has_id)
+    targets = np.flatnonzero(np.isin(kind, target_kinds) & has_id)
+    if len(sources) == 0 or len(targets) == 0:
+        return linked
+    target_keys = _keys(rank, ids, targets)
+    order = np.argsort(target_keys, kind="stable")
+    sorted_keys = target_keys[order]
+    source_keys = _keys(rank, ids, sources)
+    found = np.minimum(np.searchsorted(sorted_keys, source_keys), len(sorted_keys) - 1)
+    hit = sorted_keys[found] == source_keys
+    linked[sources[hit]] = targets[order[found[hit]]]
+    return linked
+
+
+def _keys(rank: np.ndarray, ids: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """Combine rank and an id column into one sortable key."""
+    return rank[indices].astype(np.int64) * (1 << 40) + (ids[indices] & ((1 << 40) - 1))

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .kinds import Kind
+from .kinds import DEVICE_KIND_ARRAY, Kind
+from .links import launcher_of_events, op_of_events
 
 NO_ID = -1
 
@@ -100,7 +101,7 @@ class Trace:
     @property
     def has_device(self) -> bool:
         """True when the trace recorded any device activity (kernels, copies, memsets)."""
-        return bool(isin_few(self.kind, _DEVICE_KIND_VALUES).any())
+        return bool(isin_few(self.kind, DEVICE_KIND_ARRAY).any())
 
     @property
     def has_stacks(self) -> bool:
@@ -132,9 +133,7 @@ class Trace:
         Matched on (rank, correlation id); computed once and cached.
         """
         if "launcher" not in self._derived:
-            from .links import launcher_of_events
-
-            self._derived["launcher"] = launcher_of_events(self)
+            self._derived["launcher"] = launcher_of_events(self.kind, self.rank, self.correlation)
         return self._derived["launcher"]
 
     @property
@@ -145,13 +144,8 @@ class Trace:
         a device event inherits the op of its launcher. Computed once and cached.
         """
         if "op_of_event" not in self._derived:
-            from .links import op_of_events
-
-            self._derived["op_of_event"] = op_of_events(self)
+            self._derived["op_of_event"] = op_of_events(self.kind, self.rank, self.external_id, self.launcher)
         return self._derived["op_of_event"]
-
-
-_DEVICE_KIND_VALUES = np.array([Kind.KERNEL, Kind.COMM_KERNEL, Kind.MEMCPY, Kind.MEMSET], dtype=np.int8)
 
 
 def isin_few(values: np.ndarray, members) -> np.ndarray:

@@ -33,7 +33,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .kinds import DEVICE_KINDS, Kind, step_number
+from .kinds import LAUNCHED_KINDS, Kind, step_number
 from .line_samples import LineSamples
 from .model import Trace
 
@@ -48,7 +48,6 @@ _KNOWN_LIBRARIES = frozenset(
     "xformers flash_attn einops numpy scipy pandas tqdm vllm sglang diffusers peft trl jax tensorflow "
     "IPython ipykernel traitlets tornado zmq runpy".split()
 )
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS | {Kind.DEVICE_SYNC}), dtype=np.int8)
 
 
 def parse_frame(text: str) -> tuple[str, int, str] | None:
@@ -177,7 +176,7 @@ class Locator:
 
     def _host_event(self, index: int) -> int:
         trace = self.trace
-        if int(trace.kind[index]) in _DEVICE:
+        if int(trace.kind[index]) in LAUNCHED_KINDS:
             launcher = int(trace.launcher[index])
             if launcher < 0:
                 return -1
