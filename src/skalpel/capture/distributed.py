@@ -13,8 +13,9 @@ Under ``torchrun`` each rank runs ``skalpel run`` (``torchrun ... -m skalpel run
 
 ``skalpel run --nproc N`` launches the script through ``torch.distributed.run`` itself
 (``launch``); its children write traces only (``$SKALPEL_TRACE_ONLY``) and the launcher
-merges them after they exit (``command.launch_and_merge``), which survives a rank that dies. Nodes without a shared folder: copy every
-node's ``trace-rank*.json.gz`` into one folder and run ``skalpel analyze FOLDER``.
+merges them after they exit (``command.launch_and_merge``), which survives a rank that dies.
+Nodes without a shared folder: copy every node's ``trace-rank*.json.gz`` into one folder
+and run ``skalpel analyze FOLDER``.
 """
 
 from __future__ import annotations
