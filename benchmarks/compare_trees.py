@@ -70,6 +70,10 @@ def main() -> int:
     parser.add_argument("--only", default="", help="only targets whose label contains this")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
+    for tree in (args.before, args.after):  # run from a scratch folder: a relative path would silently miss
+        if not (tree.resolve() / "skalpel" / "__init__.py").is_file():
+            parser.error(f"{tree} holds no skalpel package (give a tree's src/ folder)")
+    args.before, args.after = args.before.resolve(), args.after.resolve()
     checks = [c for c in commands(CORPUS) if args.only in c[0]]
 
     def compare(check):
