@@ -8,6 +8,7 @@ from typing import Any
 
 from ..forking import Child
 from ..trace.model import Trace
+from .blame import BlameResult, blame
 from .breakdown import StepBreakdown, step_breakdown
 from .comm import CommAnalysis, analyze_comm
 from .compile import CompileLog, CompileResult, compile_events, compile_log
@@ -42,6 +43,7 @@ class Analyses:
     step_device: StepDeviceResult | None = None  # the device's busy share of each marked step; None without device
     launches: LaunchResult | None = None  # launch delays, tiny kernels, kernels and ops per step
     syncs: SyncResult | None = None  # host-device synchronisations and pageable copies
+    blame: BlameResult | None = None  # every idle interval of a step charged to its cause
     memory: MemoryResult | None = None  # allocated-memory curves; None without [memory] events
     compile: CompileResult | None = None  # torch.compile regions, compilations, Triton kernels
     compile_log: CompileLog | None = None  # causes from skalpel run's compile log: guards, graph breaks, limits
@@ -85,6 +87,7 @@ def _run_the_rest(trace: Trace, steps: StepSegmentation, analyses: Analyses) -> 
     analyses.recording = device_recording(trace)
     analyses.launches = launches(trace, steps)
     analyses.syncs = syncs(trace, steps)
+    analyses.blame = blame(trace, steps)
     analyses.memory = memory(trace, steps)
     analyses.compile = compile_events(trace, steps)
     analyses.compile_log = compile_log(trace, steps)

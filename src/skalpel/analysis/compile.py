@@ -108,6 +108,13 @@ def compile_events(trace: Trace, steps: StepSegmentation) -> CompileResult:
     )
 
 
+def compile_ranges(trace: Trace) -> np.ndarray:
+    """Indices of the host ranges in which torch.compile compiles (dynamo/inductor ranges, any rank)."""
+    host = numeric.isin_few(trace.kind, _HOST)
+    names = [i for i in numeric.unique(trace.name[host]) if _COMPILE_TIME.search(trace.names[i])]
+    return np.flatnonzero(host & numeric.isin(trace.name, names))
+
+
 def _pair(match: re.Match) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 

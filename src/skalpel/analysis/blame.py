@@ -1,0 +1,541 @@
+"""Blame: every idle millisecond of a step charged to what held the device back.
+
+For each interval of a step in which the device is idle (streams merged, as ``step_device``
+measures it), the device work that ends the interval is found, then the runtime call that
+launched it (``correlation``) and the host thread that made that call. Then:
+
+* the call started after the device went idle: the host was elsewhere until it launched.
+  The host part ``[idle start, launch start)`` is charged to what that thread was doing,
+  at the level a user can act on: a DataLoader fetch (``data_loading``), a dynamo/inductor
+  compile range (``compile``), one-time work that ``onetime`` finds (``one_time_init``),
+  a host collective (``collective_wait``), other launch calls (``launch_overhead``), else
+  ``host_compute`` by the innermost ``record_function`` range (the optimizer step is one),
+  else by the outermost op, else "host code between recorded ops";
+* a sync on that thread that really waited (it started while device work was still running,
+  and the device went idle inside it) takes the host part first, capped at what it drained
+  (the device's busy time inside the sync): a sync that returned at once causes nothing.
+  A sync inside a fetch, a compile range or one-time work (cuDNN's autotuning syncs) is
+  charged to that work, not to ``sync``;
+* the rest of the interval, from the launch call's start to the work's start, is
+  ``launch_overhead``;
+* the work was queued before the device went idle: it waited on something on the device.
+  A collective kernel waited for its peers (``collective_wait``); a gap shorter than
+  ``kernel_wait_us`` is the device's own dispatch (``launch_overhead``); a longer one waited
+  on another stream or an event (``other_stream``);
+* no later device work, no launch call (no ``correlation``, or one no launch call carries),
+  or work that starts before its launch (clock skew): ``unexplained``, with a note.
+
+The categories of a step add up to its idle time exactly. CPU-only traces have no device to
+wait for: the result says so (``applies`` is False) instead of blaming anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.kinds import DEVICE_KINDS, LAUNCH_KINDS, Kind
+from ..trace.model import Trace
+from . import intervals, numeric
+from .compile import compile_ranges
+from .onetime import OneTimeResult, one_time_work
+from .steps import Step, StepSegmentation
+from .syncs import SYNC_CALLS, SYNC_COPY_CALLS
+
+CATEGORIES = (
+    "data_loading", "host_compute", "compile", "sync", "launch_overhead", "collective_wait", "one_time_init",
+    "other_stream", "unexplained",
+)  # fmt: skip
+CATEGORY_WORDS = {
+    "data_loading": "waiting for the next batch (DataLoader fetch on the launching thread)",
+    "host_compute": "host work on the launching thread (record_function range, op or Python between ops)",
+    "compile": "torch.compile compiling (dynamo/inductor ranges)",
+    "sync": "after a host-device sync that drained the queue (capped at what it drained)",
+    "launch_overhead": "launch calls and the device's dispatch between queued kernels",
+    "collective_wait": "a collective waiting for its peers (host collective, or a queued collective kernel)",
+    "one_time_init": "one-time work (CUDA context, cuDNN autotuning, lazy loading)",
+    "other_stream": "work queued in time that waited on another stream or an event",
+    "unexplained": "no link to a cause in the trace (no launch call, no later work, clock skew)",
+}
+UNTRACED = "host code between recorded ops"
+UNLINKED = "device work the trace links to no cause"
+_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
+_LAUNCH = np.array(sorted(int(k) for k in LAUNCH_KINDS), dtype=np.int8)
+_CAT = {name: code for code, name in enumerate(CATEGORIES)}
+_SYNC_TOLERANCE_US = 2.0  # the device may report going idle this long after the host's sync returned (clock alignment)
+_TOP = 8  # contributors kept per rank
+
+
+@dataclass(frozen=True)
+class BlameOptions:
+    kernel_wait_us: float = 30.0  # HTA's consecutive_kernel_delay: shorter gaps between queued kernels are dispatch
+
+
+@dataclass(frozen=True)
+class Contributor:
+    """One cause, at the level a user can act on, and the events that show it."""
+
+    category: str
+    label: str  # the range, op or sync call's name; UNTRACED for host time no op covers
+    ms: float  # summed over the steps
+    events: tuple[int, ...]  # evidence: the ranges, syncs or launches charged, most time first
+
+
+@dataclass(frozen=True)
+class StepBlame:
+    """One step's idle time by cause."""
+
+    number: int
+    start_us: float
+    end_us: float
+    idle_ms: float
+    by_category_ms: dict[str, float]  # sums to idle_ms
+
+
+@dataclass(frozen=True)
+class RankBlame:
+    """One rank's idle time by cause, per step and summed."""
+
+    rank: int
+    steps: tuple[StepBlame, ...]
+    idle_ms: float  # over all steps
+    by_category_ms: dict[str, float]  # sums to idle_ms
+    contributors: tuple[Contributor, ...]  # the largest, across categories
+    notes: tuple[str, ...]  # why some time is unexplained
+    syncs_waited: tuple[int, ...] = ()  # the sync calls that really waited and were charged, longest charge first
+
+    @property
+    def share_pct(self) -> dict[str, float]:
+        return {key: (100.0 * value / self.idle_ms if self.idle_ms > 0 else 0.0) for key, value in self.by_category_ms.items()}
+
+    @property
+    def ms_per_step(self) -> dict[str, float]:
+        count = max(len(self.steps), 1)
+        return {key: value / count for key, value in self.by_category_ms.items()}
+
+    def top(self, category: str | None = None) -> list[Contributor]:
+        return [item for item in self.contributors if category is None or item.category == category]
+
+    @property
+    def dominant(self) -> str | None:
+        """The category with the most idle time, when any."""
+        if self.idle_ms <= 0:
+            return None
+        return max(self.by_category_ms, key=lambda key: self.by_category_ms[key])
+
+
+@dataclass(frozen=True)
+class BlameResult:
+    """Idle time by cause for every rank; ``applies`` is False (with the reason) on a trace without device work."""
+
+    ranks: dict[int, RankBlame]
+    applies: bool = True
+    reason: str | None = None
+
+    def for_rank(self, rank: int) -> RankBlame | None:
+        return self.ranks.get(rank)
+
+
+def blame(
+    trace: Trace, steps: StepSegmentation, *, one_time: OneTimeResult | None = None,
+    options: BlameOptions = BlameOptions(),
+) -> BlameResult:  # fmt: skip
+    """Idle time of every step charged to its causes, per rank."""
+    if not trace.has_device:
+        return BlameResult({}, applies=False, reason="no device activity: nothing waited for a device")
+    one_time = one_time if one_time is not None else one_time_work(trace)
+    labels = _Labels(trace, one_time)
+    ranks = {}
+    for rank in trace.rank_ids:
+        rank_steps = sorted(steps.for_rank(rank), key=lambda step: step.start_us)
+        if rank_steps:
+            ranks[rank] = _rank_blame(trace, rank, rank_steps, labels, options)
+    return BlameResult(ranks)
+
+
+# -- the idle intervals and the work that ends each ------------------------------------------------
+
+
+@dataclass
+class _Pieces:
+    """Charged pieces of idle time: category, the event that shows it, its label (name id, -1 untraced), step."""
+
+    category: list[np.ndarray]
+    event: list[np.ndarray]
+    label: list[np.ndarray]
+    step: list[np.ndarray]
+    length: list[np.ndarray]
+
+    def add(self, category, event, label, step, length) -> None:
+        size = len(length)
+        self.category.append(np.broadcast_to(np.asarray(category, dtype=np.int64), size))
+        self.event.append(np.broadcast_to(np.asarray(event, dtype=np.int64), size))
+        self.label.append(np.broadcast_to(np.asarray(label, dtype=np.int64), size))
+        self.step.append(np.broadcast_to(np.asarray(step, dtype=np.int64), size))
+        self.length.append(np.asarray(length, dtype=np.float64))
+
+    def arrays(self):
+        if not self.length:
+            empty_int = np.zeros(0, dtype=np.int64)
+            return empty_int, empty_int, empty_int, empty_int, np.zeros(0)
+        return tuple(np.concatenate(part) for part in (self.category, self.event, self.label, self.step, self.length))
+
+
+def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Labels", options: BlameOptions) -> RankBlame:
+    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (trace.rank == rank))
+    device = device[np.argsort(trace.ts[device], kind="stable")]
+    end = labels.end
+    busy = intervals.union(trace.ts[device], end[device])
+    step_starts = np.array([step.start_us for step in rank_steps])
+    step_ends = np.array([step.end_us for step in rank_steps])
+    g0, g1, step_of = _idle_in_steps(busy, step_starts, step_ends)
+    pieces = _Pieces([], [], [], [], [])
+    notes: list[str] = []
+
+    # The device work that ends each idle interval: the first to start at or after its end.
+    device_starts = trace.ts[device]
+    position = np.searchsorted(device_starts, g1, side="left")
+    has_next = position < len(device)
+    nxt = np.where(has_next, device[np.minimum(position, max(len(device) - 1, 0))], -1) if len(device) else np.full(len(g1), -1)
+    launcher = np.where(has_next, trace.launcher[np.maximum(nxt, 0)], -1)
+    launched = launcher >= 0
+    launched[launched] = numeric.isin_few(trace.kind[launcher[launched]], _LAUNCH)
+    launch_ts = np.where(launched, trace.ts[np.maximum(launcher, 0)], np.nan)
+    launch_end = np.where(launched, end[np.maximum(launcher, 0)], np.nan)
+    with np.errstate(invalid="ignore"):
+        skewed = launched & (launch_ts > trace.ts[np.maximum(nxt, 0)])
+    length = g1 - g0
+
+    _unexplained(pieces, notes, ~has_next, nxt, step_of, length, "no later device work to wait for")
+    _unexplained(pieces, notes, has_next & ~launched, nxt, step_of, length,
+                 "device work with no launch call linked to it (missing or unmatched correlation)")  # fmt: skip
+    _unexplained(pieces, notes, skewed, nxt, step_of, length, "device work that starts before its launch call (clock skew)")
+    ok = launched & ~skewed
+
+    with np.errstate(invalid="ignore"):
+        queued = ok & (launch_end <= g0)
+        in_launch = ok & (launch_ts <= g0) & (launch_end > g0)
+        host_late = ok & (launch_ts > g0)
+    # queued in time: the device waited on something of its own
+    is_comm = trace.kind[np.maximum(nxt, 0)] == Kind.COMM_KERNEL
+    for mask, category in (
+        (queued & is_comm, "collective_wait"),
+        (queued & ~is_comm & (length < options.kernel_wait_us), "launch_overhead"),
+        (queued & ~is_comm & (length >= options.kernel_wait_us), "other_stream"),
+    ):
+        pieces.add(_CAT[category], nxt[mask], trace.name[nxt[mask]], step_of[mask], length[mask])
+    pieces.add(_CAT["launch_overhead"], launcher[in_launch], trace.name[launcher[in_launch]], step_of[in_launch], length[in_launch])
+
+    # the host launched late: the host part on the launching thread, then the launch call and the work's wait
+    host_end = np.minimum(launch_ts[host_late], g1[host_late])
+    call_end = np.minimum(launch_end[host_late], g1[host_late])
+    calls, late_next, late_step = launcher[host_late], nxt[host_late], step_of[host_late]
+    part = call_end > host_end
+    pieces.add(_CAT["launch_overhead"], calls[part], trace.name[calls[part]], late_step[part], (call_end - host_end)[part])
+    waited = g1[host_late] - call_end  # queued when the call returned, started this much later
+    dispatch = (waited > 0) & (waited < options.kernel_wait_us)
+    pieces.add(_CAT["launch_overhead"], calls[dispatch], trace.name[calls[dispatch]], late_step[dispatch], waited[dispatch])
+    for mask, category in ((is_comm[host_late], "collective_wait"), (~is_comm[host_late], "other_stream")):
+        mask = mask & (waited >= options.kernel_wait_us)
+        pieces.add(_CAT[category], late_next[mask], trace.name[late_next[mask]], late_step[mask], waited[mask])
+    labels.charge_host(pieces, rank, trace.tid[calls], g0[host_late], host_end, step_of[host_late], calls, busy)
+
+    category, event, label, step, piece_length = pieces.arrays()
+    by_step = np.bincount(step * len(CATEGORIES) + category, weights=piece_length,
+                          minlength=len(rank_steps) * len(CATEGORIES)).reshape(len(rank_steps), len(CATEGORIES))  # fmt: skip
+    step_idle = np.bincount(step_of, weights=length, minlength=len(rank_steps))
+    step_blames = tuple(
+        StepBlame(step.number, step.start_us, step.end_us, float(step_idle[i]) / 1000.0,
+                  {name: float(by_step[i, code]) / 1000.0 for name, code in _CAT.items()})  # fmt: skip
+        for i, step in enumerate(rank_steps)
+    )
+    total = by_step.sum(axis=0)
+    waited = labels.take_waited()
+    return RankBlame(
+        rank=rank,
+        steps=step_blames,
+        idle_ms=float(length.sum()) / 1000.0,
+        by_category_ms={name: float(total[code]) / 1000.0 for name, code in _CAT.items()},
+        contributors=_contributors(trace, category, event, label, piece_length),
+        notes=tuple(notes),
+        syncs_waited=waited,
+    )
+
+
+def _idle_in_steps(busy, step_starts, step_ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, step position) of every idle interval inside the steps (steps are disjoint and sorted)."""
+    gap_starts = np.concatenate([[-np.inf], busy[1]])
+    gap_ends = np.concatenate([busy[0], [np.inf]])
+    keep = gap_ends > gap_starts
+    gap_starts, gap_ends = gap_starts[keep], gap_ends[keep]
+    bounds = numeric.unique(np.concatenate([gap_starts, gap_ends, step_starts, step_ends]))
+    bounds = bounds[np.isfinite(bounds)]
+    lows, highs = bounds[:-1], bounds[1:]
+    middle = (lows + highs) / 2
+    in_gap = intervals.containing(gap_starts, gap_ends, middle) >= 0
+    step = intervals.containing(step_starts, step_ends, middle)
+    inside = in_gap & (step >= 0)
+    lows, highs, step = lows[inside], highs[inside], step[inside]
+    # adjacent pieces of one gap in one step are one idle interval
+    joined = np.ones(len(lows), dtype=bool)
+    joined[1:] = (lows[1:] != highs[:-1]) | (step[1:] != step[:-1])
+    first = np.flatnonzero(joined)
+    last = np.append(first[1:] - 1, len(lows) - 1)
+    return lows[first], highs[last], step[first]
+
+
+def _unexplained(pieces: _Pieces, notes: list[str], mask, nxt, step_of, length, why: str) -> None:
+    if not mask.any():
+        return
+    pieces.add(_CAT["unexplained"], nxt[mask], -1, step_of[mask], length[mask])
+    notes.append(f"{float(length[mask].sum()) / 1000.0:.3f} ms in {int(mask.sum())} idle interval(s): {why}")
+
+
+# -- what the launching thread was doing -----------------------------------------------------------
+
+
+class _Labels:
+    """The host ranges of each thread by cause, looked up at any instant; the syncs that may have waited."""
+
+    def __init__(self, trace: Trace, one_time: OneTimeResult) -> None:
+        self.trace = trace
+        self.end = trace.end  # computed once: each trace.end is a new array
+        host = np.flatnonzero(numeric.isin_few(trace.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER,
+                                                             Kind.COMM_OP, Kind.RUNTIME, Kind.DRIVER]))  # fmt: skip
+        self.host = host
+        self.thread_key = _thread_key(trace, host)
+        self.compile = np.zeros(len(trace), dtype=bool)
+        self.compile[compile_ranges(trace)] = True
+        self.one_time = np.zeros(len(trace), dtype=bool)
+        self.one_time[[cost.event for work in one_time.ranks.values() for cost in work.costs]] = True
+        self.launches = np.zeros(len(trace), dtype=bool)
+        launchers = trace.launcher[trace.launcher >= 0]
+        self.launches[launchers] = True
+        names = [trace.name_id(name) for name in SYNC_CALLS | SYNC_COPY_CALLS]
+        self.sync = numeric.isin(trace.name, [i for i in names if i >= 0]) & numeric.isin_few(trace.kind, _LAUNCH)
+        self.sync |= _pageable_dtoh_launches(trace)
+        self._waited: dict[int, float] = {}
+
+    def charge_host(self, pieces: _Pieces, rank: int, tids, starts, ends, step_of, calls, busy) -> None:
+        """Charge the host parts ``[starts, ends)`` to what their launching threads were doing."""
+        if len(starts) == 0:
+            return
+        keys = rank * (1 << 40) + tids.astype(np.int64)
+        for key in numeric.unique(keys):
+            mine = keys == key
+            self._charge_thread(pieces, key, starts[mine], ends[mine], step_of[mine], calls[mine], busy)
+
+    def _charge_thread(self, pieces: _Pieces, key, starts, ends, step_of, calls, busy) -> None:
+        trace = self.trace
+        on_thread = self.host[self.thread_key == key]
+        # a sync in progress when the device went idle, that drained work queued before it, takes its share first
+        syncs = on_thread[self.sync[on_thread]]
+        syncs = syncs[np.argsort(trace.ts[syncs], kind="stable")]
+        end = self.end
+        syncs = syncs[intervals.outermost(trace.ts[syncs], end[syncs], np.zeros(len(syncs), dtype=np.int64))]
+        which = intervals.containing(trace.ts[syncs], end[syncs] + _SYNC_TOLERANCE_US, starts)
+        which[which >= 0] = np.where(trace.ts[syncs[which[which >= 0]]] < starts[which >= 0], which[which >= 0], -1)
+        found = which >= 0
+        drained = np.zeros(len(starts))
+        if found.any():
+            sync_events = syncs[which[found]]
+            drained[found] = _busy_between(busy, trace.ts[sync_events], starts[found])
+        charged = np.minimum(drained, ends - starts)
+        waited = charged > 0
+        sync_event = np.where(waited, syncs[np.maximum(which, 0)] if len(syncs) else -1, -1)
+        rest_starts = starts + charged
+
+        # only the ranges that overlap what is charged matter (and those holding the syncs' starts)
+        probes = trace.ts[sync_event[waited]]
+        probe_starts, probe_ends = intervals.union(np.concatenate([starts, probes]), np.concatenate([ends, probes + 1e-3]))
+        on_thread = on_thread[_overlapping(trace.ts[on_thread], end[on_thread], probe_starts, probe_ends)]
+        ranges = _ThreadRanges(trace, on_thread, self)
+        # the sync's share goes to the work around it when it sits inside a fetch, a compile or one-time work
+        if waited.any():
+            events = sync_event[waited]
+            category, owner = ranges.at(trace.ts[events])
+            inside_work = numeric.isin_few(category, [_CAT["data_loading"], _CAT["compile"], _CAT["one_time_init"]])
+            category = np.where(inside_work, category, _CAT["sync"])
+            owner = np.where(inside_work, owner, events)
+            label = np.where(inside_work, trace.name[np.maximum(owner, 0)], trace.name[events])
+            pieces.add(category, owner, label, step_of[waited], charged[waited])
+            for event, amount in zip(events[~inside_work].tolist(), charged[waited][~inside_work].tolist()):
+                self._waited[event] = self._waited.get(event, 0.0) + amount
+        ranges.charge(pieces, rest_starts, ends, step_of, calls)
+
+    def take_waited(self) -> tuple[int, ...]:
+        """The syncs charged since the last call (one rank's), most time first."""
+        chosen = self._waited
+        self._waited = {}
+        return tuple(event for event, _ in sorted(chosen.items(), key=lambda item: -item[1]))
+
+
+class _ThreadRanges:
+    """One thread's host ranges as a timeline of causes: which cause and which range at any instant."""
+
+    # priority: the first class that covers an instant takes it
+    _CLASSES = ("data_loading", "compile", "one_time_init", "collective_wait", "launch_overhead", "annotation", "op")
+
+    def __init__(self, trace: Trace, events: np.ndarray, labels: _Labels) -> None:
+        self.trace = trace
+        self.end = labels.end
+        kind = trace.kind[events]
+        annotation = (kind == Kind.USER_ANNOTATION) & ~labels.compile[events]
+        masks = {
+            "data_loading": kind == Kind.DATALOADER,
+            "compile": labels.compile[events],
+            "one_time_init": labels.one_time[events],
+            "collective_wait": kind == Kind.COMM_OP,
+            "launch_overhead": labels.launches[events] & numeric.isin_few(kind, _LAUNCH),
+            "annotation": annotation,
+            "op": kind == Kind.CPU_OP,
+        }
+        self.classes = {name: events[mask] for name, mask in masks.items()}
+        self._outer = {name: _outermost_sorted(trace, self.end, found) for name, found in self.classes.items()
+                       if name != "annotation"}  # fmt: skip
+        self._inner = _Innermost(trace, self.end, self.classes["annotation"])
+
+    def at(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(category code, range) at each instant; host_compute and -1 where nothing is recorded."""
+        category = np.full(len(points), _CAT["host_compute"], dtype=np.int64)
+        owner = np.full(len(points), -1, dtype=np.int64)
+        open_ = np.ones(len(points), dtype=bool)
+        for name in self._CLASSES:
+            found = self._inner.at(points) if name == "annotation" else _lookup(self.trace, self.end, self._outer[name], points)
+            hit = open_ & (found >= 0)
+            category[hit] = _CAT["host_compute"] if name in ("annotation", "op") else _CAT[name]
+            owner[hit] = found[hit]
+            open_ &= ~hit
+        return category, owner
+
+    def charge(self, pieces: _Pieces, starts, ends, step_of, calls) -> None:
+        """Charge each [start, end) to the causes that cover it, piece by piece."""
+        keep = ends > starts
+        starts, ends, step_of, calls = starts[keep], ends[keep], step_of[keep], calls[keep]
+        if len(starts) == 0:
+            return
+        order = np.argsort(starts, kind="stable")
+        starts, ends, step_of, calls = starts[order], ends[order], step_of[order], calls[order]
+        bounds = [starts, ends]
+        for name, events in self.classes.items():
+            inside = events[(self.end[events] > starts[0]) & (self.trace.ts[events] < ends[-1])]
+            bounds += [self.trace.ts[inside], self.end[inside]]
+        cuts = numeric.unique(np.concatenate(bounds))
+        lows, highs = cuts[:-1], cuts[1:]
+        middle = (lows + highs) / 2
+        part = intervals.containing(starts, ends, middle)
+        inside = part >= 0
+        lows, highs, middle, part = lows[inside], highs[inside], middle[inside], part[inside]
+        category, owner = self.at(middle)
+        untraced = owner < 0
+        # host time no op covers: the Python between ops; the launch that ended it shows where
+        evidence = np.where(untraced, calls[part], owner)
+        label = np.where(untraced, -1, self.trace.name[np.maximum(owner, 0)])
+        pieces.add(category, evidence, label, step_of[part], highs - lows)
+
+
+def _outermost_sorted(trace: Trace, end: np.ndarray, events: np.ndarray) -> np.ndarray:
+    events = events[np.argsort(trace.ts[events], kind="stable")]
+    return events[intervals.outermost(trace.ts[events], end[events], np.zeros(len(events), dtype=np.int64))]
+
+
+def _lookup(trace: Trace, end: np.ndarray, events: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """The event of sorted, disjoint ``events`` holding each instant; -1 outside."""
+    found = intervals.containing(trace.ts[events], end[events], points)
+    return np.where(found >= 0, events[np.maximum(found, 0)] if len(events) else -1, -1)
+
+
+class _Innermost:
+    """The innermost of properly nested ranges (record_function ranges on one thread) at any instant.
+
+    Ranges sorted by start (longest first) have a depth (how many ranges hold their start); at an
+    instant held by D ranges, the innermost is the last range started before it at depth D - 1.
+    """
+
+    def __init__(self, trace: Trace, end: np.ndarray, events: np.ndarray) -> None:
+        self.events = events[np.lexsort((-trace.dur[events], trace.ts[events]))]
+        self.starts = trace.ts[self.events]
+        self.ends = end[self.events]
+        count = len(self.events)
+        self.sorted_ends = np.sort(self.ends)
+        depth = np.arange(count) - np.searchsorted(self.sorted_ends, self.starts, side="right")
+        self.keys = np.sort(depth * (count + 1) + np.arange(count))
+
+    def at(self, points: np.ndarray) -> np.ndarray:
+        count = len(self.events)
+        if count == 0:
+            return np.full(len(points), -1, dtype=np.int64)
+        last = np.searchsorted(self.starts, points, side="right") - 1
+        holding = (last + 1) - np.searchsorted(self.sorted_ends, points, side="right")
+        level = holding - 1
+        position = np.searchsorted(self.keys, level * (count + 1) + last, side="right") - 1
+        valid = (holding > 0) & (position >= 0)
+        key = self.keys[np.maximum(position, 0)]
+        valid &= key // (count + 1) == level
+        index = key % (count + 1)
+        valid &= (self.starts[np.minimum(index, count - 1)] <= points) & (self.ends[np.minimum(index, count - 1)] > points)
+        return np.where(valid, self.events[np.minimum(index, count - 1)], -1)
+
+
+def _overlapping(starts: np.ndarray, ends: np.ndarray, union_starts: np.ndarray, union_ends: np.ndarray) -> np.ndarray:
+    """Which [start, end) ranges overlap one of the sorted, disjoint union intervals."""
+    index = np.searchsorted(union_starts, ends, side="left") - 1
+    return (index >= 0) & (union_ends[np.maximum(index, 0)] > starts)
+
+
+def _thread_key(trace: Trace, events: np.ndarray) -> np.ndarray:
+    return trace.rank[events].astype(np.int64) * (1 << 40) + trace.tid[events].astype(np.int64)
+
+
+def _busy_between(busy, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Device busy time inside each [start, end), from the sorted, disjoint busy intervals."""
+    busy_starts, busy_ends = busy
+    if len(busy_starts) == 0:
+        return np.zeros(len(starts))
+    before = np.concatenate([[0.0], np.cumsum(busy_ends - busy_starts)])
+
+    def until(t: np.ndarray) -> np.ndarray:
+        index = np.searchsorted(busy_starts, t, side="right") - 1
+        inside = np.clip(t - busy_starts[np.maximum(index, 0)], 0.0, (busy_ends - busy_starts)[np.maximum(index, 0)])
+        return np.where(index >= 0, before[np.maximum(index, 0)] + inside, 0.0)
+
+    return np.maximum(until(ends) - until(starts), 0.0)
+
+
+def _pageable_dtoh_launches(trace: Trace) -> np.ndarray:
+    """Launch calls of copies into pageable host memory: such a copy returns only when done, as a sync does."""
+    mask = np.zeros(len(trace), dtype=bool)
+    copies = np.flatnonzero(trace.kind == Kind.MEMCPY)
+    names = [i for i in numeric.unique(trace.name[copies]) if trace.names[i].startswith("Memcpy DtoH") and "Pageable" in trace.names[i]]
+    copies = copies[numeric.isin(trace.name[copies], names)]
+    launcher = trace.launcher[copies]
+    mask[launcher[launcher >= 0]] = True
+    return mask
+
+
+def _contributors(trace: Trace, category, event, label, length) -> tuple[Contributor, ...]:
+    """The largest causes: time by (category, label), with the events that took most of it."""
+    if len(length) == 0:
+        return ()
+    group = category * (len(trace.names) + 1) + (label + 1)
+    keys = numeric.unique(group)
+    inverse = np.searchsorted(keys, group)
+    totals = np.bincount(inverse, weights=length)
+    result = []
+    for position in np.argsort(-totals, kind="stable")[:_TOP]:
+        if totals[position] <= 0:
+            break
+        mine = inverse == position
+        events, per_event = _sum_by(event[mine], length[mine])
+        events = events[np.argsort(-per_event, kind="stable")][:5]
+        code, name = divmod(int(keys[position]), len(trace.names) + 1)
+        text = trace.names[name - 1] if name > 0 else (UNLINKED if CATEGORIES[code] == "unexplained" else UNTRACED)
+        result.append(Contributor(CATEGORIES[code], text, float(totals[position]) / 1000.0, tuple(int(e) for e in events if e >= 0)))
+    return tuple(result)
+
+
+def _sum_by(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    distinct = numeric.unique(keys)
+    inverse = np.searchsorted(distinct, keys)
+    return distinct, np.bincount(inverse, weights=values)

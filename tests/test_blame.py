@@ -1,0 +1,222 @@
+"""Blame on hand-built traces: each cause planted in a step is found with its number and location,
+and a look-alike beside it is not blamed. Every result's causes add up to the idle time they explain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skalpel.analysis.blame import CATEGORIES, UNTRACED, blame
+from skalpel.analysis.bundle import run_analyses
+from skalpel.diagnose.rule import Context
+from skalpel.trace.loader import load
+from tests.tracebuilder import TraceBuilder
+
+STEP_US = 10_000.0
+
+
+def _blame(builder: TraceBuilder, tmp_path: Path):
+    trace = load(builder.write(tmp_path / "trace.json"))
+    analyses = run_analyses(trace)
+    result = analyses.blame
+    for rank in result.ranks.values():  # the causes add up to the idle time, step by step
+        assert sum(rank.by_category_ms.values()) == pytest.approx(rank.idle_ms, abs=1e-9)
+        for step in rank.steps:
+            assert sum(step.by_category_ms.values()) == pytest.approx(step.idle_ms, abs=1e-9)
+        device = analyses.step_device.for_rank(rank.rank)
+        assert rank.idle_ms == pytest.approx(sum(device.idle_ms), abs=1e-6)  # the idle time step_device measures
+    return result, Context(analyses)
+
+
+def _ms(result, category: str) -> float:
+    return result.ranks[0].by_category_ms[category]
+
+
+def _top(result, category: str):
+    found = result.ranks[0].top(category)
+    assert found, f"no {category} contributor in {result.ranks[0].contributors}"
+    return found[0]
+
+
+def _steps(builder: TraceBuilder, count: int = 3) -> None:
+    for number in range(count):
+        builder.step(number + 1, number * STEP_US, STEP_US - 1)
+
+
+def test_host_preprocessing_before_the_first_kernel_is_blamed_on_its_range(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.host("preprocess", start + 10, 5990, cat="user_annotation")
+        builder.frame("train.py(42): preprocess", start + 10, 5990)
+        builder.launch(start + 6010, 5, work_ts=start + 6020, work_dur=3900)
+    result, ctx = _blame(builder, tmp_path)
+    top = _top(result, "host_compute")
+    assert top.label == "preprocess"
+    assert top.ms == pytest.approx(3 * 5.99)
+    assert result.ranks[0].dominant == "host_compute"
+    assert _ms(result, "sync") == 0.0
+    assert "train.py:42 in preprocess" in ctx.locations(top.events)[0]
+
+
+def test_a_no_op_sync_at_window_start_is_not_blamed_for_the_host_work_after_it(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        # the device has been idle since the step before: the sync returns at once, then the host preprocesses
+        builder.runtime("cudaStreamSynchronize", start + 5, 4)
+        builder.host("preprocess", start + 10, 5990, cat="user_annotation")
+        builder.launch(start + 6010, 5, work_ts=start + 6020, work_dur=3900)
+    result, _ = _blame(builder, tmp_path)
+    assert _ms(result, "sync") == 0.0
+    assert result.ranks[0].syncs_waited == ()
+    assert _top(result, "host_compute").label == "preprocess"
+
+
+def test_a_sync_that_waited_takes_the_idle_after_it_capped_at_what_it_drained(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.launch(start + 10, 5, work_ts=start + 20, work_dur=5000)
+        builder.runtime("cudaDeviceSynchronize", start + 30, 4991)  # waits for the kernel: drains 4990 us
+        builder.host("aten::add", start + 5025, 1000)
+        builder.launch(start + 7000, 5, work_ts=start + 7010, work_dur=2900)
+    result, _ = _blame(builder, tmp_path)
+    # the idle from the kernel's end (5020) to the next launch (7000): the sync's, 1.98 ms per step
+    assert _ms(result, "sync") == pytest.approx(3 * 1.98)
+    assert _top(result, "sync").label == "cudaDeviceSynchronize"
+    assert len(result.ranks[0].syncs_waited) == 3
+
+
+def test_a_sync_that_waited_6_us_is_not_charged_with_the_host_work_after_it(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.launch(start + 10, 5, work_ts=start + 20, work_dur=16)
+        builder.runtime("cudaStreamSynchronize", start + 30, 7)  # the kernel ends at 36: it drains 6 us
+        builder.host("preprocess", start + 40, 5960, cat="user_annotation")
+        builder.launch(start + 6000, 5, work_ts=start + 6010, work_dur=3900)
+    result, _ = _blame(builder, tmp_path)
+    assert _ms(result, "sync") == pytest.approx(3 * 0.006)
+    assert _top(result, "host_compute").label == "preprocess"
+    assert _top(result, "host_compute").ms == pytest.approx(3 * 5.96, abs=0.01)  # all but the sync's 6 us
+
+
+def test_the_dataloader_fetch_is_data_loading(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.host("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start + 10, 5990)
+        builder.launch(start + 6010, 5, work_ts=start + 6020, work_dur=3900)
+    result, _ = _blame(builder, tmp_path)
+    assert _top(result, "data_loading").ms == pytest.approx(3 * 5.99)
+    assert result.ranks[0].dominant == "data_loading"
+
+
+def test_a_compile_range_inside_the_window_is_compile_not_user_code(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    start = 0.0
+    builder.host("_compile.compile_inner (dynamo_timed)", start + 10, 7990)
+    builder.host("aten::mm", start + 100, 50)  # an op traced inside the compilation (fake tensors) is compile too
+    builder.launch(start + 8010, 5, work_ts=start + 8020, work_dur=1900)
+    for number in (1, 2):  # the look-alike: the same host time in the user's own range, in later steps
+        start = number * STEP_US
+        builder.host("forward", start + 10, 7990, cat="user_annotation")
+        builder.launch(start + 8010, 5, work_ts=start + 8020, work_dur=1900)
+    result, _ = _blame(builder, tmp_path)
+    assert _top(result, "compile").label == "_compile.compile_inner (dynamo_timed)"
+    assert _ms(result, "compile") == pytest.approx(7.99)
+    assert result.ranks[0].steps[0].by_category_ms["compile"] == pytest.approx(7.99)
+    assert result.ranks[0].steps[1].by_category_ms["compile"] == 0.0
+    assert _top(result, "host_compute").label == "forward"
+
+
+def test_cudnn_autotune_syncs_inside_the_first_convolution_are_one_time_work(tmp_path):
+    builder = TraceBuilder()
+    step = 40_000.0
+    for number in range(3):
+        builder.step(number + 1, number * step, step - 1)
+    # first convolution: 30 ms of algorithm search, whose event syncs wait on its trial kernels
+    builder.host("aten::cudnn_convolution", 10, 30_000)
+    builder.launch(20, 5, work_ts=30, work_dur=1000)
+    builder.runtime("cudaEventSynchronize", 40, 1000)
+    builder.launch(30_020, 5, work_ts=30_030, work_dur=9000)
+    for number in (1, 2):  # later convolutions are fast
+        start = number * step
+        builder.host("aten::cudnn_convolution", start + 10, 100)
+        builder.launch(start + 20, 5, work_ts=start + 30, work_dur=39_000)
+    result, _ = _blame(builder, tmp_path)
+    assert _ms(result, "sync") == 0.0
+    assert _ms(result, "one_time_init") == pytest.approx(28.99, abs=0.01)
+    assert _top(result, "one_time_init").label == "aten::cudnn_convolution"
+
+
+def test_a_host_collective_blocks_and_a_queued_collective_kernel_waits_for_its_peers(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    builder.host("gloo:all_reduce", 10, 5990)
+    builder.launch(6010, 5, work_ts=6020, work_dur=3900)
+    start = STEP_US  # a collective queued in time that starts late: its peer arrived late
+    builder.launch(start + 10, 5, work_ts=start + 4000, work_dur=5900, kernel="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    start = 2 * STEP_US  # the look-alike: the same queued work, a compute kernel, waits on another stream
+    builder.launch(start + 10, 5, work_ts=start + 4000, work_dur=5900)
+    result, _ = _blame(builder, tmp_path)
+    steps = result.ranks[0].steps
+    assert steps[0].by_category_ms["collective_wait"] == pytest.approx(5.99)
+    assert steps[1].by_category_ms["collective_wait"] == pytest.approx(3.985)  # from the launch call's end
+    assert steps[2].by_category_ms["collective_wait"] == 0.0
+    assert steps[2].by_category_ms["other_stream"] == pytest.approx(3.985)
+
+
+def test_python_between_ops_is_host_compute_located_at_the_next_launch(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.launch(start + 6010, 5, work_ts=start + 6020, work_dur=3900)
+    result, _ = _blame(builder, tmp_path)
+    top = _top(result, "host_compute")
+    # 6.01 ms before each kernel, and the 79 us after the kernels of steps 1 and 2 (the next step's Python)
+    assert top.label == UNTRACED and top.ms == pytest.approx(3 * 6.01 + 2 * 0.079)
+
+
+def test_broken_links_leave_the_time_unexplained_with_a_note(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    # a kernel with no correlation, one whose launch is not in the trace, one that starts before its launch
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 6000, "dur": 3900,
+              "args": {"device": 0, "stream": 7}}  # fmt: skip
+    builder.events.append(kernel)
+    builder.events.append({**kernel, "ts": STEP_US + 6000, "args": {**kernel["args"], "correlation": 424242}})
+    builder.launch(2 * STEP_US + 6010, 5, work_ts=2 * STEP_US + 5000, work_dur=4900)
+    builder.runtime("cudaLaunchKernel", 100, 5)  # a launch with no kernel
+    for number in range(3):  # an op in each step, so that no step is left out as empty
+        builder.host("aten::mm", number * STEP_US + 200, 100)
+    result, _ = _blame(builder, tmp_path)
+    rank = result.ranks[0]
+    assert len(rank.steps) == 3
+    # each step's idle before its kernel, and each step's tail (the next kernel is broken, or there is none)
+    assert rank.by_category_ms["unexplained"] == pytest.approx(6.0 + 6.0 + 5.0 + 3 * 0.099)
+    assert any("no launch call" in note for note in rank.notes)
+    assert any("clock skew" in note for note in rank.notes)
+
+
+def test_a_cpu_only_trace_is_not_judged_with_a_reason(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    builder.host("aten::mm", 10, 9000)
+    result = blame(load(builder.write(tmp_path / "trace.json")), run_analyses(load(tmp_path / "trace.json")).steps)
+    assert not result.applies and "no device" in result.reason and result.ranks == {}
+
+
+def test_every_category_has_words():
+    from skalpel.analysis.blame import CATEGORY_WORDS
+
+    assert set(CATEGORY_WORDS) == set(CATEGORIES)
