@@ -22,8 +22,13 @@ launched it (``correlation``) and the host thread that made that call. Then:
   A collective kernel waited for its peers (``collective_wait``); a gap shorter than
   ``kernel_wait_us`` is the device's own dispatch (``launch_overhead``); a longer one waited
   on another stream or an event (``other_stream``);
-* no later device work, no launch call (no ``correlation``, or one no launch call carries),
-  or work that starts before its launch (clock skew): ``unexplained``, with a note.
+* no later device work (a step's tail, the end of the trace): the host part is the whole
+  interval, on the thread that launched the work before it (what the feeding thread did);
+* no launch call (no ``correlation``, or one no launch call carries), or work that starts
+  before its launch (clock skew): ``unexplained``, with a note.
+
+A launch call that is itself one-time work (a first launch loading its module) is
+``one_time_init``, not ``launch_overhead``.
 
 The categories of a step add up to its idle time exactly. CPU-only traces have no device to
 wait for: the result says so (``applies`` is False) instead of blaming anything.
@@ -207,7 +212,13 @@ def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Label
         skewed = launched & (launch_ts > trace.ts[np.maximum(nxt, 0)])
     length = g1 - g0
 
-    _unexplained(pieces, notes, ~has_next, nxt, step_of, length, "no later device work to wait for")
+    # no later device work (the step's tail, the trace's end): what the thread that fed the device did meanwhile
+    tail = ~has_next
+    feeder = _previous_launch(trace, device, end, g0[tail])
+    fed = np.zeros(len(g0), dtype=bool)
+    fed[np.flatnonzero(tail)[feeder >= 0]] = True
+    _unexplained(pieces, notes, tail & ~fed, nxt, step_of, length,
+                 "no later device work, and the work before it has no launch call")  # fmt: skip
     _unexplained(pieces, notes, has_next & ~launched, nxt, step_of, length,
                  "device work with no launch call linked to it (missing or unmatched correlation)")  # fmt: skip
     _unexplained(pieces, notes, skewed, nxt, step_of, length, "device work that starts before its launch call (clock skew)")
@@ -225,14 +236,14 @@ def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Label
         (queued & ~is_comm & (length >= options.kernel_wait_us), "other_stream"),
     ):
         pieces.add(_CAT[category], nxt[mask], trace.name[nxt[mask]], step_of[mask], length[mask])
-    pieces.add(_CAT["launch_overhead"], launcher[in_launch], trace.name[launcher[in_launch]], step_of[in_launch], length[in_launch])
+    labels.charge_call(pieces, launcher[in_launch], step_of[in_launch], length[in_launch])
 
     # the host launched late: the host part on the launching thread, then the launch call and the work's wait
     host_end = np.minimum(launch_ts[host_late], g1[host_late])
     call_end = np.minimum(launch_end[host_late], g1[host_late])
     calls, late_next, late_step = launcher[host_late], nxt[host_late], step_of[host_late]
     part = call_end > host_end
-    pieces.add(_CAT["launch_overhead"], calls[part], trace.name[calls[part]], late_step[part], (call_end - host_end)[part])
+    labels.charge_call(pieces, calls[part], late_step[part], (call_end - host_end)[part])
     waited = g1[host_late] - call_end  # queued when the call returned, started this much later
     dispatch = (waited > 0) & (waited < options.kernel_wait_us)
     pieces.add(_CAT["launch_overhead"], calls[dispatch], trace.name[calls[dispatch]], late_step[dispatch], waited[dispatch])
@@ -240,6 +251,8 @@ def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Label
         mask = mask & (waited >= options.kernel_wait_us)
         pieces.add(_CAT[category], late_next[mask], trace.name[late_next[mask]], late_step[mask], waited[mask])
     labels.charge_host(pieces, rank, trace.tid[calls], g0[host_late], host_end, step_of[host_late], calls, busy)
+    feeders = feeder[feeder >= 0]
+    labels.charge_host(pieces, rank, trace.tid[feeders], g0[fed], g1[fed], step_of[fed], feeders, busy)
 
     category, event, label, step, piece_length = pieces.arrays()
     by_step = np.bincount(step * len(CATEGORIES) + category, weights=piece_length,
@@ -285,6 +298,18 @@ def _idle_in_steps(busy, step_starts, step_ends) -> tuple[np.ndarray, np.ndarray
     return lows[first], highs[last], step[first]
 
 
+def _previous_launch(trace: Trace, device: np.ndarray, end: np.ndarray, instants: np.ndarray) -> np.ndarray:
+    """The launch call of the device work that ended last at or before each instant; -1 where unknown."""
+    if len(device) == 0 or len(instants) == 0:
+        return np.full(len(instants), -1, dtype=np.int64)
+    by_end = device[np.argsort(end[device], kind="stable")]
+    position = np.searchsorted(end[by_end], instants, side="right") - 1
+    launcher = np.where(position >= 0, trace.launcher[by_end[np.maximum(position, 0)]], -1)
+    known = launcher >= 0
+    known[known] = numeric.isin_few(trace.kind[launcher[known]], _LAUNCH)
+    return np.where(known, launcher, -1)
+
+
 def _unexplained(pieces: _Pieces, notes: list[str], mask, nxt, step_of, length, why: str) -> None:
     if not mask.any():
         return
@@ -308,7 +333,16 @@ class _Labels:
         self.compile = np.zeros(len(trace), dtype=bool)
         self.compile[compile_ranges(trace)] = True
         self.one_time = np.zeros(len(trace), dtype=bool)
-        self.one_time[[cost.event for work in one_time.ranks.values() for cost in work.costs]] = True
+        costs = np.array([cost.event for work in one_time.ranks.values() for cost in work.costs], dtype=np.int64)
+        self.one_time[costs] = True
+        # launch calls made inside one-time work (the first aten::add's first cudaLaunchKernel loads its module)
+        self.one_time_owner = np.full(len(trace), -1, dtype=np.int64)  # for each launch call, the one-time work holding it
+        self.one_time_owner[costs] = costs
+        calls = np.flatnonzero(numeric.isin_few(trace.kind, _LAUNCH))
+        for cost in costs.tolist():  # a few slow first calls
+            inside = (trace.ts[calls] >= trace.ts[cost]) & (self.end[calls] <= self.end[cost])
+            inside &= (trace.tid[calls] == trace.tid[cost]) & (trace.rank[calls] == trace.rank[cost])
+            self.one_time_owner[calls[inside]] = cost
         self.launches = np.zeros(len(trace), dtype=bool)
         launchers = trace.launcher[trace.launcher >= 0]
         self.launches[launchers] = True
@@ -316,6 +350,14 @@ class _Labels:
         self.sync = numeric.isin(trace.name, [i for i in names if i >= 0]) & numeric.isin_few(trace.kind, _LAUNCH)
         self.sync |= _pageable_dtoh_launches(trace)
         self._waited: dict[int, float] = {}
+
+    def charge_call(self, pieces: _Pieces, calls, step_of, length) -> None:
+        """Time in the launch calls themselves: launch overhead, or the one-time work that holds the call."""
+        owner = self.one_time_owner[calls]
+        first = owner >= 0  # a first launch loading its module, inside the op's one-time work
+        event = np.where(first, owner, calls)
+        category = np.where(first, _CAT["one_time_init"], _CAT["launch_overhead"])
+        pieces.add(category, event, self.trace.name[event], step_of, length)
 
     def charge_host(self, pieces: _Pieces, rank: int, tids, starts, ends, step_of, calls, busy) -> None:
         """Charge the host parts ``[starts, ends)`` to what their launching threads were doing."""
