@@ -68,6 +68,7 @@ UNLINKED = "device work the trace links to no cause"
 _DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
 _LAUNCH = np.array(sorted(int(k) for k in LAUNCH_KINDS), dtype=np.int8)
 _CAT = {name: code for code, name in enumerate(CATEGORIES)}
+_WAITED_US = 1.0  # a sync during which the device ran less than this returned at once: it waited for nothing
 _SYNC_TOLERANCE_US = 2.0  # the device may report going idle this long after the host's sync returned (clock alignment)
 _TOP = 8  # contributors kept per rank
 
@@ -108,7 +109,8 @@ class RankBlame:
     by_category_ms: dict[str, float]  # sums to idle_ms
     contributors: tuple[Contributor, ...]  # the largest, across categories
     notes: tuple[str, ...]  # why some time is unexplained
-    syncs_waited: tuple[int, ...] = ()  # the sync calls that really waited and were charged, longest charge first
+    syncs_waited: tuple[int, ...] = ()  # sync calls that blocked while device work ran, outside fetches, compile and one-time work
+    syncs_charged: tuple[int, ...] = ()  # of those, the ones charged with idle time after them, most time first
 
     @property
     def share_pct(self) -> dict[str, float]:
@@ -264,7 +266,7 @@ def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Label
         for i, step in enumerate(rank_steps)
     )
     total = by_step.sum(axis=0)
-    waited = labels.take_waited()
+    charged = labels.take_charged()
     return RankBlame(
         rank=rank,
         steps=step_blames,
@@ -272,7 +274,8 @@ def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Label
         by_category_ms={name: float(total[code]) / 1000.0 for name, code in _CAT.items()},
         contributors=_contributors(trace, category, event, label, piece_length),
         notes=tuple(notes),
-        syncs_waited=waited,
+        syncs_waited=labels.waited_syncs(rank, busy),
+        syncs_charged=charged,
     )
 
 
@@ -349,6 +352,9 @@ class _Labels:
         names = [trace.name_id(name) for name in SYNC_CALLS | SYNC_COPY_CALLS]
         self.sync = numeric.isin(trace.name, [i for i in names if i >= 0]) & numeric.isin_few(trace.kind, _LAUNCH)
         self.sync |= _pageable_dtoh_launches(trace)
+        self.sync_events = np.flatnonzero(self.sync)
+        # the work a sync inside belongs to: fetches, compile ranges, one-time work
+        self.work = np.concatenate([np.flatnonzero(trace.kind == Kind.DATALOADER), np.flatnonzero(self.compile), costs])
         self._waited: dict[int, float] = {}
 
     def charge_call(self, pieces: _Pieces, calls, step_of, length) -> None:
@@ -406,7 +412,17 @@ class _Labels:
                 self._waited[event] = self._waited.get(event, 0.0) + amount
         ranges.charge(pieces, rest_starts, ends, step_of, calls)
 
-    def take_waited(self) -> tuple[int, ...]:
+    def waited_syncs(self, rank: int, busy) -> tuple[int, ...]:
+        """The rank's sync calls that blocked while device work ran (1 us or more of it), in time order; those
+        inside a fetch, a compile range or one-time work (cuDNN's autotuning syncs) belong to that work."""
+        trace = self.trace
+        syncs = self.sync_events[trace.rank[self.sync_events] == rank]
+        drained = _busy_between(busy, trace.ts[syncs], self.end[syncs])
+        syncs = syncs[drained >= _WAITED_US]
+        syncs = syncs[~_covered(trace, self.end, self.work, syncs)]
+        return tuple(int(event) for event in syncs[np.argsort(trace.ts[syncs], kind="stable")])
+
+    def take_charged(self) -> tuple[int, ...]:
         """The syncs charged since the last call (one rank's), most time first."""
         chosen = self._waited
         self._waited = {}
@@ -518,6 +534,21 @@ class _Innermost:
         index = key % (count + 1)
         valid &= (self.starts[np.minimum(index, count - 1)] <= points) & (self.ends[np.minimum(index, count - 1)] > points)
         return np.where(valid, self.events[np.minimum(index, count - 1)], -1)
+
+
+def _covered(trace: Trace, end: np.ndarray, ranges: np.ndarray, events: np.ndarray) -> np.ndarray:
+    """Which events start inside one of ``ranges`` on their own host thread."""
+    if len(ranges) == 0 or len(events) == 0:
+        return np.zeros(len(events), dtype=bool)
+    keys = numeric.unique(np.concatenate([_thread_key(trace, ranges), _thread_key(trace, events)]))
+    span = float(max(end[ranges].max(), trace.ts[events].max()) - min(trace.ts[ranges].min(), trace.ts[events].min())) + 1.0
+    origin = float(min(trace.ts[ranges].min(), trace.ts[events].min()))
+
+    def on_one_axis(found: np.ndarray, times: np.ndarray) -> np.ndarray:  # threads side by side on one time axis
+        return (times - origin) + np.searchsorted(keys, _thread_key(trace, found)) * span
+
+    union = intervals.union(on_one_axis(ranges, trace.ts[ranges]), on_one_axis(ranges, end[ranges]))
+    return intervals.containing(*union, on_one_axis(events, trace.ts[events])) >= 0
 
 
 def _overlapping(starts: np.ndarray, ends: np.ndarray, union_starts: np.ndarray, union_ends: np.ndarray) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis import intervals, numeric
+from ..analysis.blame import UNTRACED, blame
 from ..analysis.gpu_time import gpu_time
 from ..analysis.launches import launches
 from ..analysis.ops import op_table
@@ -58,16 +59,95 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
             "hta_idle_pct": gpu.idle_pct,  # HTA's span: first to last device event
             "hta_compute_pct": gpu.compute_pct,
         }
+        blamed = _blame_of(ctx, rank)
+        culprits = _culprits(ctx, blamed) if blamed is not None else []
+        if blamed is not None:
+            evidence["blame_ms_per_step"] = {key: value for key, value in blamed.ms_per_step.items() if value > 0}
+            evidence["culprits"] = culprits
         title, fix, events = None, rule.fix, _after_longest_gaps(ctx, rank)
+        lead = culprits[0] if culprits and culprits[0]["share_pct"] >= limits.param("cause_pct") else None
         if loader >= limits.param("loader_idle_pct"):
             title = rule.title.format(**evidence) + f"; {loader:.0f}% of it inside DataLoader.__next__"
             fix = "the device waits for the next batch: " + DATALOADER_FIX
             events = np.flatnonzero((ctx.trace.kind == Kind.DATALOADER) & (ctx.trace.rank == rank))
+        elif lead is not None:  # one cause dominates: lead with it, its lines and its fix
+            title = rule.title.format(**evidence) + f"; {lead['share_pct']:.0f}% of it {_CAUSE_WORDS[lead['category']]}"
+            title += f" ({lead['label']})" if lead["category"] not in ("unexplained",) else ""
+            fix = _cause_fix(lead, step_ms < limits.param("small_step_ms"))
+            events = np.array(blamed.top(lead["category"])[0].events, dtype=np.int64)
         elif step_ms < limits.param("small_step_ms"):
             fix = SMALL_STEP_FIX
+        elif culprits:
+            events = np.array([event for item in blamed.contributors[:3] for event in item.events], dtype=np.int64)
         severity = rule.severity_for(idle_pct)
         findings.append(rule.finding(evidence, locations=ctx.locations(events), severity=severity, fix=fix, rank=rank, title=title))
     return findings
+
+
+def _blame_of(ctx: Context, rank: int):
+    result = ctx.result("blame", lambda: blame(ctx.trace, ctx.steps))
+    found = result.for_rank(rank) if result is not None and result.applies else None
+    return found if found is not None and found.idle_ms > 0 else None
+
+
+def _culprits(ctx: Context, blamed, count: int = 3) -> list[dict]:
+    """The largest causes of the idle time, each with its share, its time per step and its user-code line."""
+    steps = max(len(blamed.steps), 1)
+    culprits = []
+    for item in blamed.contributors[:count]:
+        share = 100.0 * item.ms / blamed.idle_ms
+        if share < 1.0:
+            break
+        where = ctx.locations(item.events, limit=1) if item.events else ()
+        culprits.append({"category": item.category, "label": item.label, "share_pct": share,
+                         "ms_per_step": item.ms / steps, "location": where[0] if where else None})  # fmt: skip
+    return culprits
+
+
+_CAUSE_WORDS = {
+    "data_loading": "waiting for data",
+    "host_compute": "host work before the next launch",
+    "compile": "in torch.compile compilation",
+    "sync": "after syncs that drained the queue",
+    "launch_overhead": "in launch overhead",
+    "collective_wait": "waiting on collectives",
+    "one_time_init": "in one-time set-up",
+    "other_stream": "waiting on another stream or event",
+    "unexplained": "unexplained (the trace does not link it to a cause)",
+}
+
+
+def _cause_fix(lead: dict, small_steps: bool) -> str:
+    """The fix for the cause that holds most of the idle time, naming it and its line."""
+    where = f" at {lead['location']}" if lead.get("location") and "with_stack" not in lead["location"] else ""
+    what = f"{lead['label']}{where}"
+    category = lead["category"]
+    if category == "data_loading":
+        return "the device waits for the next batch: " + DATALOADER_FIX
+    if small_steps and (category == "launch_overhead" or lead["label"] == UNTRACED):
+        return SMALL_STEP_FIX  # the fixed cost of each short step, not one piece of host work
+    if category == "host_compute":
+        return (f"the host runs {what} while the device waits: move it off the step's critical path (precompute it, "
+                "do it in DataLoader workers, or overlap it with device work), or make it cheaper")  # fmt: skip
+    if category == "sync":
+        return (f"{what} drains the device's queue and the device then idles until the host launches again: "
+                "keep values on the device, read them every N steps, use non_blocking copies")  # fmt: skip
+    if category == "compile":
+        return (f"torch.compile compiles inside the measured steps ({what}): warm the compiled model up before "
+                "profiling, and avoid recompilations (torch._dynamo.mark_dynamic for varying shapes)")  # fmt: skip
+    if category == "one_time_init":
+        return (f"one-time set-up inside the recorded window ({what}): profile after warm-up steps "
+                "(schedule(wait=1, warmup=2, active=N)); it is not a steady-state cost")  # fmt: skip
+    if category == "launch_overhead":
+        return ("the host cannot launch fast enough: fewer, bigger kernels (torch.compile), CUDA graphs "
+                "(mode='reduce-overhead')")  # fmt: skip
+    if category == "collective_wait":
+        return (f"the device waits on collectives ({what}): look for a straggler rank (see the rank findings), "
+                "overlap communication with compute")  # fmt: skip
+    if category == "other_stream":
+        return (f"work queued in time waits on another stream or an event ({what}): check the dependencies between "
+                "streams (wait_stream, events) and overlap the work they wait for")  # fmt: skip
+    return "the trace does not link the idle time to its cause (no correlation between launches and device work)"
 
 
 SMALL_STEP_FIX = (
@@ -128,7 +208,10 @@ GPU_IDLE = Rule(
         evidence="`idle_pct` of the steps, idle ms per step, the share of steps that idle that much "
         "(`steps_idle_pct`), what it was judged over, the host-wait / kernel-wait / other split, the share of the "
         "idle time inside `DataLoader.__next__` (from `loader_idle_pct` on, the finding names the loader and "
-        "locates its calls), and HTA's idle and compute shares. Otherwise the locations are the launch sites of "
+        "locates its calls), and HTA's idle and compute shares. The blame analysis charges every idle interval to "
+        "its cause (`blame_ms_per_step` by category, see `skalpel explain blame`), and `culprits` names the largest "
+        "with their share, time per step and line; when one holds `cause_pct` or more of the idle time the title "
+        "and fix lead with it and the locations are its. Otherwise the locations are the launch sites of "
         "the work that ended the longest gaps.",
         fix="Host wait: remove what stalls the host (data loading, `.item()` syncs, Python overhead; see the other "
         "findings), use CUDA graphs or torch.compile for launch overhead. Kernel wait: fuse small kernels. Short "

@@ -2,22 +2,25 @@
 
 The host time a sync blocks is not what it costs: while the host waits the device is busy.
 The cost is what follows: the queue is empty when the sync returns, so the device idles
-until the host has launched new work. The rule measures that idle time after each sync
-(up to the end of its step) and judges it against the thresholds; below them a finding is
-an info note that still locates every sync.
+until the host has launched new work. The rule reads that cost from the blame analysis
+(``analysis/blame.py``): only sync calls that blocked while device work ran count (a
+``.item()`` on a CPU tensor makes no sync call; a sync that returned at once waited for
+nothing), syncs inside a DataLoader fetch, a compile range or one-time work (cuDNN's
+autotuning) belong to that work, and the idle charged to a sync is capped at what it
+drained. Below the thresholds a finding is an info note that still locates the syncs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..analysis import intervals, numeric
-from ..analysis.syncs import SyncOptions, syncs
-from ..trace.kinds import DEVICE_KIND_ARRAY
-from ..trace.model import isin_few
+from ..analysis import intervals
+from ..analysis.blame import blame
+from ..analysis.syncs import ITEM_OPS, SYNC_COPY_CALLS
+from ..trace.kinds import Kind
 from . import thresholds
-from .common import Window, pct, windows
-from .rule import Context, Docs, Outcome, Rule
+from .common import pct, windows
+from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 _CAUSES = {
     "sync_call": "explicit synchronize (torch.cuda.synchronize(), stream/event.synchronize())",
@@ -27,68 +30,61 @@ _CAUSES = {
 
 
 def _check_sync(ctx: Context, rule: Rule) -> Outcome:
-    result = ctx.result("syncs_all", lambda: syncs(ctx.trace, ctx.steps, options=SyncOptions(worst=1_000_000)))
+    result = ctx.result("blame", lambda: blame(ctx.trace, ctx.steps))
+    if result is None or not result.applies:
+        return NotJudged(result.reason if result is not None else "no device activity")
     limits = rule.thresholds
+    trace = ctx.trace
     findings = []
     for window in windows(ctx):
-        rank = result.for_rank(window.rank)
-        if rank is None:
+        blamed = result.for_rank(window.rank)
+        if blamed is None:
             continue
-        counts = {name: rank.categories[name].count for name in _CAUSES}
-        if sum(counts.values()) == 0:
-            continue
-        host = _host_events(ctx, rank)
-        idle_ms = _idle_after(ctx, window, host) / 1000.0 / window.count
+        waited = np.array(blamed.syncs_waited, dtype=np.int64)
+        waited = waited[window.inside(trace.ts[waited])] if len(waited) else waited
+        if len(waited) == 0:
+            continue  # no sync blocked on device work: .item() on CPU tensors, syncs that returned at once
+        causes = _causes(ctx, waited)
+        counts = {name: int((causes == name).sum()) for name in _CAUSES}
+        idle_ms = blamed.by_category_ms["sync"] / window.count
         share = pct(idle_ms, window.mean_step_ms)
         severity = rule.severity_for(share) if share >= limits.share_pct and idle_ms >= limits.floor else "info"
-        main = max(counts, key=lambda name: rank.categories[name].total_ms if counts[name] else -1.0)
-        longest = host[np.argsort(-ctx.trace.dur[host], kind="stable")[:8]]
+        charged = [event for event in blamed.syncs_charged if event in set(waited.tolist())]
+        longest = waited[np.argsort(-trace.dur[waited], kind="stable")[:8]]
+        shown = np.array((charged or longest.tolist())[:8], dtype=np.int64)  # the syncs after which the device idled most
+        main = max(counts, key=lambda name: float(trace.dur[waited[causes == name]].sum()) if counts[name] else -1.0)
+        blocked = intervals.length(trace.ts[waited], trace.ts[waited] + trace.dur[waited]) / 1000.0 / window.count
         evidence = {
             "share_pct": share,
             "idle_after_ms_per_step": idle_ms,
-            "blocked_ms_per_step": rank.blocked_ms_per_step,
-            "syncs_per_step": sum(counts.values()) / rank.steps,
+            "blocked_ms_per_step": blocked,
+            "syncs_per_step": len(waited) / window.count,
             "step_ms": window.mean_step_ms,
             "main_cause": _CAUSES[main],
             **{f"{name}_count": count for name, count in counts.items()},
-            "device_sync_events": rank.categories["device_sync"].count,
-            "events": sorted(int(index) for index in longest),
+            "device_sync_events": int(((trace.kind == Kind.DEVICE_SYNC) & (trace.rank == window.rank)).sum()),
+            "events": sorted(int(index) for index in shown),  # the sync calls themselves
+            "sync_calls": sorted({trace.name_of(index) for index in shown}),
         }
-        findings.append(rule.finding(evidence, locations=ctx.locations(host), severity=severity, rank=window.rank))
+        findings.append(rule.finding(evidence, locations=ctx.locations(shown), severity=severity, rank=window.rank))
     return findings
 
 
-def _host_events(ctx: Context, rank) -> np.ndarray:
-    """The host side of every sync: sync calls, item ops, and the launch calls of blocking copies."""
+def _causes(ctx: Context, syncs: np.ndarray) -> np.ndarray:
+    """What each sync call is, from the op that issued it: .item(), a copy to the host, or an explicit synchronize."""
     trace = ctx.trace
-    copies = np.array(rank.categories["blocking_dtoh"].worst_events, dtype=np.int64)
-    parts = [np.array(rank.categories[name].worst_events, dtype=np.int64) for name in ("sync_call", "item")]
-    parts.append(trace.launcher[copies] if len(copies) else copies)
-    host = numeric.unique(np.concatenate(parts))
-    return host[host >= 0]
+    ops = trace.op_of_event[syncs]  # the innermost op: _local_scalar_dense in .item(), copy_ in .cpu()
+    names = [trace.name_of(op) if op >= 0 else "" for op in ops.tolist()]
+    called = [trace.name_of(event) for event in syncs.tolist()]
+    return np.array([
+        "item" if name in ITEM_OPS
+        else "blocking_dtoh" if call in SYNC_COPY_CALLS or "Memcpy" in call or name in _COPY_OPS
+        else "sync_call"
+        for name, call in zip(names, called)
+    ], dtype=object)  # fmt: skip
 
 
-def _idle_after(ctx: Context, window: Window, host: np.ndarray) -> float:
-    """Device idle time (us) that starts when a sync returns, each gap counted once, cut at the step's end."""
-    trace = ctx.trace
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == window.rank))
-    if len(device) == 0 or len(host) == 0:
-        return 0.0
-    busy_start, busy_end = intervals.union(trace.ts[device], trace.ts[device] + trace.dur[device])
-    returns = trace.ts[host] + trace.dur[host]
-    step = window.step_of(returns)
-    inside = step >= 0
-    returns, step_end = returns[inside], np.sort(window.ends)[step[inside]] if inside.any() else np.zeros(0)
-    following = np.searchsorted(busy_start, returns, side="right")  # the first busy interval starting after
-    previous = following - 1
-    still_busy = (previous >= 0) & (busy_end[np.maximum(previous, 0)] > returns)
-    has_next = following < len(busy_start)
-    counted = ~still_busy & has_next
-    gap_start = returns[counted]  # the device was already idle before; the sync's share starts when it returns
-    gap_end = np.minimum(busy_start[following[counted]], step_end[counted])
-    gaps = np.clip(gap_end - gap_start, 0.0, None)
-    _, first = np.unique(following[counted], return_index=True)  # one gap per idle stretch
-    return float(gaps[first].sum())
+_COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_", "aten::cpu", "aten::numpy_T"})
 
 
 HOST_DEVICE_SYNC = Rule(
@@ -103,15 +99,19 @@ HOST_DEVICE_SYNC = Rule(
     "steps, use non_blocking copies into pinned memory, remove torch.cuda.synchronize() outside timing code",
     docs=Docs(
         what="Points inside a step where the host waits for the device: `cudaDeviceSynchronize` / "
-        "`cudaStreamSynchronize` / `cudaEventSynchronize` calls, `.item()` (`aten::_local_scalar_dense`), and "
-        "device-to-host copies the host waits for (`.cpu()`, a synchronous `cudaMemcpy`).",
+        "`cudaStreamSynchronize` / `cudaEventSynchronize` calls (also the ones `.item()` and `.cpu()` make), and "
+        "synchronous device-to-host copies (`cudaMemcpy`, copies into pageable memory). Only calls during which "
+        "device work ran count: `.item()` on a CPU tensor (Adam's step counter) makes no such call, a sync that "
+        "returns at once waited for nothing, and syncs inside a DataLoader fetch, a compile range or one-time work "
+        "(cuDNN's autotuning) belong to that work.",
         why="The host normally runs ahead and queues work; a sync drains that queue, so when it returns the device "
         "idles until the host has launched new work, on every step. One `.item()` per step for logging can cost "
         "several percent.",
-        evidence="The device idle time that starts when a sync returns (per step, cut at the step's end) and its "
-        "share of the step, which the thresholds judge; the host time blocked in syncs; syncs per step by cause; "
-        "the cuda_sync events CUPTI recorded; the indices of the longest. Below the thresholds the finding is an "
-        "info note, so each sync is still located.",
+        evidence="The device idle time the blame analysis charges to syncs (from the idle start to the next launch, "
+        "capped at what the sync drained) per step and its share of the step, which the thresholds judge; the host "
+        "time blocked in them; syncs per step by cause; the cuda_sync events CUPTI recorded; the sync calls "
+        "themselves (`events`, `sync_calls`): those after which the device idled, else the longest. Below the "
+        "thresholds the finding is an info note, so each sync is still located.",
         fix="Accumulate metrics on the device and read them every N steps; avoid data-dependent Python control "
         "flow on tensors (`if loss > x`, `nonzero`); `copy_(..., non_blocking=True)` into pinned memory; keep "
         "`torch.cuda.synchronize()` only around timing code.",

@@ -91,7 +91,8 @@ GPU_IDLE = Threshold(
     2.0,
     "ms/step (or the share reached in consistent_steps_pct of min_steps or more steps)",
     critical_share_pct=60.0,
-    params=(("min_steps", 3), ("consistent_steps_pct", 75.0), ("small_step_ms", 5.0), ("loader_idle_pct", 50.0)),
+    params=(("min_steps", 3), ("consistent_steps_pct", 75.0), ("small_step_ms", 5.0), ("loader_idle_pct", 50.0),
+            ("cause_pct", 50.0)),  # one cause holding half the idle time or more leads the finding
 )
 LAUNCH_BOUND = Threshold(
     50.0,
