@@ -221,3 +221,92 @@ def test_every_category_has_words():
     from skalpel.analysis.blame import CATEGORY_WORDS
 
     assert set(CATEGORY_WORDS) == set(CATEGORIES)
+
+
+# --- the findings read the blame ------------------------------------------------------------------
+
+
+def _findings(builder: TraceBuilder, tmp_path: Path, finding_id: str):
+    from skalpel.api import analyze
+
+    report = analyze(builder.write(tmp_path / "trace.json"))
+    return [finding for finding in report.findings if finding.id == finding_id]
+
+
+def test_gpu_idle_leads_with_the_host_work_that_holds_the_device_back(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.runtime("cudaStreamSynchronize", start + 5, 4)  # a no-op sync: not the culprit
+        builder.host("preprocess", start + 10, 5990, cat="user_annotation")
+        builder.frame("train.py(42): preprocess", start + 10, 5990)
+        builder.launch(start + 6010, 5, work_ts=start + 6020, work_dur=3900)
+    (idle,) = _findings(builder, tmp_path, "gpu_idle")
+    culprit = idle.evidence["culprits"][0]
+    assert culprit["category"] == "host_compute" and culprit["label"] == "preprocess"
+    assert culprit["ms_per_step"] == pytest.approx(5.99) and "train.py:42" in culprit["location"]
+    assert "host work before the next launch (preprocess)" in idle.title
+    assert "preprocess at train.py:42" in idle.fix
+    assert any("train.py:42" in where for where in idle.locations)
+    assert idle.evidence["blame_ms_per_step"]["host_compute"] >= 5.99  # and the untraced Python around it
+    assert "sync" not in idle.evidence["blame_ms_per_step"]
+    assert _findings(builder, tmp_path, "host_device_sync") == []  # the sync returned at once
+
+
+def test_gpu_idle_leads_with_compilation_inside_the_window(tmp_path):
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.host("_compile.compile_inner (dynamo_timed)", start + 10, 7990)
+        builder.launch(start + 8010, 5, work_ts=start + 8020, work_dur=1900)
+    (idle,) = _findings(builder, tmp_path, "gpu_idle")
+    assert "in torch.compile compilation" in idle.title and "warm the compiled model up" in idle.fix
+
+
+def _item_steps(builder: TraceBuilder, *, on_device: bool) -> None:
+    """Each step: a 5 ms kernel, then .item(): on a device tensor it syncs; on a CPU step counter it does not."""
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.launch(start + 10, 5, work_ts=start + 20, work_dur=5000)
+        builder.host("aten::item", start + 30, 4995)
+        builder.host("aten::_local_scalar_dense", start + 31, 4993)
+        if on_device:
+            builder.launch(start + 32, 3, work_ts=start + 5021, work_dur=2, name="cudaMemcpyAsync",
+                           kernel="Memcpy DtoH (Device -> Pageable)", cat="gpu_memcpy", nbytes=4)  # fmt: skip
+            builder.runtime("cudaStreamSynchronize", start + 36, 4987)
+        builder.launch(start + 8000, 5, work_ts=start + 8010, work_dur=1900)
+
+
+def test_item_on_a_device_tensor_is_a_sync_that_waited(tmp_path):
+    builder = TraceBuilder()
+    _item_steps(builder, on_device=True)
+    (sync,) = _findings(builder, tmp_path, "host_device_sync")
+    assert sync.evidence["item_count"] == 3 and sync.evidence["sync_call_count"] == 0
+    assert sync.evidence["idle_after_ms_per_step"] == pytest.approx(2.98, abs=0.02)
+    assert sync.severity == "warning"
+    assert sync.evidence["sync_calls"] == ["cudaStreamSynchronize"]
+
+
+def test_item_on_a_cpu_step_counter_is_no_sync(tmp_path):
+    builder = TraceBuilder()
+    _item_steps(builder, on_device=False)
+    assert _findings(builder, tmp_path, "host_device_sync") == []
+
+
+def test_cudnn_autotune_syncs_are_no_host_device_sync(tmp_path):
+    builder = TraceBuilder()
+    step = 40_000.0
+    for number in range(3):
+        builder.step(number + 1, number * step, step - 1)
+    builder.host("aten::cudnn_convolution", 10, 30_000)
+    builder.launch(20, 5, work_ts=30, work_dur=1000)
+    builder.runtime("cudaEventSynchronize", 40, 1000)
+    builder.launch(30_020, 5, work_ts=30_030, work_dur=9000)
+    for number in (1, 2):
+        start = number * step
+        builder.host("aten::cudnn_convolution", start + 10, 100)
+        builder.launch(start + 20, 5, work_ts=start + 30, work_dur=39_000)
+    assert _findings(builder, tmp_path, "host_device_sync") == []

@@ -419,7 +419,7 @@ class _Labels:
         syncs = self.sync_events[trace.rank[self.sync_events] == rank]
         drained = _busy_between(busy, trace.ts[syncs], self.end[syncs])
         syncs = syncs[drained >= _WAITED_US]
-        syncs = syncs[~_covered(trace, self.end, self.work, syncs)]
+        syncs = syncs[~covered(trace, self.end, self.work, syncs)]
         return tuple(int(event) for event in syncs[np.argsort(trace.ts[syncs], kind="stable")])
 
     def take_charged(self) -> tuple[int, ...]:
@@ -536,19 +536,27 @@ class _Innermost:
         return np.where(valid, self.events[np.minimum(index, count - 1)], -1)
 
 
-def _covered(trace: Trace, end: np.ndarray, ranges: np.ndarray, events: np.ndarray) -> np.ndarray:
+def covered(trace: Trace, end: np.ndarray, ranges: np.ndarray, events: np.ndarray) -> np.ndarray:
     """Which events start inside one of ``ranges`` on their own host thread."""
+    return holding_range(trace, end, ranges, events) >= 0
+
+
+def holding_range(trace: Trace, end: np.ndarray, ranges: np.ndarray, events: np.ndarray) -> np.ndarray:
+    """For each event, a number for the (merged, outermost) range holding its start on its thread; -1 outside.
+
+    Events with the same number are inside the same range: one ``.item()`` that made two sync calls.
+    """
     if len(ranges) == 0 or len(events) == 0:
-        return np.zeros(len(events), dtype=bool)
+        return np.full(len(events), -1, dtype=np.int64)
     keys = numeric.unique(np.concatenate([_thread_key(trace, ranges), _thread_key(trace, events)]))
-    span = float(max(end[ranges].max(), trace.ts[events].max()) - min(trace.ts[ranges].min(), trace.ts[events].min())) + 1.0
     origin = float(min(trace.ts[ranges].min(), trace.ts[events].min()))
+    span = float(max(end[ranges].max(), trace.ts[events].max())) - origin + 1.0
 
     def on_one_axis(found: np.ndarray, times: np.ndarray) -> np.ndarray:  # threads side by side on one time axis
         return (times - origin) + np.searchsorted(keys, _thread_key(trace, found)) * span
 
     union = intervals.union(on_one_axis(ranges, trace.ts[ranges]), on_one_axis(ranges, end[ranges]))
-    return intervals.containing(*union, on_one_axis(events, trace.ts[events])) >= 0
+    return intervals.containing(*union, on_one_axis(events, trace.ts[events]))
 
 
 def _overlapping(starts: np.ndarray, ends: np.ndarray, union_starts: np.ndarray, union_ends: np.ndarray) -> np.ndarray:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis import intervals
-from ..analysis.blame import blame
+from ..analysis import intervals, numeric
+from ..analysis.blame import blame, holding_range
 from ..analysis.syncs import ITEM_OPS, SYNC_COPY_CALLS
 from ..trace.kinds import Kind
 from . import thresholds
@@ -44,8 +44,8 @@ def _check_sync(ctx: Context, rule: Rule) -> Outcome:
         waited = waited[window.inside(trace.ts[waited])] if len(waited) else waited
         if len(waited) == 0:
             continue  # no sync blocked on device work: .item() on CPU tensors, syncs that returned at once
-        causes = _causes(ctx, waited)
-        counts = {name: int((causes == name).sum()) for name in _CAUSES}
+        causes, first = _causes(ctx, waited)
+        counts = {name: int(((causes == name) & first).sum()) for name in _CAUSES}
         idle_ms = blamed.by_category_ms["sync"] / window.count
         share = pct(idle_ms, window.mean_step_ms)
         severity = rule.severity_for(share) if share >= limits.share_pct and idle_ms >= limits.floor else "info"
@@ -58,7 +58,7 @@ def _check_sync(ctx: Context, rule: Rule) -> Outcome:
             "share_pct": share,
             "idle_after_ms_per_step": idle_ms,
             "blocked_ms_per_step": blocked,
-            "syncs_per_step": len(waited) / window.count,
+            "syncs_per_step": int(first.sum()) / window.count,
             "step_ms": window.mean_step_ms,
             "main_cause": _CAUSES[main],
             **{f"{name}_count": count for name, count in counts.items()},
@@ -70,18 +70,30 @@ def _check_sync(ctx: Context, rule: Rule) -> Outcome:
     return findings
 
 
-def _causes(ctx: Context, syncs: np.ndarray) -> np.ndarray:
-    """What each sync call is, from the op that issued it: .item(), a copy to the host, or an explicit synchronize."""
+def _causes(ctx: Context, syncs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What each sync call is, from the op it runs in (.item(), a copy to the host, or an explicit synchronize),
+    and which calls are one sync point: the copy and the synchronize that one .item() makes count once."""
     trace = ctx.trace
-    ops = trace.op_of_event[syncs]  # the innermost op: _local_scalar_dense in .item(), copy_ in .cpu()
-    names = [trace.name_of(op) if op >= 0 else "" for op in ops.tolist()]
-    called = [trace.name_of(event) for event in syncs.tolist()]
-    return np.array([
-        "item" if name in ITEM_OPS
-        else "blocking_dtoh" if call in SYNC_COPY_CALLS or "Memcpy" in call or name in _COPY_OPS
-        else "sync_call"
-        for name, call in zip(names, called)
-    ], dtype=object)  # fmt: skip
+    end = trace.end
+    ops = np.flatnonzero((trace.kind == Kind.CPU_OP) & (trace.rank == trace.rank[syncs[0]]))
+    names = trace.name[ops]
+    item = holding_range(trace, end, ops[numeric.isin(names, _ids(trace, ITEM_OPS))], syncs)
+    copy = holding_range(trace, end, ops[numeric.isin(names, _ids(trace, _COPY_OPS))], syncs)
+    copy_call = numeric.isin(trace.name[syncs], _ids(trace, SYNC_COPY_CALLS))
+    copy_call |= np.array(["Memcpy" in trace.name_of(event) for event in syncs.tolist()], dtype=bool)
+    causes = np.where(item >= 0, "item", np.where((copy >= 0) | copy_call, "blocking_dtoh", "sync_call"))
+    point = np.where(item >= 0, item, np.where(copy >= 0, copy, -1))  # the op the call belongs to
+    first = np.ones(len(syncs), dtype=bool)
+    for cause, held in (("item", item), ("blocking_dtoh", copy)):
+        inside = np.flatnonzero((causes == cause) & (held >= 0))
+        _, keep = np.unique(point[inside], return_index=True)
+        first[inside] = False
+        first[inside[keep]] = True
+    return causes, first
+
+
+def _ids(trace, names) -> list[int]:
+    return [found for found in (trace.name_id(name) for name in names) if found >= 0]
 
 
 _COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_", "aten::cpu", "aten::numpy_T"})
