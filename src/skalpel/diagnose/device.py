@@ -65,16 +65,17 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
             evidence["blame_ms_per_step"] = {key: value for key, value in blamed.ms_per_step.items() if value > 0}
             evidence["culprits"] = culprits
         title, fix, events = None, rule.fix, _after_longest_gaps(ctx, rank)
-        lead = culprits[0] if culprits and culprits[0]["share_pct"] >= limits.param("cause_pct") else None
+        lead = _lead(ctx, blamed, limits.param("cause_pct")) if blamed is not None else None
         if loader >= limits.param("loader_idle_pct"):
             title = rule.title.format(**evidence) + f"; {loader:.0f}% of it inside DataLoader.__next__"
             fix = "the device waits for the next batch: " + DATALOADER_FIX
             events = np.flatnonzero((ctx.trace.kind == Kind.DATALOADER) & (ctx.trace.rank == rank))
         elif lead is not None:  # one cause dominates: lead with it, its lines and its fix
             title = rule.title.format(**evidence) + f"; {lead['share_pct']:.0f}% of it {_CAUSE_WORDS[lead['category']]}"
-            title += f" ({lead['label']})" if lead["category"] not in ("unexplained",) else ""
+            title += f" ({_short(lead['label'])})" if lead["category"] != "unexplained" else ""
             fix = _cause_fix(lead, step_ms < limits.param("small_step_ms"))
             events = np.array(blamed.top(lead["category"])[0].events, dtype=np.int64)
+            evidence["lead_cause"] = lead["category"]
         elif step_ms < limits.param("small_step_ms"):
             fix = SMALL_STEP_FIX
         elif culprits:
@@ -104,6 +105,22 @@ def _culprits(ctx: Context, blamed, count: int = 3) -> list[dict]:
     return culprits
 
 
+def _lead(ctx: Context, blamed, cause_pct: float) -> dict | None:
+    """The cause category holding ``cause_pct`` or more of the idle time, with its largest contributor."""
+    category = blamed.dominant
+    if category is None or blamed.share_pct[category] < cause_pct or not blamed.top(category):
+        return None
+    top = blamed.top(category)[0]
+    where = ctx.locations(top.events, limit=1) if top.events else ()
+    return {"category": category, "label": top.label, "share_pct": blamed.share_pct[category],
+            "location": where[0] if where else None}  # fmt: skip
+
+
+def _short(label: str, limit: int = 60) -> str:
+    """A range or kernel name short enough for a title (C++ templates and graph hashes run to hundreds)."""
+    return label if len(label) <= limit else label[: limit - 3] + "..."
+
+
 _CAUSE_WORDS = {
     "data_loading": "waiting for data",
     "host_compute": "host work before the next launch",
@@ -120,7 +137,7 @@ _CAUSE_WORDS = {
 def _cause_fix(lead: dict, small_steps: bool) -> str:
     """The fix for the cause that holds most of the idle time, naming it and its line."""
     where = f" at {lead['location']}" if lead.get("location") and "with_stack" not in lead["location"] else ""
-    what = f"{lead['label']}{where}"
+    what = f"{_short(lead['label'])}{where}"
     category = lead["category"]
     if category == "data_loading":
         return "the device waits for the next batch: " + DATALOADER_FIX
