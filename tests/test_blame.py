@@ -310,3 +310,24 @@ def test_cudnn_autotune_syncs_are_no_host_device_sync(tmp_path):
         builder.host("aten::cudnn_convolution", start + 10, 100)
         builder.launch(start + 20, 5, work_ts=start + 30, work_dur=39_000)
     assert _findings(builder, tmp_path, "host_device_sync") == []
+
+
+@pytest.mark.parametrize("blocked_in_gloo", [False, True])
+def test_cpu_launch_bound_counts_no_collective_wait_and_names_no_cuda_graphs(tmp_path, blocked_in_gloo):
+    """800 tiny host ops per 10 ms step on a CPU-only job: framework overhead, unless most of the rest of the step
+    is spent blocked in a gloo all_reduce (waiting for peers, not dispatching ops)."""
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        for op in range(800):
+            builder.host("aten::add", start + 10 + 5 * op, 4)
+        if blocked_in_gloo:
+            builder.host("gloo:all_reduce", start + 4100, 5800)
+    found = _findings(builder, tmp_path, "launch_bound")
+    if blocked_in_gloo:
+        assert found == []
+    else:
+        (finding,) = found
+        assert "CUDA graph" not in finding.fix and "reduce-overhead" not in finding.fix
+        assert finding.evidence["collective_ms_per_step"] == 0.0
