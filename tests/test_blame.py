@@ -331,3 +331,12 @@ def test_cpu_launch_bound_counts_no_collective_wait_and_names_no_cuda_graphs(tmp
         (finding,) = found
         assert "CUDA graph" not in finding.fix and "reduce-overhead" not in finding.fix
         assert finding.evidence["collective_ms_per_step"] == 0.0
+
+
+def test_explain_lists_the_blame_categories(capsys):
+    from skalpel.cli import main
+
+    assert main(["explain", "blame"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in CATEGORIES)
+    assert main(["explain"]) == 0 and "skalpel explain blame" in capsys.readouterr().out

@@ -256,7 +256,8 @@ def _add_explain(commands: argparse._SubParsersAction) -> None:
         help="what a finding means, how it is measured, its thresholds and the fix",
         description="Print a finding's documentation from the registry; without an id, a table of all findings.",
     )
-    parser.add_argument("finding_id", nargs="?", metavar="FINDING_ID", help="e.g. dataloader_bound")
+    parser.add_argument("finding_id", nargs="?", metavar="FINDING_ID",
+                        help="e.g. dataloader_bound; 'blame' lists the causes idle time is charged to")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=_cmd_explain)
 
@@ -272,6 +273,13 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             sys.stdout.buffer.write(orjson.dumps(explain.explain_all_dicts(), option=orjson.OPT_INDENT_2) + b"\n")
         else:
             Console().print(explain.render_table())
+            Console().print(f"idle-time causes the findings read: skalpel explain {explain.BLAME}")
+        return 0
+    if args.finding_id == explain.BLAME:
+        if args.json:
+            sys.stdout.buffer.write(orjson.dumps(explain.blame_dict(), option=orjson.OPT_INDENT_2) + b"\n")
+        else:
+            Console().print(explain.render_blame())
         return 0
     rule = explain.find(args.finding_id)
     if rule is None:

@@ -61,7 +61,7 @@ CATEGORY_WORDS = {
     "collective_wait": "a collective waiting for its peers (host collective, or a queued collective kernel)",
     "one_time_init": "one-time work (CUDA context, cuDNN autotuning, lazy loading)",
     "other_stream": "work queued in time that waited on another stream or an event",
-    "unexplained": "no link to a cause in the trace (no launch call, no later work, clock skew)",
+    "unexplained": "no link to a cause in the trace (device work with no launch call, clock skew)",
 }
 UNTRACED = "host code between recorded ops"
 UNLINKED = "device work the trace links to no cause"

@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..analysis.blame import CATEGORIES, CATEGORY_WORDS
 from .registry import RULES, lookup
 from .rule import Rule
 
@@ -56,6 +57,27 @@ def render_table() -> Table:
     for rule in RULES:
         applies = "GPU" if rule.needs_device else "CPU+GPU"
         table.add_row(rule.id, rule.severity, applies, rule.thresholds.describe())
+    return table
+
+
+BLAME = "blame"  # not a finding: the causes every idle interval of a step is charged to
+
+
+def blame_dict() -> dict[str, Any]:
+    return {
+        "what": "every interval of a step in which the device is idle, charged to what held it back; per step and "
+        "summed, the categories add up to the idle time (gpu_idle's evidence: blame_ms_per_step, culprits)",
+        "categories": {name: CATEGORY_WORDS[name] for name in CATEGORIES},
+    }
+
+
+def render_blame() -> Table:
+    table = Table(title="Idle-time causes (each idle interval of a step is charged to one; they add up to the idle "
+                  "time)", title_justify="left")  # fmt: skip
+    table.add_column("cause", no_wrap=True)
+    table.add_column("what holds the device back", overflow="fold")
+    for name in CATEGORIES:
+        table.add_row(name, CATEGORY_WORDS[name])
     return table
 
 
