@@ -340,3 +340,24 @@ def test_explain_lists_the_blame_categories(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in CATEGORIES)
     assert main(["explain"]) == 0 and "skalpel explain blame" in capsys.readouterr().out
+
+
+def test_the_report_carries_each_steps_blame_and_the_terminal_shows_it(tmp_path):
+    from skalpel.api import analyze
+    from skalpel.report import terminal
+
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.host("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start + 10, 5990)
+        builder.launch(start + 6010, 5, work_ts=start + 6020, work_dur=3900)
+    report = analyze(builder.write(tmp_path / "trace.json"))
+    blamed = report.ranks[0].extra["blame"]
+    assert [step["number"] for step in blamed["steps"]] == [1, 2, 3]
+    for step in blamed["steps"]:
+        assert sum(step["ms"].values()) == pytest.approx(step["idle_ms"], abs=1e-3)
+    assert blamed["ms_per_step"]["data_loading"] == pytest.approx(5.99)
+    assert blamed["top"][0]["label"].startswith("enumerate(DataLoader)")
+    out = " ".join(terminal.render_text(report, width=200).split())
+    assert "idle by cause: data_loading 9" in out

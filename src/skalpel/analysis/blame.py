@@ -124,6 +124,21 @@ class RankBlame:
     def top(self, category: str | None = None) -> list[Contributor]:
         return [item for item in self.contributors if category is None or item.category == category]
 
+    def to_dict(self, *, top: int = 5) -> dict:
+        """A plain summary for the report: ms per step and share by cause, each step's split, the top causes."""
+        count = max(len(self.steps), 1)
+        return {
+            "idle_ms_per_step": round(self.idle_ms / count, 4),
+            "ms_per_step": {key: round(value, 4) for key, value in self.ms_per_step.items() if value > 0},
+            "share_pct": {key: round(value, 2) for key, value in self.share_pct.items() if value > 0},
+            "steps": [{"number": step.number, "idle_ms": round(step.idle_ms, 4),
+                       "ms": {key: round(value, 4) for key, value in step.by_category_ms.items() if value > 0}}
+                      for step in self.steps],  # fmt: skip
+            "top": [{"category": item.category, "label": item.label, "ms_per_step": round(item.ms / count, 4)}
+                    for item in self.contributors[:top]],  # fmt: skip
+            "notes": list(self.notes),
+        }
+
     @property
     def dominant(self) -> str | None:
         """The category with the most idle time, when any."""

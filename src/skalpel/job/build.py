@@ -151,6 +151,9 @@ def _extra(analyses: Analyses, rank: int) -> dict:
     in_steps = analyses.step_device.for_rank(rank) if analyses.step_device else None
     if in_steps is not None:
         extra["step_device"] = _rounded({**in_steps.to_dict(), "marked": analyses.step_device.marked})
+    blamed = analyses.blame.for_rank(rank) if analyses.blame is not None else None
+    if blamed is not None and blamed.idle_ms > 0:
+        extra["blame"] = blamed.to_dict()  # the steps' idle time by cause
     sync = analyses.syncs.for_rank(rank) if analyses.syncs else None
     if sync is not None:
         extra["syncs"] = _rounded(sync.to_dict())

@@ -124,6 +124,13 @@ def _rank_panel(report: Report, rank: RankReport) -> Panel:
         if in_steps and in_steps.get("marked"):  # the steps the user waits for; HTA's span follows
             parts.append(Text(f"GPU in marked steps: busy {in_steps['busy_pct']:.1f}%, idle {in_steps['idle_pct']:.1f}% "
                               f"({in_steps['idle_ms_per_step']:.2f} ms/step)"))  # fmt: skip
+        blamed = rank.extra.get("blame")
+        causes = sorted((blamed or {}).get("share_pct", {}).items(), key=lambda item: -item[1])
+        causes = [(key, value) for key, value in causes if value >= 0.5][:4]
+        if causes:  # the marked steps' idle time (the line above), or the window's, by what held the device back
+            where = "idle" if in_steps and in_steps.get("marked") else "GPU idle in the window (no markers)"
+            parts.append(Text(f"  {where} by cause: " + ", ".join(f"{key} {value:.0f}%" for key, value in causes)
+                              + " (skalpel explain blame)"))  # fmt: skip
         parts.append(
             Text(f"GPU (HTA, first to last device event): idle {gpu.idle_pct:.1f}% ({idle}), compute {gpu.compute_pct:.1f}%, "
                  f"non-compute {gpu.non_compute_pct:.1f}%{overlap}")
