@@ -261,7 +261,7 @@ def _check_launch_bound(ctx: Context, rule: Rule) -> Outcome:
             "kernels_per_step": per_step,
             "kernel_median_us": stats.kernel_median_us,
             "launch_call_median_us": stats.launch_call_median_us,
-            "gpu_idle_pct": idle_pct,  # idle share of the step not explained by waits, compiling or one-time work
+            "gpu_idle_pct": idle_pct,  # idle share of the step, the waits taken out
         }
         kernels = np.flatnonzero((ctx.trace.kind == Kind.KERNEL) & (ctx.trace.rank == rank))
         launching_ops = ctx.trace.op_of_event[kernels]
@@ -284,13 +284,14 @@ def _graph_launched_pct(ctx: Context, rank: int) -> float:
     return 100.0 * float(numeric.isin(trace.name[trace.launcher[kernels]], graph).sum()) / len(kernels)
 
 
-# idle time whose cause is not the host's per-op cost: it is not launch overhead, whatever the kernels' size
-_NOT_OVERHEAD = ("data_loading", "sync", "collective_wait", "compile", "one_time_init", "other_stream")
+# idle time spent waiting is not the host's per-op cost, whatever the kernels' size. Compiling and one-time work
+# stay in: cold_start and compile_overhead judge them, and a window they dominate still shows its kernels' size.
+_NOT_OVERHEAD = ("data_loading", "sync", "collective_wait", "other_stream")
 
 
 def _idle_not_waiting_for_data(ctx: Context, idle, rank: int) -> float:
     """Device idle share of the step, less the idle time blame charges to waiting (for data, a sync, a collective,
-    another stream), compiling or one-time work; without blame, less the time the step waited for data.
+    another stream); without blame, less the time the step waited for data.
 
     Of the marked steps when there are markers, else of HTA's device span.
     """
@@ -304,16 +305,24 @@ def _idle_not_waiting_for_data(ctx: Context, idle, rank: int) -> float:
     in_steps = ctx.result("step_device", lambda: device_in_steps(ctx.trace, ctx.steps))
     device = in_steps.for_rank(rank) if in_steps is not None and ctx.steps.marked else None
     if device is not None and device.mean_step_ms > 0:  # the marked steps, as gpu_idle judges them
-        waiting_ms = waiting_share * device.idle_ms_per_step if blamed is not None else data_ms
-        return 100.0 * max(device.idle_ms_per_step - waiting_ms, 0.0) / device.mean_step_ms
+        if blamed is None:
+            return 100.0 * max(device.idle_ms_per_step - data_ms, 0.0) / device.mean_step_ms
+        return _share_left(device.idle_ms_per_step, device.mean_step_ms, waiting_share)
     gpu = idle.for_rank(rank) if idle is not None else None
     if gpu is None or gpu.span_us <= 0:
         return 0.0
     if blamed is not None:
-        return gpu.idle_pct * (1.0 - waiting_share)
+        return _share_left(gpu.idle_us, gpu.span_us, waiting_share)
     steps = _steps_on(ctx, rank)
     idle_ms = max(gpu.idle_us / 1000.0 / steps - data_ms, 0.0)
     return 100.0 * idle_ms / (gpu.span_us / 1000.0 / steps)
+
+
+def _share_left(idle: float, span: float, waiting_share: float) -> float:
+    """Idle share of the time left when the waits are taken out of both: a cold start that holds most of a window
+    does not hide that the steady state after it idles for the host."""
+    waiting = waiting_share * idle
+    return 100.0 * max(idle - waiting, 0.0) / (span - waiting) if span - waiting > 0 else 0.0
 
 
 LAUNCH_BOUND = Rule(
@@ -332,7 +341,7 @@ LAUNCH_BOUND = Rule(
         why="Each op pays a fixed cost (Python, dispatcher, kernel launch of ~5-10 us) however little it computes. "
         "When ops are tiny that fixed cost is the step time, and a faster device does not help.",
         evidence="Device: share of tiny kernels, kernels per step, median kernel and launch-call durations, GPU idle "
-        "share not explained by waiting (for data, a sync, a collective, another stream), compiling or one-time work, as the blame analysis charges it (at least `min_idle_pct`). CPU: ops per step, share of ops shorter than `tiny_us`, median op time, share of the step not "
+        "share once the idle time the blame analysis charges to waiting (for data, a sync, a collective, another stream) is taken out of the idle time and of the step (at least `min_idle_pct`). CPU: ops per step, share of ops shorter than `tiny_us`, median op time, share of the step not "
         "spent in substantial ops nor blocked in a collective (`collective_ms_per_step`; the fix then names no CUDA "
         "graphs: there is no device to replay them on). Both: the tiny ops by source (`tiny_ops_by_source_pct`: data loading inside "
         "DataLoader.__next__, the optimizer step inside Optimizer.step#..., the model and the rest); the fix and the "
