@@ -361,3 +361,16 @@ def test_the_report_carries_each_steps_blame_and_the_terminal_shows_it(tmp_path)
     assert blamed["top"][0]["label"].startswith("enumerate(DataLoader)")
     out = " ".join(terminal.render_text(report, width=200).split())
     assert "idle by cause: data_loading 9" in out
+
+
+def test_at_equal_severity_the_cause_is_listed_before_the_symptom(tmp_path):
+    from skalpel.api import analyze
+
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):  # the loader holds 60% of each step: dataloader_bound and gpu_idle, both critical
+        start = number * STEP_US
+        builder.host("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start + 10, 5990)
+        builder.launch(start + 6010, 5, work_ts=start + 6020, work_dur=3900)
+    ids = [(finding.severity, finding.id) for finding in analyze(builder.write(tmp_path / "trace.json")).findings]
+    assert ids.index(("critical", "dataloader_bound")) < ids.index(("critical", "gpu_idle"))

@@ -71,7 +71,12 @@ def _run(rule: Rule, ctx: Context) -> list[Finding] | NotJudged:
         return NotJudged(f"rule error: {type(error).__name__}: {error}")
 
 
-def _order(finding: Finding) -> tuple[int, float]:
+# findings that state a symptom whose causes other findings name (gpu_idle's blame leads with them): at equal
+# severity the causes come first
+_SYMPTOMS = frozenset({"gpu_idle"})
+
+
+def _order(finding: Finding) -> tuple[int, bool, float]:
     evidence = finding.evidence
     weight = next((float(evidence[key]) for key in ("share_pct", "idle_pct", "overhead_pct") if key in evidence), 0.0)
-    return SEVERITIES.index(finding.severity), -weight
+    return SEVERITIES.index(finding.severity), finding.id in _SYMPTOMS, -weight
