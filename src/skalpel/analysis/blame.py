@@ -346,8 +346,9 @@ class _Labels:
         self.end = trace.end  # computed once: each trace.end is a new array
         host = np.flatnonzero(numeric.isin_few(trace.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER,
                                                              Kind.COMM_OP, Kind.RUNTIME, Kind.DRIVER]))  # fmt: skip
-        self.host = host
-        self.thread_key = _thread_key(trace, host)
+        keys = _thread_key(trace, host)
+        order = np.argsort(keys, kind="stable")  # grouped by thread: each thread's events are one slice
+        self.host, self.thread_key = host[order], keys[order]
         self.compile = np.zeros(len(trace), dtype=bool)
         self.compile[compile_ranges(trace)] = True
         self.one_time = np.zeros(len(trace), dtype=bool)
@@ -391,7 +392,7 @@ class _Labels:
 
     def _charge_thread(self, pieces: _Pieces, key, starts, ends, step_of, calls, busy) -> None:
         trace = self.trace
-        on_thread = self.host[self.thread_key == key]
+        on_thread = self.host[np.searchsorted(self.thread_key, key, "left"):np.searchsorted(self.thread_key, key, "right")]
         # a sync in progress when the device went idle, that drained work queued before it, takes its share first
         syncs = on_thread[self.sync[on_thread]]
         syncs = syncs[np.argsort(trace.ts[syncs], kind="stable")]
