@@ -215,14 +215,8 @@ def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Label
     pieces = _Pieces([], [], [], [], [])
     notes: list[str] = []
 
-    # The device work that ends each idle interval: the first to start at or after its end.
-    device_starts = trace.ts[device]
-    position = np.searchsorted(device_starts, g1, side="left")
-    has_next = position < len(device)
-    nxt = np.where(has_next, device[np.minimum(position, max(len(device) - 1, 0))], -1) if len(device) else np.full(len(g1), -1)
-    launcher = np.where(has_next, trace.launcher[np.maximum(nxt, 0)], -1)
-    launched = launcher >= 0
-    launched[launched] = numeric.isin_few(trace.kind[launcher[launched]], _LAUNCH)
+    nxt, launcher, launched = _next_work(trace, device, g1)
+    has_next = nxt >= 0
     launch_ts = np.where(launched, trace.ts[np.maximum(launcher, 0)], np.nan)
     launch_end = np.where(launched, end[np.maximum(launcher, 0)], np.nan)
     with np.errstate(invalid="ignore"):
@@ -314,6 +308,18 @@ def _idle_in_steps(busy, step_starts, step_ends) -> tuple[np.ndarray, np.ndarray
     first = np.flatnonzero(joined)
     last = np.append(first[1:] - 1, len(lows) - 1)
     return lows[first], highs[last], step[first]
+
+
+def _next_work(trace: Trace, device: np.ndarray, instants: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The device work that ends each idle interval (the first to start at or after its end; -1: none), the
+    runtime call that launched it (-1: none), and whether that call is a launch call."""
+    position = np.searchsorted(trace.ts[device], instants, side="left")  # device is sorted by start
+    has_next = position < len(device)
+    nxt = np.where(has_next, device[np.minimum(position, len(device) - 1)], -1) if len(device) else np.full(len(instants), -1)
+    launcher = np.where(has_next, trace.launcher[np.maximum(nxt, 0)], -1)
+    launched = launcher >= 0
+    launched[launched] = numeric.isin_few(trace.kind[launcher[launched]], _LAUNCH)
+    return nxt, launcher, launched
 
 
 def _previous_launch(trace: Trace, device: np.ndarray, end: np.ndarray, instants: np.ndarray) -> np.ndarray:
