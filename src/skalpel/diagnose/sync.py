@@ -49,7 +49,8 @@ def _check_sync(ctx: Context, rule: Rule) -> Outcome:
         idle_ms = blamed.by_category_ms["sync"] / window.count
         share = pct(idle_ms, window.mean_step_ms)
         severity = rule.severity_for(share) if share >= limits.share_pct and idle_ms >= limits.floor else "info"
-        charged = [event for event in blamed.syncs_charged if event in set(waited.tolist())]
+        inside = set(waited.tolist())
+        charged = [event for event in blamed.syncs_charged if event in inside]
         longest = waited[np.argsort(-trace.dur[waited], kind="stable")[:8]]
         shown = np.array((charged or longest.tolist())[:8], dtype=np.int64)  # the syncs after which the device idled most
         main = max(counts, key=lambda name: float(trace.dur[waited[causes == name]].sum()) if counts[name] else -1.0)
