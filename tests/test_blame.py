@@ -374,3 +374,15 @@ def test_at_equal_severity_the_cause_is_listed_before_the_symptom(tmp_path):
         builder.launch(start + 6010, 5, work_ts=start + 6020, work_dur=3900)
     ids = [(finding.severity, finding.id) for finding in analyze(builder.write(tmp_path / "trace.json")).findings]
     assert ids.index(("critical", "dataloader_bound")) < ids.index(("critical", "gpu_idle"))
+
+
+def test_without_markers_each_inferred_iteration_is_blamed(tmp_path):
+    builder = TraceBuilder()
+    for number in range(4):  # an unmarked loop: a 6 ms fetch, then a 4 ms kernel
+        start = number * STEP_US
+        builder.host("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start + 10, 5990)
+        builder.launch(start + 6010, 5, work_ts=start + 6020, work_dur=3900)
+    result, _ = _blame(builder, tmp_path)
+    rank = result.ranks[0]
+    assert rank.unit == "iteration" and [step.number for step in rank.steps] == [1, 2, 3, 4]
+    assert all(step.by_category_ms["data_loading"] == pytest.approx(5.99) for step in rank.steps)

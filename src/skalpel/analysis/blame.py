@@ -36,6 +36,7 @@ wait for: the result says so (``applies`` is False) instead of blaming anything.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +46,7 @@ from ..trace.model import Trace
 from . import intervals, numeric
 from .compile import compile_ranges
 from .onetime import OneTimeResult, one_time_work
-from .steps import Step, StepSegmentation
+from .steps import Step, StepSegmentation, inferred_iterations
 from .syncs import SYNC_CALLS, SYNC_COPY_CALLS
 
 CATEGORIES = (
@@ -111,6 +112,7 @@ class RankBlame:
     notes: tuple[str, ...]  # why some time is unexplained
     syncs_waited: tuple[int, ...] = ()  # sync calls that blocked while device work ran, outside fetches, compile and one-time work
     syncs_charged: tuple[int, ...] = ()  # of those, the ones charged with idle time after them, most time first
+    unit: str = "step"  # what ``steps`` are: marked steps, iterations inferred from the loop, or the whole window
 
     @property
     def share_pct(self) -> dict[str, float]:
@@ -128,6 +130,7 @@ class RankBlame:
         """A plain summary for the report: ms per step and share by cause, each step's split, the top causes."""
         count = max(len(self.steps), 1)
         return {
+            "unit": self.unit,
             "idle_ms_per_step": round(self.idle_ms / count, 4),
             "ms_per_step": {key: round(value, 4) for key, value in self.ms_per_step.items() if value > 0},
             "share_pct": {key: round(value, 2) for key, value in self.share_pct.items() if value > 0},
@@ -163,7 +166,7 @@ def blame(
     trace: Trace, steps: StepSegmentation, *, one_time: OneTimeResult | None = None,
     options: BlameOptions = BlameOptions(),
 ) -> BlameResult:  # fmt: skip
-    """Idle time of every step charged to its causes, per rank."""
+    """Idle time of every step charged to its causes, per rank (per inferred iteration without step markers)."""
     if not trace.has_device:
         return BlameResult({}, applies=False, reason="no device activity: nothing waited for a device")
     one_time = one_time if one_time is not None else one_time_work(trace)
@@ -171,9 +174,27 @@ def blame(
     ranks = {}
     for rank in trace.rank_ids:
         rank_steps = sorted(steps.for_rank(rank), key=lambda step: step.start_us)
+        unit = "step"
+        if rank_steps and not steps.marked:
+            rank_steps, unit = _iterations(trace, rank, rank_steps[0])
         if rank_steps:
-            ranks[rank] = _rank_blame(trace, rank, rank_steps, labels, options)
+            ranks[rank] = dataclasses.replace(_rank_blame(trace, rank, rank_steps, labels, options), unit=unit)
     return BlameResult(ranks)
+
+
+def _iterations(trace: Trace, rank: int, window: Step) -> tuple[list[Step], str]:
+    """Without step markers: the loop's iterations inferred from DataLoader fetches or optimizer steps, inside the
+    window (number 0: the time before the first iteration); the window itself when no loop is found."""
+    loop = inferred_iterations(trace, rank)
+    if loop is None:
+        return [window], "window"
+    starts, ends, _ = loop
+    starts = np.clip(starts, window.start_us, window.end_us)
+    ends = np.clip(np.append(starts[1:], window.end_us), window.start_us, window.end_us)  # they tile the window
+    result = [Step(rank, 0, window.start_us, float(starts[0]), float(starts[0]))] if starts[0] > window.start_us else []
+    result += [Step(rank, i + 1, float(start), float(end), float(end)) for i, (start, end) in enumerate(zip(starts, ends))
+               if end > start]  # fmt: skip
+    return result, "iteration"
 
 
 # -- the idle intervals and the work that ends each ------------------------------------------------

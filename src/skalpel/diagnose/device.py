@@ -60,9 +60,9 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
             "hta_compute_pct": gpu.compute_pct,
         }
         blamed = _blame_of(ctx, rank)
-        culprits = _culprits(ctx, blamed) if blamed is not None else []
-        if blamed is not None:
-            evidence["blame_ms_per_step"] = {key: value for key, value in blamed.ms_per_step.items() if value > 0}
+        culprits = _culprits(ctx, blamed, steps) if blamed is not None else []
+        if blamed is not None:  # per step as judged here: the window's total without markers
+            evidence["blame_ms_per_step"] = {key: value / steps for key, value in blamed.by_category_ms.items() if value > 0}
             evidence["culprits"] = culprits
         title, fix, events = None, rule.fix, _after_longest_gaps(ctx, rank)
         lead = _lead(ctx, blamed, limits.param("cause_pct")) if blamed is not None else None
@@ -91,9 +91,8 @@ def _blame_of(ctx: Context, rank: int):
     return found if found is not None and found.idle_ms > 0 else None
 
 
-def _culprits(ctx: Context, blamed, count: int = 3) -> list[dict]:
+def _culprits(ctx: Context, blamed, steps: int, count: int = 3) -> list[dict]:
     """The largest causes of the idle time, each with its share, its time per step and its user-code line."""
-    steps = max(len(blamed.steps), 1)
     culprits = []
     for item in blamed.contributors[:count]:
         share = 100.0 * item.ms / blamed.idle_ms
