@@ -98,9 +98,8 @@ def _culprits(ctx: Context, blamed, steps: int, count: int = 3) -> list[dict]:
         share = 100.0 * item.ms / blamed.idle_ms
         if share < 1.0:
             break
-        where = ctx.locations(item.events, limit=1) if item.events else ()
         culprits.append({"category": item.category, "label": item.label, "share_pct": share,
-                         "ms_per_step": item.ms / steps, "location": where[0] if where else None})  # fmt: skip
+                         "ms_per_step": item.ms / steps, "location": _line(ctx, item.events)})  # fmt: skip
     return culprits
 
 
@@ -110,9 +109,14 @@ def _lead(ctx: Context, blamed, cause_pct: float) -> dict | None:
     if category is None or blamed.share_pct[category] < cause_pct or not blamed.top(category):
         return None
     top = blamed.top(category)[0]
-    where = ctx.locations(top.events, limit=1) if top.events else ()
     return {"category": category, "label": top.label, "share_pct": blamed.share_pct[category],
-            "location": where[0] if where else None}  # fmt: skip
+            "location": _line(ctx, top.events)}  # fmt: skip
+
+
+def _line(ctx: Context, events) -> str | None:
+    """The user's line of these events; None without Python stacks (the finding's locations say how to get them)."""
+    where = ctx.locations(events, limit=1) if len(events) else ()
+    return where[0] if where and "with_stack" not in where[0] else None
 
 
 def _short(label: str, limit: int = 60) -> str:
@@ -135,13 +139,18 @@ _CAUSE_WORDS = {
 
 def _cause_fix(lead: dict, small_steps: bool) -> str:
     """The fix for the cause that holds most of the idle time, naming it and its line."""
-    where = f" at {lead['location']}" if lead.get("location") and "with_stack" not in lead["location"] else ""
+    where = f" at {lead['location']}" if lead.get("location") else ""
     what = f"{_short(lead['label'])}{where}"
     category = lead["category"]
     if category == "data_loading":
         return "the device waits for the next batch: " + DATALOADER_FIX
     if small_steps and (category == "launch_overhead" or lead["label"] == UNTRACED):
         return SMALL_STEP_FIX  # the fixed cost of each short step, not one piece of host work
+    if category == "host_compute" and lead["label"] == UNTRACED:
+        before = f" (up to {lead['location']})" if lead.get("location") else ""
+        return (f"the host runs Python that no recorded op covers{before} while the device waits: move it off the "
+                "step's critical path (precompute it, do it in DataLoader workers, or overlap it with device work), "
+                "or make it cheaper")  # fmt: skip
     if category == "host_compute":
         return (f"the host runs {what} while the device waits: move it off the step's critical path (precompute it, "
                 "do it in DataLoader workers, or overlap it with device work), or make it cheaper")  # fmt: skip
