@@ -16,8 +16,8 @@ launched it (``correlation``) and the host thread that made that call. Then:
   (the device's busy time inside the sync): a sync that returned at once causes nothing.
   A sync inside a fetch, a compile range or one-time work (cuDNN's autotuning syncs) is
   charged to that work, not to ``sync``;
-* the rest of the interval, from the launch call's start to the work's start, is
-  ``launch_overhead``;
+* the rest of the interval: the launch call itself is ``launch_overhead``; the work queued
+  when the call returned but started later waited on the device, as below;
 * the work was queued before the device went idle: it waited on something on the device.
   A collective kernel waited for its peers (``collective_wait``); a gap shorter than
   ``kernel_wait_us`` is the device's own dispatch (``launch_overhead``); a longer one waited
@@ -30,8 +30,10 @@ launched it (``correlation``) and the host thread that made that call. Then:
 A launch call that is itself one-time work (a first launch loading its module) is
 ``one_time_init``, not ``launch_overhead``.
 
-The categories of a step add up to its idle time exactly. CPU-only traces have no device to
-wait for: the result says so (``applies`` is False) instead of blaming anything.
+Without step markers the units are the loop's iterations (``steps.inferred_iterations``),
+else the whole window; ``RankBlame.unit`` says which. The categories of a step add up to its
+idle time exactly. CPU-only traces have no device to wait for: the result says so
+(``applies`` is False) instead of blaming anything.
 """
 
 from __future__ import annotations
