@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KINDS, LAUNCH_KINDS, Kind
-from ..trace.model import Trace
+from ..trace.kinds import DEVICE_KIND_ARRAY, LAUNCH_KINDS, Kind, kind_array
+from ..trace.model import Trace, isin_few
 from . import intervals, numeric
 from .compile import compile_ranges
 from .onetime import OneTimeResult, one_time_work
@@ -68,8 +68,7 @@ CATEGORY_WORDS = {
 }
 UNTRACED = "host code between recorded ops"
 UNLINKED = "device work the trace links to no cause"
-_DEVICE = np.array(sorted(int(k) for k in DEVICE_KINDS), dtype=np.int8)
-_LAUNCH = np.array(sorted(int(k) for k in LAUNCH_KINDS), dtype=np.int8)
+_LAUNCH = kind_array(LAUNCH_KINDS)
 _CAT = {name: code for code, name in enumerate(CATEGORIES)}
 _WAITED_US = 1.0  # a sync during which the device ran less than this returned at once: it waited for nothing
 _SYNC_TOLERANCE_US = 2.0  # the device may report going idle this long after the host's sync returned (clock alignment)
@@ -228,7 +227,7 @@ class _Pieces:
 
 
 def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Labels", options: BlameOptions) -> RankBlame:
-    device = np.flatnonzero(numeric.isin_few(trace.kind, _DEVICE) & (trace.rank == rank))
+    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
     device = device[np.argsort(trace.ts[device], kind="stable")]
     end = labels.end
     busy = intervals.union(trace.ts[device], end[device])
@@ -341,7 +340,7 @@ def _next_work(trace: Trace, device: np.ndarray, instants: np.ndarray) -> tuple[
     nxt = np.where(has_next, device[np.minimum(position, len(device) - 1)], -1) if len(device) else np.full(len(instants), -1)
     launcher = np.where(has_next, trace.launcher[np.maximum(nxt, 0)], -1)
     launched = launcher >= 0
-    launched[launched] = numeric.isin_few(trace.kind[launcher[launched]], _LAUNCH)
+    launched[launched] = isin_few(trace.kind[launcher[launched]], _LAUNCH)
     return nxt, launcher, launched
 
 
@@ -353,7 +352,7 @@ def _previous_launch(trace: Trace, device: np.ndarray, end: np.ndarray, instants
     position = np.searchsorted(end[by_end], instants, side="right") - 1
     launcher = np.where(position >= 0, trace.launcher[by_end[np.maximum(position, 0)]], -1)
     known = launcher >= 0
-    known[known] = numeric.isin_few(trace.kind[launcher[known]], _LAUNCH)
+    known[known] = isin_few(trace.kind[launcher[known]], _LAUNCH)
     return np.where(known, launcher, -1)
 
 
@@ -373,7 +372,7 @@ class _Labels:
     def __init__(self, trace: Trace, one_time: OneTimeResult) -> None:
         self.trace = trace
         self.end = trace.end  # computed once: each trace.end is a new array
-        host = np.flatnonzero(numeric.isin_few(trace.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER,
+        host = np.flatnonzero(isin_few(trace.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER,
                                                              Kind.COMM_OP, Kind.RUNTIME, Kind.DRIVER]))  # fmt: skip
         keys = _thread_key(trace, host)
         order = np.argsort(keys, kind="stable")  # grouped by thread: each thread's events are one slice
@@ -386,7 +385,7 @@ class _Labels:
         # launch calls made inside one-time work (the first aten::add's first cudaLaunchKernel loads its module)
         self.one_time_owner = np.full(len(trace), -1, dtype=np.int64)  # for each launch call, the one-time work holding it
         self.one_time_owner[costs] = costs
-        calls = np.flatnonzero(numeric.isin_few(trace.kind, _LAUNCH))
+        calls = np.flatnonzero(isin_few(trace.kind, _LAUNCH))
         for cost in costs.tolist():  # a few slow first calls
             inside = (trace.ts[calls] >= trace.ts[cost]) & (self.end[calls] <= self.end[cost])
             inside &= (trace.tid[calls] == trace.tid[cost]) & (trace.rank[calls] == trace.rank[cost])
@@ -395,7 +394,7 @@ class _Labels:
         launchers = trace.launcher[trace.launcher >= 0]
         self.launches[launchers] = True
         names = [trace.name_id(name) for name in SYNC_CALLS | SYNC_COPY_CALLS]
-        self.sync = numeric.isin(trace.name, [i for i in names if i >= 0]) & numeric.isin_few(trace.kind, _LAUNCH)
+        self.sync = numeric.isin(trace.name, [i for i in names if i >= 0]) & isin_few(trace.kind, _LAUNCH)
         self.sync |= _pageable_dtoh_launches(trace)
         self.sync_events = np.flatnonzero(self.sync)
         # the work a sync inside belongs to: fetches, compile ranges, one-time work
@@ -448,7 +447,7 @@ class _Labels:
         if waited.any():
             events = sync_event[waited]
             category, owner = ranges.at(trace.ts[events])
-            inside_work = numeric.isin_few(category, [_CAT["data_loading"], _CAT["compile"], _CAT["one_time_init"]])
+            inside_work = isin_few(category, [_CAT["data_loading"], _CAT["compile"], _CAT["one_time_init"]])
             category = np.where(inside_work, category, _CAT["sync"])
             owner = np.where(inside_work, owner, events)
             label = np.where(inside_work, trace.name[np.maximum(owner, 0)], trace.name[events])
@@ -490,7 +489,7 @@ class _ThreadRanges:
             "compile": labels.compile[events],
             "one_time_init": labels.one_time[events],
             "collective_wait": kind == Kind.COMM_OP,
-            "launch_overhead": labels.launches[events] & numeric.isin_few(kind, _LAUNCH),
+            "launch_overhead": labels.launches[events] & isin_few(kind, _LAUNCH),
             "annotation": annotation,
             "op": kind == Kind.CPU_OP,
         }

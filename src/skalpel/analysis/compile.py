@@ -110,7 +110,7 @@ def compile_events(trace: Trace, steps: StepSegmentation) -> CompileResult:
 
 def compile_ranges(trace: Trace) -> np.ndarray:
     """Indices of the host ranges in which torch.compile compiles (dynamo/inductor ranges, any rank)."""
-    host = numeric.isin_few(trace.kind, _HOST)
+    host = isin_few(trace.kind, _HOST)
     names = [i for i in numeric.unique(trace.name[host]) if _COMPILE_TIME.search(trace.names[i])]
     return np.flatnonzero(host & numeric.isin(trace.name, names))
 
