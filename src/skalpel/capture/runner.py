@@ -26,6 +26,7 @@ from pathlib import Path
 from . import compile_log, distributed, session, signals
 from .aside import ProfilerWatch
 from .budget import OverBudget, RecordingBudget
+from .children import Children
 from .conclude import RunResult, conclude
 from .kineto_noise import filtered_stderr
 from .session import ProfileRun
@@ -93,10 +94,13 @@ class _Capture:
         self.user: ProfileRun | None = None
         self.stop_after_capture = stop_after_capture
         self.detector = StepDetector(self._boundary, only=step_on)
-        self.watchdog = Watchdog(self.detector, step_timeout_s, _say, done=lambda: self.user is not None or own.capture_complete)
+        self.watchdog = Watchdog(self.detector, step_timeout_s, _say,
+                                 done=lambda: self.user is not None or self.own.capture_complete)  # fmt: skip
         self.aside = ProfilerWatch(self._step_aside)
-        self.budget = RecordingBudget(lambda: own.profiling, lambda: own.recording, self._over_budget)
+        self.budget = RecordingBudget(lambda: self.own.profiling, lambda: self.own.recording, self._over_budget)
         self.detector.on_stop_request = self._end_recording_early
+        self.children = Children()  # processes the script starts: training there is said, not recorded
+        self.detector.on_child_boundary = self.children.boundary
         self.thread = threading.get_ident()  # the thread that runs the script: the only one that marks steps
         self.main_steps = 0
         self.other_threads: dict[str, int] = {}  # thread name -> step boundaries seen there (not marked)
@@ -112,6 +116,8 @@ class _Capture:
             return
         if not signals.is_owner():
             return  # a forked child: its parent is the one being profiled
+        if self.detector.restart:
+            self._record_again()
         self.main_steps += 1
         own = self.own
         own.step_signal = LABELS.get(self.detector.signal or "")
@@ -121,9 +127,18 @@ class _Capture:
         own.step()
         own.loader_workers = self.detector.loader_workers
         if own.baseline_complete:  # recorded, and un-profiled steps timed after it for the overhead's baseline
-            self.detector.uninstall(final=False)
+            self.detector.settle()  # a stronger signal may still show the real iteration, and take over
             if self.stop_after_capture:
                 raise CaptureComplete
+
+    def _record_again(self) -> None:
+        """A stronger signal took over from a fallback: what was recorded is not the training iteration."""
+        self.detector.restart = False
+        old = self.own
+        if _started(old):
+            old.discard()
+        self.own = ProfileRun(old.settings, out=old.folder, name=old.name, auto=True)
+        _say(self.detector.takeovers[-1].note())
 
     def _over_budget(self, tripped: OverBudget) -> None:
         """The budget's thread: the next hook on the script's thread ends the recording."""
@@ -156,6 +171,10 @@ class _Capture:
                 f"the script starts torch.profiler itself ({self.aside.where}): skalpel stopped its own capture "
                 f"there (two profilers at once crash), after {run.recorded_steps} recorded step(s)"
             )
+        notes.extend(takeover.note() for takeover in self.detector.takeovers)
+        children = self.children.note(run.step_signal if run.steps_done else None)
+        if children is not None:
+            notes.append(children)
         for name, count in self.other_threads.items():
             notes.append(
                 f"{count} step boundaries (optimizer or DataLoader) came from thread {name!r}: skalpel marks steps "
@@ -197,13 +216,24 @@ class _Capture:
                 "with `with skalpel.profile() as run:` and `run.step()`"
             )
         count = self.detector.boundaries
+        children = self.children.note(None)
+        if count == 0 and children is not None:
+            return f"no step in the main process of {target.name}: {children}"
+        if count == 0 and self.detector.held and "optimizer" not in self.detector.seen:
+            shown = ", ".join(LABELS[signal] for signal in sorted(self.detector.seen - {"optimizer"}))
+            return (
+                f"{target.name} made an optimizer that never stepped: skalpel took its {shown} for evaluation and "
+                f"waited for optimizer.step(); to profile them as steps, --step-on dataloader|backward|forward, or {HOW_TO_MARK}"
+            )
         if count == 0 and not self.detector.seen and failed:
             return "it ended before its first iteration: there was nothing to profile yet"
         if count == 0 and not self.detector.seen:
             looked = LABELS[self.detector.only] if self.detector.only else ALL_SIGNALS
             return f"no step boundary found in {target.name}: skalpel looks for {looked}; {HOW_TO_MARK}"
-        if count == 0 and self.detector.seen == {"dataloader"}:
+        if count == 0 and self.detector.seen == {"dataloader"} and self.detector.batches == 0:
             return f"zero steps ran in {target.name}: its DataLoader yielded no batch and no optimizer step was taken"
+        if count == 0 and self.detector.only == "optimizer" and "optimizer" not in self.detector.seen:
+            return f"no optimizer.step() call in {target.name} (--step-on optimizer); {HOW_TO_MARK}"
         if count == 0:
             seen = ", ".join(LABELS[signal] for signal in sorted(self.detector.seen))
             return (
@@ -227,6 +257,7 @@ class _Installed:
 
     def __enter__(self) -> None:
         self.capture.detector.install()
+        self.capture.children.install()
         self.capture.aside.__enter__()
         self.capture.watchdog.start()
         self.capture.budget.start()
@@ -238,6 +269,7 @@ class _Installed:
         self.capture.budget.stop()
         self.capture.aside.__exit__()
         self.capture.detector.uninstall()
+        self.capture.children.uninstall()
 
 
 def _say(message: str) -> None:

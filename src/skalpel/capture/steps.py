@@ -24,13 +24,24 @@ The fallbacks mark a boundary only on a repeat, a full iteration after their fir
 event, by when a signal of higher priority in the same loop has shown itself. Module
 hooks slow every module call, so they are removed as soon as an optimizer or DataLoader
 takes over. ``skalpel.step()`` in the script marks steps itself and silences the rest.
+
+Once the script has made an optimizer (and still holds it), the fallbacks wait for it:
+model calls and batches before its first step are evaluation (``estimate_loss()`` under
+``no_grad`` before training) or the parts of one iteration (an RL episode calls its
+policy once per environment step and the optimizer once per episode). A fallback that
+did mark steps gives way when a stronger signal appears later (an optimizer made after
+an evaluation pass, ``skalpel.step()``): ``restart`` tells the runner to record again on
+the new signal, and ``takeovers`` says what was replaced. Boundaries in a forked child go
+to ``on_child_boundary`` (the parent alone is profiled; it counts what its children did).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -38,6 +49,7 @@ import torch.optim.optimizer as optimizer_module
 from torch.nn.modules import module as module_hooks
 from torch.utils.data import dataloader
 
+from . import signals
 from .settings import STEP_SIGNALS as SIGNALS
 
 USER = "user"
@@ -57,6 +69,21 @@ HOW_TO_MARK = (
 ALL_SIGNALS = "optimizer.step() calls, DataLoader batches, backward() calls and repeated model calls"
 
 _active: StepDetector | None = None  # the detector of the running `skalpel run`, for skalpel.step()
+
+
+@dataclasses.dataclass(frozen=True)
+class Takeover:
+    """A stronger signal replaced the one that had marked ``steps`` steps: the recording started again."""
+
+    replaced: str
+    by: str
+    steps: int
+
+    def note(self) -> str:
+        return (
+            f"the first {self.steps} step(s) were marked by {LABELS[self.replaced]}, until {LABELS[self.by]} showed "
+            f"the training iteration: skalpel dropped what it had recorded and recorded again on {LABELS[self.by]}"
+        )
 
 
 def mark_step() -> None:
@@ -84,6 +111,14 @@ class StepDetector:
         self._backward_pending = False
         self._depth = 0  # module calls running (0: the next call is top-level)
         self.loader_workers = 0  # the most DataLoader workers seen, for cpu_contention
+        self.batches = 0  # batches the script's DataLoaders yielded
+        self.held = 0  # fallback boundaries not marked because an optimizer exists that has not stepped yet
+        self._made: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers the script made and still holds
+        self._marked = 0  # boundaries marked by the current signal
+        self.takeovers: list[Takeover] = []
+        self.restart = False  # a stronger signal took over: the runner records again (it clears this)
+        self.on_child_boundary: Callable[[str], None] | None = None  # a boundary in a forked child
+        self._settled = False  # the capture is done; hooks that could show a stronger signal stay
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []
         self._restore: list[tuple[Any, str, Any]] = []
@@ -108,7 +143,15 @@ class StepDetector:
             if detector.stop_requested:
                 detector._stop_request()
             detector._before_next(iterator)
-            return original_next(iterator)
+            batch = original_next(iterator)
+            detector.batches += 1
+            return batch
+
+        original_init = optimizer_module.Optimizer.__init__
+
+        def optimizer_init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(optimizer, *args, **kwargs)
+            detector._made.add(optimizer)
 
         zero_grad = optimizer_module.Optimizer.zero_grad
 
@@ -131,6 +174,7 @@ class StepDetector:
                 detector._backward_pending = True
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", __next__, original_next)
+        self._patch(optimizer_module.Optimizer, "__init__", optimizer_init, original_init)
         self._patch(optimizer_module.Optimizer, "zero_grad", wrapped_zero_grad, zero_grad)
         if self.only in (None, "backward", "forward"):
             self._patch(torch.autograd, "backward", wrapped_backward, backward)  # Tensor.backward calls it
@@ -158,6 +202,18 @@ class StepDetector:
             setattr(owner, name, original)
         self._restore = []
 
+    def settle(self) -> None:
+        """The capture is done: remove every hook, except, when a fallback marked the steps, those that would
+        show a stronger signal later (the optimizer's, the DataLoader's, backward's: cheap), so that it can
+        take over and the recording start again on it."""
+        if self._settled:
+            return
+        self._settled = True
+        if self.only is None and self.marking in ("dataloader", "backward", "forward"):
+            self._remove_module_hooks()
+        else:
+            self.uninstall(final=False)
+
     def _remove_module_hooks(self, *, final: bool = False) -> None:
         if not final and _compiled_anything():
             return  # torch.compile guards on the global module hooks: removing them now would recompile
@@ -167,15 +223,27 @@ class StepDetector:
 
     # -- boundaries -----------------------------------------------------------------------------
     def _boundary(self, signal: str) -> None:
+        if not signals.is_owner():  # a forked child: counted for the parent, never recorded here
+            if self.on_child_boundary is not None:
+                self.on_child_boundary(signal)
+            return
         self.boundaries += 1
+        self._marked += 1
         self.signal = signal
         self.last_boundary = time.monotonic()
         self.on_boundary()
 
+    def _waits_for_optimizer(self) -> bool:
+        """A fallback holds its boundary: the script holds an optimizer that has not stepped yet (default signal)."""
+        if self.only is None and "optimizer" not in self.seen and len(self._made) > 0:
+            self.held += 1
+            return True
+        return False
+
     def user_step(self) -> None:
         if USER not in self.seen:
             self.seen.add(USER)
-            self.marking = USER
+            self._take_over(USER)
             self._remove_module_hooks()
         self._boundary(USER)
 
@@ -184,9 +252,22 @@ class StepDetector:
             return
         self.seen.add(signal)
         if self.marking != USER and self.only is None:  # the first by priority seen so far marks the steps
-            self.marking = next(s for s in SIGNALS if s in self.seen)
+            self._take_over(next(s for s in SIGNALS if s in self.seen))
         if self.only is None and signal in ("optimizer", "dataloader") and self._module_handles:
             self._remove_module_hooks()  # the fallbacks no longer decide: spare every module call the hooks
+
+    def _take_over(self, signal: str) -> None:
+        """``signal`` marks the steps from now on; the steps a weaker one marked are not iterations of it."""
+        if signal == self.marking:
+            return
+        if self.restart and self.takeovers:  # a stronger one still, before the first step of the last
+            self.takeovers[-1] = dataclasses.replace(self.takeovers[-1], by=signal)
+        elif self.marking is not None and self._marked > 0 and signals.is_owner():
+            self.takeovers.append(Takeover(self.marking, signal, self._marked))
+            self.restart = True
+            self._settled = False  # a new capture: the hooks stay until it is done
+        self.marking = signal
+        self._marked = 0
 
     # -- optimizer ------------------------------------------------------------------------------
     def _stop_request(self) -> None:
@@ -229,7 +310,8 @@ class StepDetector:
         key = id(getattr(iterator, "_dataset", iterator))  # one loader's iterators share it, epoch after epoch
         if key in self._fetched:
             self._fetched = set()
-            self._boundary("dataloader")
+            if not self._waits_for_optimizer():
+                self._boundary("dataloader")
         self._fetched.add(key)
 
     # -- backward and forward -------------------------------------------------------------------
@@ -237,7 +319,8 @@ class StepDetector:
         self._seen("backward")
         if self._backward_pending and self.marking == "backward":  # no module call since the last backward
             self._backward_pending = False
-            self._boundary("backward")
+            if not self._waits_for_optimizer():
+                self._boundary("backward")
 
     def _before_module(self, module: Any, args: Any) -> None:
         self._depth += 1
@@ -246,7 +329,8 @@ class StepDetector:
         if self._backward_pending and self.marking == "backward":
             self._backward_pending = False
             self._called = set()
-            self._boundary("backward")
+            if not self._waits_for_optimizer():
+                self._boundary("backward")
             return
         self._seen("forward")
         if self.marking != "forward":
@@ -254,7 +338,8 @@ class StepDetector:
         key = id(module)
         if key in self._called:
             self._called = set()
-            self._boundary("forward")
+            if not self._waits_for_optimizer():  # evaluation, or one part of an iteration the optimizer ends
+                self._boundary("forward")
         self._called.add(key)
 
     def _after_module(self, module: Any, args: Any, output: Any) -> None:
@@ -300,6 +385,12 @@ class Watchdog:
             self.say(self.message(count, silent))
 
     def message(self, count: int, silent_s: float) -> str:
+        if count == 0 and self.detector.held:
+            return (
+                f"no optimizer.step() in the first {silent_s:.0f} s: the script made an optimizer, so skalpel waits "
+                "for its first step (model calls and batches before it are taken as evaluation); still waiting. "
+                f"If they are the work to profile, {HOW_TO_MARK}"
+            )
         if count == 0:
             looked = LABELS[self.detector.only] if self.detector.only else ALL_SIGNALS
             return (
