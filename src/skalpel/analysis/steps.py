@@ -19,6 +19,14 @@ the rank's median step, with under half its ops), is a measurement defect (a bou
 iteration), not a step: it is left out of every analysis and counted in
 ``StepSegmentation.defective`` so that the report says so.
 
+A step far longer than the others that also holds far more ops (three times the median
+step, half as many ops again) is not an iteration like them: an epoch boundary (a test
+pass, a DataLoader started again), an evaluation or a checkpoint inside the loop. It is
+left out of the steps and every per-step figure (median, spread, breakdown), kept in
+``StepSegmentation.unequal`` with what it holds, so that the report names it and says
+its cost once. The first step of a rank is never one: a slow first step is warm-up, for
+``no_warmup`` to judge. A step as long but with the same ops (a preempted one) stays.
+
 Without step markers (the legacy autograd profiler, an inference trace, a hand-made
 capture) the whole trace of a rank is one step, from the first to the last host op,
 extended to the device work launched inside it; ``StepSegmentation.marked`` is False
@@ -41,6 +49,9 @@ from ..trace.model import Trace, isin_few
 from . import numeric
 
 _DEFECT_RATIO = 0.1  # a step under a tenth of the median step is a marking defect, not a step
+_UNEQUAL_RATIO = 3.0  # a step three times the median step ...
+_UNEQUAL_OPS = 1.5  # ... with half as many ops again holds other work than an iteration
+_UNEQUAL_MIN_STEPS = 4  # with fewer steps there is no "the others" to compare with
 _TAIL_RATIO = 0.8  # the plugin drops a last step with fewer than 80% of the previous step's device events
 _LAUNCH = kind_array(LAUNCH_KINDS)
 _OPS = kind_array(HOST_OP_KINDS | LAUNCH_KINDS)  # what a real step holds
@@ -68,6 +79,36 @@ class Step:
 
 
 @dataclass(frozen=True)
+class UnequalStep:
+    """A step that holds more than one iteration's work, left out of the steps: what it holds against the others."""
+
+    step: Step
+    median_ms: float  # the rank's median (kept) step
+    ops: int  # host ops inside
+    median_ops: float
+    fetches: int  # DataLoader batches fetched inside
+    median_fetches: float
+
+    @property
+    def extra_ms(self) -> float:
+        return self.step.duration_ms - self.median_ms
+
+    def describe(self) -> str:
+        step = self.step
+        held = f"{self.ops / max(self.median_ops, 1):.1f}x its ops"
+        if self.fetches > self.median_fetches + 1:
+            held += f", {self.fetches} DataLoader batches against {self.median_fetches:g}"
+            what = "an epoch boundary or an evaluation pass over another DataLoader"
+        else:
+            what = "work the other iterations do not do (an evaluation, a checkpoint, logging every N steps)"
+        return (
+            f"step #{step.number} (rank {step.rank}) took {step.duration_ms:.1f} ms, "
+            f"{step.duration_ms / max(self.median_ms, 1e-9):.1f}x the median step ({self.median_ms:.1f} ms), with "
+            f"{held}: {what}"
+        )
+
+
+@dataclass(frozen=True)
 class StepSegmentation:
     """The steps of every rank and what was done to the markers."""
 
@@ -76,6 +117,7 @@ class StepSegmentation:
     dropped_tail: int = 0  # trailing steps dropped because their device work was not (fully) recorded
     notes: tuple[str, ...] = ()  # what was done to step markers that do not tile (overlaps, duplicates)
     defective: int = 0  # steps left out as measurement defects: no host op, or far shorter than the others
+    unequal: tuple[UnequalStep, ...] = ()  # steps left out as holding other work (an epoch boundary, an evaluation)
 
     def for_rank(self, rank: int) -> list[Step]:
         return [step for step in self.steps if step.rank == rank]
@@ -101,6 +143,7 @@ def segment_steps(trace: Trace) -> StepSegmentation:
     step_events = np.flatnonzero(trace.kind == Kind.STEP)
     marked = len(step_events) > 0
     steps: list[Step] = []
+    unequal: list[UnequalStep] = []
     dropped = defective = 0
     cut, overlapped, unnumbered = 0, 0, 0
     for rank in trace.rank_ids:
@@ -125,23 +168,30 @@ def segment_steps(trace: Trace) -> StepSegmentation:
         keep = _kept_steps(matched) if len(on_rank) else 1
         dropped += len(starts) - keep
         durations = ends[:keep] - new_starts[:keep]
-        sound = _sound_steps(trace, rank, starts[:keep], host_ends[:keep], durations) if len(on_rank) else [True]
+        inside = _ops_inside(trace, rank, starts[:keep], host_ends[:keep], _OPS)
+        sound = _sound_steps(inside, durations) if len(on_rank) else [True]
         defective += keep - sum(sound)
-        for i in range(keep):
-            if not sound[i]:
-                continue
-            steps.append(Step(rank, int(numbers[i]), float(new_starts[i]), float(host_ends[i]), float(ends[i]),
-                              float(host_starts[i])))  # fmt: skip
+        rank_steps = [
+            Step(rank, int(numbers[i]), float(new_starts[i]), float(host_ends[i]), float(ends[i]), float(host_starts[i]))
+            for i in range(keep)
+        ]
+        apart = _unequal_steps(trace, rank, rank_steps, inside, sound) if len(on_rank) else {}
+        unequal.extend(apart.values())
+        steps.extend(step for i, step in enumerate(rank_steps) if sound[i] and i not in apart)
     notes = _marker_notes(cut, overlapped, unnumbered)
-    return StepSegmentation(tuple(steps), marked=marked, dropped_tail=dropped, notes=notes, defective=defective)
+    return StepSegmentation(tuple(steps), marked=marked, dropped_tail=dropped, notes=notes, defective=defective,
+                            unequal=tuple(unequal))  # fmt: skip
 
 
-def _sound_steps(trace: Trace, rank: int, starts: np.ndarray, host_ends: np.ndarray,
-                 durations: np.ndarray) -> list[bool]:  # fmt: skip
-    """Which steps are real: some host op inside, and not far shorter than the median step."""
-    ops = np.flatnonzero((trace.rank == rank) & isin_few(trace.kind, _OPS))
+def _ops_inside(trace: Trace, rank: int, starts: np.ndarray, host_ends: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """How many events of ``kinds`` on ``rank`` start inside each step's host range."""
+    ops = np.flatnonzero((trace.rank == rank) & isin_few(trace.kind, kinds))
     op_starts = np.sort(trace.ts[ops], kind="stable")  # nearly in time order already: the stable sort finds the runs
-    inside = np.searchsorted(op_starts, host_ends, side="left") - np.searchsorted(op_starts, starts, side="left")
+    return np.searchsorted(op_starts, host_ends, side="left") - np.searchsorted(op_starts, starts, side="left")
+
+
+def _sound_steps(inside: np.ndarray, durations: np.ndarray) -> list[bool]:
+    """Which steps are real: some host op inside, and not far shorter than the median step."""
     sound = inside > 0
     if len(durations) >= 3 and sound.sum() >= 2:
         # far shorter and with far fewer ops: a boundary marked inside an iteration (on a busy machine a
@@ -149,6 +199,36 @@ def _sound_steps(trace: Trace, rank: int, starts: np.ndarray, host_ends: np.ndar
         short = durations < _DEFECT_RATIO * numeric.median(durations[sound])
         sound &= ~(short & (inside < 0.5 * numeric.median(inside[sound])))
     return [bool(value) for value in sound]
+
+
+def _unequal_steps(trace: Trace, rank: int, steps: list[Step], inside: np.ndarray,
+                   sound: list[bool]) -> dict[int, UnequalStep]:  # fmt: skip
+    """Steps (by index) far longer than the median, with far more ops: other work than one iteration."""
+    kept = [i for i, ok in enumerate(sound) if ok]
+    if len(kept) < _UNEQUAL_MIN_STEPS:
+        return {}
+    durations = np.array([steps[i].duration_ms for i in kept])
+    ops = inside[kept].astype(np.float64)
+    median_ms, median_ops = numeric.median(durations), numeric.median(ops)
+    long = [
+        kept[j] for j in range(1, len(kept))  # the first step is warm-up's to judge (no_warmup)
+        if durations[j] >= _UNEQUAL_RATIO * median_ms and ops[j] >= _UNEQUAL_OPS * median_ops
+    ]  # fmt: skip
+    if not long or 3 * len(long) >= len(kept):  # a third of the steps or more: that is how the loop's steps are
+        return {}
+    chosen = np.array(long)
+    starts = np.array([step.host_start_us or step.start_us for step in steps])
+    ends = np.array([step.host_end_us for step in steps])
+    fetches = _ops_inside(trace, rank, starts, ends, np.array([int(Kind.DATALOADER)], dtype=np.int8))
+    others = [i for i in kept if i not in long]
+    median_ms = numeric.median(np.array([steps[i].duration_ms for i in others]))
+    median_ops = numeric.median(inside[others].astype(np.float64))
+    median_fetches = numeric.median(fetches[others].astype(np.float64))
+    return {
+        int(i): UnequalStep(steps[i], float(median_ms), int(inside[i]), float(median_ops), int(fetches[i]),
+                            float(median_fetches))  # fmt: skip
+        for i in chosen
+    }
 
 
 def _tiling(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..analysis import numeric
 from ..analysis.bundle import Analyses, run_analyses
 from ..analysis.memory import DeviceMemory
+from ..analysis.steps import StepSegmentation, UnequalStep
 from ..result.report import (
     CaptureInfo,
     Finding,
@@ -60,6 +61,7 @@ def assemble_report(
             f"{analyses.steps.defective} step(s) left out as measurement defects: no op inside, or a tenth of the "
             "median step with half its ops (a step boundary marked twice in one iteration); no finding reads them",
         )
+    warnings += tuple(_unequal_note(analyses.steps, unequal) for unequal in analyses.steps.unequal)
     if analyses.rank_comparison is not None:
         warnings += analyses.rank_comparison.warnings
     if analyses.compile_log is not None and analyses.compile_log.stacks_off:
@@ -71,6 +73,18 @@ def assemble_report(
         findings=findings,
         capture=capture,
         warnings=warnings,
+    )
+
+
+def _unequal_note(steps: StepSegmentation, unequal: UnequalStep) -> str:
+    """An unequal step, named, and its cost said once."""
+    rank = unequal.step.rank
+    total_ms = sum(step.duration_ms for step in steps.for_rank(rank))
+    total_ms += sum(other.step.duration_ms for other in steps.unequal if other.step.rank == rank)
+    share = 100.0 * unequal.extra_ms / total_ms if total_ms > 0 else 0.0
+    return (
+        f"{unequal.describe()}; it is left out of the step statistics and the per-step figures (the op table "
+        f"still holds it), and costs {unequal.extra_ms:.1f} ms more than a step, {share:.0f}% of the recorded time"
     )
 
 

@@ -124,6 +124,10 @@ def _steps(summaries: list[RankSummary], shifts: dict[int, float]) -> StepSegmen
         marked=any(summary.steps.marked for summary in summaries),
         dropped_tail=sum(summary.steps.dropped_tail for summary in summaries),
         defective=sum(summary.steps.defective for summary in summaries),
+        unequal=tuple(
+            dataclasses.replace(unequal, step=_shifted_step(unequal.step, shifts[unequal.step.rank]))
+            for summary in summaries for unequal in summary.steps.unequal
+        ),
         # Each rank's own notes: the whole trace counts repaired markers over the job in one note.
         notes=tuple(dict.fromkeys(note for summary in summaries for note in summary.steps.notes)),
     )
