@@ -1,0 +1,273 @@
+"""`skalpel run` steps on the training iteration of real scripts' shapes, and says what it did not record.
+
+Each script is a small look-alike of a real one whose steps went wrong: nanoGPT's evaluation
+before training, the actor-critic example's one optimizer step per episode, an evaluation
+before the optimizer is made, mnist_hogwild's training in multiprocessing children, an
+epoch boundary inside the recorded window; and a plain loop whose steps must not change.
+Every test runs the real `skalpel run` and reads the trace and report.json it wrote; the
+runs start together (module fixture) so that their torch imports overlap.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+QUICK = ("--wait", "1", "--warmup", "1", "--active", "4")
+
+# nanoGPT: estimate_loss() under no_grad (the model called 20 times) at iteration 0, then training.
+EVAL_FIRST = """
+import torch
+from torch import nn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Embedding(64, 32), nn.Linear(32, 64))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+def batch():
+    x = torch.randint(0, 64, (8, 16))
+    return x, torch.roll(x, 1, 1)
+@torch.no_grad()
+def estimate_loss():
+    model.eval()
+    losses = [nn.functional.cross_entropy(model(x).view(-1, 64), y.view(-1)).item() for x, y in (batch() for _ in range(20))]
+    model.train()
+    return sum(losses) / len(losses)
+for it in range(16):
+    if it % 100 == 0:
+        print("val", estimate_loss())
+    x, y = batch()
+    loss = nn.functional.cross_entropy(model(x).view(-1, 64), y.view(-1))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+"""
+
+# The actor-critic example: the policy once per environment step, the optimizer once per episode.
+EPISODES = """
+import torch
+from torch import nn
+from torch.distributions import Categorical
+torch.set_num_threads(1)
+torch.manual_seed(0)
+policy = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2), nn.Softmax(dim=-1))
+optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+for episode in range(16):
+    state, log_probs = torch.randn(4), []
+    for t in range(12):
+        m = Categorical(policy(state))
+        action = m.sample()
+        log_probs.append(m.log_prob(action))
+        state = torch.randn(4) + 0.1 * action
+    loss = -torch.stack(log_probs).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+# A model evaluated before its optimizer is made: the model calls mark steps until the training shows.
+LATE_OPTIMIZER = """
+import torch
+from torch import nn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+with torch.no_grad():
+    for _ in range(20):
+        model(torch.randn(16, 32)).argmax(1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(16):
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
+    optimizer.step()
+"""
+
+# mnist_hogwild: two forked children train the shared model; the parent tests it afterwards.
+HOGWILD = """
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(320, 16), torch.randint(0, 4, (320,)))
+def train(rank, model):
+    torch.set_num_threads(1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in DataLoader(data, batch_size=32):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+def test(model):
+    with torch.no_grad():
+        print("correct", sum(model(x).argmax(1).eq(y).sum().item() for x, y in DataLoader(data, batch_size=32)))
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    model = nn.Linear(16, 4)
+    model.share_memory()
+    processes = [mp.get_context("fork").Process(target=train, args=(rank, model)) for rank in range(2)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join()
+    test(model)
+"""
+
+# An epoch of 6 batches, then a test pass over 40 batches of another loader: the window holds the boundary.
+EPOCH_BOUNDARY = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+train = DataLoader(TensorDataset(torch.randn(6 * 32, 32), torch.randint(0, 10, (6 * 32,))), batch_size=32)
+test = DataLoader(TensorDataset(torch.randn(40 * 32, 32), torch.randint(0, 10, (40 * 32,))), batch_size=32)
+for epoch in range(3):
+    for x, y in train:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    with torch.no_grad():
+        print("correct", sum(model(x).argmax(1).eq(y).sum().item() for x, y in test))
+"""
+
+PLAIN = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y in DataLoader(TensorDataset(torch.randn(16 * 32, 32), torch.randint(0, 10, (16 * 32,))), batch_size=32):
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+"""
+
+LOOPS = {
+    "eval_first": (EVAL_FIRST, ()),
+    "episodes": (EPISODES, ()),
+    "late_optimizer": (LATE_OPTIMIZER, ()),
+    "hogwild": (HOGWILD, ()),
+    "hogwild_optimizer": (HOGWILD, ("--step-on", "optimizer")),
+    "epoch_boundary": (EPOCH_BOUNDARY, ()),
+    "plain": (PLAIN, ()),
+}
+
+
+class Runs:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, source: str, options: tuple[str, ...]) -> None:
+        script = self.root / f"{name}.py"
+        script.write_text(textwrap.dedent(source))
+        command = [sys.executable, "-m", "skalpel", "run", *QUICK, *options, "--out", str(self.root / name), str(script)]
+        self.processes[name] = subprocess.Popen(
+            command, cwd=self.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    def result(self, name: str) -> tuple[int, str, str]:
+        out, err = self.processes[name].communicate(timeout=600)
+        return self.processes[name].returncode, out, err
+
+    def report(self, name: str) -> dict:
+        status, out, err = self.result(name)
+        assert status == 0, err[-3000:]
+        return json.loads((self.root / name / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    runs = Runs(tmp_path_factory.mktemp("iterations"))
+    for name, (source, options) in LOOPS.items():
+        runs.start(name, source, options)
+    yield runs
+    for process in runs.processes.values():
+        if process.poll() is None:
+            process.kill()
+
+
+def _per_step(folder: Path, name: str) -> list[int]:
+    """How many host events called ``name`` each recorded ProfilerStep holds."""
+    events = json.loads(gzip.decompress((folder / "trace-rank0.json.gz").read_bytes()))["traceEvents"]
+    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#") and e.get("ph") == "X"]
+    calls = [e for e in events if e.get("name") == name and e.get("ph") == "X"]
+    return [sum(1 for c in calls if s["ts"] <= c["ts"] < s["ts"] + s["dur"]) for s in sorted(steps, key=lambda e: e["ts"])]
+
+
+def _notes(report: dict, words: str) -> list[str]:
+    return [warning for warning in report["warnings"] if words in warning]
+
+
+def test_evaluation_before_training_is_not_a_step(runs):
+    report = runs.report("eval_first")
+    assert report["capture"]["step_signal"] == "optimizer.step()"
+    assert report["steps"]["count"] == 4
+    assert _per_step(runs.root / "eval_first", "Optimizer.step#AdamW.step") == [1, 1, 1, 1]
+    assert _per_step(runs.root / "eval_first", "aten::embedding") == [1, 1, 1, 1]  # not estimate_loss()'s 20 calls
+    assert not _notes(report, "marked by")  # the optimizer marked every step: nothing was recorded twice
+
+
+def test_one_optimizer_step_per_episode_is_one_step(runs):
+    report = runs.report("episodes")
+    assert report["capture"]["step_signal"] == "optimizer.step()"
+    assert _per_step(runs.root / "episodes", "Optimizer.step#Adam.step") == [1, 1, 1, 1]
+    assert _per_step(runs.root / "episodes", "aten::_softmax") == [12, 12, 12, 12]  # every policy call of the episode
+
+
+def test_an_optimizer_made_later_takes_over_and_the_recording_starts_again(runs):
+    status, out, err = runs.result("late_optimizer")
+    assert status == 0, err[-3000:]
+    report = json.loads((runs.root / "late_optimizer" / "report.json").read_text())
+    assert report["capture"]["step_signal"] == "optimizer.step()"
+    assert _per_step(runs.root / "late_optimizer", "Optimizer.step#SGD.step") == [1, 1, 1, 1]
+    (note,) = _notes(report, "marked by top-level module calls")
+    assert "recorded again on optimizer.step()" in note
+    assert "recorded again on optimizer.step()" in err  # said while the script runs, too
+
+
+def test_training_in_child_processes_is_said_with_how_to_profile_it(runs):
+    report = runs.report("hogwild")
+    assert report["capture"]["step_signal"] == "DataLoader batches"  # the parent's test loop, all it ran
+    (note,) = _notes(report, "training ran in 2 child process(es)")
+    assert "running train()" in note and "20 step(s) by optimizer.step() there" in note
+    assert "skalpel.profile(" in note and "--nproc" in note
+
+
+def test_step_on_optimizer_with_training_in_children_says_so(runs):
+    status, out, err = runs.result("hogwild_optimizer")
+    assert status == 2
+    assert "yielded no batch" not in err
+    assert "no step in the main process" in err and "training ran in 2 child process(es)" in err
+
+
+def test_an_epoch_boundary_in_the_window_is_named_and_left_out(runs):
+    report = runs.report("epoch_boundary")
+    assert report["capture"]["step_signal"] == "optimizer.step()"
+    assert report["steps"]["count"] == 3  # four recorded, one of them the boundary
+    assert _per_step(runs.root / "epoch_boundary", "aten::argmax") == [0, 0, 0, 40]  # the test pass, in the last
+    (note,) = _notes(report, "epoch boundary")
+    assert re.search(r"4\d DataLoader batches against 1", note) and "left out of the step statistics" in note
+    assert len(report["ranks"][0]["step_ms"]) == 3
+
+
+def test_a_plain_training_loop_keeps_its_steps(runs):
+    report = runs.report("plain")
+    assert report["capture"]["step_signal"] == "optimizer.step()"
+    assert report["steps"]["count"] == 4
+    folder = runs.root / "plain"
+    assert _per_step(folder, "Optimizer.step#SGD.step") == [1, 1, 1, 1]
+    assert _per_step(folder, "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__") == [1, 1, 1, 1]
+    assert not [w for w in report["warnings"] if "marked by" in w or "child process" in w or "left out" in w]
