@@ -3,8 +3,8 @@
 Each script is a small look-alike of a real one whose steps went wrong: nanoGPT's evaluation
 before training, the actor-critic example's one optimizer step per episode, an evaluation
 before the optimizer is made, mnist_hogwild's training in multiprocessing children, an
-epoch boundary inside the recorded window; and a plain loop whose steps must not change.
-Every test runs the real `skalpel run` and reads the trace and report.json it wrote; the
+epoch boundary inside the recorded window, a second thread stepping its own optimizer; and
+a plain loop whose steps must not change. Every test runs the real `skalpel run` and reads the trace and report.json it wrote; the
 runs start together (module fixture) so that their torch imports overlap.
 """
 
@@ -140,6 +140,37 @@ for epoch in range(3):
         print("correct", sum(model(x).argmax(1).eq(y).sum().item() for x, y in test))
 """
 
+# The reliability probe: a teacher updated by its own optimizer in a second thread, stepping first and often.
+SECOND_THREAD = """
+import threading
+import time
+import torch
+from torch import nn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+teacher = nn.Linear(16, 4)
+teacher_optimizer = torch.optim.SGD(teacher.parameters(), lr=0.01)
+stop = threading.Event()
+def update_teacher():
+    while not stop.is_set():
+        teacher_optimizer.zero_grad()
+        teacher(torch.randn(8, 16)).sum().backward()
+        teacher_optimizer.step()
+        time.sleep(0.001)
+worker = threading.Thread(target=update_teacher, name="teacher")
+worker.start()
+time.sleep(0.2)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(14):
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
+    optimizer.step()
+    time.sleep(0.01)
+stop.set()
+worker.join()
+"""
+
 PLAIN = """
 import torch
 from torch import nn
@@ -161,6 +192,7 @@ LOOPS = {
     "hogwild": (HOGWILD, ()),
     "hogwild_optimizer": (HOGWILD, ("--step-on", "optimizer")),
     "epoch_boundary": (EPOCH_BOUNDARY, ()),
+    "second_thread": (SECOND_THREAD, ()),
     "plain": (PLAIN, ()),
 }
 
@@ -261,6 +293,14 @@ def test_an_epoch_boundary_in_the_window_is_named_and_left_out(runs):
     (note,) = _notes(report, "epoch boundary")
     assert re.search(r"4\d DataLoader batches against 1", note) and "left out of the step statistics" in note
     assert len(report["ranks"][0]["step_ms"]) == 3
+
+
+def test_a_second_thread_stepping_too_leaves_the_main_threads_steps(runs):
+    report = runs.report("second_thread")
+    assert report["capture"]["step_signal"] == "optimizer.step()"
+    assert report["steps"]["count"] == 4
+    (note,) = _notes(report, "came from thread 'teacher'")
+    assert "the steps profiled are the main thread's" in note
 
 
 def test_a_plain_training_loop_keeps_its_steps(runs):

@@ -103,7 +103,6 @@ class _Capture:
         self.detector.on_child_boundary = self.children.boundary
         self.thread = threading.get_ident()  # the thread that runs the script: the only one that marks steps
         self.main_steps = 0
-        self.other_threads: dict[str, int] = {}  # thread name -> step boundaries seen there (not marked)
 
     @property
     def result_run(self) -> ProfileRun:
@@ -111,9 +110,7 @@ class _Capture:
 
     def _boundary(self) -> None:
         if threading.get_ident() != self.thread:
-            name = threading.current_thread().name
-            self.other_threads[name] = self.other_threads.get(name, 0) + 1
-            return
+            return  # the detector marks in the script's thread only; a safety net
         if not signals.is_owner():
             return  # a forked child: its parent is the one being profiled
         if self.detector.restart:
@@ -175,10 +172,11 @@ class _Capture:
         children = self.children.note(run.step_signal if run.steps_done else None)
         if children is not None:
             notes.append(children)
-        for name, count in self.other_threads.items():
+        for name, count in self.detector.other_threads.items():
             notes.append(
-                f"{count} step boundaries (optimizer or DataLoader) came from thread {name!r}: skalpel marks steps "
-                "in the main thread only, which runs the script (a profiler driven from two threads crashes)"
+                f"{count} optimizer.step() call(s) came from thread {name!r}: skalpel marks steps in the main thread "
+                "only, which runs the script (a profiler driven from two threads crashes); the steps profiled are the "
+                "main thread's, and that thread's ops are in the trace only where they ran during them"
             )
         for signum in guard.arrived:
             handler = "the script's own handler" if signum in guard.script_handlers else "skalpel"
@@ -208,8 +206,8 @@ class _Capture:
             )
         if self.user is not None:
             return f"{target.name} opened skalpel.profile() but recorded no step (call run.step() once per iteration)"
-        if self.main_steps == 0 and self.other_threads:
-            names = ", ".join(repr(name) for name in self.other_threads)
+        if self.main_steps == 0 and self.detector.other_threads:
+            names = ", ".join(repr(name) for name in self.detector.other_threads)
             return (
                 f"{target.name} takes its steps in thread {names}, not in the main thread: skalpel marks steps in "
                 "the main thread only (a profiler driven from two threads crashes); mark them in that thread "

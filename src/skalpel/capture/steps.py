@@ -118,6 +118,8 @@ class StepDetector:
         self.takeovers: list[Takeover] = []
         self.restart = False  # a stronger signal took over: the runner records again (it clears this)
         self.on_child_boundary: Callable[[str], None] | None = None  # a boundary in a forked child
+        self.thread = threading.get_ident()  # the thread that runs the script (set again at install)
+        self.other_threads: dict[str, int] = {}  # thread name -> optimizer steps there (not marked)
         self._settled = False  # the capture is done; hooks that could show a stronger signal stay
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []
@@ -132,6 +134,7 @@ class StepDetector:
         if self._handles:
             return
         _active = self
+        self.thread = threading.get_ident()
         self._handles = [
             optimizer_module.register_optimizer_step_pre_hook(self._before_optimizer_step),
             optimizer_module.register_optimizer_step_post_hook(self._after_optimizer_step),
@@ -140,6 +143,8 @@ class StepDetector:
         original_next = dataloader._BaseDataLoaderIter.__next__
 
         def __next__(iterator: Any) -> Any:
+            if detector._elsewhere():  # a prefetching thread: the script's thread marks the steps
+                return original_next(iterator)
             if detector.stop_requested:
                 detector._stop_request()
             detector._before_next(iterator)
@@ -151,11 +156,14 @@ class StepDetector:
 
         def optimizer_init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
             original_init(optimizer, *args, **kwargs)
-            detector._made.add(optimizer)
+            if not detector._elsewhere():
+                detector._made.add(optimizer)
 
         zero_grad = optimizer_module.Optimizer.zero_grad
 
         def wrapped_zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if detector._elsewhere():
+                return zero_grad(optimizer, *args, **kwargs)
             if detector.stop_requested:
                 detector._stop_request()
             if detector._pending and id(optimizer) == next(iter(detector._optimizers)):
@@ -165,6 +173,8 @@ class StepDetector:
         backward = torch.autograd.backward
 
         def wrapped_backward(*args: Any, **kwargs: Any) -> Any:
+            if detector._elsewhere():
+                return backward(*args, **kwargs)
             if detector.stop_requested:
                 detector._stop_request()
             detector._before_backward()
@@ -240,7 +250,18 @@ class StepDetector:
             return True
         return False
 
+    def _elsewhere(self) -> bool:
+        """Called from a thread other than the script's: it marks no step (two threads cannot drive a profiler)."""
+        return threading.get_ident() != self.thread
+
+    def _count_elsewhere(self) -> None:
+        name = threading.current_thread().name
+        self.other_threads[name] = self.other_threads.get(name, 0) + 1
+
     def user_step(self) -> None:
+        if self._elsewhere():
+            self._count_elsewhere()
+            return
         if USER not in self.seen:
             self.seen.add(USER)
             self._take_over(USER)
@@ -276,12 +297,17 @@ class StepDetector:
             self.on_stop_request()
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._elsewhere():
+            return
         if self.stop_requested:
             self._stop_request()
         if "optimizer" not in self.seen:
             self._seen("optimizer")  # before any backward an LBFGS closure runs inside the step
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._elsewhere():
+            self._count_elsewhere()
+            return
         if self.marking != "optimizer":
             return
         key = id(optimizer)
@@ -323,6 +349,8 @@ class StepDetector:
                 self._boundary("backward")
 
     def _before_module(self, module: Any, args: Any) -> None:
+        if self._elsewhere():
+            return
         self._depth += 1
         if self._depth != 1:
             return
@@ -343,7 +371,8 @@ class StepDetector:
         self._called.add(key)
 
     def _after_module(self, module: Any, args: Any, output: Any) -> None:
-        self._depth = max(self._depth - 1, 0)
+        if not self._elsewhere():
+            self._depth = max(self._depth - 1, 0)
 
 
 def _compiled_anything() -> bool:
