@@ -382,3 +382,44 @@ def test_empty_or_tiny_steps_are_defects_left_out_and_said(tmp_path):
     assert report.steps.count == 4
     assert min(report.ranks[0].step_ms) >= STEP_US / 1000 * 0.9
     assert any("2 step(s) left out as measurement defects" in warning for warning in report.warnings)
+
+
+# ---- advice that fits the machine: a CPU-only trace gets no GPU fixes ------------------------------
+
+
+def test_dataloader_fix_pins_memory_only_with_a_device():
+    from skalpel.diagnose.input import worker_advice
+
+    assert "pin_memory=True" in worker_advice({"cores_available": 8})
+    assert "pin_memory" not in worker_advice({"cores_available": 8}, device=False)
+    assert "pin_memory" not in worker_advice(None, device=False)
+
+
+def test_cpu_framework_overhead_fix_has_no_cuda_graphs(tmp_path):
+    builder = TraceBuilder()
+    builder.device_properties = []
+    for number in range(5):
+        start = number * STEP_US
+        builder.step(number + 1, start, STEP_US - 1)
+        for i in range(1000):  # a thousand 3 us ops per step, and nothing substantial
+            builder.host("aten::add", start + 5 + i * 9, 3)
+    finding = next(f for f in analyze(builder.write(tmp_path / "trace.json")).findings if f.id == "launch_bound")
+    assert "Framework overhead" in finding.title
+    assert "torch.compile" in finding.fix and "CUDA graph" not in finding.fix and "reduce-overhead" not in finding.fix
+
+
+def test_too_few_steps_with_enough_asked_for_says_where_they_went(tmp_path):
+    from skalpel.job.build import build_report
+    from skalpel.result.report import CaptureInfo
+    from skalpel.trace.loader import load
+
+    builder = TraceBuilder()
+    for number in range(2):  # 5 asked for, 2 in the trace (the recording stopped early)
+        builder.step(number + 1, number * STEP_US, STEP_US - 1)
+        builder.host("aten::mm", number * STEP_US + 10, 9000)
+    report = build_report(load(builder.write(tmp_path / "trace.json")), capture=CaptureInfo(warmup_steps=2, active_steps=5))
+    finding = next(f for f in report.findings if f.id == "too_few_steps")
+    assert "--active 5" not in finding.fix and "--active 10" in finding.fix
+    assert "5 active steps were asked for and 2 analysed" in finding.fix
+    asked_too_few = build_report(load(tmp_path / "trace.json"), capture=CaptureInfo(warmup_steps=2, active_steps=2))
+    assert "--active 5" in next(f for f in asked_too_few.findings if f.id == "too_few_steps").fix

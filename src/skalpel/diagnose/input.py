@@ -37,7 +37,8 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
             "iterator": ", ".join(iterators),
             "judged_over": "marked steps" if ctx.steps.marked else "the whole window (no ProfilerStep markers)",
         }
-        fix = worker_advice(ctx.capture.cpu if ctx.capture is not None else None) + "; " + _CHEAP_ITEMS
+        cpu = ctx.capture.cpu if ctx.capture is not None else None
+        fix = worker_advice(cpu, device=ctx.trace.has_device) + "; " + _CHEAP_ITEMS
         if single:
             fix = "num_workers=0 loads every batch in the training process: " + fix
         locations = _unique(ctx.inner_locations(waits) + ctx.locations(waits))
@@ -54,15 +55,19 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
 _CHEAP_ITEMS = "make __getitem__ cheap (decode/augment once, cache, or move transforms to the device)"
 
 
-def worker_advice(cpu: dict | None) -> str:
-    """How many DataLoader workers to use: never more than the cores the capture saw (one stays for training)."""
+def worker_advice(cpu: dict | None, *, device: bool = True) -> str:
+    """How many DataLoader workers to use: never more than the cores the capture saw (one stays for training).
+
+    ``pin_memory`` only with a device: pinned pages speed host-to-device copies, and a CPU-only run makes none.
+    """
+    pin = "pin_memory=True, " if device else ""
     cores = usable_cores(cpu) if cpu else None
     if cores is None:
-        return "DataLoader(num_workers=N up to the cores the machine has, pin_memory=True, persistent_workers=True)"
+        return f"DataLoader(num_workers=N up to the cores the machine has, {pin}persistent_workers=True)"
     if cores < 2:
         return f"with {cores:g} usable core, worker processes would only compete with training"
     workers = min(4, int(cores) - 1)
-    return (f"DataLoader(num_workers={workers}, pin_memory=True, persistent_workers=True, prefetch_factor=2) "
+    return (f"DataLoader(num_workers={workers}, {pin}persistent_workers=True, prefetch_factor=2) "
             f"({cores:g} usable cores)")  # fmt: skip
 
 

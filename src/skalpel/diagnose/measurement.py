@@ -83,7 +83,29 @@ def _check_too_few_steps(ctx: Context, rule: Rule) -> Outcome:
         steps = min(steps, capture.active_steps) if counts else capture.active_steps
     if steps >= minimum:
         return []
-    return [rule.finding({"steps": steps, "minimum": minimum})]
+    evidence: dict = {"steps": steps, "minimum": minimum}
+    if capture is None or capture.active_steps < minimum:
+        return [rule.finding(evidence)]
+    # enough steps were asked for: "--active 5" would change nothing; say where they went
+    evidence["active_steps"] = capture.active_steps
+    fix = (
+        f"{capture.active_steps} active steps were asked for and {steps} analysed ({_steps_lost(ctx)}): record more, "
+        f"e.g. skalpel run --active {2 * capture.active_steps}, or remove what cut them"
+    )
+    return [rule.finding(evidence, fix=fix)]
+
+
+def _steps_lost(ctx: Context) -> str:
+    """Why fewer steps were analysed than recorded, as the step segmentation knows it."""
+    segmentation = ctx.steps
+    reasons = []
+    if segmentation.unequal:
+        reasons.append(f"{len(segmentation.unequal)} left out as unequal (an epoch boundary, an evaluation)")
+    if segmentation.defective:
+        reasons.append(f"{segmentation.defective} left out as measurement defects")
+    if segmentation.dropped_tail:
+        reasons.append(f"{segmentation.dropped_tail} trailing without their device work")
+    return "; ".join(reasons) or "the recording stopped before the window ended, or the script did: see the notes"
 
 
 TOO_FEW_STEPS = Rule(
