@@ -35,6 +35,7 @@ class Child:
     method: str
     steps: int = 0
     signal: str | None = None
+    own_session: bool = False  # it opened skalpel.profile() itself: its run folder holds its steps
 
 
 class Children:
@@ -48,6 +49,7 @@ class Children:
         self._file: int | None = None
         self._file_pid = 0
         self._count = 0
+        self._own_session = False
 
     def install(self) -> None:
         self._folder = Path(tempfile.mkdtemp(prefix="skalpel-children-"))
@@ -77,37 +79,58 @@ class Children:
         shutil.rmtree(self._folder, ignore_errors=True)
         self._folder = None
         self.children = [
-            Child(pid, target, method, *counted.get(pid, (0, None))) for pid, (target, method) in self.started.items()
+            Child(pid, target, method, *counted.get(pid, (0, None, False))) for pid, (target, method) in self.started.items()
         ]
 
     def boundary(self, signal: str) -> None:
         """In a forked child: one more step boundary, written where the parent will read it."""
+        if self._opened():
+            self._count += 1
+            self._write(signal)
+
+    def own_session(self) -> None:
+        """In a forked child: it opened skalpel.profile() itself."""
+        if self._opened():
+            self._own_session = True
+            self._write("user")
+
+    def _opened(self) -> bool:
         if self._folder is None:
-            return
+            return False
         pid = os.getpid()
         if self._file is None or self._file_pid != pid:  # the first in this child (or a grandchild)
-            self._file_pid, self._count = pid, 0
+            self._file_pid, self._count, self._own_session = pid, 0, False
             try:
                 self._file = os.open(self._folder / str(pid), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             except OSError:
                 self._folder = None
-                return
-        self._count += 1
-        os.pwrite(self._file, f"{self._count} {signal}\n".encode(), 0)  # the count only grows: no stale tail
+                return False
+        return True
+
+    def _write(self, signal: str) -> None:
+        assert self._file is not None
+        line = f"{self._count} {signal} {'own' if self._own_session else '-'}\n"
+        os.pwrite(self._file, line.encode(), 0)  # the line only grows (the count does): no stale tail
 
     def note(self, main_signal: str | None) -> str | None:
         """What the report should say about training the main process did not hold; None when there is none."""
-        trained = [child for child in self.children if child.steps > 0]
+        profiled = [child for child in self.children if child.own_session]
+        trained = [child for child in self.children if child.steps > 0 and not child.own_session]
         unseen = [child for child in self.children if child.method != "fork"]
+        main = f"this report holds the main process only ({main_signal})" if main_signal else (
+            "the main process took no step of its own"
+        )
+        if profiled and not trained:
+            return (
+                f"{len(profiled)} child process(es) the script started ({_targets(profiled)}) profiled themselves "
+                f"with skalpel.profile(): their run folders hold their steps; {main}"
+            )
         if not trained and not unseen:
             return None
         how = (
             "to profile it, record it where it runs: `with skalpel.profile(out=f\"skalpel-runs/child{rank}\") as "
             "run:` around the child's loop and `run.step()` once per iteration, or launch the training as "
             "torch.distributed ranks (`skalpel run --nproc N`)"
-        )
-        main = f"this report holds the main process only ({main_signal})" if main_signal else (
-            "the main process took no step of its own"
         )
         if trained:
             steps = sum(child.steps for child in trained)
@@ -137,12 +160,13 @@ def _target_name(target: Any) -> str | None:
     return f"{name}()" if name else repr(target)
 
 
-def _read_counts(folder: Path) -> dict[int, tuple[int, str | None]]:
-    counts: dict[int, tuple[int, str | None]] = {}
+def _read_counts(folder: Path) -> dict[int, tuple[int, str | None, bool]]:
+    """pid -> (step boundaries, the signal, whether it opened skalpel.profile() itself)."""
+    counts: dict[int, tuple[int, str | None, bool]] = {}
     for path in folder.iterdir():
         try:
-            count, signal = path.read_text().split()[:2]
-            counts[int(path.name)] = (int(count), signal)
+            count, signal, own = path.read_text().split()[:3]
+            counts[int(path.name)] = (int(count), signal, own == "own")
         except (OSError, ValueError):
             continue
     return counts

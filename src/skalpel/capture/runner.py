@@ -191,6 +191,9 @@ class _Capture:
 
     def _adopt(self, user: ProfileRun) -> Path | None:
         """A script's own skalpel.profile() session: it keeps its steps, we stand down."""
+        if not signals.is_owner():  # a forked child profiling its own training: a folder of its own
+            self.children.own_session()
+            return None
         self.detector.uninstall()
         if self.own.started:
             self.own.discard()
