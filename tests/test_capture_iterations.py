@@ -171,6 +171,19 @@ stop.set()
 worker.join()
 """
 
+# ImageNet's --evaluate: an optimizer is made, then only the validation loop runs (under no_grad).
+EVAL_ONLY = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+with torch.no_grad():
+    for x, y in DataLoader(TensorDataset(torch.randn(20 * 16, 32), torch.randint(0, 10, (20 * 16,))), batch_size=16):
+        model(x).argmax(1)
+"""
+
 PLAIN = """
 import torch
 from torch import nn
@@ -193,6 +206,7 @@ LOOPS = {
     "hogwild_optimizer": (HOGWILD, ("--step-on", "optimizer")),
     "epoch_boundary": (EPOCH_BOUNDARY, ()),
     "second_thread": (SECOND_THREAD, ()),
+    "eval_only": (EVAL_ONLY, ()),
     "plain": (PLAIN, ()),
 }
 
@@ -301,6 +315,12 @@ def test_a_second_thread_stepping_too_leaves_the_main_threads_steps(runs):
     assert report["steps"]["count"] == 4
     (note,) = _notes(report, "came from thread 'teacher'")
     assert "the steps profiled are the main thread's" in note
+
+
+def test_evaluation_only_with_an_optimizer_says_how_to_profile_it(runs):
+    status, out, err = runs.result("eval_only")
+    assert status == 2  # its batches were taken for evaluation, waiting for a training step that never came
+    assert "made an optimizer that never stepped" in err and "run again with --step-on dataloader" in err
 
 
 def test_a_plain_training_loop_keeps_its_steps(runs):

@@ -30,7 +30,7 @@ from .children import Children
 from .conclude import RunResult, conclude
 from .kineto_noise import filtered_stderr
 from .session import ProfileRun
-from .settings import CaptureSettings
+from .settings import STEP_SIGNALS, CaptureSettings
 from .steps import ALL_SIGNALS, HOW_TO_MARK, LABELS, StepDetector, Watchdog
 from .target import Target, as_main, check_target, exit_status
 
@@ -221,10 +221,11 @@ class _Capture:
         if count == 0 and children is not None:
             return f"no step in the main process of {target.name}: {children}"
         if count == 0 and self.detector.held and "optimizer" not in self.detector.seen:
-            shown = ", ".join(LABELS[signal] for signal in sorted(self.detector.seen - {"optimizer"}))
+            shown = [signal for signal in STEP_SIGNALS if signal in self.detector.seen]
             return (
-                f"{target.name} made an optimizer that never stepped: skalpel took its {shown} for evaluation and "
-                f"waited for optimizer.step(); to profile them as steps, --step-on dataloader|backward|forward, or {HOW_TO_MARK}"
+                f"{target.name} made an optimizer that never stepped: skalpel took its "
+                f"{', '.join(LABELS[signal] for signal in shown)} for evaluation and waited for optimizer.step(); "
+                f"to profile them, run again with --step-on {shown[0]} (or call skalpel.step() once per iteration)"
             )
         if count == 0 and not self.detector.seen and failed:
             return "it ended before its first iteration: there was nothing to profile yet"
