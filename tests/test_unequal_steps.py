@@ -17,13 +17,15 @@ from .tracebuilder import TraceBuilder
 FETCH = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
 
-def _trace(tmp_path, steps: list[tuple[float, int, int]]):
-    """One CPU rank whose steps are (ms, ops, DataLoader fetches), back to back."""
+def _trace(tmp_path, steps: list[tuple[float, int, int]], compiling: int | None = None):
+    """One CPU rank whose steps are (ms, ops, DataLoader fetches), back to back; step ``compiling`` compiles."""
     builder = TraceBuilder()
     builder.device_properties = []
     ts = 1000.0
     for number, (ms, ops, fetches) in enumerate(steps):
         builder.step(number, ts, ms * 1000)
+        if number == compiling:
+            builder.host("entire_frame_compile", ts + 1, ms * 1000 / 2, cat="user_annotation")
         slot = ms * 1000 / (ops + fetches + 1)
         for i in range(fetches):
             builder.host(FETCH, ts + (i + 0.5) * slot, slot / 2, cat="user_annotation")
@@ -52,6 +54,11 @@ def test_a_preempted_step_with_the_same_ops_stays(tmp_path):
     trace = _trace(tmp_path, [(10, 10, 1)] * 4 + [(70, 10, 1)] + [(10, 10, 1)] * 3)
     segmentation = segment_steps(trace)
     assert segmentation.unequal == () and len(segmentation.steps) == 8
+
+
+def test_a_step_that_compiles_is_the_compile_rules_to_judge(tmp_path):
+    trace = _trace(tmp_path, [(10, 10, 1)] * 4 + [(70, 60, 1)] + [(10, 10, 1)] * 3, compiling=4)
+    assert segment_steps(trace).unequal == ()
 
 
 def test_the_first_step_is_warm_ups_to_judge(tmp_path):

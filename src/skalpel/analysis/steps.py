@@ -25,7 +25,9 @@ pass, a DataLoader started again), an evaluation or a checkpoint inside the loop
 left out of the steps and every per-step figure (median, spread, breakdown), kept in
 ``StepSegmentation.unequal`` with what it holds, so that the report names it and says
 its cost once. The first step of a rank is never one: a slow first step is warm-up, for
-``no_warmup`` to judge. A step as long but with the same ops (a preempted one) stays.
+``no_warmup`` to judge; nor is a step that compiles (torch.compile's own ranges inside):
+``recompilation`` and ``compile_overhead`` judge it. A step as long but with the same ops
+(a preempted one) stays.
 
 Without step markers (the legacy autograd profiler, an inference trace, a hand-made
 capture) the whole trace of a rank is one step, from the first to the last host op,
@@ -52,6 +54,7 @@ _DEFECT_RATIO = 0.1  # a step under a tenth of the median step is a marking defe
 _UNEQUAL_RATIO = 3.0  # a step three times the median step ...
 _UNEQUAL_OPS = 1.5  # ... with half as many ops again holds other work than an iteration
 _UNEQUAL_MIN_STEPS = 4  # with fewer steps there is no "the others" to compare with
+_COMPILE_RANGES = ("dynamo", "entire_frame_compile")  # one per torch.compile compilation (analysis/compile.py)
 _TAIL_RATIO = 0.8  # the plugin drops a last step with fewer than 80% of the previous step's device events
 _LAUNCH = kind_array(LAUNCH_KINDS)
 _OPS = kind_array(HOST_OP_KINDS | LAUNCH_KINDS)  # what a real step holds
@@ -216,9 +219,13 @@ def _unequal_steps(trace: Trace, rank: int, steps: list[Step], inside: np.ndarra
     ]  # fmt: skip
     if not long or 3 * len(long) >= len(kept):  # a third of the steps or more: that is how the loop's steps are
         return {}
-    chosen = np.array(long)
     starts = np.array([step.host_start_us or step.start_us for step in steps])
     ends = np.array([step.host_end_us for step in steps])
+    compiling = _compiles_inside(trace, rank, starts, ends)
+    long = [i for i in long if not compiling[i]]
+    if not long:
+        return {}
+    chosen = np.array(long)
     fetches = _ops_inside(trace, rank, starts, ends, np.array([int(Kind.DATALOADER)], dtype=np.int8))
     others = [i for i in kept if i not in long]
     median_ms = numeric.median(np.array([steps[i].duration_ms for i in others]))
@@ -229,6 +236,16 @@ def _unequal_steps(trace: Trace, rank: int, steps: list[Step], inside: np.ndarra
                             float(median_fetches))  # fmt: skip
         for i in chosen
     }
+
+
+def _compiles_inside(trace: Trace, rank: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which steps hold a torch.compile compilation (its ``dynamo`` / ``entire_frame_compile`` range)."""
+    names = [i for i in (trace.name_id(name) for name in _COMPILE_RANGES) if i >= 0]
+    found = np.flatnonzero((trace.rank == rank) & numeric.isin_few(trace.name, names)) if names else []
+    if len(found) == 0:
+        return np.zeros(len(starts), dtype=bool)
+    at = np.sort(trace.ts[found])
+    return (np.searchsorted(at, ends, side="left") - np.searchsorted(at, starts, side="left")) > 0
 
 
 def _tiling(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

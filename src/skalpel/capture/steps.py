@@ -252,6 +252,8 @@ class StepDetector:
 
     def _elsewhere(self) -> bool:
         """Called from a thread other than the script's: it marks no step (two threads cannot drive a profiler)."""
+        if torch.compiler.is_compiling():
+            return False  # a compiled train step traces the wrappers: a thread id there would break its graph
         return threading.get_ident() != self.thread
 
     def _count_elsewhere(self) -> None:
@@ -348,9 +350,9 @@ class StepDetector:
             if not self._waits_for_optimizer():
                 self._boundary("backward")
 
+    # The module hooks test no thread: torch.compile traces them into the script's graphs, where any
+    # call it cannot trace (a thread id) would cut the graph; another thread's module calls are rare.
     def _before_module(self, module: Any, args: Any) -> None:
-        if self._elsewhere():
-            return
         self._depth += 1
         if self._depth != 1:
             return
@@ -371,8 +373,7 @@ class StepDetector:
         self._called.add(key)
 
     def _after_module(self, module: Any, args: Any, output: Any) -> None:
-        if not self._elsewhere():
-            self._depth = max(self._depth - 1, 0)
+        self._depth = max(self._depth - 1, 0)
 
 
 def _compiled_anything() -> bool:
