@@ -132,7 +132,7 @@ class _Capture:
         """A stronger signal took over from a fallback: what was recorded is not the training iteration."""
         self.detector.restart = False
         old = self.own
-        if _started(old):
+        if old.started:
             old.discard()
         self.own = ProfileRun(old.settings, out=old.folder, name=old.name, auto=True)
         _say(self.detector.takeovers[-1].note())
