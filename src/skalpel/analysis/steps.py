@@ -241,7 +241,7 @@ def _unequal_steps(trace: Trace, rank: int, steps: list[Step], inside: np.ndarra
 def _compiles_inside(trace: Trace, rank: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Which steps hold a torch.compile compilation (its ``dynamo`` / ``entire_frame_compile`` range)."""
     names = [i for i in (trace.name_id(name) for name in _COMPILE_RANGES) if i >= 0]
-    found = np.flatnonzero((trace.rank == rank) & numeric.isin_few(trace.name, names)) if names else []
+    found = np.flatnonzero((trace.rank == rank) & isin_few(trace.name, names)) if names else []
     if len(found) == 0:
         return np.zeros(len(starts), dtype=bool)
     at = np.sort(trace.ts[found])
