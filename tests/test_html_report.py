@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from html import escape, unescape
 from importlib import resources
 from pathlib import Path
 
@@ -19,8 +20,8 @@ import pytest
 from skalpel.analysis import call_tree
 from skalpel.api import analyze
 from skalpel.cli import main
-from skalpel.report import html
-from skalpel.result.report import RankReport, Report, Source, StepStats
+from skalpel.report import html, html_svg
+from skalpel.result.report import Finding, RankReport, Report, Source, StepStats
 from tests.conftest import corpus
 from tests.report_fixtures import (
     EVIL,
@@ -242,6 +243,11 @@ def test_browser_opens_a_real_trace_report_verdict_first(tmp_path: Path) -> None
     assert "dataloader_bound" in {f.id for f in report.findings}
     verdict = dumped.stdout[dumped.stdout.index("<h2>Verdict</h2>"):dumped.stdout.index("<h2>Step time per step")]
     assert verdict.index("[dataloader_bound]") == min(verdict.index(f"[{f.id}]") for f in report.findings)
+    # the blame: one bar per marked step, data loading first and largest, its line in the table of causes
+    blamed = dumped.stdout[dumped.stdout.index("<h2>Why the device was idle</h2>"):]
+    blamed = blamed[:blamed.index("</section>")]
+    assert blamed.count("<text x=\"82\" ") == report.steps.count == 6
+    assert "step 5 · data_loading:" in blamed and "resnet50_profiler_api.py:42" in blamed
     shot = tmp_path / "resnet.png"
     chromium(page, f"--screenshot={shot}", "--window-size=1280,2400", tmp=tmp_path)
     assert shot.stat().st_size > 20_000
@@ -270,3 +276,63 @@ def test_browser_opens_the_demo_run_folder_report(tmp_path: Path) -> None:
     shot = tmp_path / "demo.png"
     chromium(page, f"--screenshot={shot}", "--window-size=1280,2400", tmp=tmp_path)
     _keep(shot, "demo.png")
+
+
+def _blamed_report(*, category: str = "sync", label: str = "cudaStreamSynchronize", location: str = "train.py:9 in step",
+                   with_finding: bool = True) -> Report:  # fmt: skip
+    """One rank whose two steps idle 10 ms (6 data loading, 4 of ``category``) and 5 ms (all host compute)."""
+    blame = {"unit": "step", "idle_ms_per_step": 7.5,
+             "ms_per_step": {"data_loading": 3.0, category: 2.0, "host_compute": 2.5},
+             "share_pct": {"data_loading": 40.0, category: 26.67, "host_compute": 33.33},
+             "steps": [{"number": 3, "idle_ms": 10.0, "ms": {category: 4.0, "data_loading": 6.0}},
+                       {"number": 4, "idle_ms": 5.0, "ms": {"host_compute": 5.0}}],
+             "top": [{"category": "data_loading", "label": "DataLoader.__next__", "ms_per_step": 3.0},
+                     {"category": category, "label": label, "ms_per_step": 2.0}],
+             "notes": []}  # fmt: skip
+    rank = RankReport(0, (20.0, 20.0), {"kernel": 60.0, "dataloader": 40.0}, extra={"blame": blame})
+    culprits = [{"category": category, "label": label, "share_pct": 26.67, "ms_per_step": 2.0, "location": location}]
+    findings = (Finding("gpu_idle", "warning", "The GPU is idle", {"culprits": culprits}, (), "", rank=0),) if with_finding else ()
+    return Report(Source(("t.json",), None, "cuda", 1), StepStats(2, 20.0, 20.0, 0.0), (rank,), findings)
+
+
+def _segments(page: str) -> dict[str, float]:
+    """Each blame bar segment's width by its hover title."""
+    chart = page[page.index('<section id="blame">'):]
+    return {title: float(width) for width, title in re.findall(r'<rect x="[\d.]+" y="\d+" width="([\d.]+)" height="20"[^>]*>'
+                                                                r"<title>([^<]+)</title>", chart)}  # fmt: skip
+
+
+def test_blame_draws_one_stacked_bar_per_step_scaled_to_its_idle_time() -> None:
+    page = html.render(_blamed_report())
+    assert "<h2>Why the device was idle</h2>" in page
+    assert page.index("<h2>GPU time and idle breakdown</h2>") < page.index("<h2>Why the device was idle</h2>")
+    plot = html_svg.WIDTH - html_svg.BLAME_LEFT - html_svg.BLAME_RIGHT  # the longest step (10 ms) fills it
+    widths = _segments(page)
+    assert widths == pytest.approx({
+        "step 3 · data_loading: 6.00 ms (60.0% of its idle time)": 0.6 * plot,
+        "step 3 · sync: 4.00 ms (40.0% of its idle time)": 0.4 * plot,
+        "step 4 · host_compute: 5.00 ms (100.0% of its idle time)": 0.5 * plot,
+    }, abs=0.06)  # fmt: skip
+    section = page[page.index('<section id="blame">'):page.index("</section>", page.index('<section id="blame">'))]
+    # fixed order whatever the dict's: data loading before host compute before sync, in the legend and in the bar
+    assert section.index(">data_loading</text>") < section.index(">host_compute</text>") < section.index(">sync</text>")
+    assert section.index("step 3 · data_loading") < section.index("step 3 · sync")
+    assert f'fill="{html_svg.BLAME_COLORS["sync"]}"' in section and ">10.00 ms</text>" in section
+    # the largest causes, with the line gpu_idle found for them
+    assert "cudaStreamSynchronize" in section and "train.py:9 in step" in section and "Idle 7.50 ms per step" in section
+
+
+def test_blame_escapes_hostile_categories_labels_and_locations() -> None:
+    page = html.render(_blamed_report(category=EVIL, label=EVIL, location=EVIL))
+    section = page[page.index('<section id="blame">'):page.index("</section>", page.index('<section id="blame">'))]
+    assert "<img" not in page
+    assert section.count(escape(EVIL)) >= 5  # legend, hover title and data-tip, cause and what, where
+    assert any(EVIL in title for title in (unescape(t) for t in _segments(page)))
+
+
+def test_no_blame_section_without_blame() -> None:
+    plain = _blamed_report()
+    for report in (Report(plain.source, plain.steps, (RankReport(0, (20.0, 20.0), {}),)),
+                   Report(plain.source, plain.steps, (RankReport(0, (20.0,), {}, extra={"blame": {"steps": []}}),))):  # fmt: skip
+        page = html.render(report)
+        assert "Why the device was idle" not in page and 'id="blame"' not in page

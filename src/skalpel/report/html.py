@@ -35,6 +35,7 @@ def render(report: Report, *, flame: Mapping[str, Any] | None = None, title: str
         parts.steps(report),
         parts.breakdown(report),
         parts.gpu(report),
+        parts.blame(report),
         parts.tables(report),
         parts.memory(report),
         flame_section(flame),

@@ -22,6 +22,7 @@ NAME_CHARS = 160
 LONG_TEXT = 300
 CHART_RANKS = 32  # per-rank bars drawn; the per-rank table lists every rank
 STEP_BARS = 300
+BLAME_STEPS = 60  # one bar per step, each a line high
 
 
 def na(why: str) -> str:
@@ -170,6 +171,70 @@ def gpu(report: Report) -> str:
     if overlaps:
         body += f'<p class="note">Communication overlapped with compute: {escape("; ".join(overlaps))}</p>'
     return section("gpu", "GPU time and idle breakdown", body)
+
+
+def blame(report: Report) -> str:
+    """Each step's device idle time split by cause (the blame analysis), and the largest causes with their lines.
+
+    No section where no rank carries a blame (CPU-only traces, reports written before it existed).
+    """
+    blamed = [(rank, rank.extra.get("blame")) for rank in report.ranks[:DETAIL_RANKS]]
+    blamed = [(rank, found) for rank, found in blamed if isinstance(found, dict) and found.get("steps")]
+    if not blamed:
+        return ""
+    body = ['<p class="note">Every idle interval of a step is charged to what held the device back: one bar per '
+            "step, its length the step's idle time; hover a segment for its ms and share "
+            "(<code>skalpel explain blame</code> says what each cause means).</p>"]  # fmt: skip
+    for rank, found in blamed:
+        if len(report.ranks) > 1:
+            body.append(f"<h3>rank {rank.rank}</h3>")
+        body.append(_blame_rank(report, rank, found))
+    if len(report.ranks) > DETAIL_RANKS:
+        body.append(f'<p class="note">The first {DETAIL_RANKS} of {len(report.ranks)} ranks.</p>')
+    return section("blame", "Why the device was idle", "".join(body))
+
+
+def _blame_rank(report: Report, rank: RankReport, found: dict) -> str:
+    unit = {"step": "step", "iteration": "iteration"}.get(str(found.get("unit")), "window")
+    steps = list(found["steps"])
+    note = ""
+    if len(steps) > BLAME_STEPS:
+        every = -(-len(steps) // BLAME_STEPS)
+        note = f'<p class="note">{len(steps)} {unit}s: every {every}th shown.</p>'
+        steps = steps[::every]
+    rows = [(f"{unit} {step.get('number', i)}" if unit != "window" else "window",
+             {str(key): float(value) for key, value in (step.get("ms") or {}).items()})
+            for i, step in enumerate(steps)]  # fmt: skip
+    idle = found.get("idle_ms_per_step")
+    head = f'<p class="note">Idle {float(idle):.2f} ms per {unit}.</p>' if isinstance(idle, (int, float)) else ""
+    chart = svg.blame_bars(rows, label=f"device idle time by cause per {unit}")
+    return head + note + chart + _blame_top(report, rank, found) + "".join(
+        f'<p class="note">{escape(str(text))}</p>' for text in (found.get("notes") or ())[:5])  # fmt: skip
+
+
+def _blame_top(report: Report, rank: RankReport, found: dict) -> str:
+    """The largest causes; their lines come from gpu_idle's culprits, the rule that locates them in the trace."""
+    top = [item for item in found.get("top") or () if isinstance(item, dict)]
+    if not top:
+        return ""
+    lines: dict[tuple[str, str], str] = {}
+    for finding in report.findings:
+        if finding.id == "gpu_idle" and finding.rank in (None, rank.rank):
+            for culprit in finding.evidence.get("culprits") or ():
+                if isinstance(culprit, dict) and culprit.get("location"):
+                    lines.setdefault((str(culprit.get("category")), str(culprit.get("label"))), str(culprit["location"]))
+    idle = found.get("idle_ms_per_step") or 0.0
+    rows = []
+    for item in top:
+        ms = item.get("ms_per_step")
+        share = 100.0 * ms / idle if isinstance(ms, (int, float)) and idle else None
+        key = (str(item.get("category")), str(item.get("label")))
+        rows.append(f'<tr><td class="mono">{escape(key[0])}</td>' + name_cell(key[1])
+                    + num(ms, f"{ms:.3f}" if isinstance(ms, (int, float)) else None)
+                    + num(share, f"{share:.1f}" if share is not None else None)
+                    + name_cell(lines.get(key, "–")) + "</tr>")  # fmt: skip
+    headers = [("cause", False), ("what", False), ("ms per step", True), ("share of idle %", True), ("where", False)]
+    return "<h3>The largest causes</h3>" + table(headers, rows, sortable=False)
 
 
 def tables(report: Report) -> str:

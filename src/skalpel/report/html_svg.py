@@ -62,6 +62,52 @@ def stacked_bars(rows: Sequence[tuple[str, Mapping[str, float]]], *, unit: str =
     return "".join(out)
 
 
+# the blame analysis's causes (analysis/blame.py CATEGORIES), always in this order and these colours
+BLAME_COLORS = {
+    "data_loading": "#e15759", "host_compute": "#76b7b2", "compile": "#59a14f", "sync": "#f28e2b",
+    "launch_overhead": "#ff9da7", "collective_wait": "#b07aa1", "one_time_init": "#edc948",
+    "other_stream": "#4e79a7", "unexplained": "#bab0ac",
+}  # fmt: skip
+BLAME_LEFT, BLAME_RIGHT = 90, 80  # room for the step's name and its total idle time
+
+
+def blame_bars(rows: Sequence[tuple[str, Mapping[str, float]]], *, label: str = "") -> str:
+    """One horizontal bar per step, its length the step's idle ms, split by cause (fixed order and colours).
+
+    Causes the table above does not know (an older or newer report) follow the known ones, in their order.
+    """
+    seen = {name for _, parts in rows for name, value in parts.items() if value > 0}
+    names = [name for name in BLAME_COLORS if name in seen]
+    names += sorted(seen - set(names))
+    colours = {name: BLAME_COLORS.get(name) or _EXTRA[i % len(_EXTRA)] for i, name in enumerate(names)}
+    top = max((sum(max(v, 0) for v in parts.values()) for _, parts in rows), default=0.0) or 1.0
+    bar_h, gap = 20, 6
+    plot_w = WIDTH - BLAME_LEFT - BLAME_RIGHT
+    legend_h = 24 * math.ceil(len(names) / 6)
+    out = [_open(legend_h + len(rows) * (bar_h + gap) + 10, label)]
+    for i, name in enumerate(names):
+        x, y = BLAME_LEFT + (i % 6) * 130, 24 * (i // 6)
+        out.append(f'<rect x="{x}" y="{y + 4}" width="12" height="12" fill="{colours[name]}"/>'
+                   f'<text x="{x + 17}" y="{y + 15}">{escape(name)}</text>')  # fmt: skip
+    for i, (row_label, parts) in enumerate(rows):
+        y = legend_h + i * (bar_h + gap)
+        total = sum(max(v, 0) for v in parts.values())
+        out.append(f'<text x="{BLAME_LEFT - 8}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(row_label)}</text>')
+        x = float(BLAME_LEFT)
+        for name in names:
+            value = parts.get(name, 0.0)
+            if value <= 0:
+                continue
+            w = value / top * plot_w
+            tip = f"{row_label} · {name}: {value:.2f} ms ({100.0 * value / total:.1f}% of its idle time)"
+            out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{colours[name]}"'
+                       f'{_tip(tip)}><title>{escape(tip)}</title></rect>')  # fmt: skip
+            x += w
+        out.append(f'<text x="{x + 6:.1f}" y="{y + bar_h * 0.7:.1f}">{total:.2f} ms</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
 def _legend(names: Sequence[str], y: int) -> list[str]:
     out = []
     for i, name in enumerate(names):
