@@ -3,7 +3,9 @@
 ``{"median_step_ms": 0.379, "breakdown_pct": {"cpu_exec": 48.3, "other": 51.7}}`` reads
 ``median step 0.379 ms, breakdown (cpu exec 48.3%, other 51.7%)``: the unit suffix of a
 key becomes the unit of its number (and of the numbers inside it), underscores become
-spaces, and nothing prints as a Python dict or list.
+spaces, and nothing prints as a Python dict or list. A rate keeps its unit whole:
+``wait_ms_per_step`` reads ``wait 12.5 ms/step``, ``gb_per_s`` reads ``10.1 GB/s``; a count
+per step (``syncs_per_step``) reads ``syncs per step 2.17``.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ from typing import Any
 
 from ..result.report import MfuSummary
 
-_UNITS = (("_pct", "%"), ("_ms", " ms"), ("_us", " µs"), ("_s", " s"), ("_mib", " MiB"), ("_gib", " GiB"),
-          ("_bytes", " bytes"), ("_gbps", " GB/s"))  # fmt: skip
+# a key's last word -> the unit its numbers are printed with
+_UNITS = {"pct": "%", "ms": " ms", "us": " µs", "s": " s", "kib": " KiB", "mib": " MiB", "gib": " GiB", "kb": " kB",
+          "mb": " MB", "gb": " GB", "bytes": " bytes", "gbps": " GB/s", "tflops": " TFLOP/s", "flops": " FLOP"}  # fmt: skip
+_PER = {"s": "s", "step": "step", "call": "call", "iteration": "iteration"}  # a rate's denominator: <unit>_per_<this>
+_NOT_PER = {"pct", "gbps", "tflops"}  # shares and rates already: "<rate>_per_step" reads as words
 MAX_ITEMS = 6
 
 
@@ -25,15 +30,19 @@ def _item(key: str, value: Any, unit: str = "") -> str:
     words, own_unit = _words(key)
     unit = own_unit or unit
     if isinstance(value, dict):
-        return f"{words} ({_mapping(value, unit)})"
-    return f"{words} {value_text(value, unit)}"
+        return f"{words} ({_mapping(value, unit)})" if words else f"({_mapping(value, unit)})"
+    return f"{words} {value_text(value, unit)}" if words else value_text(value, unit)
 
 
 def _words(key: str) -> tuple[str, str]:
-    for suffix, unit in _UNITS:
-        if key.lower().endswith(suffix) and len(key) > len(suffix):
-            return key[: -len(suffix)].replace("_", " "), unit
-    return key.replace("_", " "), ""
+    """A key's words and the unit of its numbers: ``wait_ms_per_step`` -> ("wait", " ms/step")."""
+    parts = key.split("_")
+    lowered = [part.lower() for part in parts]
+    if len(parts) >= 3 and lowered[-2] == "per" and lowered[-1] in _PER and lowered[-3] in _UNITS.keys() - _NOT_PER:
+        return " ".join(parts[:-3]), f"{_UNITS[lowered[-3]]}/{_PER[lowered[-1]]}"
+    if len(parts) >= 2 and lowered[-1] in _UNITS:
+        return " ".join(parts[:-1]), _UNITS[lowered[-1]]
+    return " ".join(parts), ""
 
 
 def _mapping(value: dict, unit: str) -> str:
