@@ -3,7 +3,8 @@
 For each rank: the collectives that start inside its steps (see ``collectives.py`` for
 how they are found and sized), per type the calls, time, bytes and achieved algorithm
 and bus bandwidth (nccl-tests definitions), the time any collective is running (their
-union) as a share of the step, and how much of that time is hidden behind compute.
+union, within the steps: calls on several threads at once count once) as a share of the step,
+and how much of that time is hidden behind compute.
 
 Compute is what the rank does meanwhile: device compute kernels when collectives are
 timed on the device (as HTA's comm/comp overlap), host ops on the other threads when
@@ -35,7 +36,7 @@ class CollectiveStats:
     calls_per_step: float
     total_ms: float
     ms_per_step: float
-    share_pct: float  # of the rank's step time (sum of durations, so types may overlap)
+    share_pct: float  # of the rank's step time (time any call of the type runs, so types may overlap each other)
     bytes_per_step: float
     median_bytes: int
     group_size: int
@@ -99,7 +100,8 @@ def _rank_comm(trace: Trace, rank: int, steps: list[Step]) -> RankComm:
     step_us = float(sum(step.duration_us for step in steps))
     starts = np.array([c.start_us for c in found], dtype=np.float64)
     ends = np.array([c.end_us for c in found], dtype=np.float64)
-    comm = intervals.union(starts, ends)
+    spans = _spans(steps)
+    comm = intervals.intersection((starts, ends), spans)  # calls on several threads at once count once
     comm_us = float((comm[1] - comm[0]).sum())
     overlapped_us = intervals.intersection_length(comm, _compute(trace, rank, found)) if found else 0.0
     overlapped_us = max(overlapped_us, 0.0)  # float sums of disjoint pieces can come out at -1e-12, printed as -0.0
@@ -113,9 +115,15 @@ def _rank_comm(trace: Trace, rank: int, steps: list[Step]) -> RankComm:
         overlapped_ms_per_step=overlapped_us / count / 1000.0,
         exposed_ms_per_step=(comm_us - overlapped_us) / count / 1000.0,
         overlap_pct=100.0 * overlapped_us / comm_us if comm_us > 0 else None,
-        by_type=_by_type(found, count, step_us),
+        by_type=_by_type(found, count, step_us, spans),
         collectives=tuple(found),
     )
+
+
+def _spans(steps: list[Step]) -> tuple[np.ndarray, np.ndarray]:
+    """The time the steps cover: collective time is counted inside it, so it is never more than the step."""
+    return (np.array([step.start_us for step in steps], dtype=np.float64),
+            np.array([step.end_us for step in steps], dtype=np.float64))  # fmt: skip
 
 
 def _in_steps(found: list[Collective], steps: list[Step]) -> list[Collective]:
@@ -142,16 +150,18 @@ def _compute(trace: Trace, rank: int, found: list[Collective]) -> tuple[np.ndarr
     return intervals.union(trace.ts[index], trace.ts[index] + trace.dur[index])
 
 
-def _by_type(found: list[Collective], steps: int, step_us: float) -> tuple[CollectiveStats, ...]:
+def _by_type(found: list[Collective], steps: int, step_us: float, spans) -> tuple[CollectiveStats, ...]:
     groups: dict[str, list[Collective]] = defaultdict(list)
     for collective in found:
         groups[collective.type].append(collective)
-    rows = [_stats(kind, groups[kind], steps, step_us) for kind in TYPES if kind in groups]
+    rows = [_stats(kind, groups[kind], steps, step_us, spans) for kind in TYPES if kind in groups]
     return tuple(sorted(rows, key=lambda row: -row.total_ms))
 
 
-def _stats(kind: str, calls: list[Collective], steps: int, step_us: float) -> CollectiveStats:
-    total_us = float(sum(c.dur_us for c in calls))
+def _stats(kind: str, calls: list[Collective], steps: int, step_us: float, spans) -> CollectiveStats:
+    """One type's calls; its time is the union of the calls inside the steps (gloo runs one call per thread at once)."""
+    running = intervals.intersection((np.array([c.start_us for c in calls]), np.array([c.end_us for c in calls])), spans)
+    total_us = float((running[1] - running[0]).sum())
     sized = [c for c in calls if c.nbytes > 0 and c.dur_us > 0]
     group = int(numeric.median([c.group_size for c in calls]))
     algbw = sum(c.nbytes for c in sized) / sum(c.dur_us for c in sized) / 1e3 if sized else None

@@ -40,6 +40,21 @@ def intersection_length(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, n
     return length(*a) + length(*b) - length(*both)
 
 
+def intersection(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint, sorted intervals covered by both sets (each merged first; touching ends do not overlap)."""
+    a, b = union(*a), union(*b)
+    times = np.concatenate([a[0], a[1], b[0], b[1]])
+    if len(times) == 0:
+        return times.copy(), times.copy()
+    rise = np.concatenate([np.ones(len(a[0])), -np.ones(len(a[1])), np.ones(len(b[0])), -np.ones(len(b[1]))])
+    order = np.lexsort((rise, times))  # at one instant the ends come first: [0, 5) and [5, 9) share nothing
+    times, depth = times[order], np.cumsum(rise[order])
+    inside = np.flatnonzero(depth == 2)  # both sets open here; the depth is back at 0 after the last boundary
+    starts, ends = times[inside], times[inside + 1]  # the next boundary closes one of them
+    keep = ends > starts
+    return starts[keep], ends[keep]
+
+
 def outermost(starts: np.ndarray, ends: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Mask of the intervals not nested in (or overlapping) an earlier interval of the same group.
 
