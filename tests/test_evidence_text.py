@@ -26,6 +26,10 @@ from skalpel.report.evidence import evidence_text
     ("achieved_tflops", 407.5, "achieved 408 TFLOP/s"),
     ("steps", 6, "steps 6"),
     ("ms", 3.0, "ms 3"),  # a unit alone is the key's only word
+    ("share_pct_by_rank", {0: 32.2, 1: 30.0}, "share by rank (0 32.2%, 1 30%)"),
+    ("wait_ms_per_step_by_rank", {0: 1.5}, "wait by rank (0 1.5 ms/step)"),
+    ("calls_by_type", {"all_reduce": 2}, "calls by type (all reduce 2)"),
+    ("tiny_ops_by_source_pct", {"optimizer": 40.0}, "tiny ops by source (optimizer 40%)"),
 ])  # fmt: skip
 def test_each_key_reads_with_its_unit(key: str, value: object, text: str) -> None:
     assert evidence_text({key: value}) == text

@@ -42,6 +42,11 @@ def _words(key: str) -> tuple[str, str]:
         return " ".join(parts[:-3]), f"{_UNITS[lowered[-3]]}/{_PER[lowered[-1]]}"
     if len(parts) >= 2 and lowered[-1] in _UNITS:
         return " ".join(parts[:-1]), _UNITS[lowered[-1]]
+    if "by" in lowered[1:-1]:  # share_pct_by_rank: "share by rank", its numbers in %
+        at = len(lowered) - 1 - lowered[::-1].index("by")
+        words, unit = _words("_".join(parts[:at]))
+        if unit:
+            return " ".join([words, *parts[at:]]).strip(), unit
     return " ".join(parts), ""
 
 
