@@ -88,11 +88,39 @@ def _is_distributed_job(ctx: Context) -> bool:
     return len(ctx.trace.ranks) > 1 or any((info.world_size or 1) > 1 for info in ctx.trace.ranks)
 
 
+NEVER_COMMUNICATE = "no collective on any rank: the ranks never communicate"
+
+
+def _never_communicate(ctx: Context) -> bool:
+    """A job of several ranks none of which issues a collective in its profiled steps (a model not wrapped in DDP)."""
+    comm = _comm(ctx)
+    stepped = [rank for rank in comm.ranks if rank.steps > 0]
+    return _is_distributed_job(ctx) and bool(stepped) and not any(rank.collectives for rank in comm.ranks)
+
+
 def _with_comm(ctx: Context) -> list[RankComm] | NotJudged:
     comm = _comm(ctx)
     ranks = [rank for rank in comm.ranks if rank.collectives and rank.step_ms > 0]
+    if not ranks and _never_communicate(ctx):
+        return NotJudged(NEVER_COMMUNICATE)
     # A single-process job has no collectives to judge: no note, the question does not arise.
     return ranks or NotJudged("no collectives in the profiled steps", applies=_is_distributed_job(ctx))
+
+
+def _no_communication_note(ctx: Context, rule: Rule) -> Finding:
+    """The ranks of a distributed job exchange nothing: each trains (or runs) its own copy of the model."""
+    ranks = [info.rank for info in ctx.trace.ranks]
+    world = max((info.world_size or 1 for info in ctx.trace.ranks), default=1)
+    steps = sum(rank.steps for rank in _comm(ctx).ranks)
+    who = f"The {len(ranks)} ranks never communicate" if len(ranks) > 1 else f"Rank {ranks[0]} of {world} never communicates"
+    title = (f"{who}: no collective (all_reduce, broadcast, barrier, ...) in {steps} profiled steps, so every rank "
+             "trains its own copy of the model; a model meant to be trained together must be wrapped in "
+             "DistributedDataParallel (or FSDP)")  # fmt: skip
+    evidence = {"ranks": len(ranks), "world_size": max(world, len(ranks)), "profiled_steps": steps, "collectives": 0}
+    fix = ("wrap the model once the process group is up: model = DistributedDataParallel(model) (device_ids=[local_rank] "
+           "on GPUs), and give each rank its shard of the data (DistributedSampler); nothing to do if the ranks are "
+           "independent runs by design (a sweep, sharded inference)")  # fmt: skip
+    return rule.finding(evidence, severity="info", title=title, fix=fix)
 
 
 def _types(rank: RankComm, limit: int = 3) -> str:
@@ -112,7 +140,7 @@ def _median_rank(ranks: list[RankComm], key) -> RankComm:
 def _check_communication_bound(ctx: Context, rule: Rule) -> Outcome:
     ranks = _with_comm(ctx)
     if isinstance(ranks, NotJudged):
-        return ranks
+        return [_no_communication_note(ctx, rule)] if ranks.reason == NEVER_COMMUNICATE else ranks
     waits = _waits(ctx)
     transfer = {r.rank: max(r.comm_ms_per_step - waits.get(r.rank, 0.0), 0.0) for r in ranks}
     typical = _median_rank(ranks, lambda r: transfer[r.rank] / r.step_ms)
@@ -201,6 +229,8 @@ def _check_straggler(ctx: Context, rule: Rule) -> Outcome:
         return NotJudged(
             "one rank in the trace: load every rank's file to compare them", applies=_is_distributed_job(ctx)
         )
+    if _never_communicate(ctx):
+        return NotJudged(NEVER_COMMUNICATE)
     comparison = _ranks(ctx)
     straggler = comparison.straggler
     if straggler is None:
@@ -334,7 +364,9 @@ COMMUNICATION_BOUND = Rule(
         "comm hook; if achieved bus bandwidth is far below `skalpel commbench`, fix the transport first "
         "(NCCL_SOCKET_IFNAME, InfiniBand, NVLink topology).",
         false_positives="A one-rank trace cannot tell waiting from transferring, so a straggler elsewhere inflates "
-        "it; the first steps after start-up include one-off broadcasts.",
+        "it; the first steps after start-up include one-off broadcasts. A job of several ranks with no collective at "
+        "all in its profiled steps gets an info note under this id instead: the ranks never communicate, so each "
+        "trains its own copy of the model (no DistributedDataParallel), which is right only for independent runs.",
     ),
 )
 
