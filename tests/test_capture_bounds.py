@@ -136,6 +136,29 @@ def test_kineto_noise_lines_are_dropped_and_everything_else_passes_at_once() -> 
     assert now.startswith(b"ERROR:") and held == b"USD"  # a real Kineto error is kept
 
 
+def test_the_profilers_c10_warnings_are_dropped_in_a_rank_too_and_its_errors_kept() -> None:
+    allocator = (b"[W1203 20:21:14.249660984 CPUAllocator.cpp:245] Memory block of unknown size was allocated before "
+                 b"the profiling started, profiler results will not include the deallocation event")  # fmt: skip
+    collection = b"[W1203 20:21:15.001 collection.cpp:1041] Warning: python frame /usr/lib/python3.11/_weakrefset.py(39)"
+    for line in (allocator, b"[rank1]:" + allocator, collection, b"[rank0]:" + collection):
+        assert kineto_noise.is_noise(line + b"\n"), line
+    kept = (
+        b"[E1203 20:21:15.001 collection.cpp:1041] an error of the profiler",  # an error, not a warning
+        b"[W1203 20:21:15.001 ProcessGroupGloo.cpp:514] Warning: Unable to resolve hostname",  # not the profiler's
+        b"[rank0]: Traceback (most recent call last):",  # a rank's traceback
+        b"RuntimeError: CPUAllocator.cpp:245 Memory block of unknown size",
+        b"loss 0.5 collection.cpp:1",
+    )
+    for line in kept:
+        assert not kineto_noise.is_noise(line), line
+    chunk = b"[rank0]:" + collection + b"\n[rank0]: Traceback (most recent call last):\n[rank1]:[W1203"
+    now, held = kineto_noise.filter_chunk(b"", chunk)
+    assert now == b"[rank0]: Traceback (most recent call last):\n" and held == b"[rank1]:[W1203"  # may be noise: held
+    now, held = kineto_noise.filter_chunk(held, b" 20:21:14.2 CPUAllocator.cpp:245] Memory block of unknown size was "
+                                          b"allocated before the profiling started\n")  # fmt: skip
+    assert (now, held) == (b"", b"")
+
+
 def test_evidence_prints_words_and_numbers_not_python_dicts() -> None:
     text = evidence_text({"median_step_ms": 0.379, "breakdown_pct": {"cpu_exec": 48.29, "other": 51.71},
                           "fused_attention_seen": False, "ranks": [0, 1]})  # fmt: skip

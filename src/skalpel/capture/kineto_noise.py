@@ -3,7 +3,10 @@
 Kineto prints from C++ straight to file descriptor 2: ``USDT: ... profiler_start`` and
 ``profiler_stop`` on every profiler start and stop, and, with a CUDA build of torch on a
 machine without a GPU, ``gpuGetDeviceCount failed``; the profiler's memory recording warns
-of every block allocated before it started (skalpel starts it mid-run, on purpose).
+of every block allocated before it started (skalpel starts it mid-run, on purpose), and its
+event collection (``collection.cpp``) warns of Python calls that were open when it started
+or stopped (``_weakrefset.py`` frames). In a job's ranks c10 puts ``[rankN]:`` before its
+warnings. Only warnings (``[W``) from those two files are dropped: errors (``[E``) stay.
 Python's ``warnings`` cannot catch
 them, so fd 2 is pointed at a pipe whose reader passes every other byte on to the real
 stderr at once (a progress bar's partial line too); real Kineto errors, the script's
@@ -18,12 +21,15 @@ import re
 import subprocess
 import sys
 
+_C10_WARNING = rb"(?:\[rank\d+\]:)?\[W[^\]]*\b"  # c10's "[W1203 20:21:14.249 file.cpp:245] ", a rank's prefix first
 NOISE = re.compile(
     rb"^(?:USDT:.*|.*gpuGetDeviceCount failed.*"
     # skalpel starts the profiler mid-run, so blocks allocated before it are expected: not news
-    rb"|\[W.*Memory block of unknown size was allocated before the profiling started.*)$"
+    rb"|" + _C10_WARNING + rb"CPUAllocator\.cpp:\d+\] Memory block of unknown size was allocated before the profiling started.*"
+    # Python calls open across the profiler's start or stop (skalpel's own, or the script's): bookkeeping, not news
+    rb"|" + _C10_WARNING + rb"collection\.cpp:\d+\] .*)$"
 )
-_NOISE_PREFIXES = (b"USDT:", b"ERROR:", b"WARNING:", b"[W")  # a partial line that may turn out to be noise
+_NOISE_PREFIXES = (b"USDT:", b"ERROR:", b"WARNING:", b"[W", b"[rank")  # a partial line that may turn out to be noise
 _PIPE_BYTES = 1 << 20
 _READ_BYTES = 1 << 16
 
