@@ -8,6 +8,10 @@ steps (enough for locations and the flame graph) and drops them after: every op,
 shapes and timing stay for every step. It works on Kineto's own layout (one event per
 ``  {`` ... ``  },`` block), in one pass over the file next to the gzip stream, so the
 cost is a scan, not a parse; a file of another layout is left whole.
+
+The same pass leaves out a step the recording was cut inside (the memory budget stopped
+it mid-step): every event from that step's start on, so that no analysis counts a partial
+step (``PartialStep``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,23 @@ class Kept:
         )
 
 
+@dataclass(frozen=True)
+class PartialStep:
+    """The step the recording was cut inside, left out of the trace from ``start`` (its ProfilerStep's start) on."""
+
+    start: float
+    ops: int  # host ops of the whole recording, the cut step's included: what the profiler held when it stopped
+    steps: int  # ProfilerStep ranges recorded, the cut one included
+
+
+def partial_step(path: str) -> PartialStep | None:
+    """The last recorded step, to leave out because the recording stopped inside it; None without step markers."""
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        starts = [float(match[1]) for match in _STEP.finditer(data)]
+        ops = data[:].count(b'"cat": "cpu_op"')
+    return PartialStep(max(starts), ops, len(starts)) if starts else None
+
+
 def stack_cut(path: str, size: int) -> tuple[float, int] | None:
     """The time after which stacks are dropped, and the number of recorded steps; None to keep everything."""
     if size <= _budget():
@@ -63,8 +84,9 @@ def _budget() -> float:
     return env.number(env.STACKS_BUDGET_MB) * 2**20
 
 
-def copy_bounded(source: BinaryIO, target: BinaryIO, cut: float) -> int:
-    """Copy Kineto JSON from ``source`` to ``target`` without stacks that start at ``cut`` or later; bytes written."""
+def copy_bounded(source: BinaryIO, target: BinaryIO, cut: float, *, drop_from: float | None = None) -> int:
+    """Copy Kineto JSON from ``source`` to ``target`` without stacks that start at ``cut`` or later, and without any
+    event that starts at ``drop_from`` or later (a partial step); bytes written."""
     written = 0
     pending = b""
     while True:
@@ -79,11 +101,15 @@ def copy_bounded(source: BinaryIO, target: BinaryIO, cut: float) -> int:
             continue
         blocks = data[:last].split(_BLOCK_START)
         pending = data[last:]
-        kept = [blocks[0]] + [_bounded(block, cut) for block in blocks[1:]]
+        kept = [blocks[0]] + [_bounded(block, cut, drop_from) for block in blocks[1:]]
         written += _write(target, _BLOCK_START.join(block for block in kept if block is not None))
 
 
-def _bounded(block: bytes, cut: float) -> bytes | None:
+def _bounded(block: bytes, cut: float, drop_from: float | None = None) -> bytes | None:
+    if drop_from is not None and block.rstrip().endswith(b"},"):  # the last event has no comma: it stays
+        when = _TS.search(block)
+        if when is not None and float(when[1]) >= drop_from:
+            return None
     python = _PYTHON in block
     if not python and b'"Call stack"' not in block:
         return block

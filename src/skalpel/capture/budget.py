@@ -30,12 +30,14 @@ from typing import Callable
 
 from .. import env
 from ..trace.source import available_memory
+from .bounded import PartialStep
 
 ENV_BUDGET = env.RECORD_BUDGET_MB.name
 AVAILABLE_SHARE = 0.5  # of the memory available when recording began: for the profiler's stop, at its peak
 STOP_FACTOR = 20  # the peak of stop() and the export, against the growth while recording (12-17x measured)
 MIN_BUDGET_BYTES = 64 * 2**20
 POLL_S = 0.25
+MANY_OPS_PER_STEP = 20_000  # fewer host ops than this per step cannot make the profiler's events weigh much
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -47,13 +49,28 @@ class OverBudget:
     budget: int
     source: str  # how the budget was chosen, in words
 
-    def note(self, recorded_steps: int, *, cut: bool = True) -> str:
-        """``cut``: stopped inside a step (``skalpel run``'s hooks), not at a step's end (``run.step()``)."""
+    def note(self, recorded_steps: int, *, cut: bool = True, partial: PartialStep | None = None) -> str:
+        """``cut``: stopped inside a step (``skalpel run``'s hooks), not at a step's end (``run.step()``);
+        ``partial``: that step, left out of the trace, with the ops recorded (None: not known)."""
+        held = f"the trace holds {recorded_steps} whole recorded step(s)"
+        if cut:
+            held += ("; the step cut where the recording stopped is left out of it (a partial step is no step)"
+                     if partial is not None else " and the one cut where the recording stopped")  # fmt: skip
+        ops_per_step = partial.ops / max(partial.steps, 1) if partial is not None else None
+        if ops_per_step is not None and ops_per_step < MANY_OPS_PER_STEP:
+            return (
+                f"recording stopped early: the process grew by {self.grown / 2**20:,.0f} MiB while recording (budget "
+                f"{self.budget / 2**20:,.0f} MiB, {self.source}); {held}. The steps run few ops ({ops_per_step:,.0f} "
+                "recorded per step), so what grew is the memory the step itself allocates (its tensors, which the "
+                "profiler's memory recording holds on to), not the profiler's events: raise the budget "
+                f"(${ENV_BUDGET}=MiB) if the machine has the memory, or mark a smaller unit of work as the step "
+                "(skalpel.step())"
+            )
+        many = f" ({ops_per_step:,.0f} recorded per step)" if ops_per_step is not None else ""
         return (
             f"recording stopped early: the profiler's events grew the process by {self.grown / 2**20:,.0f} MiB "
-            f"(budget {self.budget / 2**20:,.0f} MiB, {self.source}); the trace holds {recorded_steps} whole recorded "
-            + ("step(s) and the one cut where the recording stopped. " if cut else "step(s). ")
-            + "Each step runs a very large number of ops: "
+            f"(budget {self.budget / 2**20:,.0f} MiB, {self.source}); {held}. Each step runs a very large number of "
+            f"ops{many}: "
             + ("record fewer steps (--active), " if recorded_steps else "")
             + "leave out Python stacks (--no-stack), or mark a smaller unit of work as the step (skalpel.step())"
         )

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .bounded import STACK_STEPS, Kept, copy_bounded, stack_cut
+from .bounded import STACK_STEPS, Kept, PartialStep, copy_bounded, partial_step, stack_cut
 
 _CHUNK = 1 << 20
 _DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -40,9 +40,10 @@ def partial_name(path: Path, suffix: str) -> Path:
     return path.with_name("partial-" + path.name.removesuffix(".json.gz") + suffix)
 
 
-def export_trace(prof: Any, path: Path) -> Kept | None:
+def export_trace(prof: Any, path: Path, *, partial: list[PartialStep] | None = None) -> Kept | None:
     """Write ``prof``'s trace to ``path`` (``.json.gz``); what was left out of a long one (None: nothing).
 
+    ``partial``: the recording stopped inside a step; that step is left out of the trace and appended to the list.
     An ExportError says what went wrong and what is kept.
     """
     plain = partial_name(path, ".json.part")  # not *.json: `skalpel analyze FOLDER` passes it over
@@ -52,7 +53,7 @@ def export_trace(prof: Any, path: Path) -> Kept | None:
         if not _complete(plain):
             raise _cut_short(plain, path)
         try:
-            kept = _gzip(plain, packed)
+            kept = _gzip(plain, packed, partial)
         except OSError as error:
             packed.unlink(missing_ok=True)  # frees the space the plain JSON needs to be kept
             kept = path.with_name(path.name.removesuffix(".gz"))
@@ -71,16 +72,20 @@ def export_trace(prof: Any, path: Path) -> Kept | None:
             leftover.unlink(missing_ok=True)
 
 
-def _gzip(source: Path, target: Path) -> Kept | None:
+def _gzip(source: Path, target: Path, partial: list[PartialStep] | None = None) -> Kept | None:
     size = source.stat().st_size
     cut = stack_cut(str(source), size)
+    step = partial_step(str(source)) if partial is not None else None
+    if partial is not None and step is not None:
+        partial.append(step)
     with open(source, "rb") as plain, open(target, "wb") as raw:
         with gzip.GzipFile(filename=source.name, mode="wb", fileobj=raw, compresslevel=6) as packed:
-            if cut is None:
+            if cut is None and step is None:
                 shutil.copyfileobj(plain, packed, _CHUNK)
                 written = size
             else:
-                written = copy_bounded(plain, packed, cut[0])
+                written = copy_bounded(plain, packed, cut[0] if cut else float("inf"),
+                                       drop_from=step.start if step else None)  # fmt: skip
         raw.flush()
         os.fsync(raw.fileno())
     return None if cut is None else Kept(steps=cut[1], stack_steps=min(cut[1], STACK_STEPS), bytes_in=size, bytes_out=written)

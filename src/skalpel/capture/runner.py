@@ -148,8 +148,9 @@ class _Capture:
         run, tripped = self.own, self.budget.tripped
         if self.user is not None or not run.profiling or tripped is None:
             return
+        run.cut_inside_step = True  # the step under way is left out of the trace
         run.stop()  # writes what was recorded; the script runs on
-        note = tripped.note(run.recorded_steps)
+        note = tripped.note(run.recorded_steps, partial=run.partial[0] if run.partial else None)
         run.notes.append(note)
         _say(note)
 

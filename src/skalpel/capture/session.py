@@ -34,6 +34,7 @@ from ..result.report import CaptureInfo, Report
 from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
 from . import compile_log, cpu, distributed, runfolder, signals
 from .aside import OWN
+from .bounded import PartialStep
 from .budget import OverBudget, RecordingBudget, release_results
 from .export import ExportError, export_trace
 from .kineto_noise import filtered_stderr
@@ -111,6 +112,8 @@ class ProfileRun:
         self._owns_compile_log = False
         self.export_error: ExportError | None = None  # the trace could not be written (a full disk)
         self.notes: list[str] = []  # how the capture went (the script stopped it, ...), added to the report
+        self.cut_inside_step = False  # set before stop(): the recording ends inside a step, left out of the trace
+        self.partial: list[PartialStep] = []  # that step, once the trace is written
         self.step_signal: str | None = None if auto else "run.step()"  # what marked the steps, for the summary
         self.loader_workers = 0  # the most DataLoader workers seen (skalpel run tells)
         self._cpu_window: list[cpu.Snapshot] = []  # CPU snapshots at the start and end of the first window
@@ -323,7 +326,7 @@ class ProfileRun:
         path = self.folder / runfolder.trace_file_name(_rank())
         with signals.deferred() as held:  # a Ctrl-C now would cut the file: it waits until the file is whole
             try:
-                kept = export_trace(prof, path)
+                kept = export_trace(prof, path, partial=self.partial if self.cut_inside_step else None)
                 self.trace_paths.append(path)
                 if kept is not None:
                     self.notes.append(kept.note())
