@@ -36,6 +36,24 @@ for _ in range(14):
     optimizer.step()
 """
 
+RANKS = """
+import torch
+import torch.distributed as dist
+from torch import nn
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(12):
+    x = torch.randn(2048, 512)
+    loss = sum(model(x + i).square().mean() for i in range(3))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+dist.destroy_process_group()
+"""
+
 
 def test_the_step_cut_by_the_memory_budget_is_left_out(tmp_path: Path) -> None:
     script = tmp_path / "big_step.py"
@@ -61,3 +79,19 @@ def test_the_step_cut_by_the_memory_budget_is_left_out(tmp_path: Path) -> None:
         rows = {row.name: row for row in report.ranks[0].top_ops}
         assert rows["aten::addmm"].calls == 6 * whole  # two Linear layers, three passes, whole steps only
     assert "step cut" in done.stderr and done.stderr.count("recording stopped early") == 1
+
+
+def test_under_nproc_each_rank_says_it_once(tmp_path: Path) -> None:
+    """Each rank printed the paragraph as it happened and again as it ended: now once per rank."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB="30", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               SKALPEL_RANK_WAIT_S="120")  # fmt: skip
+    command = [sys.executable, "-m", "skalpel", "run", "--nproc", "2", "--warmup", "1", "--active", "4",
+               "--out", str(tmp_path / "run"), str(script)]  # fmt: skip
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if "recording stopped early" in line]
+    assert len(said) == 2, done.stderr[-3000:]  # one per rank
+    assert all("very large number of ops" not in line for line in said)
+    assert done.stderr.count("(rank 0 writes the merged report)") == 2  # each rank's file, said once

@@ -63,7 +63,7 @@ def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int
     chosen.notes.extend(capture.notes(guard, error))
     late = _stop_whole(chosen) or guard.late
     compile_log.uninstall()
-    notes = list(chosen.notes)
+    notes = [note for note in chosen.notes if note not in chosen.said]  # for stderr: those not said as they happened
     if late is not None:  # interrupted after the script, before the analysis: the file is whole, the analysis skipped
         notes.append(f"{signals.name(late)} while the trace was written: {_holding(chosen)}")
         return RunResult(status or 128 + late, None, list(chosen.trace_paths), error, chosen.folder, notes)

@@ -135,7 +135,9 @@ class _Capture:
         if old.started:
             old.discard()
         self.own = ProfileRun(old.settings, out=old.folder, name=old.name, auto=True)
-        _say(self.detector.takeovers[-1].note())
+        note = self.detector.takeovers[-1].note()
+        self.own.said.add(note)  # the run's notes list it again at the end: for the report, not for stderr
+        _say(note)
 
     def _over_budget(self, tripped: OverBudget) -> None:
         """The budget's thread: the next hook on the script's thread ends the recording."""
@@ -152,6 +154,7 @@ class _Capture:
         run.stop()  # writes what was recorded; the script runs on
         note = tripped.note(run.recorded_steps, partial=run.partial[0] if run.partial else None)
         run.notes.append(note)
+        run.said.add(note)
         _say(note)
 
     def _step_aside(self) -> None:

@@ -112,6 +112,7 @@ class ProfileRun:
         self._owns_compile_log = False
         self.export_error: ExportError | None = None  # the trace could not be written (a full disk)
         self.notes: list[str] = []  # how the capture went (the script stopped it, ...), added to the report
+        self.said: set[str] = set()  # of the notes, those printed as they happened: not printed again at the end
         self.cut_inside_step = False  # set before stop(): the recording ends inside a step, left out of the trace
         self.partial: list[PartialStep] = []  # that step, once the trace is written
         self.step_signal: str | None = None if auto else "run.step()"  # what marked the steps, for the summary
