@@ -85,6 +85,18 @@ def _run_script(target: Target, code_path: Path, guard: signals.Guard) -> tuple[
     return 0, None
 
 
+RUNS_ON_S = 10.0  # a script still running this long after the capture is told how to end it
+
+
+def runs_on_note(run: ProfileRun, seconds: float) -> str:
+    """One line for a script that runs on after its steps were recorded (a loop until solved, a dummy dataset)."""
+    return (
+        f"the {run.recorded_steps} step(s) are recorded and the script has run on for {seconds:.0f} s since: the "
+        "report comes when it ends. Press Ctrl-C to end it now (the trace is kept and analysed), or rerun with "
+        "--stop-after-capture to end it once the steps are recorded"
+    )
+
+
 class _Capture:
     """Drives skalpel's own session from detected boundaries, until a user's session takes over."""
 
@@ -103,6 +115,7 @@ class _Capture:
         self.detector.on_child_boundary = self.children.boundary
         self.thread = threading.get_ident()  # the thread that runs the script: the only one that marks steps
         self.main_steps = 0
+        self.runs_on: threading.Timer | None = None  # says how to end a script that runs on after the capture
 
     @property
     def result_run(self) -> ProfileRun:
@@ -127,6 +140,17 @@ class _Capture:
             self.detector.settle()  # a stronger signal may still show the real iteration, and take over
             if self.stop_after_capture:
                 raise CaptureComplete
+            self._time_runs_on()
+
+    def _time_runs_on(self) -> None:
+        """Once: if the script is still running RUNS_ON_S after the capture, say how to end it (rank 0 only)."""
+        current = distributed.job()
+        if self.runs_on is not None or (current is not None and current.rank != 0):
+            return
+        run = self.own
+        self.runs_on = threading.Timer(RUNS_ON_S, lambda: _say(runs_on_note(run, RUNS_ON_S)))
+        self.runs_on.daemon = True
+        self.runs_on.start()
 
     def _record_again(self) -> None:
         """A stronger signal took over from a fallback: what was recorded is not the training iteration."""
@@ -271,6 +295,8 @@ class _Installed:
 
     def __exit__(self, *exc: object) -> None:
         session.set_listener(None)
+        if self.capture.runs_on is not None:
+            self.capture.runs_on.cancel()  # the script ended: the report follows
         self.capture.watchdog.stop()
         self.capture.budget.stop()
         self.capture.aside.__exit__()
