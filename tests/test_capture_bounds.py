@@ -136,6 +136,25 @@ def test_kineto_noise_lines_are_dropped_and_everything_else_passes_at_once() -> 
     assert now.startswith(b"ERROR:") and held == b"USD"  # a real Kineto error is kept
 
 
+def test_a_partial_step_is_left_out_of_the_written_trace(plain_trace: Path, tmp_path: Path) -> None:
+    """The memory budget stopped the recording inside the last step: nothing from its start on is written."""
+    path = tmp_path / runfolder.trace_file_name(0)
+    partial: list[bounded.PartialStep] = []
+    assert export.export_trace(_Exported(plain_trace), path, partial=partial) is None
+    before, after = _events(plain_trace), _events(path)  # still valid JSON
+    (step,) = partial
+    last = _steps(before)[-1]
+    assert step.start == pytest.approx(last["ts"]) and step.steps == STEPS
+    assert step.ops == len([e for e in before if e.get("cat") == "cpu_op"])
+    assert [e["name"] for e in _steps(after)] == [e["name"] for e in _steps(before)[:-1]]
+    assert not [e for e in after if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "python_function")
+                and e["ts"] >= last["ts"]]  # fmt: skip
+    ops_before = [e for e in before if e.get("cat") == "cpu_op" and e["ts"] < last["ts"]]
+    assert len([e for e in after if e.get("cat") == "cpu_op"]) == len(ops_before)  # the whole steps' ops all stay
+    report = analyze(str(path))
+    assert report.steps.count == STEPS - 1
+
+
 def test_the_profilers_c10_warnings_are_dropped_in_a_rank_too_and_its_errors_kept() -> None:
     allocator = (b"[W1203 20:21:14.249660984 CPUAllocator.cpp:245] Memory block of unknown size was allocated before "
                  b"the profiling started, profiler results will not include the deallocation event")  # fmt: skip
