@@ -137,6 +137,11 @@ _CAUSE_WORDS = {
 }
 
 
+# what to do with host work the device waits for, whether a recorded op covers it or not
+_OFF_THE_PATH = ("move it off the step's critical path (precompute it, do it in DataLoader workers, or overlap it "
+                 "with device work), or make it cheaper")  # fmt: skip
+
+
 def _cause_fix(lead: dict, small_steps: bool) -> str:
     """The fix for the cause that holds most of the idle time, naming it and its line."""
     where = f" at {lead['location']}" if lead.get("location") else ""
@@ -148,12 +153,9 @@ def _cause_fix(lead: dict, small_steps: bool) -> str:
         return SMALL_STEP_FIX  # the fixed cost of each short step, not one piece of host work
     if category == "host_compute" and lead["label"] == UNTRACED:
         before = f" (up to {lead['location']})" if lead.get("location") else ""
-        return (f"the host runs Python that no recorded op covers{before} while the device waits: move it off the "
-                "step's critical path (precompute it, do it in DataLoader workers, or overlap it with device work), "
-                "or make it cheaper")  # fmt: skip
+        return f"the host runs Python that no recorded op covers{before} while the device waits: {_OFF_THE_PATH}"
     if category == "host_compute":
-        return (f"the host runs {what} while the device waits: move it off the step's critical path (precompute it, "
-                "do it in DataLoader workers, or overlap it with device work), or make it cheaper")  # fmt: skip
+        return f"the host runs {what} while the device waits: {_OFF_THE_PATH}"
     if category == "sync":
         return (f"{what} drains the device's queue and the device then idles until the host launches again: "
                 "keep values on the device, read them every N steps, use non_blocking copies")  # fmt: skip
