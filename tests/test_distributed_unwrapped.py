@@ -95,3 +95,8 @@ def test_ddp_look_alike_is_not_told(runs) -> None:
     assert "never communicate" not in out
     comm = report.ranks[0].extra["comm"]
     assert any(row["type"] == "all_reduce" for row in comm["by_type"])
+
+
+def test_the_job_is_announced_once_not_once_per_rank(runs) -> None:
+    for name, (_, out) in runs.items():
+        assert out.count("skalpel: profiling ") == 1, f"{name}:\n{out[-3000:]}"  # stdout and stderr interleave

@@ -54,12 +54,15 @@ def add_capture_options(parser: argparse.ArgumentParser, *, repeat: int = 1) -> 
 def execute(target: Target, args: argparse.Namespace) -> int:
     """Profile ``target`` with the options in ``args``; returns the exit status to use."""
     from ..report import terminal
+    from . import distributed
     from .runner import run
     from .signals import Terminated
 
     settings = CaptureSettings(wait=args.wait, warmup=args.warmup, active=args.active, repeat=args.repeat,
                                with_stack=not getattr(args, "no_stack", False))  # fmt: skip
-    print(f"skalpel: profiling {target.name}: {settings.describe()}", file=sys.stderr)
+    current = distributed.job()
+    if current is None or (current.rank == 0 and not current.trace_only):  # once per job, not once per rank
+        print(f"skalpel: profiling {target.name}: {settings.describe()}", file=sys.stderr)
     if getattr(args, "nproc", 1) > 1:
         return _execute_ranks(target, args)
     out = Path(args.out) if args.out else None
