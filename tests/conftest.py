@@ -1,9 +1,11 @@
-"""Shared fixtures: the stored real traces in ../shared/traces, and what CI must not skip.
+"""Shared fixtures: the stored real traces in ../shared/traces, one way to skip, and what CI must not skip.
 
-Locally a test whose prerequisite is missing (the shared corpus, Chromium, DESIGN.md)
-is skipped with its reason (pytest prints reasons: ``-rs`` in pyproject.toml). Under CI
-(``SKALPEL_CI=1``, set by ``.ci/run``) the same test fails instead: a green CI means
-that everything ran.
+Every skip goes through ``skip``, ``skip_unless`` or ``importorskip`` here (``test_ci_strictness``
+checks that no test file calls pytest's own). Locally a skipped test prints its reason (``-rs`` in
+pyproject.toml) and the run ends with the list of skips. Under CI (``SKALPEL_CI=1``, set by
+``.ci/run``) a skip whose reason is not on the reviewed allow-list ``tests/skip_allowlist.txt``
+fails the test instead, whatever raised it: a green CI means that everything ran. CI also loads
+a derandomised Hypothesis profile, so that a red run can be run again to the same result.
 """
 
 from __future__ import annotations
@@ -17,15 +19,38 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 TRACES = SHARED / "traces"
 DESIGN = SHARED / "DESIGN.md"
+ALLOWLIST = Path(__file__).resolve().parent / "skip_allowlist.txt"
 STRICT = os.environ.get("SKALPEL_CI") == "1"
-"""Under CI a missing prerequisite fails the test instead of skipping it."""
+"""Under CI a skip not on the allow-list fails the test."""
+
+try:  # the test extra has Hypothesis; conftest must not need it
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+    if STRICT:
+        _hypothesis_settings.load_profile("ci")
+except ImportError:  # pragma: no cover
+    pass
+
+
+def skip(reason: str) -> None:
+    """Skip the test with ``reason`` (under CI a failure unless the reason is on the allow-list)."""
+    pytest.skip(reason)
+
+
+def skip_unless(condition: bool, reason: str) -> pytest.MarkDecorator:
+    """A mark that skips the test with ``reason`` when ``condition`` is false (CI: see ``skip``)."""
+    return pytest.mark.skipif(not condition, reason=reason)
+
+
+def importorskip(module: str):
+    """The module ``module``, or a skip saying it is not installed (CI: see ``skip``)."""
+    return pytest.importorskip(module, reason=f"{module} not installed")
 
 
 def missing(reason: str) -> None:
-    """Skip the test for a missing prerequisite, or fail it under CI."""
-    if STRICT:
-        pytest.fail(f"{reason} (CI runs every test: SKALPEL_CI=1)", pytrace=False)
-    pytest.skip(reason)
+    """Skip the test for a missing prerequisite (the corpus, Chromium): under CI a failure."""
+    skip(reason)
 
 
 def corpus(relative: str) -> Path:
@@ -44,3 +69,80 @@ def uncompressed_copy(tmp_path: Path, name: str, keep: float = 1.0) -> Path:
     target = tmp_path / corpus(name).name.removesuffix(".gz")
     target.write_bytes(data[: int(len(data) * keep)])
     return target
+
+
+# ---- negative controls that run on a busy machine instead of skipping -------------------------------------------
+
+
+def pinned(env: dict[str, str] | None = None) -> dict:
+    """``subprocess`` keyword arguments that run a child on one core (the last this process may use) with one
+    thread (``OMP_NUM_THREADS=1``): a real-run negative control asks the machine for no more than it has."""
+    core = max(os.sched_getaffinity(0))
+    return {
+        "preexec_fn": lambda: os.sched_setaffinity(0, {core}),
+        "env": {**(env if env is not None else os.environ), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+    }
+
+
+def assert_not_blamed(contention: dict) -> None:
+    """A ``cpu_contention`` finding (JSON) on a script that asks for one thread on its one core: other processes
+    took the core, and the fix must say so instead of telling the script to change."""
+    evidence = contention["evidence"]
+    assert evidence["threads_asked"] == 1 and evidence["cores_available"] == 1, evidence
+    assert "set_num_threads" not in contention["fix"] and "num_workers" not in contention["fix"], contention["fix"]
+    assert "other processes" in contention["fix"], contention["fix"]
+
+
+# ---- the skip allow-list and the list of skips at the end of a run -------------------------------------------
+
+
+def allowed_skips() -> dict[str, str]:
+    """The allow-list: the start of each skip reason CI accepts -> why (``reason -- why`` a line, # comments)."""
+    entries = {}
+    for line in ALLOWLIST.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            reason, _, why = line.partition(" -- ")
+            entries[reason.strip()] = why.strip()
+    return entries
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+_SKIPS: list[tuple[str, str, bool]] = []  # (test id, reason, on the allow-list)
+
+
+def _judge_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    if not report.skipped or hasattr(report, "wasxfail"):  # an expected failure is not a skip
+        return
+    reason = _skip_reason(report)
+    allowed = any(reason.startswith(entry) for entry in allowed_skips())
+    _SKIPS.append((report.nodeid, reason, allowed))
+    if STRICT and not allowed:
+        report.outcome = "failed"
+        report.longrepr = f"{reason} (skipped under SKALPEL_CI=1: CI runs every test not on {ALLOWLIST.name})"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _judge_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _judge_skip(outcome.get_result())
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _SKIPS:
+        return
+    terminalreporter.section(f"skips ({len(_SKIPS)})")
+    for nodeid, reason, allowed in _SKIPS:
+        mark = "allowed" if allowed else ("FAILED in CI" if STRICT else "not on the CI allow-list")
+        terminalreporter.write_line(f"{nodeid}: {reason} [{mark}]")

@@ -15,8 +15,6 @@ import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
-
 from skalpel.result.report import (
     CaptureInfo,
     Finding,
@@ -30,14 +28,14 @@ from skalpel.result.report import (
     StepStats,
 )  # fmt: skip
 
-from .conftest import STRICT, missing
+from .conftest import missing, skip_unless
 
 EVIL = "<img src=x onerror=alert(1)>"
 EVIL_TITLE = "<img src=x onerror=\"document.title='pwned'\">"
 EVIL_SCRIPT = "</script><script>document.title='pwned'</script><!--"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Skipped locally without Chromium; under CI (SKALPEL_CI=1) the test runs and chromium() fails it.
-needs_browser = pytest.mark.skipif(CHROMIUM is None and not STRICT, reason="chromium not installed (apt-get install chromium)")
+needs_browser = skip_unless(CHROMIUM is not None, "chromium not installed (apt-get install chromium)")
 
 
 def _rank(rank: int, *, slow: float = 1.0, ops: int = 60, curve: int = 3000, steps: int = 12) -> RankReport:

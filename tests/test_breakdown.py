@@ -198,8 +198,9 @@ def test_report_carries_the_breakdown():
 
 def test_real_cpu_run_with_a_slow_dataloader(tmp_path):
     """A real torch.profiler run whose Dataset sleeps: the wait shows as DataLoader, ops as CPU Exec."""
-    torch = pytest.importorskip("torch")
     import time
+
+    import torch  # a dependency of skalpel: never skipped
 
     class SlowData(torch.utils.data.Dataset):
         def __len__(self):

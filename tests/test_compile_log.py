@@ -157,7 +157,7 @@ def _capture(tmp_path: Path, function, batches, **options):
 
 @pytest.fixture()
 def dynamo():
-    torch = pytest.importorskip("torch")
+    import torch  # a dependency of skalpel: never skipped
     torch.set_num_threads(1)
     torch._dynamo.reset()
     limit = torch._dynamo.config.recompile_limit

@@ -36,7 +36,6 @@ def test_the_job_pool_defaults_to_the_affinity(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_capture_facts_take_their_cores_from_skalpel_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torch")
     from skalpel.capture import cpu
 
     monkeypatch.setattr(cores, "cgroup_quota_cores", lambda: 1.23456)

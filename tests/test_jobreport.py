@@ -24,7 +24,7 @@ from skalpel.job.pool import summarize_all
 from skalpel.job.rank import RankFailure, SummaryRequest, summarize_rank
 from skalpel.trace.loader import find_trace_files, load
 
-from .conftest import corpus
+from .conftest import corpus, importorskip
 from .test_distributed import _dlrm_files, _rewrite
 
 PAIR = "hta/trace_filter"
@@ -214,7 +214,7 @@ def test_unreachable_ray_address_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_ray_tasks_give_the_local_report() -> None:
-    ray = pytest.importorskip("ray")  # in the test extra: CI has it
+    ray = importorskip("ray")  # in the test extra: CI has it, and fails without it
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         job = analyze_job([corpus(DLRM)], ray=True)

@@ -206,3 +206,45 @@ def test_process_count_follows_workers_then_the_environment(monkeypatch: pytest.
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(cores.idle_cores, "__defaults__", (Path("/nonexistent"),))  # unreadable: every core counts
     assert parallel.process_count() == 2
+
+
+def _events_file(path: Path, count: int, tail: list[bytes]) -> Path:
+    """An uncompressed trace of ``count`` small CPU ops, then the ``tail`` events (raw JSON): the tail lands in the
+    last child's range once the file is split in 64 KiB batches between 3 processes."""
+    events = [
+        b'{"ph": "X", "cat": "cpu_op", "name": "aten::op_%d", "pid": 1, "tid": 2, "ts": %d, "dur": 3, "args": {}}'
+        % (i % 50, 10 * i)
+        for i in range(count)
+    ]
+    path.write_bytes(b'{"schemaVersion": 1, "traceEvents": [\n' + b",\n".join(events + tail) + b"\n]}\n")
+    return path
+
+
+def test_bytes_that_are_not_utf8_in_a_childs_range_are_repaired_and_said(
+    tmp_path: Path, small_batches: None, handovers: list[str]
+) -> None:
+    """The child's repairs count as the serial load's do: the warning is there (and the names the same)."""
+    tail = [b'{"ph": "X", "cat": "cpu_op", "name": "aten::bad_\xff\xfe_%d", "pid": 1, "tid": 2, "ts": %d, "dur": 3}'
+            % (i, 10**6 + i) for i in range(3)]  # fmt: skip
+    plain = _events_file(tmp_path / "trace.json", 6000, tail)
+    serial = loader.load(plain, workers=1)
+    split = loader.load(plain, workers=3)
+    assert handovers[-1] == "all"  # every batch decoded in parallel, the repaired ones in the last child
+    assert any("not UTF-8" in warning for warning in serial.warnings)
+    assert_same_trace(serial, split)
+    assert any(name.startswith("aten::bad_\ufffd") for name in split.names)
+
+
+def test_a_child_with_labels_and_negative_pids_hands_its_range_to_the_serial_loader(
+    tmp_path: Path, small_batches: None, handovers: list[str]
+) -> None:
+    """A label tid ("Spans": -1 - its name id) and a negative integer pid in one child's columns cannot be told
+    apart on joining: that range goes the serial way, and the trace is the serial load's."""
+    tail = [b'{"ph": "X", "cat": "kernel", "name": "gemm_%d", "pid": %d, "tid": "%s", "ts": %d, "dur": 3}'
+            % (i, -3 - i % 4, b"Spans" if i % 2 else b"7", 10**6 + i) for i in range(40)]  # fmt: skip
+    plain = _events_file(tmp_path / "trace.json", 6000, tail)
+    serial = loader.load(plain, workers=1)
+    split = loader.load(plain, workers=3)
+    assert handovers[-1] == "part"  # the last child's range, decoded again serially
+    assert_same_trace(serial, split)
+    assert set(serial.pid[-40:].tolist()) == {-3, -4, -5, -6}

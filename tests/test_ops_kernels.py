@@ -25,7 +25,7 @@ def _load(relative: str):
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
     """A small real CPU training run under torch.profiler: (exported trace path, key_averages by name)."""
-    torch = pytest.importorskip("torch")
+    import torch  # a dependency of skalpel: never skipped
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -24,6 +24,8 @@ from skalpel.cores import usable_cores
 from skalpel.tune.measure import Window, run_once
 from skalpel.tune.session import loss_check
 
+from .conftest import skip_unless
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,6 +77,9 @@ for step in range(100000):
     optimizer.zero_grad()
     model(torch.randn(4, 8)).sum().backward()
     optimizer.step()
+    if step == 1:  # readiness marker: this run is in its steps (the test reads it instead of sleeping)
+        with open("runs-in-their-steps.txt", "a") as marker:
+            marker.write("run\\n")
     time.sleep(0.02)
 """
 
@@ -97,7 +102,7 @@ def _validated(path: Path) -> dict:
     return document
 
 
-@pytest.mark.skipif(usable_cores() < 2, reason="more workers than one core cannot be faster")
+@skip_unless(usable_cores() >= 2, "more workers than one core cannot be faster")
 def test_starving_loader_more_workers_measured_faster_and_recommended_at_its_line(tmp_path: Path) -> None:
     out, page = tmp_path / "tune.json", tmp_path / "tune.html"
     done = _tune("--json", str(out), "--html", str(page), "examples/scenarios/dataloader_starved.py")
@@ -187,7 +192,11 @@ def test_ctrl_c_prints_the_results_measured_so_far(tmp_path: Path) -> None:
         if "baseline run 1:" in line or not line:
             break
     assert any("baseline run 1:" in line for line in progress), progress
-    time.sleep(1.0)  # the candidate's run has started
+    marker = tmp_path / "runs-in-their-steps.txt"
+    finished, deadline = len(marker.read_text().splitlines()), time.monotonic() + 120
+    while time.monotonic() < deadline and len(marker.read_text().splitlines()) <= finished:
+        time.sleep(0.05)  # until the next run (the candidate's) is in its steps
+    assert len(marker.read_text().splitlines()) > finished
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
