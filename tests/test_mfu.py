@@ -64,3 +64,37 @@ def test_cpu_capture_with_flops_reports_achieved_flops_and_no_mfu(tmp_path):
     assert Report.from_dict(document).ranks[0].mfu == mfu  # reads back
     assert "GFLOP/s achieved, no MFU" in (tmp_path / "summary.txt").read_text()
     assert "Model FLOP utilisation" in (tmp_path / "report.html").read_text()
+
+
+def _matmul_steps(tmp_path, bad_args: dict):
+    """Three steps of two aten::mm calls each on an A100: one with readable shapes, one with ``bad_args``."""
+    from skalpel.api import analyze
+    from tests.tracebuilder import TraceBuilder
+
+    builder = TraceBuilder()
+    builder.device_properties = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 80 * 2**30}]
+    for step in range(3):
+        start = step * 1000.0
+        builder.step(step, start, 1000.0)
+        good = builder.host("aten::mm", start + 10, 100, **{"Input Dims": [[64, 128], [128, 32]]})
+        builder.launch(start + 20, 5, work_ts=start + 30, work_dur=400, external=good)
+        bad = builder.host("aten::mm", start + 500, 100, **bad_args)
+        builder.launch(start + 510, 5, work_ts=start + 520, work_dur=400, external=bad)
+    return analyze(builder.write(tmp_path / "trace.json")).ranks[0].mfu
+
+
+@pytest.mark.parametrize("bad_args", [
+    {"Input Dims": 1.5},  # found by field fuzzing: a float where the list of shapes goes
+    {"Input Dims": "[[64, 128]"},
+    {"Input Dims": [["64", "128"], [128, 32]]},
+    {"Input Dims": [[64, 128], [128, 32]], "flops": "many"},  # a bad count: counted from the shapes instead
+])  # fmt: skip
+def test_a_bad_count_field_costs_that_ops_flops_with_a_note_not_the_report(tmp_path, bad_args):
+    mfu = _matmul_steps(tmp_path, bad_args)
+    per_call = 2.0 * 64 * 128 * 32
+    if "Input Dims" in bad_args and "flops" in bad_args:  # its shapes are readable: both calls counted
+        assert mfu.flops_per_step == 2 * per_call and mfu.note is None
+        return
+    assert mfu.flops_per_step == per_call  # the good call of each step
+    assert mfu.mfu_pct is not None  # the MFU is still there, of the FLOPs that could be counted
+    assert mfu.note == "3 op(s) with an unreadable 'Input Dims' or 'flops' field left out of the FLOP count"

@@ -15,8 +15,9 @@ peak depends on cores, clocks and vector units the trace does not record.
 from __future__ import annotations
 
 import json
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -92,7 +93,7 @@ def peak_tflops(device: str | None, dtype: str = DEFAULT_DTYPE) -> tuple[str, fl
 
 def mfu(trace: Trace, steps: StepSegmentation, *, dtype: str = DEFAULT_DTYPE) -> tuple[Mfu, ...]:
     """MFU per rank; empty when no op of the trace has a flop count or the shapes to count them."""
-    events, flops = op_flops(trace)
+    events, flops, unreadable = _counted(trace)
     if not len(events) or not steps.marked:
         return ()
     results = []
@@ -107,7 +108,11 @@ def mfu(trace: Trace, steps: StepSegmentation, *, dtype: str = DEFAULT_DTYPE) ->
         per_step = float(flops[inside].sum()) / len(rank_steps)
         step_s = numeric.median([step.duration_us for step in rank_steps]) / 1e6
         device = info.device_names[0] if info.device_names else None
-        results.append(utilisation(info.rank, device, per_step, step_s, dtype, has_device=trace.has_device))
+        found = utilisation(info.rank, device, per_step, step_s, dtype, has_device=trace.has_device)
+        if unreadable:  # a bad field costs that op's FLOPs, not the report
+            left_out = f"{unreadable} op(s) with an unreadable 'Input Dims' or 'flops' field left out of the FLOP count"
+            found = replace(found, note=f"{found.note}; {left_out}" if found.note else left_out)
+        results.append(found)
     return tuple(results)
 
 
@@ -119,30 +124,62 @@ _ATTENTION = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_pr
 
 def op_flops(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """(event indices, FLOPs) of the ops with a count: the trace's own, else from their input shapes."""
-    counted = {index: float(args["flops"]) for index, args in trace.extra.items() if "flops" in args}
+    events, flops, _ = _counted(trace)
+    return events, flops
+
+
+def _counted(trace: Trace) -> tuple[np.ndarray, np.ndarray, int]:
+    """``op_flops``, and how many ops had a count field of the wrong type (a 'flops' that is not a number, an
+    'Input Dims' that is not a list of shapes): those are left out."""
+    counted: dict[int, float] = {}
+    unreadable: set[int] = set()
+    for index, args in trace.extra.items():
+        if "flops" in args:
+            value = _number(args["flops"])
+            if value is None:
+                unreadable.add(index)  # counted from its shapes below, if it has them
+            else:
+                counted[index] = value
     names = {trace.name_id(name): name for name in (*_MATMUL, *_ATTENTION)}
     names.pop(-1, None)
     candidates = np.flatnonzero(numeric.isin(trace.name, list(names)) & (trace.shapes >= 0))
-    by_shapes: dict[tuple[int, int], float] = {}
+    by_shapes: dict[tuple[int, int], float | None] = {}
     for index in candidates.tolist():
         if index in counted:
             continue
         key = (int(trace.name[index]), int(trace.shapes[index]))
         if key not in by_shapes:
             by_shapes[key] = _from_shapes(names[key[0]], trace.names[key[1]])
-        if by_shapes[key] > 0:
-            counted[index] = by_shapes[key]
+        flops = by_shapes[key]
+        if flops is None:
+            unreadable.add(index)
+        elif flops > 0:
+            counted[index] = flops
+            unreadable.discard(index)
     events = np.array(sorted(counted), dtype=np.int64)
-    return events, np.array([counted[int(index)] for index in events], dtype=np.float64)
+    return events, np.array([counted[int(index)] for index in events], dtype=np.float64), len(unreadable)
 
 
-def _from_shapes(name: str, dims_json: str) -> float:
-    """FLOPs of one call from its 'Input Dims', as torch's with_flops counts them; 0 when the shapes do not fit."""
+def _number(value: object) -> float | None:
+    """A count field as a finite, non-negative float; None when it is anything else (a string, a list, NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _from_shapes(name: str, dims_json: str) -> float | None:
+    """FLOPs of one call from its 'Input Dims', as torch's with_flops counts them; 0 when the shapes do not fit
+    (too few inputs), None when the field is not a list of lists of numbers."""
     try:
         dims = json.loads(dims_json)
     except ValueError:
-        return 0.0
+        return None
+    if not isinstance(dims, list):
+        return None
     shapes = [shape for shape in dims if isinstance(shape, list)]
+    if any(isinstance(size, bool) or not isinstance(size, (int, float)) for shape in shapes for size in shape):
+        return None
     try:
         if name in ("aten::mm", "aten::addmm"):
             a, b = (shapes[1], shapes[2]) if name == "aten::addmm" else (shapes[0], shapes[1])
@@ -152,7 +189,7 @@ def _from_shapes(name: str, dims_json: str) -> float:
             return 2.0 * a[0] * a[1] * a[2] * b[2]
         q, k = shapes[0], shapes[1]  # (batch, heads, length, dim) x (batch, heads, source length, dim)
         return 4.0 * q[0] * q[1] * q[2] * k[2] * q[3]
-    except (IndexError, TypeError):
+    except IndexError:
         return 0.0
 
 
