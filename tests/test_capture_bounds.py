@@ -109,11 +109,15 @@ def test_export_of_a_cut_file_says_so_and_leaves_nothing_named_partial(plain_tra
 
 
 def test_a_signal_during_a_deferred_write_waits_for_the_file() -> None:
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    written = []  # each "write" after a signal: a signal not held would raise before it
     with deferred() as held:
         os.kill(os.getpid(), signal.SIGTERM)
+        written.append("after SIGTERM")
         os.kill(os.getpid(), signal.SIGINT)  # a second press: held too
-        finished = True
-    assert finished and held.signum == signal.SIGTERM
+        written.append("after SIGINT")
+    assert written == ["after SIGTERM", "after SIGINT"] and held.signum == signal.SIGTERM  # the first is kept
+    assert {signum: signal.getsignal(signum) for signum in before} == before  # the handlers are put back
     with pytest.raises(Terminated):
         held.reraise()
 

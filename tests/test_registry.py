@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -63,15 +64,91 @@ def test_rule_thresholds_live_in_the_thresholds_module(rule):
         assert rule.thresholds.share_pct is not None and rule.thresholds.share_pct > 0
 
 
-@pytest.mark.parametrize("rule", RULES, ids=IDS)
-def test_rule_has_a_scenario_or_corpus_test(rule):
-    texts = "".join(
-        path.read_text()
-        for path in TESTS.glob("test_*.py")
-        if path.name in ("test_scenarios.py", "test_findings_corpus.py", "test_findings_rules.py")
-        or path.name.startswith(("test_distributed", "test_findings"))
-    )
-    assert f'"{rule.id}"' in texts, f"{rule.id} is checked by no scenario, corpus or rule test"
+def _negative(test: ast.expr) -> bool:
+    """``assert not x``, ``assert a not in b``, ``assert x == []``: asserts that a finding is absent."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return True
+    if isinstance(test, ast.Compare):
+        if any(isinstance(op, ast.NotIn) for op in test.ops):
+            return True
+        return any(isinstance(side, (ast.List, ast.Tuple, ast.Set, ast.Dict)) and not getattr(side, "elts", None)
+                   and not getattr(side, "keys", None) for side in test.comparators)  # fmt: skip
+    return False
+
+
+def _ids_in(node: ast.AST) -> set[str]:
+    return {item.value for item in ast.walk(node) if isinstance(item, ast.Constant) and item.value in IDS}
+
+
+def _asserted_ids(function: ast.FunctionDef) -> set[str]:
+    """Finding ids a test asserts are present: in an assert that is not an absence check, as the argument of a
+    finder (``_finding(report, "id")``, ``_found(...)``, which assert or unpack), or in a variable such an
+    assert then reads (``found = [f for f in ... if f.id == "id"]; assert len(found) == 1``)."""
+    asserts = [node for node in ast.walk(function) if isinstance(node, ast.Assert)]
+    positive = [node.test for node in asserts if not _negative(node.test)]
+    negative = {id(item) for node in asserts if _negative(node.test) for item in ast.walk(node.test)}
+    ids = set().union(*(_ids_in(test) for test in positive)) if positive else set()
+    read = {item.id for test in positive for item in ast.walk(test) if isinstance(item, ast.Name)}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call) and id(node) not in negative:
+            name = getattr(node.func, "id", getattr(node.func, "attr", ""))
+            if "find" in name or "found" in name:
+                ids |= {value for arg in node.args for value in _ids_in(arg)}
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in read for t in node.targets):
+            ids |= _ids_in(node.value)
+    return ids
+
+
+def _corpus_expectations() -> set[str]:
+    """Ids that test_findings_corpus.py's table (``CASES``: path, {id: minimum severity}, absent...) expects present:
+    ``test_expected_findings`` asserts each one is in the report at that severity or above."""
+    tree = ast.parse((TESTS / "test_findings_corpus.py").read_text())
+    (table,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "CASES" for t in node.targets)]  # fmt: skip
+    return {key.value for case in ast.walk(table) if isinstance(case, ast.Tuple) and len(case.elts) > 1
+            and isinstance(case.elts[1], ast.Dict)
+            for key in case.elts[1].keys if isinstance(key, ast.Constant)}  # fmt: skip
+
+
+def _tests_asserting() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in sorted(TESTS.glob("test_*.py")):
+        if path.name == Path(__file__).name:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                for finding_id in _asserted_ids(node):
+                    found.setdefault(finding_id, []).append(f"{path.name}::{node.name}")
+    for finding_id in _corpus_expectations():
+        found.setdefault(finding_id, []).append("test_findings_corpus.py::test_expected_findings")
+    return found
+
+
+def test_every_rule_has_a_test_that_asserts_its_finding():
+    """Not a mention (an id in a list of ignored findings counts for nothing): an assertion that it is there."""
+    asserted = _tests_asserting()
+    missing = [finding_id for finding_id in IDS if finding_id not in asserted]
+    assert missing == [], f"no test asserts these findings are produced: {missing}"
+
+
+def test_a_mention_or_an_absence_check_is_not_a_test_of_a_finding():
+    source = """
+def test_mentions():
+    ignored = ("no_warmup", "cpu_contention")
+    serious = [f for f in findings if f.id not in ignored]
+    assert serious == []
+    assert not [f for f in findings if f.id == "memory_spike"]
+    assert _found(report, "gpu_idle") == []
+
+def test_asserts():
+    found = [f for f in findings if f.id == "memory_growth"]
+    assert len(found) == 1
+    assert "launch_bound" in ids
+    (spike,) = _found(report, "allocator_churn")
+"""
+    mentions, asserts = [node for node in ast.parse(source).body]
+    assert _asserted_ids(mentions) == set()
+    assert _asserted_ids(asserts) == {"memory_growth", "launch_bound", "allocator_churn"}
 
 
 def test_explain_lists_every_finding(capsys):

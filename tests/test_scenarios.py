@@ -5,9 +5,10 @@ current line; Python frames name their function by its ``def`` line, and skalpel
 sampler names the statement that was running. So a location is right when it names the
 scenario file, the function holding the planted line, and the planted line itself.
 
-The clean baseline runs first and alone, with the default capture options: its test asserts
-that nothing reaches warning level, and on a loaded 2-core machine five runs beside it made
-its first recorded step slow enough to look like missing warm-up (1 flake in 8). Then the
+The clean baseline runs first and alone, with the default capture options, pinned to one core
+with one thread: its test always runs and asserts that nothing about the code reaches warning
+level; a busy machine may add the measurement's own warnings (cpu_contention naming the other
+processes), never a finding about the script. Then the
 planted scenarios start at once (module fixture) and each test waits for its own, so their
 slow parts (starting torch, writing the run folder) overlap; their effects are large.
 """
@@ -166,9 +167,12 @@ def test_baseline_has_no_warning(runs):
     assert code == [], [(f["id"], f["title"]) for f in code]
     for contention in [f for f in report["findings"] if f["id"] == "cpu_contention"]:
         assert_not_blamed(contention)
-    verdict = _finding(report, "no_bottleneck")
-    assert verdict["evidence"]["median_step_ms"] > 0
-    assert verdict["evidence"]["largest_category"] == "cpu_exec"  # the matmuls
+    breakdown = report["ranks"][0]["step_breakdown_pct"]
+    assert max(breakdown, key=breakdown.get) == "cpu_exec", breakdown  # the matmuls
+    if not _serious(report):  # the verdict comes when nothing warns, the machine's warnings included
+        verdict = _finding(report, "no_bottleneck")
+        assert verdict["evidence"]["median_step_ms"] > 0
+        assert verdict["evidence"]["largest_category"] == "cpu_exec"
 
 
 def test_starving_dataloader(runs):
