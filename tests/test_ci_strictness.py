@@ -1,5 +1,6 @@
 """A green CI means something: every skip goes through conftest, and under SKALPEL_CI=1 a skip fails the run
-unless its reason is on the reviewed allow-list (tests/skip_allowlist.txt); every run ends with its list of skips.
+unless its reason is on the reviewed allow-list (tests/skip_allowlist.txt); every run ends with its list of skips;
+CI runs Hypothesis derandomised.
 
 The probes run pytest in a subprocess on small test files in ``tmp_path``, with tests/conftest.py
 loaded as a plugin (``-p tests.conftest``): nothing is written into tests/.
@@ -46,6 +47,15 @@ def test_skipped_by_pytest_itself():
 
 def test_runs():
     pass
+
+
+def test_ci_runs_hypothesis_derandomised():
+    import os
+
+    from hypothesis import settings
+
+    strict = os.environ.get("SKALPEL_CI") == "1"
+    assert settings().derandomize is strict and (settings().deadline is None or not strict)
 '''
 
 
@@ -64,7 +74,7 @@ def _pytest(tmp_path: Path, strict: bool) -> subprocess.CompletedProcess:
 @pytest.mark.slow  # starts pytest in a subprocess
 def test_skips_pass_locally_and_fail_under_ci_unless_allowed(tmp_path: Path) -> None:
     local = _pytest(tmp_path, strict=False)
-    assert local.returncode == 0 and "1 passed, 5 skipped" in local.stdout, local.stdout
+    assert local.returncode == 0 and "2 passed, 5 skipped" in local.stdout, local.stdout
     assert "shared trace corpus not found" in local.stdout  # the reason is printed (-rs)
     summary = local.stdout[local.stdout.index("skips (5)"):]  # the list at the end of the run
     assert "test_needs_a_corpus_trace: shared trace corpus not found" in summary
@@ -73,7 +83,7 @@ def test_skips_pass_locally_and_fail_under_ci_unless_allowed(tmp_path: Path) -> 
 
     strict = _pytest(tmp_path, strict=True)
     # a skip in a test's call fails it; one in its setup (a skip mark) errors it: both make the run red
-    assert strict.returncode == 1 and "3 failed, 1 passed, 1 skipped, 1 error" in strict.stdout, strict.stdout
+    assert strict.returncode == 1 and "3 failed, 2 passed, 1 skipped, 1 error" in strict.stdout, strict.stdout
     for reason in ("shared trace corpus not found", "a reason nobody reviewed", "no_such_module_for_skalpel",
                    "pytest.skip, called directly"):  # fmt: skip
         assert re.search(re.escape(reason) + r".*SKALPEL_CI=1", strict.stdout), reason
