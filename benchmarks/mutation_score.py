@@ -2,8 +2,8 @@
 
 Each mutant changes one thing in one module (a comparison, an operator, ``+=`` into ``=``,
 ``and`` into ``or``, True into False, or a simple statement deleted), in a temporary copy of
-the checkout; the fast tests that name the module (``-m "not slow"``, first failure stops
-them) then run on the copy. A mutant is killed when they fail (or time out), survives when
+the checkout; the fast tests that name the module, else its package's end-to-end tests
+(``-m "not slow"``, first failure stops them), then run on the copy. A mutant is killed when they fail (or time out), survives when
 they pass. The mutants are a seeded random sample over the modules (``--mutants``, ``--seed``),
 so a run is repeatable and a survivor can be looked at again. No new dependency: ``ast`` and
 ``tokenize`` find the places to mutate.
@@ -104,13 +104,21 @@ def _parses(source: str) -> bool:
     return True
 
 
+# For a module no test names (the loader's helpers, say): the tests that run its package end to end.
+PACKAGE_TESTS = {
+    "trace": ("tests/test_loader_corpus.py", "tests/test_loader_bad_input.py", "tests/test_hostile_traces.py"),
+    "analysis": ("tests/test_findings_rules.py", "tests/test_findings_wild.py", "tests/test_findings_corpus.py"),
+}
+
+
 def tests_for(module: str) -> list[str]:
-    """Test files that name the module (its import path or ``from ..package import name``)."""
+    """Test files that name the module (its import path or ``from ..package import name``), else its package's."""
     stem = Path(module).stem
     package = Path(module).parent.name
     pattern = re.compile(rf"\b{package}\.{stem}\b|from skalpel\.{package} import[^\n]*\b{stem}\b|\b{stem}\b\.")
-    return sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").glob("test_*.py")
-                  if pattern.search(path.read_text()))  # fmt: skip
+    named = sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").glob("test_*.py")
+                   if pattern.search(path.read_text()))  # fmt: skip
+    return named or list(PACKAGE_TESTS.get(package, ()))
 
 
 def run_tests(copy: Path, tests: list[str], timeout_s: float) -> tuple[bool, float]:

@@ -246,9 +246,13 @@ def test_one_thread_on_its_own_core_is_never_blamed_for_cpu_contention(tmp_path)
 
 def test_more_threads_than_cores_among_busy_processes_is_cpu_contention(tmp_path):
     cores = len(os.sched_getaffinity(0))
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    spinning = [tmp_path / f"spinning-{n}" for n in range(cores)]  # readiness markers: each competitor runs
+    busy = [subprocess.Popen([sys.executable, "-c", f"open({str(path)!r}, 'w').close()\nwhile True: pass"])
+            for path in spinning]  # fmt: skip
     try:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 120
+        while not all(path.exists() for path in spinning) and time.monotonic() < deadline:
+            time.sleep(0.01)
         report = _run_alone(tmp_path, threads=2 * cores)
     finally:
         for process in busy:

@@ -63,8 +63,10 @@ def _skalpel(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(_command(*args), cwd=cwd, capture_output=True, text=True, timeout=300, **kwargs)
 
 
-def _signal_in_window(tmp_path: Path, script: Path, out: Path, *signums: int, gap_s: float = 0.0) -> subprocess.CompletedProcess:
-    """Start the run, wait until the script is inside the recorded window, send ``signums``."""
+def _signal_in_window(tmp_path: Path, script: Path, out: Path, *signums: int,
+                      between: str | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """Start the run, wait until the script is inside the recorded window, send ``signums``; with ``between``,
+    wait before each next signal until the script has written the marker path with that suffix."""
     marker = tmp_path / "in-window"
     args = _command("--out", str(out), "--wait", "1", "--warmup", "1", "--active", "200", str(script), str(marker))
     process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -72,9 +74,13 @@ def _signal_in_window(tmp_path: Path, script: Path, out: Path, *signums: int, ga
     while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists(), "the script never reached its recorded window"
-    for signum in signums:
+    for number, signum in enumerate(signums):
+        if number and between:
+            ready = marker.with_name(marker.name + between)
+            deadline = time.monotonic() + 120  # generous: only a hang reaches it
+            while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
         process.send_signal(signum)
-        time.sleep(gap_s)
     stdout, stderr = process.communicate(timeout=300)
     return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
 
@@ -124,14 +130,12 @@ def test_sigterm_after_the_script_ended_keeps_the_trace_and_says_what_the_folder
 
 
 def test_two_fast_ctrl_c_leave_a_readable_trace(tmp_path: Path) -> None:
-    script = _script(tmp_path, "loop()\n")
+    """The second Ctrl-C comes as soon as the first has unwound the script (its ``finally`` writes a marker):
+    it lands while skalpel writes the trace, analyses it, or says what it did; the exit status stays 130."""
+    script = _script(tmp_path, "try:\n    loop()\nfinally:\n    open(MARKER + '.unwound', 'w').close()\n")
     out = tmp_path / "run"
-    result = _signal_in_window(tmp_path, script, out, signal.SIGINT, signal.SIGINT, gap_s=0.15)
-    # Known open bug (about 1 run in 6 here): after a second Ctrl-C caught in the analysis and said so, the
-    # process sometimes still ends killed by SIGINT (-2) instead of exiting 130; what it wrote and said is whole.
-    assert result.returncode == 130 or (
-        result.returncode == -signal.SIGINT and "interrupted during the analysis" in result.stderr
-    ), result.stderr
+    result = _signal_in_window(tmp_path, script, out, signal.SIGINT, signal.SIGINT, between=".unwound")
+    assert result.returncode == 130, result.stderr
     _no_partial_files(out)
     assert _steps_in(out / "trace-rank0.json.gz") >= 1  # a whole gzip file whatever the second Ctrl-C hit
     assert "Traceback" not in result.stderr.split("KeyboardInterrupt")[-1]  # skalpel's own code shows none
