@@ -141,6 +141,38 @@ def test_two_fast_ctrl_c_leave_a_readable_trace(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr.split("KeyboardInterrupt")[-1]  # skalpel's own code shows none
 
 
+CAUGHT_IN_EXEC = """
+import sys
+
+from skalpel import cli
+
+real_main = cli.main
+
+
+def main(argv=None):
+    code = real_main(argv)
+    try:
+        exec("raise KeyboardInterrupt")  # a Ctrl-C in code built from a string (a dataclass in a lazy import)
+    except KeyboardInterrupt:
+        pass  # caught, as skalpel catches one in the analysis
+    return code
+
+
+cli.main = main
+sys.argv = ["skalpel", "explain", "no_such_finding"]
+cli.entry()
+"""
+
+
+def test_a_caught_ctrl_c_does_not_end_the_process_by_sigint(tmp_path: Path) -> None:
+    """The cause of the rare -2 after a second Ctrl-C: CPython kills itself with SIGINT at exit when a
+    KeyboardInterrupt once left exec'd code, however it was caught; skalpel's exit status must stand."""
+    (tmp_path / "caught_in_exec.py").write_text(CAUGHT_IN_EXEC)
+    done = subprocess.run([sys.executable, "-m", "caught_in_exec"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "unknown finding id" in done.stderr, (done.returncode, done.stderr)
+
+
 def test_script_with_its_own_sigterm_handler_keeps_its_exit_status_and_the_trace(tmp_path: Path) -> None:
     script = _script(
         tmp_path,
