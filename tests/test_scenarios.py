@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "examples" / "scenarios"
 SKALPEL = REPO / ".venv" / "bin" / "skalpel"
 QUICK = ("--wait", "0", "--warmup", "1", "--active", "4", "--stop-after-capture")
-# Run one at a time before the others: the quiet baseline, and tiny_ops, whose profiler-overhead
-# figure needs a machine that is not busy with the other runs (beside them it is inside the noise).
+# Run one at a time before the others: the quiet baseline, and tiny_ops, whose step is thousands of
+# microsecond ops (the runs beside it would stretch them; its profiler overhead is asserted measured, not its size).
 SOLO = {"baseline": ("--stop-after-capture",), "tiny_ops": QUICK}  # baseline: wait 1, warm-up 2, active 5
 PINNED = {"baseline"}  # the negative control: one core, one thread, whatever else the machine runs
 RUNS = {
