@@ -74,6 +74,8 @@ def test_message_bytes_from_both_arg_forms() -> None:
     assert message_bytes("all_gather", {"Input Dims": [[100]], "Input type": ["float"]}, 2) == 800
     assert message_bytes("all_reduce", {"Input Dims": [[394241]], "Input type": ["float"]}, 8) == 1576964
     assert message_bytes("barrier", {}, 2) == 0
+    # fewer types than shapes (a mutation run found no test of it): the shape without a type counts no bytes
+    assert message_bytes("all_reduce", {"Input Dims": [[4], [8]], "Input type": ["float"]}, 2) == 16
 
 
 def test_nccl_pair_analyses_as_one_job() -> None:
