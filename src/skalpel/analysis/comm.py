@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -86,7 +87,11 @@ class CommAnalysis:
         return any(rank.collectives for rank in self.ranks)
 
     def for_rank(self, rank: int) -> RankComm | None:
-        return next((item for item in self.ranks if item.rank == rank), None)
+        return self._by_rank.get(rank)
+
+    @cached_property
+    def _by_rank(self) -> dict[int, RankComm]:  # a job's ranks each look up their own: not a scan per rank
+        return {item.rank: item for item in reversed(self.ranks)}  # reversed: the first of a repeated rank wins
 
 
 def analyze_comm(trace: Trace, steps: StepSegmentation) -> CommAnalysis:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -75,9 +76,13 @@ class RankComparison:
     straggler: Straggler | None  # the rank the others wait for most; None with < 2 matched ranks
     warnings: tuple[str, ...]  # mixed runs, missing ranks, different step counts
 
+    @cached_property
+    def _by_rank(self) -> dict[int, RankTiming]:
+        return {timing.rank: timing for timing in self.ranks}
+
     def summary_of(self, rank: int) -> dict:
         """Plain-JSON figures of one rank for RankReport.extra['distributed'] (the per-rank comparison)."""
-        timing = next((t for t in self.ranks if t.rank == rank), None)
+        timing = self._by_rank.get(rank)
         if timing is None:
             return {}
         straggler = self.straggler
@@ -104,11 +109,14 @@ def compare_ranks(
     (``skalpel.job.join``); ``trace`` then only needs ``ranks`` and ``rank_ids``.
     """
     by_rank = {item.rank: list(item.collectives) for item in comm.ranks}
-    reference = trace.rank_ids[0]
+    rank_ids = trace.rank_ids
+    reference = rank_ids[0]
+    hosts = {info.rank: info.host for info in trace.ranks}
     groups = _match(by_rank, reference)
-    offsets = _offsets(groups, reference, {info.rank: info.host for info in trace.ranks})
+    offsets = _offsets(groups, reference, hosts)
     waits, last = _waits(groups, offsets)
-    timings = tuple(_timing(trace, steps, comm, rank, groups, offsets, waits, last) for rank in trace.rank_ids)
+    shared = _Shared(groups, offsets, waits, last, hosts, reference)
+    timings = tuple(_timing(steps, comm, rank, shared) for rank in rank_ids)
     usable = [g for g in groups if len(g) >= 2]
     warnings = consistency_warnings(trace, steps, {t.rank: (t.matched_collectives, len(by_rank[t.rank])) for t in timings})
     return RankComparison(
@@ -162,29 +170,49 @@ def _offsets(groups: list[dict[int, Collective]], reference: int, hosts: dict[in
     for rank in {rank for group in groups for rank in group}:
         host = hosts.get(rank)
         pools[host if host is not None else ("rank", rank)].append(rank)
+    pool_of = {rank: key for key, ranks in pools.items() for rank in ranks}
+    reference_host = hosts.get(reference)
+    estimated = {
+        key for key, ranks in pools.items()
+        if reference not in ranks and not (reference_host is not None and hosts.get(ranks[0]) == reference_host)
+    }  # fmt: skip
+    bounds = _Bounds.over(groups, reference, {rank: pool_of[rank] for rank in pool_of if pool_of[rank] in estimated})
     offsets: dict[int, float] = {}
-    for ranks in pools.values():
-        same_clock = hosts.get(reference) is not None and hosts.get(ranks[0]) == hosts.get(reference)
-        value = 0.0 if reference in ranks or same_clock else _estimate(groups, reference, set(ranks))
+    for key, ranks in pools.items():
+        value = bounds[key].estimate() if key in bounds else (None if key in estimated else 0.0)
         if value is not None:
             offsets.update({rank: value for rank in ranks})
     return offsets
 
 
-def _estimate(groups: list[dict[int, Collective]], reference: int, ranks: set[int]) -> float | None:
-    diffs, low, high = [], -np.inf, np.inf
-    for group in groups:
-        ref = group[reference]
-        if ref.type not in SYNCHRONISING:
-            continue
-        for rank in ranks.intersection(group):
-            call = group[rank]
-            diffs.append(call.end_us - ref.end_us)
-            low, high = max(low, call.start_us - ref.end_us), min(high, call.end_us - ref.start_us)
-    if not diffs:
-        return None
-    value = numeric.median(diffs)
-    return float(np.clip(value, low, high)) if low <= high else value
+class _Bounds:
+    """One pool's differences of matched collective ends against the reference, and what causality allows."""
+
+    def __init__(self) -> None:
+        self.diffs: list[float] = []
+        self.low, self.high = -np.inf, np.inf
+
+    @classmethod
+    def over(cls, groups: list[dict[int, Collective]], reference: int, pool_of: dict[int, object]) -> dict[object, _Bounds]:
+        """Every estimated pool's bounds, in one pass over the groups: O(ranks x collectives)."""
+        found: dict[object, _Bounds] = {}
+        for group in groups:
+            ref = group[reference]
+            if ref.type not in SYNCHRONISING:
+                continue
+            for rank, call in group.items():
+                key = pool_of.get(rank)
+                if key is None:
+                    continue
+                bounds = found.get(key) or found.setdefault(key, cls())
+                bounds.diffs.append(call.end_us - ref.end_us)
+                bounds.low = max(bounds.low, call.start_us - ref.end_us)
+                bounds.high = min(bounds.high, call.end_us - ref.start_us)
+        return found
+
+    def estimate(self) -> float:
+        value = numeric.median(self.diffs)
+        return float(np.clip(value, self.low, self.high)) if self.low <= self.high else value
 
 
 def _waits(groups: list[dict[int, Collective]], offsets: dict[int, float]) -> tuple[dict[int, float], dict[int, int]]:
@@ -202,28 +230,59 @@ def _waits(groups: list[dict[int, Collective]], offsets: dict[int, float]) -> tu
     return wait, last
 
 
-def _transfer_busbw(groups: list[dict[int, Collective]], offsets: dict[int, float], rank: int) -> dict[str, float]:
+@dataclass
+class _Shared:
+    """What every rank's timing reads of the job, worked out once: per rank, only its own groups are visited."""
+
+    groups: list[dict[int, Collective]]
+    offsets: dict[int, float]
+    waits: dict[int, float]
+    last: dict[int, int]
+    hosts: dict[int, str | None]
+    reference: int
+
+    @cached_property
+    def latest(self) -> list[float]:
+        """Each group's last aligned start (matched groups of 2+ ranks; NaN for the others)."""
+        offsets = self.offsets
+        return [
+            max(call.start_us - offsets.get(rank, 0.0) for rank, call in group.items()) if len(group) >= 2 else np.nan
+            for group in self.groups
+        ]
+
+    @cached_property
+    def matched(self) -> dict[int, list[int]]:
+        """rank -> the indices of the matched groups (2+ ranks) it takes part in, in order."""
+        found: dict[int, list[int]] = defaultdict(list)
+        for index, group in enumerate(self.groups):
+            if len(group) >= 2:
+                for rank in group:
+                    found[rank].append(index)
+        return found
+
+
+def _transfer_busbw(shared: _Shared, rank: int) -> dict[str, float]:
     """Bus bandwidth by type over the time after the last rank arrived: the transfer, not the wait."""
     moved: dict[str, float] = defaultdict(float)
     spent: dict[str, float] = defaultdict(float)
-    for group in groups:
-        call = group.get(rank)
-        if call is None or len(group) < 2 or call.nbytes <= 0:
+    offset = shared.offsets.get(rank, 0.0)
+    for index in shared.matched.get(rank, ()):
+        call = shared.groups[index][rank]
+        if call.nbytes <= 0:
             continue
-        latest = max(other.start_us - offsets.get(number, 0.0) for number, other in group.items())
-        transfer = call.end_us - max(latest + offsets.get(rank, 0.0), call.start_us)
+        transfer = call.end_us - max(shared.latest[index] + offset, call.start_us)
         if transfer > 0:
             moved[call.type] += call.nbytes * busbw_factor(call.type, call.group_size)
             spent[call.type] += transfer
     return {kind: moved[kind] / spent[kind] / 1e3 for kind in moved}
 
 
-def _timing(trace, steps, comm, rank, groups, offsets, waits, last) -> RankTiming:
+def _timing(steps: StepSegmentation, comm: CommAnalysis, rank: int, shared: _Shared) -> RankTiming:
     own = steps.for_rank(rank)
     count = max(len(own), 1)
     step_ms = numeric.median([s.duration_ms for s in own]) if own else 0.0
     rank_comm = comm.for_rank(rank)
-    wait_ms = waits.get(rank, 0.0) / count / 1000.0
+    wait_ms = shared.waits.get(rank, 0.0) / count / 1000.0
     return RankTiming(
         rank=rank,
         steps=len(own),
@@ -231,22 +290,21 @@ def _timing(trace, steps, comm, rank, groups, offsets, waits, last) -> RankTimin
         comm_ms_per_step=rank_comm.comm_ms_per_step if rank_comm else 0.0,
         wait_ms_per_step=wait_ms,
         busy_ms_per_step=max(step_ms - wait_ms, 0.0),
-        clock_offset_us=offsets.get(rank, 0.0),
-        clock=_clock_source(trace, rank, offsets),
-        matched_collectives=sum(1 for g in groups if rank in g and len(g) >= 2),
-        last_arrivals=last.get(rank, 0),
-        transfer_busbw_gbps=_transfer_busbw(groups, offsets, rank),
+        clock_offset_us=shared.offsets.get(rank, 0.0),
+        clock=_clock_source(shared, rank),
+        matched_collectives=len(shared.matched.get(rank, ())),
+        last_arrivals=shared.last.get(rank, 0),
+        transfer_busbw_gbps=_transfer_busbw(shared, rank),
     )
 
 
-def _clock_source(trace: Trace, rank: int, offsets: dict[int, float]) -> str:
-    hosts = {info.rank: info.host for info in trace.ranks}
-    reference = trace.rank_ids[0]
+def _clock_source(shared: _Shared, rank: int) -> str:
+    hosts, reference = shared.hosts, shared.reference
     if rank == reference:
         return "reference"
     if hosts.get(rank) is not None and hosts.get(rank) == hosts.get(reference):
         return "same host"
-    return "aligned" if rank in offsets else "raw"
+    return "aligned" if rank in shared.offsets else "raw"
 
 
 def _straggler(trace, steps, comm, timings, matched, profiles) -> Straggler | None:

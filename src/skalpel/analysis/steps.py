@@ -43,6 +43,7 @@ trace whose other ranks have them still gets its pseudo-step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -123,7 +124,14 @@ class StepSegmentation:
     unequal: tuple[UnequalStep, ...] = ()  # steps left out as holding other work (an epoch boundary, an evaluation)
 
     def for_rank(self, rank: int) -> list[Step]:
-        return [step for step in self.steps if step.rank == rank]
+        return list(self._by_rank.get(rank, ()))
+
+    @cached_property
+    def _by_rank(self) -> dict[int, list[Step]]:  # a job's ranks each look up their own: not a scan per rank
+        found: dict[int, list[Step]] = {}
+        for step in self.steps:
+            found.setdefault(step.rank, []).append(step)
+        return found
 
     @property
     def durations_ms(self) -> np.ndarray:

@@ -1,0 +1,84 @@
+"""Cross-rank analyses of a job of 1,000 ranks built in memory: the planted straggler and slow pair are named.
+
+The job (``tests/rankjob.py``) has 125 hosts of 8 ranks, each host's clock off by its own
+amount; one rank reaches every all_reduce late (its compute runs long), and one pair of
+ranks exchanges its send/recv ten times slower than every other pair. The comparison must
+align the clocks, name the straggler and where its time goes, and single out the slow pair
+by its transfer bandwidth, with every other rank quiet. ``benchmarks/many_ranks.py --cross-rank``
+times the same comparison from 125 to 1,000 ranks (it grows linearly).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from skalpel.analysis.rankcheck import consistency_warnings
+from skalpel.analysis.ranks import compare_ranks
+
+from .rankjob import Plan, build_job
+
+RANKS = 1000
+STRAGGLER = 333
+SLOW_PAIR = (500, 501)
+
+
+@pytest.fixture(scope="module")
+def planted():
+    job = build_job(Plan(RANKS, straggler=STRAGGLER, slow_pair=SLOW_PAIR))
+    return job, compare_ranks(job.trace, job.steps, job.comm, profiles=job.profiles)
+
+
+def test_clocks_of_125_hosts_are_aligned(planted) -> None:
+    job, comparison = planted
+    assert comparison.aligned and comparison.warnings == ()
+    assert [timing.rank for timing in comparison.ranks] == list(range(RANKS))
+    clocks = {timing.rank: timing.clock for timing in comparison.ranks}
+    assert clocks[0] == "reference" and all(clocks[rank] == "same host" for rank in range(1, 8))
+    assert all(clocks[rank] == "aligned" for rank in range(8, RANKS))
+    for timing in comparison.ranks:  # the planted offsets, within the jitter of the collective ends
+        assert timing.clock_offset_us == pytest.approx(job.host_offsets_us[timing.rank], abs=25)
+    assert all(timing.matched_collectives == 12 for timing in comparison.ranks)  # 4 steps x 3 collectives
+
+
+def test_the_straggler_is_named_with_where_its_time_goes(planted) -> None:
+    _, comparison = planted
+    straggler = comparison.straggler
+    assert straggler.rank == STRAGGLER
+    assert straggler.last_arrival_pct == 100.0 * 8 / 12  # last at each all_reduce, not at the send/recv
+    assert straggler.imposed_wait_ms_per_step == pytest.approx(2 * 6.0, abs=0.5)  # 6 ms late at 2 all_reduces a step
+    assert straggler.excess[0].category == "compute kernels"
+    assert straggler.excess[0].extra_ms_per_step == pytest.approx(6.0)
+    summaries = {rank: comparison.summary_of(rank) for rank in range(RANKS)}
+    assert [rank for rank, summary in summaries.items() if summary["straggler_candidate"]] == [STRAGGLER]
+    waits = sorted(timing.wait_ms_per_step for timing in comparison.ranks)
+    assert waits[0] < 0.5 < 11.0 < waits[1]  # it waits for nobody; every other rank waits for it
+
+
+def test_the_slow_pair_is_singled_out_by_its_transfer_bandwidth(planted) -> None:
+    _, comparison = planted
+    send = {timing.rank: timing.transfer_busbw_gbps["send_recv"] for timing in comparison.ranks}
+    typical = statistics.median(send.values())
+    assert sorted(rank for rank, value in send.items() if value < typical / 2) == list(SLOW_PAIR)
+    assert all(send[rank] < typical / 8 for rank in SLOW_PAIR)
+    reduce = {timing.rank: timing.transfer_busbw_gbps["all_reduce"] for timing in comparison.ranks}
+    typical_reduce = statistics.median(reduce.values())
+    assert all(value > typical_reduce / 2 for value in reduce.values())  # the all_reduces of the pair are not slow
+
+
+def test_a_job_without_plants_has_no_outlier() -> None:
+    job = build_job(Plan(RANKS))
+    comparison = compare_ranks(job.trace, job.steps, job.comm, profiles=job.profiles)
+    waits = [timing.wait_ms_per_step for timing in comparison.ranks]
+    assert max(waits) < 0.5  # ranks arrive within jitter of each other: nobody waits for anybody
+    send = [timing.transfer_busbw_gbps["send_recv"] for timing in comparison.ranks]
+    assert min(send) > statistics.median(send) / 2
+
+
+def test_missing_ranks_are_one_warning_in_ranges() -> None:
+    job = build_job(Plan(RANKS))
+    kept = [info for info in job.trace.ranks if not 100 <= info.rank < 200 and info.rank != 999]
+    job.trace.ranks = tuple(kept)
+    warnings = consistency_warnings(job.trace, job.steps)
+    assert len(warnings) == 1 and "missing: 100-199, 999" in warnings[0]
