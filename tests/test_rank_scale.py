@@ -10,6 +10,7 @@ times the same comparison from 125 to 1,000 ranks (it grows linearly).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
@@ -82,3 +83,21 @@ def test_missing_ranks_are_one_warning_in_ranges() -> None:
     job.trace.ranks = tuple(kept)
     warnings = consistency_warnings(job.trace, job.steps)
     assert len(warnings) == 1 and "missing: 100-199, 999" in warnings[0]
+
+
+def test_ranks_that_disagree_are_one_warning_per_kind_in_ranges() -> None:
+    job = build_job(Plan(RANKS))
+    late = {step for step in job.steps.steps if step.rank >= 500 and step.number == 4}  # ranks 500-999 recorded 3 steps
+    job.steps = type(job.steps)(tuple(step for step in job.steps.steps if step not in late), marked=True)
+    job.trace.ranks = tuple(
+        dataclasses.replace(info, world_size=2000, job="run-b") if info.rank in (7, 8, 9, 640)
+        else dataclasses.replace(info, job="run-a") for info in job.trace.ranks
+    )
+    warnings = consistency_warnings(job.trace, job.steps)
+    assert len(warnings) == 4, warnings
+    world, runs, missing, steps = (next(w for w in warnings if key in w) for key in ("world size", "different runs", "missing", "steps"))
+    assert "(ranks 7-9, 640: 2000; ranks 0-6, 10-639, 641-999: 1000)" in world  # the odd ones first
+    assert "(ranks 7-9, 640: run-b; ranks 0-6, 10-639, 641-999: run-a)" in runs
+    assert "missing: 1000-1999" in missing
+    assert "(ranks 0-499: 4; ranks 500-999: 3)" in steps
+    assert max(len(w) for w in warnings) < 400

@@ -11,6 +11,7 @@ from ..trace.model import Trace
 from .steps import StepSegmentation
 
 MIN_MATCHED_SHARE = 0.5  # below this share of a rank's collectives matched, the ranks look like different runs
+LISTED = 8  # ranks named one by one up to this many; past it, the ranks of one value are one range (a job of 1,000)
 
 
 def consistency_warnings(
@@ -38,7 +39,7 @@ def _mixed_runs(trace: Trace) -> str | None:
     jobs = {info.rank: info.job for info in trace.ranks if info.job}
     if len(set(jobs.values())) <= 1:
         return None
-    listing = ", ".join(f"rank {rank}: {job}" for rank, job in sorted(jobs.items()))
+    listing = _listing(jobs)
     return (
         f"the rank files come from different runs ({listing}); cross-rank figures compare unrelated "
         "captures: analyse each run's folder on its own"
@@ -49,7 +50,7 @@ def _disagreeing(trace: Trace, what: str, value) -> str | None:
     values = {info.rank: value(info) for info in trace.ranks if value(info) is not None}
     if len(set(values.values())) <= 1:
         return None
-    listing = ", ".join(f"rank {rank}: {item}" for rank, item in sorted(values.items()))
+    listing = _listing(values)
     return f"the rank files disagree on the {what} ({listing}): files of different jobs mixed in one folder?"
 
 
@@ -72,27 +73,38 @@ def _step_counts(trace: Trace, steps: StepSegmentation) -> str | None:
     numbers = {rank: [s.number for s in steps.for_rank(rank)] for rank in trace.rank_ids}
     counts = {rank: len(values) for rank, values in numbers.items()}
     if len(set(counts.values())) > 1:
-        listing = ", ".join(f"rank {rank}: {count}" for rank, count in sorted(counts.items()))
+        listing = _listing(counts)
         return f"the ranks recorded different numbers of steps ({listing}); per-rank figures use each rank's own steps"
     spans = {rank: (min(values), max(values)) for rank, values in numbers.items() if values}
     if len(set(spans.values())) > 1:
-        listing = ", ".join(f"rank {rank}: #{lo}-#{hi}" for rank, (lo, hi) in sorted(spans.items()))
+        listing = _listing(spans, lambda span: f"#{span[0]}-#{span[1]}")
         return f"the ranks recorded different steps ({listing}): different runs or capture windows?"
     return None
 
 
 def _unmatched(matched: dict[int, tuple[int, int]]) -> str | None:
-    poor = [
-        f"rank {rank}: {hits} of {total}"
-        for rank, (hits, total) in sorted(matched.items())
-        if total and hits < MIN_MATCHED_SHARE * total
-    ]
+    poor = {rank: (hits, total) for rank, (hits, total) in matched.items() if total and hits < MIN_MATCHED_SHARE * total}
     if not poor:
         return None
     return (
-        "few collectives match across ranks (" + ", ".join(poor) + " matched): the files may come from "
+        "few collectives match across ranks (" + _listing(poor, lambda pair: f"{pair[0]} of {pair[1]}")
+        + " matched): the files may come from "
         "different runs, or the traces were sampled; waits and clock offsets use the matched ones only"
     )
+
+
+def _listing(values: dict[int, object], show=str) -> str:
+    """'rank 0: 8, rank 1: 128' for a few ranks; for more, one range of ranks per value, the rarest values first."""
+    if len(values) <= LISTED:
+        return ", ".join(f"rank {rank}: {show(value)}" for rank, value in sorted(values.items()))
+    by_value: dict[object, list[int]] = {}
+    for rank, value in sorted(values.items()):
+        by_value.setdefault(value, []).append(rank)
+    groups = sorted(by_value.items(), key=lambda item: (len(item[1]), item[1][0]))
+    shown = [f"rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}: {show(value)}" for value, ranks in groups[:LISTED]]
+    if len(groups) > LISTED:
+        shown.append(f"{len(groups) - LISTED} more values on {sum(len(ranks) for _, ranks in groups[LISTED:])} ranks")
+    return "; ".join(shown)
 
 
 def _ranges(values: list[int]) -> str:
