@@ -53,7 +53,7 @@ _DTYPE_BYTES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a job's driver holds every rank's collectives (ranks x collectives)
 class Collective:
     """One collective call: its type, when it ran, its size and its group."""
 
