@@ -101,3 +101,16 @@ def test_ranks_that_disagree_are_one_warning_per_kind_in_ranges() -> None:
     assert "missing: 1000-1999" in missing
     assert "(ranks 0-499: 4; ranks 500-999: 3)" in steps
     assert max(len(w) for w in warnings) < 400
+
+
+def test_long_runs_of_equal_sizes_match_and_a_rank_that_missed_some_matches_the_rest() -> None:
+    job = build_job(Plan(16, steps=400))  # 1,200 collectives a rank, all_reduces all of one size
+    comm = {rank.rank: rank for rank in job.comm.ranks}
+    gap = comm[5].collectives
+    gap = gap[:600] + gap[606:]  # rank 5 missed two steps' collectives in the middle
+    job.comm = type(job.comm)(tuple(dataclasses.replace(item, collectives=gap) if item.rank == 5 else item
+                                    for item in job.comm.ranks))  # fmt: skip
+    comparison = compare_ranks(job.trace, job.steps, job.comm, profiles=job.profiles)
+    matched = {timing.rank: timing.matched_collectives for timing in comparison.ranks}
+    assert matched[5] == 1194 and all(matched[rank] == 1200 for rank in matched if rank != 5)
+    assert comparison.warnings == ()

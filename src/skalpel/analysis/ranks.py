@@ -150,13 +150,31 @@ def _match(by_rank: dict[int, list[Collective]], reference: int) -> list[dict[in
 
 
 def _pairs(kind: str, ref_keys: list[int], mine: list[Collective]) -> list[tuple[int, Collective]]:
-    """(reference position, collective): in order when sizes may differ per rank, else on equal sizes."""
+    """(reference position, collective): in order when sizes may differ per rank, else on equal sizes.
+
+    difflib costs the product of the lengths on sizes that repeat (every step's all_reduce of one
+    bucket), so the common head and tail are paired first, in order, and only what lies between
+    goes to it: a rank that recorded the reference's sequence costs its length (a job's usual case).
+    """
     if kind in _UNEVEN and len(mine) == len(ref_keys):
         return list(enumerate(mine))  # uneven all_to_all splits: each rank moves its own byte count
+    keys = [c.nbytes for c in mine]
+    if keys == ref_keys:
+        return list(enumerate(mine))
+    head = 0
+    while head < len(keys) and head < len(ref_keys) and keys[head] == ref_keys[head]:
+        head += 1
+    tail = 0
+    while tail < len(keys) - head and tail < len(ref_keys) - head and keys[-1 - tail] == ref_keys[-1 - tail]:
+        tail += 1
     import difflib  # here: a one-rank analysis never needs it (1-2 ms of `skalpel analyze`'s start)
 
-    matcher = difflib.SequenceMatcher(None, ref_keys, [c.nbytes for c in mine], autojunk=False)
-    return [(block.a + step, mine[block.b + step]) for block in matcher.get_matching_blocks() for step in range(block.size)]
+    matcher = difflib.SequenceMatcher(None, ref_keys[head : len(ref_keys) - tail], keys[head : len(keys) - tail], autojunk=False)
+    middle = [
+        (head + block.a + step, mine[head + block.b + step]) for block in matcher.get_matching_blocks() for step in range(block.size)
+    ]
+    end = [(len(ref_keys) - tail + step, mine[len(keys) - tail + step]) for step in range(tail)]
+    return [(position, mine[position]) for position in range(head)] + middle + end
 
 
 def _offsets(groups: list[dict[int, Collective]], reference: int, hosts: dict[int, str | None]) -> dict[int, float]:
