@@ -24,7 +24,8 @@ equal to the whole one's (or to the first configuration's when "whole" is not ru
 
 ``--cross-rank`` times ``analysis.ranks.compare_ranks`` alone on jobs built in memory
 (``tests/rankjob.py``: 8 ranks a host, 4 steps, 3 collectives a step), from 125 to --ranks
-ranks: it must grow as ranks x collectives, not as ranks squared.
+ranks, then 8 ranks of 300 to 4,800 collectives: it must grow as ranks x collectives, not as the
+square of either.
 """
 
 from __future__ import annotations
@@ -255,6 +256,14 @@ def _cross_rank(largest: int) -> None:
         found = comparison.straggler.rank == ranks // 3 and slow == [ranks // 2, ranks // 2 + 1]
         print(f"{ranks:6d}{collectives:13d}{seconds:9.3f}{1e6 * seconds / ranks / collectives:19.1f}  {'yes' if found else 'NO'}")
         ranks *= 2
+    for steps in (100, 400, 1600):  # long runs of collectives of one size: matching must stay linear in them too
+        job = build_job(Plan(8, steps=steps, straggler=3))
+        started = time.process_time()
+        comparison = compare_ranks(job.trace, job.steps, job.comm, profiles=job.profiles)
+        seconds = time.process_time() - started
+        collectives = len(job.comm.ranks[0].collectives)
+        print(f"{8:6d}{collectives:13d}{seconds:9.3f}{1e6 * seconds / 8 / collectives:19.1f}  "
+              f"{'yes' if comparison.straggler.rank == 3 else 'NO'} (straggler only)")
 
 
 def _label(mode: str, cores: int) -> str:

@@ -17,9 +17,10 @@ Measured here, each in a fresh process pinned to one core (``sched_setaffinity``
 The rank is the synthetic trace of ``load_speed.py`` (HTA's df_index_resolver replicated to
 --size-mb, in a temporary folder, deleted after). The projection for --ranks ranks of that size
 on --cores cores: Ray's start + ceil(ranks / cores) waves x (rank seconds + Ray's round trip) +
-the driver's join of the summaries (--join-s: ``many_ranks.py`` prints it for 1,000 ranks; the
-join reads summaries, so it does not grow with the rank's size). Per-worker memory is the rank's
-peak RSS; the driver holds every summary (ranks x summary size). Targets (issue 25): under 5
+the driver's join of the summaries (--join-s; by default its rank comparison, which grows as ranks x
+collectives a rank: timed on 64 in-memory ranks with as many collectives as the measured rank has,
+and scaled). Per-worker memory is the rank's peak RSS; the driver holds every summary (ranks x
+summary size). Targets (issue 25): under 5
 minutes and under 2 GB per worker.
 """
 
@@ -53,7 +54,8 @@ summary = summarize_rank(SummaryRequest(Path(sys.argv[1]), int(sys.argv[2])))
 done = time.perf_counter()
 print("RANK " + json.dumps({"seconds": done - imported, "import_s": imported - started, "cpu_s": time.process_time() - cpu,
       "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "failed": type(summary).__name__ != "RankSummary",
-      "summary_bytes": len(pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL))}), flush=True)
+      "summary_bytes": len(pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)),
+      "collectives": len(summary.comm.for_rank(summary.info.rank).collectives) if summary.comm else 0}), flush=True)
 """
 
 _RAY_CHILD = """
@@ -111,8 +113,8 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=1024, help="size of the measured rank (1024)")
     parser.add_argument("--ranks", type=int, default=1000, help="ranks of the projected job (1000)")
     parser.add_argument("--cores", type=int, default=64, help="cores of the projected cluster (64)")
-    parser.add_argument("--join-s", type=float, default=None, help="the driver's join of --ranks summaries, seconds "
-                        "(many_ranks.py prints it); not given: left out of the projection, and said so")  # fmt: skip
+    parser.add_argument("--join-s", type=float, default=None, help="the driver's join of --ranks summaries, seconds; "
+                        "default: its rank comparison, estimated from the rank's collectives")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=1, help="runs of the rank (1; the median is used)")
     parser.add_argument("--ray-tasks", type=int, default=50, help="Ray round trips timed (50)")
     parser.add_argument("--no-analyze", action="store_true", help="do not time the whole `skalpel analyze` process")
@@ -132,7 +134,7 @@ def main() -> None:
         runs = [_run([sys.executable, "-c", _RANK_CHILD, str(path), str(args.ranks)], "RANK") for _ in range(args.repeats)]
         if any("error" in run for run in runs):
             sys.exit(f"the rank failed: {next(run['error'] for run in runs if 'error' in run)}")
-        rank = {key: statistics.median(run[key] for run in runs) for key in ("seconds", "cpu_s", "import_s", "rss_mib", "summary_bytes")}
+        rank = {key: statistics.median(run[key] for run in runs) for key in ("seconds", "cpu_s", "import_s", "rss_mib", "summary_bytes", "collectives")}
         print(f"  worker (summarize_rank): {rank['seconds']:.2f} s ({rank['cpu_s']:.2f} s CPU) + {rank['import_s']:.2f} s "
               f"imports, {size / 1e6 / rank['seconds']:.1f} MB/s ({size / 1e6 / rank['cpu_s']:.1f} MB/s of CPU), peak RSS {rank['rss_mib']:,.0f} MiB "
               f"({rank['rss_mib'] * 2**20 / size:.2f}x the file), summary {rank['summary_bytes'] / 1024:,.0f} KiB", flush=True)  # fmt: skip
@@ -152,9 +154,27 @@ def main() -> None:
                 ray = measured
                 print(f"  Ray: local start {ray['init_s']:.2f} s; a task's round trip with a {rank['summary_bytes'] / 1024:,.0f} KiB "
                       f"result {1000 * ray['task_s']:.1f} ms (p90 {1000 * ray['task_p90_s']:.1f} ms)", flush=True)  # fmt: skip
+        if args.join_s is None:
+            args.join_s = _comparison_s(args.ranks, int(rank["collectives"]))
         _project(args, size, rank, ray)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _comparison_s(ranks: int, collectives: int) -> float:
+    """The driver's rank comparison of ``ranks`` ranks of ``collectives`` each, from its cost per collective on a
+    job of 64 such ranks built in memory (``tests/rankjob.py``): the part of the join that grows with the ranks' size."""
+    sys.path.insert(0, str(HERE.parent))
+    from skalpel.analysis.ranks import compare_ranks
+    from tests.rankjob import Plan, build_job
+
+    job = build_job(Plan(64, steps=max(1, math.ceil(collectives / 3))))
+    started = time.process_time()
+    compare_ranks(job.trace, job.steps, job.comm, profiles=job.profiles)
+    per_call = (time.process_time() - started) / sum(len(rank.collectives) for rank in job.comm.ranks)
+    print(f"  the driver's rank comparison: {1e6 * per_call:.1f} us a collective (64 in-memory ranks of {collectives:,}); "
+          f"{ranks:,} ranks x {collectives:,} collectives: {per_call * ranks * collectives:.0f} s", flush=True)  # fmt: skip
+    return per_call * ranks * collectives
 
 
 def _project(args, size: int, rank: dict, ray: dict) -> None:
@@ -172,7 +192,7 @@ def _project_from(args, size: int, rank: dict, ray: dict, label: str, rank_s: fl
           f"{waves} waves of {per_wave:.1f} s")  # fmt: skip
     print(f"  wall time {wall:.0f} s ({wall / 60:.1f} min; target under {TARGET_S / 60:.0f} min): "
           f"Ray start {ray['init_s']:.1f} s + {waves} x {per_wave:.1f} s + join {join:.1f} s"
-          + ("" if args.join_s is not None else " (not given: --join-s)"))  # fmt: skip
+          + " (the rank comparison, estimated; --join-s to give a measured join)")  # fmt: skip
     print(f"  per worker: peak RSS {rank['rss_mib']:,.0f} MiB (target under {TARGET_WORKER_MIB:,.0f} MiB); "
           f"driver: {args.ranks:,} summaries of {rank['summary_bytes'] / 1024:,.0f} KiB = "
           f"{args.ranks * rank['summary_bytes'] / 2**20:,.0f} MiB pickled")  # fmt: skip
