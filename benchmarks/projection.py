@@ -197,8 +197,10 @@ def _project_from(args, size: int, rank: dict, ray: dict, label: str, rank_s: fl
           f"driver: {args.ranks:,} summaries of {rank['summary_bytes'] / 1024:,.0f} KiB = "
           f"{args.ranks * rank['summary_bytes'] / 2**20:,.0f} MiB pickled")  # fmt: skip
     verdict = "meets" if wall < TARGET_S and rank["rss_mib"] < TARGET_WORKER_MIB else "misses"
-    print(f"  {verdict} the targets; MB/s per core needed for {TARGET_S / 60:.0f} min: "
-          f"{size / 1e6 / max((TARGET_S - ray['init_s'] - join) / waves - ray['task_s'], 1e-9):.0f}")  # fmt: skip
+    left = (TARGET_S - ray["init_s"] - join) / waves - ray["task_s"]  # seconds a rank may take
+    needed = f"MB/s per core needed for {TARGET_S / 60:.0f} min: {size / 1e6 / left:.0f}" if left > 0 else (
+        f"Ray's start and the join alone take {ray['init_s'] + join:.0f} s of the {TARGET_S:.0f}")
+    print(f"  {verdict} the targets; {needed}")
 
 
 if __name__ == "__main__":
