@@ -224,8 +224,11 @@ class _Bounds:
                     continue
                 bounds = found.get(key) or found.setdefault(key, cls())
                 bounds.diffs.append(call.end_us - ref.end_us)
-                bounds.low = max(bounds.low, call.start_us - ref.end_us)
-                bounds.high = min(bounds.high, call.end_us - ref.start_us)
+                low, high = call.start_us - ref.end_us, call.end_us - ref.start_us
+                if low > bounds.low:  # max() and min() as comparisons: this runs ranks x collectives times
+                    bounds.low = low
+                if high < bounds.high:
+                    bounds.high = high
         return found
 
     def estimate(self) -> float:
@@ -242,8 +245,14 @@ def _waits(groups: list[dict[int, Collective]], offsets: dict[int, float]) -> tu
             continue
         starts = {rank: call.start_us - offsets.get(rank, 0.0) for rank, call in group.items()}
         latest = max(starts.values())
-        for rank, call in group.items():
-            wait[rank] += min(max(latest - starts[rank], 0.0), call.dur_us)
+        for rank, call in group.items():  # min(max(latest - start, 0), duration), as comparisons: ranks x collectives
+            gap = latest - starts[rank]
+            if 0.0 > gap:
+                gap = 0.0
+            duration = call.end_us - call.start_us
+            if duration < gap:
+                gap = duration
+            wait[rank] += gap
         last[max(starts, key=starts.get)] += 1
     return wait, last
 
@@ -258,6 +267,7 @@ class _Shared:
     last: dict[int, int]
     hosts: dict[int, str | None]
     reference: int
+    factors: dict[tuple[str, int], float] = field(default_factory=dict)  # busbw factor by (type, group size)
 
     @cached_property
     def latest(self) -> list[float]:
@@ -284,13 +294,21 @@ def _transfer_busbw(shared: _Shared, rank: int) -> dict[str, float]:
     moved: dict[str, float] = defaultdict(float)
     spent: dict[str, float] = defaultdict(float)
     offset = shared.offsets.get(rank, 0.0)
+    groups, latest, factors = shared.groups, shared.latest, shared.factors
     for index in shared.matched.get(rank, ()):
-        call = shared.groups[index][rank]
+        call = groups[index][rank]
         if call.nbytes <= 0:
             continue
-        transfer = call.end_us - max(shared.latest[index] + offset, call.start_us)
+        start = latest[index] + offset
+        if call.start_us > start:
+            start = call.start_us
+        transfer = call.end_us - start
         if transfer > 0:
-            moved[call.type] += call.nbytes * busbw_factor(call.type, call.group_size)
+            key = (call.type, call.group_size)
+            factor = factors.get(key)
+            if factor is None:
+                factor = factors[key] = busbw_factor(call.type, call.group_size)
+            moved[call.type] += call.nbytes * factor
             spent[call.type] += transfer
     return {kind: moved[kind] / spent[kind] / 1e3 for kind in moved}
 
