@@ -69,6 +69,12 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
         "(host:port, ray://host:port or auto; default RAY_ADDRESS, else a local instance). Needs skalpel[ray]; "
         "put it after the PATHs",
     )  # fmt: skip
+    parser.add_argument(
+        "--rank", type=_rank_number, action="append", default=[], metavar="R",
+        help="in a job of more than 8 ranks, also show rank R's panel (repeatable; the outliers and one rank of "
+        "each group of ranks alike are shown anyway)",
+    )  # fmt: skip
+    parser.add_argument("--all-ranks", action="store_true", help="show every rank's panel, however many ranks")
     parser.set_defaults(handler=_cmd_analyze)
 
 
@@ -94,7 +100,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         return 0
     from .report import terminal
 
-    terminal.print_report(report)
+    terminal.print_report(report, ranks=tuple(args.rank), all_ranks=args.all_ranks)
     terminal.print_written(write(report, files, options))
     return 0
 
@@ -315,6 +321,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def _rank_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a rank number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a rank is 0 or more, got {value}")
     return value
 
 

@@ -168,3 +168,18 @@ ALLOCATOR_CHURN = Threshold(
 )
 # A GPU run: launch calls on the host but (almost) none of their device work recorded.
 DEVICE_ACTIVITY_MISSING = Threshold(90.0, "of the launch calls with no device work recorded", 10.0, "launch calls")
+
+# --- a job of many ranks (job/summary.py, job/across.py) ------------------------------------------
+# A rank is an outlier by a figure (step time, compute, communication, collective wait, idle) when its
+# robust z-score, 0.6745 (x - median) / MAD, is beyond RANK_OUTLIER_Z (3.5: Iglewicz and Hoaglin's
+# cut) and it differs from the median by RANK_OUTLIER_MIN_DIFF of the median or more: ranks that are
+# all alike (MAD 0) have no outliers for a difference of a rounding.
+RANK_OUTLIER_Z = 3.5
+RANK_OUTLIER_MIN_DIFF = 0.05
+# Two ranks are alike (one group) when each share of their step time differs by at most
+# RANK_GROUP_SHARE_PP percentage points and their step times by at most RANK_GROUP_STEP of the larger.
+RANK_GROUP_SHARE_PP = 5.0
+RANK_GROUP_STEP = 0.10
+RANK_OUTLIER_MIN_MS = 0.05  # ... and by this much at least, for figures in ms
+RANK_OUTLIER_MIN_PP = 1.0  # ... or in percentage points, for shares
+RANK_OUTLIER_MAX_SHARE = 0.10  # more ranks than this beyond the cut are a group of their own, not outliers

@@ -24,6 +24,8 @@ from ..result.report import (
     StepStats,
 )
 from ..trace.model import Trace
+from .across import across_ranks
+from .summary import job_summary
 
 _NO_STEPS_WARNING = (
     "the trace has no ProfilerStep markers: each rank's whole trace is treated as one step "
@@ -70,9 +72,10 @@ def assemble_report(
         source=_source(trace, analyses),
         steps=_step_stats(analyses),
         ranks=ranks,
-        findings=findings,
+        findings=across_ranks(findings, ranks),  # one finding for the ranks that raise it alike
         capture=capture,
         warnings=warnings,
+        job=job_summary(ranks),
     )
 
 

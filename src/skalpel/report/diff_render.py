@@ -51,7 +51,7 @@ def render(result: DiffResult) -> list:
         body.append(Text(mover_line(result)))
     body += [_finding_line("appeared", "red", change.after) for change in result.appeared]
     body += [_finding_line("disappeared", "green", change.before) for change in result.disappeared]
-    body += [_finding_line("still there", "yellow", change.after) for change in _serious(result.persisting)]
+    body += [_finding_line("still there", "yellow", change.after, change.before) for change in _serious(result.persisting)]
     out.append(Panel(Group(*body), title=Text(f"{result.before_label} -> {result.after_label}"), title_align="left"))
     if result.categories:
         table = Table(title="step time by category (biggest movers first)", title_justify="left")
@@ -82,10 +82,19 @@ def _serious(changes: tuple[FindingChange, ...]) -> list[FindingChange]:
     return [c for c in changes if c.after is not None and c.after.severity != "info"]
 
 
-def _finding_line(word: str, style: str, finding: Any) -> Text:
+def _finding_line(word: str, style: str, finding: Any, before: Any = None) -> Text:
     text = Text(f"{word:12}", style=style)
-    text.append(f"{finding.severity} {finding.id}: {finding.title}")
+    text.append(f"{finding.severity} {finding.id}: {finding.title}{ranks_moved(finding, before)}")
     return text
+
+
+def ranks_moved(finding: Any, before: Any = None) -> str:
+    """' (ranks 0-255)', or ' (ranks 0-255 -> 3)' when a job's finding holds on other ranks than before."""
+    now = finding.across.ranks if finding.across is not None else None
+    then = before.across.ranks if before is not None and before.across is not None else None
+    if now is None:
+        return ""
+    return f" (ranks {then} -> {now})" if then is not None and then != now else f" (ranks {now})"
 
 
 def _movers_table(title: str, rows: tuple[OpDelta, ...]) -> Table:
@@ -130,7 +139,7 @@ def render_html(result: DiffResult) -> str:
     changes = [("appeared", c.after) for c in result.appeared] + [("disappeared", c.before) for c in result.disappeared]
     changes += [("still there", c.after) for c in _serious(result.persisting)]
     items = "".join(f"<li><strong>{escape(word)}</strong>: {escape(f.severity)} <code>{escape(f.id)}</code> "
-                    f"{escape(f.title)}</li>" for word, f in changes if f is not None)  # fmt: skip
+                    f"{escape(f.title + ranks_moved(f))}</li>" for word, f in changes if f is not None)  # fmt: skip
     body.append(parts.section("verdict", "Verdict", verdict + (f"<ul>{items}</ul>" if items else "<p>No finding appeared or disappeared.</p>")))
     if result.categories:
         from . import html_svg as svg

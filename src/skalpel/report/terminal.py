@@ -6,6 +6,7 @@ The renderer is handed a Console; tests give it a fixed-width, colourless one.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Iterable
 
@@ -18,15 +19,21 @@ from ..display import cut_name, for_terminal, plain
 from ..result.report import Finding, RankReport, Report, sorted_findings
 from .evidence import evidence_text, mfu_text
 from .terminal_comm import comm_line, ranks_table
+from .terminal_job import detailed_ranks, job_panel, summarised
 
 NOT_JUDGED = "not_judged"
 SEVERITY_STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 TOP_OPS = 10
+SIDE_BY_SIDE = 8  # outlier ranks of a large job in the ranks-side-by-side table
+BRIEF_OPS = 3  # a job of many ranks: the panels of its outliers and representatives are a few lines
 
 
-def print_report(report: Report, *, console: Console | None = None) -> None:
+def print_report(report: Report, *, console: Console | None = None, ranks: tuple[int, ...] = (),
+                 all_ranks: bool = False) -> None:  # fmt: skip
+    """Print the report; in a job of many ranks ``ranks`` get a panel besides the outliers and representatives,
+    and ``all_ranks`` gives every rank one."""
     console = console or Console()
-    for renderable in render(report):
+    for renderable in render(report, ranks=ranks, all_ranks=all_ranks):
         console.print(renderable)
 
 
@@ -56,14 +63,21 @@ class _Discard:
         pass
 
 
-def render(report: Report) -> list:
+def render(report: Report, *, ranks: tuple[int, ...] = (), all_ranks: bool = False) -> list:
     report = for_terminal(report)  # names from the trace: control characters escaped, lengths bounded
-    parts: list = [_verdict(report), _steps(report)]
-    ranks = ranks_table(report)
-    if ranks is not None:
-        parts.append(ranks)
+    many = summarised(report)
+    parts: list = [_verdict(report, brief=many), _steps(report)]
+    if many:
+        parts.append(job_panel(report, ranks))
+    detailed = set(detailed_ranks(report, ranks, all_ranks))
+    # Side by side: every rank of a small job; of a large one, the outliers and the ranks asked for.
+    side = set(report.job.outliers[:SIDE_BY_SIDE]) | set(ranks) if many and not all_ranks and report.job else detailed
+    table = ranks_table(dataclasses.replace(report, ranks=tuple(r for r in report.ranks if r.rank in side)))
+    if table is not None:
+        parts.append(table)
     for rank in report.ranks:
-        parts.append(_rank_panel(report, rank))
+        if rank.rank in detailed:
+            parts.append(_rank_panel(report, rank, brief=many and not all_ranks))
     if report.capture is not None:
         parts.append(_capture(report))
     if report.warnings:
@@ -71,13 +85,13 @@ def render(report: Report) -> list:
     return parts
 
 
-def _verdict(report: Report) -> Panel:
+def _verdict(report: Report, *, brief: bool = False) -> Panel:
     findings = sorted_findings(report.findings)
     serious = [finding for finding in findings if finding.severity != "info"]
     # Rules that could not judge this trace are one dim line each, after the answer.
     judged = [finding for finding in findings if finding.id != NOT_JUDGED]
     notes = [finding for finding in findings if finding.id == NOT_JUDGED]
-    parts: list = [_finding_text(finding) for finding in judged]
+    parts: list = [_finding_text(finding, brief=brief) for finding in judged]
     if not judged:
         parts.append(Text("No findings were produced for this trace."))
     parts.extend(Text(finding.title, style="dim") for finding in notes)  # the title says "Not judged (why): ids"
@@ -85,12 +99,18 @@ def _verdict(report: Report) -> Panel:
     return Panel(Group(*parts), title=title, title_align="left")
 
 
-def _finding_text(finding: Finding) -> Text:
+def _finding_text(finding: Finding, *, brief: bool = False) -> Text:
+    """A finding; ``brief`` (a job of many ranks): one on several ranks says where and how it spreads, without
+    its worst rank's whole evidence (report.json keeps every rank's)."""
     text = Text()
     text.append(f"{finding.severity.upper():8}", style=SEVERITY_STYLES.get(finding.severity, ""))
     text.append(f" {finding.title}", style="bold")
     text.append(f"  [{finding.id}]\n", style="dim")
-    if finding.evidence:
+    across = finding.across
+    if across is not None:
+        worst = f" (the title is rank {across.worst[0]}'s)" if across.count > 1 and across.worst else ""
+        text.append(f"         ranks: {across.describe()}{worst}\n")
+    if finding.evidence and not (brief and across is not None and across.count > 1):
         text.append(f"         evidence: {evidence_text(finding.evidence)}\n")
     if finding.locations:
         text.append(f"         where: {', '.join(finding.locations[:3])}\n")
@@ -112,7 +132,10 @@ def _steps(report: Report) -> Text:
     return Text(line)
 
 
-def _rank_panel(report: Report, rank: RankReport) -> Panel:
+def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Panel:
+    """A rank's figures and tables; ``brief`` (a job of many ranks): its figures, and its top ops on one line."""
+    if brief:
+        return _brief_panel(report, rank)
     parts: list = []
     if rank.step_breakdown_pct:
         parts.append(_breakdown_line(rank))
@@ -163,7 +186,32 @@ def _breakdown_line(rank: RankReport) -> Text:
     return text
 
 
-def _ops_table(rank: RankReport, *, device: bool) -> Table:
+def _brief_panel(report: Report, rank: RankReport) -> Panel:
+    parts: list = []
+    if rank.step_breakdown_pct:
+        parts.append(_breakdown_line(rank))
+    in_steps = rank.extra.get("step_device")
+    if in_steps and in_steps.get("marked"):
+        parts.append(Text(f"GPU in marked steps: busy {in_steps['busy_pct']:.1f}%, idle {in_steps['idle_pct']:.1f}% "
+                          f"({in_steps['idle_ms_per_step']:.2f} ms/step)"))  # fmt: skip
+    elif rank.gpu is not None:
+        parts.append(Text(f"GPU: idle {rank.gpu.idle_pct:.1f}%, compute {rank.gpu.compute_pct:.1f}%"))
+    comm = rank.extra.get("comm")
+    if comm:
+        kinds = ", ".join(f"{row['type']} {row['ms_per_step']:.2f}" for row in comm.get("by_type", ())[:3])
+        parts.append(Text(f"communication: {comm['share_pct']:.1f}% of the step, {comm['comm_ms_per_step']:.2f} ms/step "
+                          f"({kinds} ms/step)"))  # fmt: skip
+    if rank.top_ops:
+        which = "self device" if report.has_device else "self CPU"
+        ops = ", ".join(f"{cut_name(row.name, 48)} {row.device_ms if report.has_device else row.self_ms:.2f}"
+                        for row in rank.top_ops[:BRIEF_OPS])  # fmt: skip
+        parts.append(Text(f"top ops ({which} ms): {ops}"))
+    if not parts:
+        parts.append(Text("no per-rank analyses available"))
+    return Panel(Group(*parts), title=f"rank {rank.rank}", title_align="left")
+
+
+def _ops_table(rank: RankReport, *, device: bool, rows: int = TOP_OPS) -> Table:
     sort_key = "self device time" if device else "self CPU time"
     table = Table(title=f"top ops by {sort_key} (ms over the profiled steps)", title_justify="left", expand=False)
     # The op name gets the room (its input shapes below it, dimmed); numbers never wrap.
@@ -173,7 +221,7 @@ def _ops_table(rank: RankReport, *, device: bool) -> Table:
     table.add_column("total CPU", justify="right", no_wrap=True)
     if device:
         table.add_column("self device", justify="right", no_wrap=True)
-    for row in rank.top_ops[:TOP_OPS]:
+    for row in rank.top_ops[:rows]:
         label = Text(cut_name(row.name))
         if row.input_shapes:
             shapes = row.input_shapes if len(row.input_shapes) <= 60 else row.input_shapes[:59] + "…"

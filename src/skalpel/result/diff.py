@@ -282,8 +282,10 @@ def _comparability(before: Report, after: Report, options: DiffOptions) -> tuple
 
 
 def _finding_changes(before: Report, after: Report):
-    b = {(f.id, f.rank): f for f in before.findings}
-    a = {(f.id, f.rank): f for f in after.findings}
+    # A finding of a job's ranks (``across``: on one rank or several) is the same finding whichever ranks it
+    # holds on in each run: it persists from ranks 0-255 to rank 3, rather than disappearing and appearing.
+    b = {(f.id, None if f.across is not None else f.rank): f for f in before.findings}
+    a = {(f.id, None if f.across is not None else f.rank): f for f in after.findings}
 
     def change(key: tuple[str, int | None]) -> FindingChange:
         return FindingChange(key[0], key[1], b.get(key), a.get(key))

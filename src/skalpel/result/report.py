@@ -29,7 +29,97 @@ class Finding:
     evidence: dict[str, Any]
     locations: tuple[str, ...]  # "train.py:42 in train_step": innermost frames in the user's code
     fix: str
-    rank: int | None = None
+    rank: int | None = None  # the one rank it holds on; None: job-wide, or several ranks (``ranks``)
+    ranks: tuple[int, ...] = ()  # a finding that holds on several ranks of a job: which (``across`` says how)
+    across: AcrossRanks | None = None
+
+
+@dataclass(frozen=True)
+class AcrossRanks:
+    """A finding that holds on several ranks, as one: where, how its key number spreads, the worst ranks.
+
+    ``per_rank`` keeps each rank's own finding (rank, severity, title, evidence, locations), as
+    the rank alone would have given it; the finding's own title and evidence are its worst rank's.
+    """
+
+    ranks: str  # the ranks as ranges: "0-127, 200"
+    count: int
+    of: int  # ranks in the job
+    key: str | None = None  # the evidence number compared across the ranks
+    min: float | None = None
+    median: float | None = None
+    max: float | None = None
+    worst: tuple[int, ...] = ()  # largest key number first
+    differs: str | None = None  # a finding on a few ranks: how those ranks differ from the rest
+    per_rank: tuple[dict[str, Any], ...] = ()
+
+    def describe(self) -> str:
+        """'on 256 of 256 ranks (0-255): idle_pct min 43.2, median 78.7, max 79; worst 3, 11'."""
+        text = f"on {self.count} of {self.of} ranks ({self.ranks})"
+        if self.key is not None and self.median is not None:
+            text += f": {self.key} min {_short(self.min)}, median {_short(self.median)}, max {_short(self.max)}"
+            if self.worst:
+                text += "; worst " + ", ".join(str(rank) for rank in self.worst)
+        if self.differs:
+            text += f"; {self.differs}"
+        return text
+
+
+def _short(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+@dataclass(frozen=True)
+class MetricSpread:
+    """One figure of every rank (step time, compute, ...): its percentiles, a histogram and the outlier ranks."""
+
+    name: str  # step_ms, compute_pct, comm_ms, wait_ms, idle_pct
+    label: str  # what a reader calls it
+    unit: str  # "ms", "%"
+    ranks: int  # ranks that have the figure
+    min: float
+    p10: float
+    p50: float
+    p90: float
+    max: float
+    histogram: tuple[int, ...]  # ranks per equal bin from min to max
+    outliers: tuple[tuple[int, float, float], ...] = ()  # (rank, value, robust z-score), farthest first
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """Ranks whose profiles match: one group, shown by its representative."""
+
+    ranks: str  # as ranges
+    members: tuple[int, ...]
+    representative: int
+    profile: dict[str, float]  # the representative's figures, by MetricSpread.name
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """A job of many ranks in a few lines: the spread of each figure, its outlier ranks, the groups of ranks alike."""
+
+    ranks: int
+    metrics: tuple[MetricSpread, ...]
+    groups: tuple[RankGroup, ...]
+    outliers: tuple[int, ...]  # every rank an outlier by some figure
+    shown: tuple[int, ...]  # the ranks a report details: the outliers and each group's representative
+
+
+def rank_ranges(ranks: typing.Iterable[int]) -> str:
+    """``0-127, 130, 200-255``: sorted ranks with runs written as ranges."""
+    ordered = sorted(set(ranks))
+    spans: list[str] = []
+    start = previous = None
+    for rank in ordered + [None]:
+        if rank is not None and previous is not None and rank == previous + 1:
+            previous = rank
+            continue
+        if start is not None:
+            spans.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = rank
+    return ", ".join(spans)
 
 
 def sorted_findings(findings: typing.Iterable[Finding]) -> list[Finding]:
@@ -205,6 +295,7 @@ class Report:
     capture: CaptureInfo | None = None
     warnings: tuple[str, ...] = ()
     schema: str = SCHEMA
+    job: JobSummary | None = None  # jobs of several ranks: the spread across ranks, outliers and groups
 
     @property
     def has_device(self) -> bool:
@@ -233,9 +324,10 @@ class Report:
             source=_build(Source, _required(data, "source", ""), "source"),
             steps=_build(StepStats, _required(data, "steps", ""), "steps"),
             ranks=ranks,
-            findings=tuple(_build(Finding, item, f"findings[{i}]") for i, item in enumerate(_list(data, "findings", ""))),
+            findings=tuple(_finding_from_dict(item, f"findings[{i}]") for i, item in enumerate(_list(data, "findings", ""))),
             capture=_build(CaptureInfo, data["capture"], "capture") if data.get("capture") else None,
             warnings=_checked(tuple(_list(data, "warnings", "")), tuple[str, ...], "warnings"),
+            job=_job_from_dict(data["job"], "job") if data.get("job") else None,
         )
 
     @classmethod
@@ -245,6 +337,22 @@ class Report:
 
 class ReportFormatError(ValueError):
     """A report document that does not have the shape of skalpel.report/1; the message names the field."""
+
+
+def _finding_from_dict(data: Any, where: str) -> Finding:
+    if isinstance(data, dict) and data.get("across"):
+        data = {**data, "across": _build(AcrossRanks, data["across"], f"{where}.across")}
+    return _build(Finding, data, where)
+
+
+def _job_from_dict(data: Any, where: str) -> JobSummary:
+    if not isinstance(data, dict):
+        raise ReportFormatError(f"{where}: expected an object, got {_kind(data)}")
+    values = dict(data)
+    values["metrics"] = tuple(_build(MetricSpread, item, f"{where}.metrics[{i}]")
+                              for i, item in enumerate(_list(data, "metrics", where)))  # fmt: skip
+    values["groups"] = tuple(_build(RankGroup, item, f"{where}.groups[{i}]") for i, item in enumerate(_list(data, "groups", where)))
+    return _build(JobSummary, values, where)
 
 
 def _rank_from_dict(data: Any, where: str) -> RankReport:

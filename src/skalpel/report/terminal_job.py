@@ -1,0 +1,122 @@
+"""The terminal's job summary: a job of many ranks in a screen, and which ranks get a panel.
+
+It reads ``Report.job`` (``job/summary.py`` computes it), so a report read back from JSON
+renders the same. Each figure of the ranks: percentiles, a one-line histogram from its least
+to its largest value, and its outlier ranks; then the groups of ranks alike, each by its
+representative. Jobs of more ranks than ``SUMMARY_RANKS`` show it, and their per-rank panels
+only for the outliers and the representatives (and the ranks asked for).
+"""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from ..result.report import JobSummary, MetricSpread, Report
+
+SUMMARY_RANKS = 8  # more ranks than this: the job summary, and panels for a few ranks only
+BLOCKS = " ▁▂▃▄▅▆▇█"
+RANGES_CHARS = 60  # ranks written as ranges, cut to this on a line (the JSON has them all)
+GROUP_LINES = 6
+OUTLIER_LINES = 8
+
+
+def summarised(report: Report) -> bool:
+    """Whether the report is long enough to lead with the job summary."""
+    return report.job is not None and len(report.ranks) > SUMMARY_RANKS
+
+
+def detailed_ranks(report: Report, asked: tuple[int, ...] = (), all_ranks: bool = False) -> list[int]:
+    """The ranks that get a panel: every one in a small job (or asked), else the shown ones and those asked for."""
+    every = [rank.rank for rank in report.ranks]
+    if all_ranks or not summarised(report):
+        return every
+    assert report.job is not None
+    wanted = set(report.job.shown) | set(asked)
+    return [rank for rank in every if rank in wanted]
+
+
+def sparkline(counts: tuple[int, ...]) -> str:
+    """One character per bin, its height the bin's share of the fullest bin; empty bins a space."""
+    top = max(counts) if counts else 0
+    if not top:
+        return ""
+    return "".join(BLOCKS[0] if not count else BLOCKS[max(1, round(count / top * (len(BLOCKS) - 1)))] for count in counts)
+
+
+def cut(text: str, limit: int = RANGES_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rsplit(",", 1)[0] + ", …"
+
+
+def job_panel(report: Report, asked: tuple[int, ...] = ()) -> Panel:
+    job = report.job
+    assert job is not None
+    parts: list = [_figures(job)]
+    parts.append(_outliers(job))
+    parts.append(_groups(job))
+    shown = ", ".join(str(rank) for rank in detailed_ranks(report, asked))
+    absent = sorted(set(asked) - {rank.rank for rank in report.ranks})
+    if absent:
+        parts.append(Text(f"--rank {', '.join(map(str, absent))}: not a rank of this job", style="yellow"))
+    parts.append(Text(f"panels below for ranks {shown}; --rank R or --all-ranks for others, report.json for every rank",
+                      style="dim"))  # fmt: skip
+    return Panel(Group(*parts), title=f"job: {job.ranks} ranks", title_align="left")
+
+
+def _value(metric: MetricSpread, value: float) -> str:
+    return f"{value:.1f}" if metric.unit == "%" else f"{value:.2f}"
+
+
+def _figures(job: JobSummary) -> Table:
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    table.add_column("per rank", no_wrap=True)
+    for name in ("min", "p10", "median", "p90", "max"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("min → max", no_wrap=True)
+    table.add_column("outliers", justify="right", no_wrap=True)
+    for metric in job.metrics:
+        unit = "%" if metric.unit == "%" else "ms/step" if metric.name != "step_ms" else "ms"
+        cells = [_value(metric, value) for value in (metric.min, metric.p10, metric.p50, metric.p90, metric.max)]
+        table.add_row(f"{metric.label} ({unit})", *cells, sparkline(metric.histogram), str(len(metric.outliers)) or "0")
+    return table
+
+
+def _outliers(job: JobSummary) -> Text:
+    if not job.outliers:
+        return Text("outlier ranks: none (robust z-score on median and MAD; skalpel explain thresholds)")
+    text = Text(f"outlier ranks ({len(job.outliers)}):")
+    lines = 0
+    for metric in job.metrics:
+        for rank, value, z in metric.outliers:
+            if lines == OUTLIER_LINES:
+                break
+            side = "above" if z > 0 else "below"
+            z_text = f"z {z:+.1f}" if abs(z) < 999 else "the others all alike"
+            text.append(f"\n  rank {rank}: {metric.label} {_value(metric, value)} {metric.unit}, {side} the median "
+                        f"{_value(metric, metric.p50)} ({z_text})")  # fmt: skip
+            lines += 1
+    listed = sum(len(metric.outliers) for metric in job.metrics)
+    if listed > lines:
+        text.append(f"\n  … {listed - lines} more (report.json: job.metrics[].outliers)")
+    return text
+
+
+def _groups(job: JobSummary) -> Text:
+    text = Text(f"ranks by behaviour: {len(job.groups)} group{'s' if len(job.groups) != 1 else ''} of ranks alike")
+    for group in job.groups[:GROUP_LINES]:
+        figures = ", ".join(_figure(job, name, value) for name, value in group.profile.items())
+        text.append(f"\n  {len(group.members)} rank{'s' if len(group.members) > 1 else ''} ({cut(group.ranks)}), "
+                    f"like rank {group.representative}: {figures}")  # fmt: skip
+    rest = job.groups[GROUP_LINES:]
+    if rest:
+        text.append(f"\n  … {len(rest)} more groups of {sum(len(group.members) for group in rest)} ranks (report.json: job.groups)")
+    return text
+
+
+def _figure(job: JobSummary, name: str, value: float) -> str:
+    metric = next((metric for metric in job.metrics if metric.name == name), None)
+    if metric is None:
+        return f"{name} {value:g}"
+    return f"{metric.label} {_value(metric, value)}{'%' if metric.unit == '%' else ' ms'}"
