@@ -70,37 +70,43 @@ def _value(metric: MetricSpread, value: float) -> str:
 
 
 def _figures(job: JobSummary) -> Table:
-    table = Table(box=None, pad_edge=False, show_edge=False)
+    table = Table(box=None, pad_edge=False, show_edge=False, padding=(0, 1))
     table.add_column("per rank", no_wrap=True)
-    for name in ("min", "p10", "median", "p90", "max"):
+    for name in ("median", "min", "p10", "p90", "max"):
         table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("min → max", no_wrap=True)
-    table.add_column("outliers", justify="right", no_wrap=True)
+    table.add_column("min…max", no_wrap=True)
+    table.add_column("outl.", justify="right", no_wrap=True)
     for metric in job.metrics:
-        unit = "%" if metric.unit == "%" else "ms/step" if metric.name != "step_ms" else "ms"
-        cells = [_value(metric, value) for value in (metric.min, metric.p10, metric.p50, metric.p90, metric.max)]
-        table.add_row(f"{metric.label} ({unit})", *cells, sparkline(metric.histogram), str(len(metric.outliers)) or "0")
+        cells = [_value(metric, value) for value in (metric.p50, metric.min, metric.p10, metric.p90, metric.max)]
+        table.add_row(_heading(metric), *cells, sparkline(metric.histogram), str(len(metric.outliers)))
     return table
+
+
+def _heading(metric: MetricSpread) -> str:
+    return {"step_ms": "step ms", "comm_ms": "comm ms/step", "wait_ms": "wait ms/step"}.get(
+        metric.name, f"{metric.label} {metric.unit}")
 
 
 def _outliers(job: JobSummary) -> Text:
     if not job.outliers:
         return Text("outlier ranks: none (robust z-score on median and MAD; skalpel explain thresholds)")
-    text = Text(f"outlier ranks ({len(job.outliers)}):")
-    lines = 0
-    for metric in job.metrics:
-        for rank, value, z in metric.outliers:
-            if lines == OUTLIER_LINES:
-                break
-            side = "above" if z > 0 else "below"
-            z_text = f"z {z:+.1f}" if abs(z) < 999 else "the others all alike"
-            text.append(f"\n  rank {rank}: {metric.label} {_value(metric, value)} {metric.unit}, {side} the median "
-                        f"{_value(metric, metric.p50)} ({z_text})")  # fmt: skip
-            lines += 1
-    listed = sum(len(metric.outliers) for metric in job.metrics)
-    if listed > lines:
-        text.append(f"\n  … {listed - lines} more (report.json: job.metrics[].outliers)")
+    text = Text(f"outlier ranks ({len(job.outliers)}), farthest first:")
+    for rank in job.outliers[:OUTLIER_LINES]:
+        ways = []
+        for metric in job.metrics:
+            for number, value, z in metric.outliers:
+                if number == rank:
+                    z_text = f"z {z:+.1f}" if abs(z) < 999 else "the rest alike"
+                    ways.append(f"{metric.label} {_value(metric, value)}{_unit(metric)} (median {_value(metric, metric.p50)}, "
+                                f"{z_text})")  # fmt: skip
+        text.append(f"\n  rank {rank}: " + ", ".join(ways))
+    if len(job.outliers) > OUTLIER_LINES:
+        text.append(f"\n  … {len(job.outliers) - OUTLIER_LINES} more (report.json: job.outliers)")
     return text
+
+
+def _unit(metric: MetricSpread) -> str:
+    return "%" if metric.unit == "%" else " ms"
 
 
 def _groups(job: JobSummary) -> Text:
@@ -119,4 +125,4 @@ def _figure(job: JobSummary, name: str, value: float) -> str:
     metric = next((metric for metric in job.metrics if metric.name == name), None)
     if metric is None:
         return f"{name} {value:g}"
-    return f"{metric.label} {_value(metric, value)}{'%' if metric.unit == '%' else ' ms'}"
+    return f"{metric.label} {_value(metric, value)}{_unit(metric)}"

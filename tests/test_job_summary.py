@@ -1,0 +1,120 @@
+"""A job of many ranks reads like one: findings across ranks, the job summary, outliers and groups.
+
+A synthetic job (tests/jobbuilder.py) plants two kinds of ranks, a straggler and a slow link;
+the report must group the two kinds, name the straggler and the slow link, and say nothing of
+the other ranks. On the corpus's multi-rank sets, the findings are the per-rank rules' findings
+merged: the same ids, the same (id, rank) pairs once expanded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from skalpel.analysis.bundle import run_analyses
+from skalpel.api import analyze_job
+from skalpel.cli import main
+from skalpel.diagnose import diagnose
+from skalpel.job.build import build_report
+from skalpel.job.summary import histogram, outliers
+from skalpel.report.terminal import render_text
+from skalpel.report.terminal_job import sparkline
+from skalpel.result.report import Report, rank_ranges
+from skalpel.trace.loader import load
+
+from .conftest import corpus
+from .jobbuilder import RankKind, build_job, planted
+
+PAIR = "hta/trace_filter"
+DLRM = "extra/facebookresearch__param/et_replay/tests/inputs/dlrm_kineto_extracted"
+RANKS, STRAGGLER, SLOW_LINK = 24, 5, 17
+
+
+@pytest.fixture(scope="module")
+def planted_report(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    folder = tmp_path_factory.mktemp("planted")
+    build_job(folder, RANKS, planted(RANKS, straggler=STRAGGLER, slow_link=SLOW_LINK))
+    return analyze_job([folder], workers=1).report
+
+
+def test_rank_ranges() -> None:
+    assert rank_ranges([3, 0, 1, 2, 7, 9, 10]) == "0-3, 7, 9-10"
+    assert rank_ranges([5]) == "5"
+    assert rank_ranges([]) == ""
+
+
+def test_robust_outliers_need_a_real_difference() -> None:
+    alike = {rank: 10.0 for rank in range(100)}
+    assert outliers({**alike, 3: 10.01}, "ms") == ()  # a rounding, not an outlier
+    assert [rank for rank, _, _ in outliers({**alike, 3: 14.0}, "ms")] == [3]
+    half = {rank: 10.0 if rank < 50 else 20.0 for rank in range(100)}
+    assert outliers(half, "ms") == ()  # two kinds of ranks are groups, not outliers
+    many = {**alike, **{rank: 30.0 for rank in range(20)}}
+    assert outliers(many, "ms") == ()  # a fifth of the ranks beyond the cut: a group of their own
+    assert histogram([1.0, 1.0, 2.0], 1.0, 2.0, bins=4) == (2, 0, 0, 1)
+    assert sparkline((2, 0, 0, 1)) == "█  ▄"  # an empty bin is blank, a bin of half the fullest half high
+
+
+def test_planted_groups_straggler_and_slow_link(planted_report: Report) -> None:
+    job = planted_report.job
+    assert job is not None and job.ranks == RANKS
+    groups = {group.ranks: group for group in job.groups}
+    assert "0-4, 6-11" in groups and "12-16, 18-23" in groups  # the two kinds, each without its odd rank
+    assert set(job.outliers) == {STRAGGLER, SLOW_LINK}  # and no other rank
+    by_metric = {metric.name: {rank for rank, _, _ in metric.outliers} for metric in job.metrics}
+    assert STRAGGLER in by_metric["wait_ms"]  # it waits for nobody
+    assert SLOW_LINK in by_metric["comm_ms"]  # its collectives take longer
+    straggler = next(finding for finding in planted_report.findings if finding.id == "straggler_rank")
+    assert straggler.evidence["rank"] == STRAGGLER
+    idle = [finding for finding in planted_report.findings if finding.id == "gpu_idle"]
+    assert len(idle) == 1  # one finding for the host-heavy kind, not one per rank
+    assert idle[0].rank is None and idle[0].across is not None
+    assert set(idle[0].ranks) == set(range(12, 24)) - {SLOW_LINK}
+    assert idle[0].across.ranks == "12-16, 18-23" and len(idle[0].across.per_rank) == 11
+    assert "idle" in idle[0].across.differs and "other 13 ranks" in idle[0].across.differs
+    assert set(job.shown) == {0, 12, STRAGGLER, SLOW_LINK}  # the outliers and one rank of each kind
+
+
+def test_planted_terminal_report_leads_with_the_summary(planted_report: Report) -> None:
+    text = render_text(planted_report)
+    assert text.index("verdict") < text.index("job: 24 ranks") < text.index("rank 0 ")
+    panels = [line for line in text.splitlines() if line.startswith("╭─ rank ")]
+    assert [line.split()[2] for line in panels] == ["0", "5", "12", "17"]
+    assert "rank 5: communication" in text and "rank 17: step time" in text
+    assert "on 11 of 24 ranks (12-16, 18-23)" in text
+    every = render_text(planted_report, width=100)
+    assert len(every.splitlines()) < 120
+
+
+def test_rank_options_show_more_panels(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    build_job(tmp_path, 12, lambda rank: RankKind())
+    assert main(["analyze", str(tmp_path), "--workers", "1", "--rank", "7", "--rank", "99"]) == 0
+    out = capsys.readouterr().out
+    assert "─ rank 7 " in out and "─ rank 3 " not in out and "--rank 99: not a rank of this job" in out
+    assert main(["analyze", str(tmp_path), "--workers", "1", "--all-ranks"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"─ rank {rank} " in out for rank in range(12))
+
+
+def test_report_with_a_job_round_trips(planted_report: Report) -> None:
+    again = Report.from_json(planted_report.to_json())
+    assert again == planted_report
+    assert render_text(again) == render_text(planted_report)
+
+
+@pytest.mark.parametrize("name", [PAIR, DLRM])
+def test_corpus_jobs_keep_their_findings_merged(name: str) -> None:
+    trace = load(corpus(name))
+    raw = diagnose(run_analyses(trace))  # the rules' findings, one per rank as before
+    report = build_report(trace)
+    assert {finding.id for finding in raw} == {finding.id for finding in report.findings}
+    expanded = Counter()
+    for finding in report.findings:
+        if finding.across is not None and finding.across.per_rank:
+            expanded.update((finding.id, item["rank"]) for item in finding.across.per_rank)
+        else:
+            expanded[(finding.id, finding.rank)] += 1
+    assert expanded == Counter((finding.id, finding.rank) for finding in raw)
+    assert len(report.findings) <= len(raw)
