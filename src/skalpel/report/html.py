@@ -22,6 +22,7 @@ from typing import Any, Mapping
 from ..analysis.call_tree import MIN_FLAME_FRACTION
 from ..result.report import Report
 from . import html_parts as parts
+from .html_job import job_section
 
 MAX_FLAME_NODES = 4000
 MAX_NAME_CHARS = 400
@@ -32,6 +33,7 @@ def render(report: Report, *, flame: Mapping[str, Any] | None = None, title: str
     body = [
         parts.header(report, title),
         parts.verdict(report),
+        job_section(report) if len(report.ranks) > parts.DETAIL_RANKS else "",
         parts.steps(report),
         parts.breakdown(report),
         parts.gpu(report),

@@ -119,6 +119,8 @@ def _finding(finding: Finding) -> str:
         rows.append(("fix", escape(finding.fix)))
     if finding.rank is not None:
         rows.append(("rank", str(int(finding.rank))))
+    if finding.across is not None:
+        rows.insert(0, ("ranks", escape(finding.across.describe())))
     details = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in rows)
     return (f'<div class="finding {severity}"><span class="sev">{severity}</span><span class="title">'
             f'{escape(finding.title)}</span><span class="fid">[{escape(finding.id)}]</span><dl>{details}</dl></div>')  # fmt: skip
@@ -241,7 +243,10 @@ def tables(report: Report) -> str:
     if not report.ranks:
         return section("ops", "Top ops and kernels", na("no ranks in the trace"))
     body = []
-    for i, rank in enumerate(report.ranks[:DETAIL_RANKS]):
+    # A job of many ranks: the tables of the ranks its summary shows (the outliers, one rank of each group).
+    shown = set(report.job.shown) if report.job is not None and len(report.ranks) > DETAIL_RANKS else set()
+    detailed = [rank for rank in report.ranks if rank.rank in shown][:DETAIL_RANKS] or report.ranks[:DETAIL_RANKS]
+    for i, rank in enumerate(detailed):
         device = report.has_device or any(row.device_ms > 0 for row in rank.top_ops)
         inner = _ops_table(rank, device) + _kernels_table(rank) + _regions_table(rank, device)
         if len(report.ranks) == 1:
@@ -249,7 +254,8 @@ def tables(report: Report) -> str:
         else:
             body.append(f"<details{' open' if i == 0 else ''}><summary>rank {rank.rank}</summary>{inner}</details>")
     if len(report.ranks) > DETAIL_RANKS:
-        body.append(f'<p class="note">Tables shown for the first {DETAIL_RANKS} of {len(report.ranks)} ranks.</p>')
+        which = "the outliers and one rank of each group" if shown else f"the first {DETAIL_RANKS}"
+        body.append(f'<p class="note">Tables shown for {which} of {len(report.ranks)} ranks.</p>')
     return section("ops", "Top ops and kernels", "".join(body))
 
 
