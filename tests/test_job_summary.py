@@ -19,6 +19,7 @@ from skalpel.cli import main
 from skalpel.diagnose import diagnose
 from skalpel.job.build import build_report
 from skalpel.job.summary import histogram, outliers
+from skalpel.report import html
 from skalpel.report.terminal import render_text
 from skalpel.report.terminal_job import sparkline
 from skalpel.result.report import Report, rank_ranges
@@ -26,6 +27,7 @@ from skalpel.trace.loader import load
 
 from .conftest import corpus
 from .jobbuilder import RankKind, build_job, planted
+from .report_fixtures import DomSummary, chromium, console_messages, needs_browser
 
 PAIR = "hta/trace_filter"
 DLRM = "extra/facebookresearch__param/et_replay/tests/inputs/dlrm_kineto_extracted"
@@ -118,3 +120,30 @@ def test_corpus_jobs_keep_their_findings_merged(name: str) -> None:
             expanded[(finding.id, finding.rank)] += 1
     assert expanded == Counter((finding.id, finding.rank) for finding in raw)
     assert len(report.findings) <= len(raw)
+
+
+def _thousand_ranks(report: Report) -> Report:
+    """The planted job's ranks repeated to 1,000 (rank r is a copy of rank r % 24), summarised again."""
+    import dataclasses
+
+    from skalpel.job.summary import job_summary
+
+    ranks = tuple(dataclasses.replace(report.ranks[rank % RANKS], rank=rank) for rank in range(1000))
+    return dataclasses.replace(report, ranks=ranks, job=job_summary(ranks))
+
+
+@needs_browser
+@pytest.mark.slow
+def test_browser_renders_a_thousand_rank_page(planted_report: Report, tmp_path: Path) -> None:
+    page = tmp_path / "job.html"
+    page.write_text(html.render(_thousand_ranks(planted_report)))
+    assert page.stat().st_size < 3 * 2**20
+    dumped = chromium(page, "--dump-dom", tmp=tmp_path)
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    assert console_messages(dumped.stderr) == []
+    dom = DomSummary(dumped.stdout)
+    assert "Job: 1000 ranks" in "".join(dom.text)
+    assert dom.tags.get("img") == 3  # the rank x step heatmaps: step time, idle, collective wait
+    shot = tmp_path / "job.png"
+    taken = chromium(page, f"--screenshot={shot}", "--window-size=1280,2000", tmp=tmp_path)
+    assert taken.returncode == 0 and shot.stat().st_size > 20_000
