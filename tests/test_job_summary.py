@@ -8,6 +8,7 @@ merged: the same ids, the same (id, rank) pairs once expanded.
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -147,3 +148,27 @@ def test_browser_renders_a_thousand_rank_page(planted_report: Report, tmp_path: 
     shot = tmp_path / "job.png"
     taken = chromium(page, f"--screenshot={shot}", "--window-size=1280,2000", tmp=tmp_path)
     assert taken.returncode == 0 and shot.stat().st_size > 20_000
+
+
+def test_bad_input_is_said_once_in_the_notes(tmp_path: Path) -> None:
+    """Missing ranks, ranks of different lengths, another job's files and many tiny files: one note each."""
+    build_job(tmp_path, 48, lambda rank: RankKind())
+    for rank in range(40, 48):
+        (tmp_path / f"rank{rank}.json").unlink()  # missing ranks 40-47
+    build_job(tmp_path / "short", 48, lambda rank: RankKind(), steps=3)
+    for rank in range(30, 40):  # ranks 30-39 recorded a step less
+        (tmp_path / "short" / f"rank{rank}.json").replace(tmp_path / f"rank{rank}.json")
+    shutil.rmtree(tmp_path / "short")
+    build_job(tmp_path, 3, lambda rank: RankKind(), job="job-b", name="other-job-rank{rank}.json")
+    for index in range(1000):
+        (tmp_path / f"tiny{index:04}.json").write_text("{}")
+    report = analyze_job([tmp_path], workers=1).report
+    notes = report.warnings
+    assert len(notes) <= 8, notes
+    assert sum("do not load" in note for note in notes) == 1 and any("skipped 1,000 files" in note for note in notes)
+    assert sum("repeat a rank" in note for note in notes) == 1  # the other job's ranks 0-2 beside this one's
+    assert sum("missing: 40-47" in note for note in notes) == 1
+    assert sum("different numbers of steps (4 (ranks 0-29), 3 (ranks 30-39))" in note for note in notes) == 1
+    assert sum("different runs" in note for note in notes) == 1
+    assert all(len(note) < 1000 for note in notes)
+    assert all(finding.rank is None or finding.across is not None for finding in report.findings)  # no report per rank

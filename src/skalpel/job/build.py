@@ -6,6 +6,8 @@ Python API and the capture layer all come through here.
 
 from __future__ import annotations
 
+import re
+
 from ..analysis import numeric
 from ..analysis.bundle import Analyses, run_analyses
 from ..analysis.memory import DeviceMemory
@@ -68,6 +70,7 @@ def assemble_report(
         warnings += analyses.rank_comparison.warnings
     if analyses.compile_log is not None and analyses.compile_log.stacks_off:
         warnings += (_STACKS_OFF_WARNING,)
+    warnings = said_once(warnings)
     return Report(
         source=_source(trace, analyses),
         steps=_step_stats(analyses),
@@ -77,6 +80,29 @@ def assemble_report(
         warnings=warnings,
         job=job_summary(ranks),
     )
+
+
+SAID_ALIKE = 3  # notes alike but for their numbers (a rank, a file): more than this are said once
+
+
+def said_once(notes: tuple[str, ...]) -> tuple[str, ...]:
+    """Each note once: repeats dropped, and notes alike but for their numbers (one per rank of a large job)
+    kept as the first of them, with how many more say the same."""
+    notes = tuple(dict.fromkeys(notes))
+    shapes: dict[str, list[str]] = {}
+    for note in notes:
+        shapes.setdefault(_DIGITS.sub("#", note), []).append(note)
+    kept = []
+    for note in notes:
+        alike = shapes[_DIGITS.sub("#", note)]
+        if len(alike) <= SAID_ALIKE:
+            kept.append(note)
+        elif note is alike[0]:
+            kept.append(f"{note} (and {len(alike) - 1:,} more notes alike but for their numbers: ranks or files)")
+    return tuple(kept)
+
+
+_DIGITS = re.compile(r"\d+(?:\.\d+)?")
 
 
 def _unequal_note(steps: StepSegmentation, unequal: UnequalStep) -> str:

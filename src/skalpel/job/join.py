@@ -39,7 +39,7 @@ from ..diagnose.registry import JOB_RULES, judged_rules
 from ..diagnose.rule import Context, NotJudged
 from ..errors import TraceError
 from ..result.report import CaptureInfo, Finding, Report
-from ..trace.loader import drop_duplicate_ranks
+from ..trace.loader import drop_duplicate_ranks, skipped_notes
 from ..trace.model import RankInfo
 from .build import assemble_report, memory_summary
 from .rank import RankFailure, RankSummary
@@ -75,7 +75,7 @@ def join_summaries(
             raise TraceError(failures[0].reason)
         raise TraceError(f"none of the {len(failures)} files loads; the first: {failures[0].reason}")
     summaries = drop_duplicate_ranks(summaries)
-    summaries[0].warnings.extend(_failed(failure) for failure in failures)
+    summaries[0].warnings.extend(skipped_notes([failure.reason for failure in failures]))  # as the whole-trace loader says
     origin = min(summary.origin_us for summary in summaries)
     shifts = {summary.info.rank: summary.origin_us - origin for summary in summaries}
     offsets = _event_offsets(summaries)
@@ -101,11 +101,6 @@ def join_summaries(
     findings = conclude(ctx, [(rule, _outcome(rule, ctx, summaries, offsets)) for rule in judged_rules()])
     ranks = tuple(_rank_report(summary, analyses, shifts[summary.info.rank]) for summary in summaries)
     return assemble_report(analyses, findings, ranks, capture), summaries
-
-
-def _failed(failure: RankFailure) -> str:
-    """As the whole-trace loader says it (a worker that died twice says so in its reason)."""
-    return f"skipped a file that does not load: {failure.reason}"
 
 
 def _event_offsets(summaries: list[RankSummary]) -> dict[int, int]:

@@ -135,8 +135,20 @@ def load(
         raise TraceError(f"none of the {len(files)} files loads; the first: {failed[0]}")
     parsed = drop_duplicate_ranks(parsed)
     if failed:  # one damaged rank file should not hide the others
-        parsed[0].warnings.extend(f"skipped a file that does not load: {message}" for message in failed)
+        parsed[0].warnings.extend(skipped_notes(failed))
     return assemble(parsed)
+
+
+SKIPPED_LISTED = 5  # files that do not load named one note each; more are one note for all
+
+
+def skipped_notes(reasons: list[str]) -> list[str]:
+    """The job's notes on files that do not load: one each for a few, one for them all when many (10,000 tiny files)."""
+    if len(reasons) <= SKIPPED_LISTED:
+        return [f"skipped a file that does not load: {reason}" for reason in reasons]
+    shown = "; ".join(reasons[:3])
+    return [f"skipped {len(reasons):,} files that do not load, among them: {shown}; and {len(reasons) - 3:,} more "
+            "(analyse one on its own to see why it does not load)"]
 
 
 def load_one(path: Path, *, on_fraction: Callable[[float], None] | None = None, job_ranks: int | None = None) -> Trace:
@@ -446,8 +458,9 @@ def drop_duplicate_ranks(parsed: list) -> list:
             kept[item.info.rank] = item
     result = sorted(kept.values(), key=lambda item: item.info.rank)
     if dropped:
+        listed = "; ".join(dropped[:SKIPPED_LISTED]) + (f"; and {len(dropped) - SKIPPED_LISTED:,} more" if len(dropped) > SKIPPED_LISTED else "")
         result[0].warnings.append(
-            "skipped files that repeat a rank already loaded: " + "; ".join(dropped)
+            f"skipped {'files that repeat' if len(dropped) > 1 else 'a file that repeats'} a rank already loaded: " + listed
             + ". Analyse each capture on its own to compare them."
         )
     return result
