@@ -69,6 +69,8 @@ def test_planted_groups_straggler_and_slow_link(planted_report: Report) -> None:
     by_metric = {metric.name: {rank for rank, _, _ in metric.outliers} for metric in job.metrics}
     assert STRAGGLER in by_metric["wait_ms"]  # it waits for nobody
     assert SLOW_LINK in by_metric["comm_ms"]  # its collectives take longer
+    (all_reduce,) = job.collectives
+    assert all_reduce.type == "all_reduce" and all_reduce.ranks == RANKS and all_reduce.slowest == (SLOW_LINK,)
     straggler = next(finding for finding in planted_report.findings if finding.id == "straggler_rank")
     assert straggler.evidence["rank"] == STRAGGLER
     idle = [finding for finding in planted_report.findings if finding.id == "gpu_idle"]

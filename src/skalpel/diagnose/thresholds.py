@@ -183,3 +183,4 @@ RANK_GROUP_STEP = 0.10
 RANK_OUTLIER_MIN_MS = 0.05  # ... and by this much at least, for figures in ms
 RANK_OUTLIER_MIN_PP = 1.0  # ... or in percentage points, for shares
 RANK_OUTLIER_MAX_SHARE = 0.10  # more ranks than this beyond the cut are a group of their own, not outliers
+RANK_SLOW_BANDWIDTH = 0.5  # a rank whose collective's bus bandwidth is under this share of the ranks' median: a slow link

@@ -18,7 +18,7 @@ from typing import Iterable
 
 from ..analysis import numeric
 from ..diagnose import thresholds
-from ..result.report import JobSummary, MetricSpread, RankGroup, RankReport, rank_ranges
+from ..result.report import CollectiveSpread, JobSummary, MetricSpread, RankGroup, RankReport, rank_ranges
 
 FIGURES = (  # name, label, unit
     ("step_ms", "step time", "ms"),
@@ -67,7 +67,51 @@ def job_summary(ranks: Iterable[RankReport]) -> JobSummary | None:
             farthest[rank] = max(farthest.get(rank, 0.0), abs(z))
     outliers = tuple(sorted(farthest, key=lambda rank: (-farthest[rank], rank)))
     shown = set(outliers[:SHOWN_OUTLIERS]) | {group.representative for group in groups[:SHOWN_GROUPS]}
-    return JobSummary(ranks=len(ranks), metrics=metrics, groups=groups, outliers=outliers, shown=tuple(sorted(shown)))
+    return JobSummary(ranks=len(ranks), metrics=metrics, groups=groups, outliers=outliers, shown=tuple(sorted(shown)),
+                      outlier_z=thresholds.RANK_OUTLIER_Z, collectives=collectives(ranks))  # fmt: skip
+
+
+SLOWEST_RANKS = 3
+
+
+def collectives(ranks: list[RankReport]) -> tuple[CollectiveSpread, ...]:
+    """Each type of collective over the ranks that ran it, most time per step first; its slowest ranks are those
+    whose bus bandwidth after the last rank arrived (the link's, without the waits) is well below the median's."""
+    rows: dict[str, list[tuple[int, dict, float | None]]] = {}
+    for rank in ranks:
+        transfer = (rank.extra.get("distributed") or {}).get("transfer_busbw_gbps") or {}
+        for row in (rank.extra.get("comm") or {}).get("by_type") or ():
+            rows.setdefault(row["type"], []).append((rank.rank, row, transfer.get(row["type"])))
+    spreads = []
+    for kind, items in rows.items():
+        times = [float(row["ms_per_step"]) for _, row, _ in items]
+        p50, p90 = numeric.percentiles(times, (50, 90))
+        whole = {rank: float(row["busbw_gbps"]) for rank, row, _ in items if row.get("busbw_gbps") is not None}
+        moved = {rank: float(value) for rank, _, value in items if value is not None}
+        slow = moved or whole
+        spreads.append(CollectiveSpread(
+            type=kind, ranks=len(items), calls_per_step=round(numeric.median([float(row["calls_per_step"]) for _, row, _ in items]), 3),
+            ms_per_step_p50=round(p50, 4), ms_per_step_p90=round(p90, 4), ms_per_step_max=round(max(times), 4),
+            **_bandwidth("busbw_gbps", whole), **_bandwidth("transfer_busbw_gbps", moved),
+            slowest=_slowest(slow),
+        ))  # fmt: skip
+    return tuple(sorted(spreads, key=lambda spread: -spread.ms_per_step_p50))
+
+
+def _slowest(bandwidth: dict[int, float]) -> tuple[int, ...]:
+    """The ranks whose bandwidth is a fraction of the median's (``thresholds.RANK_SLOW_BANDWIDTH``), slowest first."""
+    if len(bandwidth) < 2:
+        return ()
+    cut = thresholds.RANK_SLOW_BANDWIDTH * numeric.median(list(bandwidth.values()))
+    slow = [rank for rank, value in bandwidth.items() if value < cut]
+    return tuple(sorted(slow, key=lambda rank: (bandwidth[rank], rank))[:SLOWEST_RANKS])
+
+
+def _bandwidth(name: str, values: dict[int, float]) -> dict[str, float | None]:
+    if not values:
+        return {f"{name}_p10": None, f"{name}_p50": None, f"{name}_p90": None}
+    p10, p50, p90 = numeric.percentiles(list(values.values()), (10, 50, 90))
+    return {f"{name}_p10": round(p10, 4), f"{name}_p50": round(p50, 4), f"{name}_p90": round(p90, 4)}
 
 
 def _spread(name: str, label: str, unit: str, figures: dict[int, dict[str, float]]) -> MetricSpread | None:

@@ -27,7 +27,7 @@ def job_section(report: Report) -> str:
     job = report.job
     if job is None:
         return ""
-    body = _figures(job) + _outliers(job) + _groups(job) + heatmaps(report)
+    body = _figures(job) + _outliers(job) + _groups(job) + _collectives(job) + heatmaps(report)
     return section("job", f"Job: {job.ranks} ranks", body)
 
 
@@ -68,6 +68,22 @@ def _groups(job: JobSummary) -> str:
         cells += [num(group.profile.get(name)) for name in names]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f"<p>Ranks by behaviour: {len(job.groups)} group(s) of ranks alike.</p>" + table(headers, rows)
+
+
+def _collectives(job: JobSummary) -> str:
+    if not job.collectives:
+        return ""
+    headers = [("collective", False), ("ranks", True), ("calls/step", True), ("ms/step p50", True), ("p90", True),
+               ("max", True), ("busbw GB/s p10", True), ("p50", True), ("p90", True), ("after last arrival p10", True),
+               ("p50", True), ("p90", True), ("slowest ranks", False)]  # fmt: skip
+    rows = []
+    for row in job.collectives:
+        cells = [f'<td class="mono">{escape(row.type)}</td>', num(row.ranks), num(row.calls_per_step), num(row.ms_per_step_p50),
+                 num(row.ms_per_step_p90), num(row.ms_per_step_max), num(row.busbw_gbps_p10), num(row.busbw_gbps_p50),
+                 num(row.busbw_gbps_p90), num(row.transfer_busbw_gbps_p10), num(row.transfer_busbw_gbps_p50),
+                 num(row.transfer_busbw_gbps_p90), f"<td>{escape(', '.join(map(str, row.slowest)))}</td>"]  # fmt: skip
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return "<h3>Collectives by type, across ranks</h3>" + table(headers, rows)
 
 
 def heatmaps(report: Report) -> str:

@@ -54,6 +54,8 @@ def job_panel(report: Report, asked: tuple[int, ...] = ()) -> Panel:
     job = report.job
     assert job is not None
     parts: list = [_figures(job)]
+    if job.collectives:
+        parts.append(_collectives(job))
     parts.append(_outliers(job))
     parts.append(_groups(job))
     shown = ", ".join(str(rank) for rank in detailed_ranks(report, asked))
@@ -89,7 +91,7 @@ def _heading(metric: MetricSpread) -> str:
 
 def _outliers(job: JobSummary) -> Text:
     if not job.outliers:
-        return Text("outlier ranks: none (robust z-score on median and MAD; skalpel explain thresholds)")
+        return Text(f"outlier ranks: none (none beyond a robust z-score of {job.outlier_z:g} on the median and MAD)")
     text = Text(f"outlier ranks ({len(job.outliers)}), farthest first:")
     for rank in job.outliers[:OUTLIER_LINES]:
         ways = []
@@ -107,6 +109,25 @@ def _outliers(job: JobSummary) -> Text:
 
 def _unit(metric: MetricSpread) -> str:
     return "%" if metric.unit == "%" else " ms"
+
+
+COLLECTIVE_LINES = 4
+
+
+def _collectives(job: JobSummary) -> Text:
+    """'all_reduce: 3.0/step, 1.80 ms/step (p90 2.10), busbw after the last arrival p10/p50/p90 2.1/29/30 GB/s; slowest 5'."""
+    text = Text("collectives across ranks:")
+    for row in job.collectives[:COLLECTIVE_LINES]:
+        line = f"\n  {row.type}: {row.calls_per_step:g}/step on {row.ranks} ranks, {row.ms_per_step_p50:.2f} ms/step (p90 {row.ms_per_step_p90:.2f})"
+        prefix, what = ("transfer_busbw_gbps", "busbw after the last arrival") if row.transfer_busbw_gbps_p50 is not None \
+            else ("busbw_gbps", "busbw")  # fmt: skip
+        low, mid, high = (getattr(row, f"{prefix}_{p}") for p in ("p10", "p50", "p90"))
+        if mid is not None:
+            line += f", {what} p10/p50/p90 {low:.3g}/{mid:.3g}/{high:.3g} GB/s"
+        if row.slowest:
+            line += "; slowest " + ", ".join(str(rank) for rank in row.slowest)
+        text.append(line)
+    return text
 
 
 def _groups(job: JobSummary) -> Text:

@@ -97,6 +97,25 @@ class RankGroup:
 
 
 @dataclass(frozen=True)
+class CollectiveSpread:
+    """One type of collective across the ranks: time per step and bus bandwidth percentiles, the slowest ranks."""
+
+    type: str  # all_reduce, all_to_all, ...
+    ranks: int  # ranks that ran it
+    calls_per_step: float  # median over the ranks
+    ms_per_step_p50: float
+    ms_per_step_p90: float
+    ms_per_step_max: float
+    busbw_gbps_p10: float | None = None  # bus bandwidth of the whole call, waits included
+    busbw_gbps_p50: float | None = None
+    busbw_gbps_p90: float | None = None
+    transfer_busbw_gbps_p10: float | None = None  # after the last rank arrived: the link, without the waits
+    transfer_busbw_gbps_p50: float | None = None
+    transfer_busbw_gbps_p90: float | None = None
+    slowest: tuple[int, ...] = ()  # ranks of the lowest transfer bandwidth (else whole-call), slowest first
+
+
+@dataclass(frozen=True)
 class JobSummary:
     """A job of many ranks in a few lines: the spread of each figure, its outlier ranks, the groups of ranks alike."""
 
@@ -105,6 +124,8 @@ class JobSummary:
     groups: tuple[RankGroup, ...]
     outliers: tuple[int, ...]  # every rank an outlier by some figure
     shown: tuple[int, ...]  # the ranks a report details: the outliers and each group's representative
+    outlier_z: float = 3.5  # the robust z-score beyond which a rank is an outlier (diagnose/thresholds.py)
+    collectives: tuple[CollectiveSpread, ...] = ()
 
 
 def rank_ranges(ranks: typing.Iterable[int]) -> str:
@@ -352,6 +373,8 @@ def _job_from_dict(data: Any, where: str) -> JobSummary:
     values["metrics"] = tuple(_build(MetricSpread, item, f"{where}.metrics[{i}]")
                               for i, item in enumerate(_list(data, "metrics", where)))  # fmt: skip
     values["groups"] = tuple(_build(RankGroup, item, f"{where}.groups[{i}]") for i, item in enumerate(_list(data, "groups", where)))
+    values["collectives"] = tuple(_build(CollectiveSpread, item, f"{where}.collectives[{i}]")
+                                  for i, item in enumerate(_list(data, "collectives", where)))  # fmt: skip
     return _build(JobSummary, values, where)
 
 
