@@ -15,19 +15,20 @@ from pathlib import Path
 import pytest
 
 from skalpel.analysis.bundle import run_analyses
-from skalpel.api import analyze_job
+from skalpel.api import analyze_job, load_report
 from skalpel.cli import main
 from skalpel.diagnose import diagnose
 from skalpel.job.build import build_report
 from skalpel.job.summary import histogram, outliers
 from skalpel.report import html
 from skalpel.report.terminal import render_text
+from skalpel.result.diff import diff_reports
 from skalpel.report.terminal_job import sparkline
 from skalpel.result.report import Report, rank_ranges
 from skalpel.trace.loader import load
 
 from .conftest import corpus
-from .jobbuilder import RankKind, build_job, planted
+from .jobbuilder import TWO_KINDS, RankKind, build_job, planted
 from .report_fixtures import DomSummary, chromium, console_messages, needs_browser
 
 PAIR = "hta/trace_filter"
@@ -174,3 +175,20 @@ def test_bad_input_is_said_once_in_the_notes(tmp_path: Path) -> None:
     assert sum("different runs" in note for note in notes) == 1
     assert all(len(note) < 1000 for note in notes)
     assert all(finding.rank is None or finding.across is not None for finding in report.findings)  # no report per rank
+
+
+def test_diff_of_two_jobs_follows_a_finding_across_its_ranks(planted_report: Report, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+    """The host-heavy kind fixed on all but one rank: gpu_idle persists, from ranks 12-16, 18-23 to rank 12."""
+    fixed = tmp_path / "fixed"
+    build_job(fixed, RANKS, lambda rank: TWO_KINDS[1] if rank == 12 else TWO_KINDS[0])
+    before = tmp_path / "before.json"
+    before.write_bytes(planted_report.to_json())
+    after = analyze_job([fixed], workers=1).report
+    result = diff_reports(load_report(before, which="BEFORE"), after)
+    idle = [change for change in result.persisting if change.id == "gpu_idle"]
+    assert len(idle) == 1 and not [change for change in result.appeared if change.id == "gpu_idle"]
+    assert idle[0].after.across.ranks == "12"
+    (tmp_path / "after.json").write_bytes(after.to_json())
+    assert main(["diff", str(before), str(tmp_path / "after.json")]) == 0
+    assert "(ranks 12-16, 18-23 -> 12)" in capsys.readouterr().out
