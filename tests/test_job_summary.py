@@ -22,8 +22,8 @@ from skalpel.job.build import build_report
 from skalpel.job.summary import histogram, outliers
 from skalpel.report import html
 from skalpel.report.terminal import render_text
-from skalpel.result.diff import diff_reports
 from skalpel.report.terminal_job import sparkline
+from skalpel.result.diff import diff_reports
 from skalpel.result.report import Report, rank_ranges
 from skalpel.trace.loader import load
 
