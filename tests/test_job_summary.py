@@ -192,3 +192,23 @@ def test_diff_of_two_jobs_follows_a_finding_across_its_ranks(planted_report: Rep
     (tmp_path / "after.json").write_bytes(after.to_json())
     assert main(["diff", str(before), str(tmp_path / "after.json")]) == 0
     assert "(ranks 12-16, 18-23 -> 12)" in capsys.readouterr().out
+
+
+def test_too_many_kinds_of_ranks_leave_a_bag_not_a_group_each() -> None:
+    from skalpel.job import summary
+    from skalpel.result.report import RankReport
+
+    ranks = [RankReport(rank=rank, step_ms=(10.0 * 1.25**rank,), step_breakdown_pct={"kernel": 50.0}) for rank in range(40)]
+    job = summary.job_summary(ranks)
+    assert job is not None and len(job.groups) == summary.MAX_GROUPS + 1
+    bag = job.groups[-1]
+    assert not bag.alike and bag.members == tuple(range(summary.MAX_GROUPS, 40)) and bag.ranks == "32-39"
+    assert all(group.alike and len(group.members) == 1 for group in job.groups[:-1])
+    assert bag.representative not in job.shown
+    assert "8 more ranks (32-39) like none of the 32 groups" in render_text(_with_job(job, ranks))
+
+
+def _with_job(job, ranks) -> Report:
+    from skalpel.result.report import Source, StepStats
+
+    return Report(source=Source(paths=()), steps=StepStats(40, 10.0, 10.0, 0.0), ranks=tuple(ranks), job=job)

@@ -30,6 +30,7 @@ FIGURES = (  # name, label, unit
 HISTOGRAM_BINS = 16
 SHOWN_OUTLIERS = 8  # outlier ranks a report details, farthest first; the rest are named in the summary
 SHOWN_GROUPS = 8  # groups a report details by a representative, largest first
+MAX_GROUPS = 32  # more kinds of ranks than this are not groups any more: the rest are one bag of ranks unlike them
 
 
 def rank_figures(rank: RankReport) -> dict[str, float]:
@@ -66,7 +67,8 @@ def job_summary(ranks: Iterable[RankReport]) -> JobSummary | None:
         for rank, _, z in metric.outliers:
             farthest[rank] = max(farthest.get(rank, 0.0), abs(z))
     outliers = tuple(sorted(farthest, key=lambda rank: (-farthest[rank], rank)))
-    shown = set(outliers[:SHOWN_OUTLIERS]) | {group.representative for group in groups[:SHOWN_GROUPS]}
+    representatives = [group.representative for group in groups if group.alike][:SHOWN_GROUPS]
+    shown = set(outliers[:SHOWN_OUTLIERS]) | set(representatives)
     return JobSummary(ranks=len(ranks), metrics=metrics, groups=groups, outliers=outliers, shown=tuple(sorted(shown)),
                       outlier_z=thresholds.RANK_OUTLIER_Z, collectives=collectives(ranks))  # fmt: skip
 
@@ -158,19 +160,27 @@ def outliers(values: dict[int, float], unit: str) -> tuple[tuple[int, float, flo
 def _groups(ranks: list[RankReport], figures: dict[int, dict[str, float]]) -> tuple[RankGroup, ...]:
     leaders: list[RankReport] = []
     members: dict[int, list[int]] = {}
+    unlike: list[int] = []  # ranks like no group once there are MAX_GROUPS: one bag, so the cost stays ranks x groups
     for rank in sorted(ranks, key=lambda item: item.rank):
         leader = next((other for other in leaders if alike(rank, other, figures)), None)
-        if leader is None:
+        if leader is not None:
+            members[leader.rank].append(rank.rank)
+        elif len(leaders) < MAX_GROUPS:
             leaders.append(rank)
             members[rank.rank] = [rank.rank]
         else:
-            members[leader.rank].append(rank.rank)
-    groups = [
-        RankGroup(ranks=rank_ranges(members[leader.rank]), members=tuple(members[leader.rank]), representative=leader.rank,
-                  profile={key: round(value, 4) for key, value in figures[leader.rank].items()})  # fmt: skip
-        for leader in leaders
-    ]
-    return tuple(sorted(groups, key=lambda group: (-len(group.members), group.representative)))
+            unlike.append(rank.rank)
+    groups = [_group(members[leader.rank], figures) for leader in leaders]
+    groups = sorted(groups, key=lambda group: (-len(group.members), group.representative))
+    if unlike:
+        groups.append(_group(unlike, figures, alike=False))
+    return tuple(groups)
+
+
+def _group(members: list[int], figures: dict[int, dict[str, float]], *, alike: bool = True) -> RankGroup:
+    first = members[0]
+    return RankGroup(ranks=rank_ranges(members), members=tuple(members), representative=first,
+                     profile={key: round(value, 4) for key, value in figures[first].items()}, alike=alike)  # fmt: skip
 
 
 def alike(one: RankReport, other: RankReport, figures: dict[int, dict[str, float]]) -> bool:

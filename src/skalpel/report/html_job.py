@@ -64,7 +64,7 @@ def _groups(job: JobSummary) -> str:
     rows = []
     for group in job.groups[:100]:
         cells = [f'<td class="mono">{escape(group.ranks if len(group.ranks) <= 200 else group.ranks[:199] + "…")}</td>',
-                 num(len(group.members)), num(group.representative)]  # fmt: skip
+                 num(len(group.members)), num(group.representative) if group.alike else "<td>none: like no group</td>"]  # fmt: skip
         cells += [num(group.profile.get(name)) for name in names]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f"<p>Ranks by behaviour: {len(job.groups)} group(s) of ranks alike.</p>" + table(headers, rows)

@@ -132,11 +132,16 @@ def _collectives(job: JobSummary) -> Text:
 
 def _groups(job: JobSummary) -> Text:
     text = Text(f"ranks by behaviour: {len(job.groups)} group{'s' if len(job.groups) != 1 else ''} of ranks alike")
-    for group in job.groups[:GROUP_LINES]:
+    alike = [group for group in job.groups if group.alike]
+    for group in alike[:GROUP_LINES]:
         figures = ", ".join(_figure(job, name, value) for name, value in group.profile.items())
         text.append(f"\n  {len(group.members)} rank{'s' if len(group.members) > 1 else ''} ({cut(group.ranks)}), "
                     f"like rank {group.representative}: {figures}")  # fmt: skip
-    rest = job.groups[GROUP_LINES:]
+    for group in job.groups:
+        if not group.alike:
+            text.append(f"\n  {len(group.members)} more ranks ({cut(group.ranks)}) like none of the "
+                        f"{len(alike)} groups: no group for them (too many kinds of ranks)")  # fmt: skip
+    rest = alike[GROUP_LINES:]
     if rest:
         text.append(f"\n  … {len(rest)} more groups of {sum(len(group.members) for group in rest)} ranks (report.json: job.groups)")
     return text

@@ -94,6 +94,7 @@ class RankGroup:
     members: tuple[int, ...]
     representative: int
     profile: dict[str, float]  # the representative's figures, by MetricSpread.name
+    alike: bool = True  # False: the ranks left when the groups ran out (job/summary.py MAX_GROUPS), alike or not
 
 
 @dataclass(frozen=True)
