@@ -99,7 +99,8 @@ def heatmaps(report: Report) -> str:
     if not maps:
         return ""
     return ('<h3>Rank × step</h3><p class="note">One row per rank (rank 0 at the top), one column per step; darker is '
-            'more. A red mark at the left: an outlier rank.</p><div class="heatmaps">' + "".join(maps) + "</div>")
+            'more. A red mark at the left: an outlier rank.</p>'
+            '<div class="heatmaps" style="display:flex;flex-wrap:wrap;gap:24px">' + "".join(maps) + "</div>")
 
 
 def _step_times(report: Report) -> list[list[float]]:
@@ -126,9 +127,10 @@ def _heatmap(title: str, ranks: list[int], values: list[list[float]], marked: se
         pixels.append(line)
     image = base64.b64encode(png(pixels)).decode("ascii")
     height = min(600, max(120, 2 * len(ranks)))
-    return (f'<figure class="heatmap"><figcaption>{escape(title)}: {low:.3g} to {high:.3g}</figcaption>'
+    return (f'<figure class="heatmap" style="margin:0;flex:1 1 240px;max-width:360px">'
+            f'<figcaption>{escape(title)}: {low:.3g} (light) to {high:.3g} (dark)</figcaption>'
             f'<img alt="{escape(title)} per rank and step" src="data:image/png;base64,{image}" '
-            f'style="width:100%;max-width:420px;height:{height}px;image-rendering:pixelated"></figure>')
+            f'style="display:block;width:100%;height:{height}px;image-rendering:pixelated;border:1px solid #ccc"></figure>')
 
 
 def _colour(value: float, low: float, high: float) -> tuple[int, int, int]:
