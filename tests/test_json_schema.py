@@ -58,6 +58,10 @@ def test_schema_documents_every_model_field() -> None:
         model.RankReport: defs["$defs"]["rank"]["properties"], model.GpuSummary: defs["$defs"]["gpu"]["properties"],
         model.MemorySummary: defs["$defs"]["memory"]["properties"], model.OpRow: defs["$defs"]["op"]["properties"],
         model.KernelRow: defs["$defs"]["kernel"]["properties"], model.Finding: defs["$defs"]["finding"]["properties"],
+        model.AcrossRanks: defs["$defs"]["across"]["properties"], model.JobSummary: defs["$defs"]["job"]["properties"],
+        model.MetricSpread: defs["$defs"]["job"]["properties"]["metrics"]["items"]["properties"],
+        model.RankGroup: defs["$defs"]["job"]["properties"]["groups"]["items"]["properties"],
+        model.CollectiveSpread: defs["$defs"]["job"]["properties"]["collectives"]["items"]["properties"],
     }  # fmt: skip
     missing = [f"{cls.__name__}.{f.name}" for cls, props in where.items() for f in dataclasses.fields(cls) if f.name not in props]
     assert missing == []
