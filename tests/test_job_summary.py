@@ -124,6 +124,11 @@ def test_corpus_jobs_keep_their_findings_merged(name: str) -> None:
             expanded[(finding.id, finding.rank)] += 1
     assert expanded == Counter((finding.id, finding.rank) for finding in raw)
     assert len(report.findings) <= len(raw)
+    for finding in report.findings:  # as severe as its worst rank, and says where it is less so
+        severities = {item["severity"] for item in finding.across.per_rank} if finding.across else set()
+        if len(severities) > 1:
+            assert finding.severity == min(severities, key=["critical", "warning", "info"].index)
+            assert all(f"{severity} on " in finding.across.describe() for severity in severities)
 
 
 def _thousand_ranks(report: Report) -> Report:

@@ -60,9 +60,18 @@ class AcrossRanks:
             text += f": {self.key} min {_short(self.min)}, median {_short(self.median)}, max {_short(self.max)}"
             if self.worst:
                 text += "; worst " + ", ".join(str(rank) for rank in self.worst)
+        severities: dict[str, list[int]] = {}
+        for item in self.per_rank:
+            severities.setdefault(str(item.get("severity")), []).append(int(item.get("rank", -1)))
+        if len(severities) > 1:  # the finding is as severe as its worst rank: say where it is less so
+            text += "; " + ", ".join(f"{severity} on {rank_ranges(ranks)}" for severity, ranks in
+                                     sorted(severities.items(), key=lambda item: _SEVERITY_ORDER.get(item[0], 9)))  # fmt: skip
         if self.differs:
             text += f"; {self.differs}"
         return text
+
+
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
 def _short(value: float | None) -> str:
