@@ -47,6 +47,9 @@ def test_rank_ranges() -> None:
     assert rank_ranges([3, 0, 1, 2, 7, 9, 10]) == "0-3, 7, 9-10"
     assert rank_ranges([5]) == "5"
     assert rank_ranges([]) == ""
+    assert rank_ranges(range(2, 256, 4)) == "2-254 every 4"
+    assert rank_ranges([1, 3, 5, 6, 7, 10, 20, 30, 40]) == "1, 3, 5-7, 10-40 every 10"
+    assert rank_ranges([4, 5, 12, 13]) == "4-5, 12-13"
 
 
 def test_robust_outliers_need_a_real_difference() -> None:

@@ -112,6 +112,7 @@ def _unit(metric: MetricSpread) -> str:
 
 
 COLLECTIVE_LINES = 4
+_SHORT = {"step_ms": "step ms", "compute_pct": "comp%", "comm_ms": "comm", "wait_ms": "wait", "idle_pct": "idle%"}
 
 
 def _collectives(job: JobSummary) -> Text:
@@ -130,25 +131,25 @@ def _collectives(job: JobSummary) -> Text:
     return text
 
 
-def _groups(job: JobSummary) -> Text:
-    text = Text(f"ranks by behaviour: {len(job.groups)} group{'s' if len(job.groups) != 1 else ''} of ranks alike")
+def _groups(job: JobSummary) -> Group:
+    """One line per group of ranks alike: its ranks, size, representative and the representative's figures."""
     alike = [group for group in job.groups if group.alike]
+    head = Text(f"ranks by behaviour: {len(job.groups)} group{'s' if len(job.groups) != 1 else ''} of ranks alike")
+    table = Table(box=None, pad_edge=False, show_edge=False, padding=(0, 1))
+    table.add_column("  ranks", no_wrap=True, overflow="ellipsis", max_width=26)
+    for header in ["n", "like"] + [_SHORT.get(metric.name, metric.label) for metric in job.metrics]:
+        table.add_column(header, justify="right", no_wrap=True, min_width=len(header))
     for group in alike[:GROUP_LINES]:
-        figures = ", ".join(_figure(job, name, value) for name, value in group.profile.items())
-        text.append(f"\n  {len(group.members)} rank{'s' if len(group.members) > 1 else ''} ({cut(group.ranks)}), "
-                    f"like rank {group.representative}: {figures}")  # fmt: skip
-    for group in job.groups:
-        if not group.alike:
-            text.append(f"\n  {len(group.members)} more ranks ({cut(group.ranks)}) like none of the "
-                        f"{len(alike)} groups: no group for them (too many kinds of ranks)")  # fmt: skip
+        table.add_row(f"  {cut(group.ranks, 24)}", str(len(group.members)), str(group.representative),
+                      *(_value(metric, group.profile[metric.name]) if metric.name in group.profile else "-"
+                        for metric in job.metrics))  # fmt: skip
+    lines: list = [head, table]
     rest = alike[GROUP_LINES:]
     if rest:
-        text.append(f"\n  … {len(rest)} more groups of {sum(len(group.members) for group in rest)} ranks (report.json: job.groups)")
-    return text
-
-
-def _figure(job: JobSummary, name: str, value: float) -> str:
-    metric = next((metric for metric in job.metrics if metric.name == name), None)
-    if metric is None:
-        return f"{name} {value:g}"
-    return f"{metric.label} {_value(metric, value)}{_unit(metric)}"
+        lines.append(Text(f"  … {len(rest)} more groups of {sum(len(group.members) for group in rest)} ranks "
+                          "(report.json: job.groups)"))  # fmt: skip
+    for group in job.groups:
+        if not group.alike:
+            lines.append(Text(f"  {len(group.members)} more ranks ({cut(group.ranks)}) like none of the "
+                              f"{len(alike)} groups: no group for them (too many kinds of ranks)"))  # fmt: skip
+    return Group(*lines)

@@ -139,18 +139,28 @@ class JobSummary:
 
 
 def rank_ranges(ranks: typing.Iterable[int]) -> str:
-    """``0-127, 130, 200-255``: sorted ranks with runs written as ranges."""
+    """``0-127, 130, 200-255``: sorted ranks, runs written as ranges; ``2-254 every 4`` for four or more
+    ranks a fixed stride apart (one rank in four, as a job of several kinds of ranks has them)."""
     ordered = sorted(set(ranks))
     spans: list[str] = []
-    start = previous = None
-    for rank in ordered + [None]:
-        if rank is not None and previous is not None and rank == previous + 1:
-            previous = rank
-            continue
-        if start is not None:
-            spans.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = rank
+    i = 0
+    while i < len(ordered):
+        j = i
+        stride = ordered[i + 1] - ordered[i] if i + 1 < len(ordered) else 1
+        while j + 1 < len(ordered) and ordered[j + 1] - ordered[j] == stride:
+            j += 1
+        if stride == 1 and j > i:
+            spans.append(f"{ordered[i]}-{ordered[j]}")
+        elif j - i >= _STRIDED_RUN - 1:
+            spans.append(f"{ordered[i]}-{ordered[j]} every {stride}")
+        else:
+            spans.append(str(ordered[i]))
+            j = i
+        i = j + 1
     return ", ".join(spans)
+
+
+_STRIDED_RUN = 4
 
 
 def sorted_findings(findings: typing.Iterable[Finding]) -> list[Finding]:
