@@ -179,7 +179,7 @@ def test_bad_input_is_said_once_in_the_notes(tmp_path: Path) -> None:
     assert sum("do not load" in note for note in notes) == 1 and any("skipped 1,000 files" in note for note in notes)
     assert sum("repeat a rank" in note for note in notes) == 1  # the other job's ranks 0-2 beside this one's
     assert sum("missing: 40-47" in note for note in notes) == 1
-    assert sum("different numbers of steps (4 (ranks 0-29), 3 (ranks 30-39))" in note for note in notes) == 1
+    assert sum("different numbers of steps (ranks 30-39: 3; ranks 0-29: 4)" in note for note in notes) == 1
     assert sum("different runs" in note for note in notes) == 1
     assert all(len(note) < 1000 for note in notes)
     assert all(finding.rank is None or finding.across is not None for finding in report.findings)  # no report per rank
