@@ -365,6 +365,36 @@ def test_dataloader_fix_never_asks_for_more_workers_than_cores(tmp_path):
     assert "up to the cores" in worker_advice(None)
 
 
+def test_dataloader_fix_counts_the_intra_op_threads_and_sizes_its_gain():
+    """2 intra-op threads on 2 cores: a worker needs a core they hold, so never num_workers=1 alone."""
+    from skalpel.diagnose.input import loader_plan
+
+    busy = loader_plan({"cores_available": 2, "intra_op_threads": 2}, wait_ms=94.0, step_ms=341.0, single=True,
+                       device=False, min_speedup=1.1)  # fmt: skip
+    assert busy.fix.startswith("make __getitem__ cheap") and "up to 1.4x" in busy.fix
+    assert "not more workers" in busy.fix and "torch.set_num_threads(1)" in busy.fix
+    assert busy.evidence["workers_speedup"] < 1.0
+    # the demo: 1 thread, the fetch 30 of a 36.5 ms step: one worker hides only the 6 ms of compute (1.2x)
+    demo = loader_plan({"cores_available": 2, "intra_op_threads": 1}, wait_ms=30.3, step_ms=36.5, single=True,
+                       device=False, min_speedup=1.1)  # fmt: skip
+    assert demo.fix.startswith("make __getitem__ cheap") and "or DataLoader(num_workers=1," in demo.fix
+    assert "set_num_threads" not in demo.fix and round(demo.evidence["workers_speedup"], 2) == 1.2
+    # compute-heavy steps on a big machine: the workers hide the whole fetch, so they lead
+    big = loader_plan({"cores_available": 16, "intra_op_threads": 8}, wait_ms=10.0, step_ms=40.0, single=True,
+                      device=True, min_speedup=1.1)  # fmt: skip
+    assert big.fix.startswith("DataLoader(num_workers=4, pin_memory=True,")
+
+
+def test_loader_oversubscribed_named_only_past_the_cores(tmp_path):
+    crowded = _with_capture(tmp_path, cpu=_cpu(intra_op_threads=2, loader_workers=4)).findings
+    found = [finding for finding in crowded if finding.id == "loader_oversubscribed"]
+    assert len(found) == 1 and found[0].evidence["threads_asked"] == 6
+    assert "num_workers=0" in found[0].fix and "set_num_threads(1)" in found[0].fix
+    fitting = _with_capture(tmp_path, cpu=_cpu(intra_op_threads=1, loader_workers=1)).findings
+    assert not [finding for finding in fitting if finding.id == "loader_oversubscribed"]
+    assert not [f for f in _with_capture(tmp_path).findings if f.id == "loader_oversubscribed"]  # no facts
+
+
 def test_empty_or_tiny_steps_are_defects_left_out_and_said(tmp_path):
     from skalpel.job.build import build_report
     from skalpel.trace.loader import load

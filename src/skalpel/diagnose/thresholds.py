@@ -60,7 +60,14 @@ MIB = 2**20
 # --- input ---------------------------------------------------------------------------------
 # TensorBoard's plugin recommends more workers at a 5% DataLoader share; 10% is where an
 # engineer would act first, and 5 ms/step is the time a second worker usually wins back.
-DATALOADER_BOUND = Threshold(10.0, "of the step", 5.0, "ms/step", critical_share_pct=30.0)
+DATALOADER_BOUND = Threshold(
+    10.0, "of the step", 5.0, "ms/step", critical_share_pct=30.0,
+    params=(("min_speedup", 1.1),),  # workers are advised only where they are estimated to gain this much
+)  # fmt: skip
+LOADER_OVERSUBSCRIBED = Threshold(
+    200.0, "of the usable cores asked for by DataLoader workers and intra-op threads", 2.0,
+    "threads asked beyond the usable cores",
+)  # fmt: skip
 PAGEABLE_MEMCPY = Threshold(
     1.0,
     "of the step in pageable host-to-device copies",

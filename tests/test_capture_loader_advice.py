@@ -1,0 +1,133 @@
+"""`skalpel run` gives loader advice that fits the machine: the cores the intra-op threads hold, and workers asked for.
+
+Look-alikes of the scripts issue 21 measured on 2 cores: a costly Python ``__getitem__`` with
+``num_workers=0`` and 2 intra-op threads (``num_workers=1`` alone made it 1.33x slower), the same
+loop with 1 intra-op thread (where one worker has a free core: its advice must not change), and
+4 DataLoader workers for trivial batches (0 workers was 1.15-1.2x faster) beside 1 worker on
+1 thread, which fits. Every test runs the real `skalpel run` and reads the report.json it wrote;
+the runs start together (module fixture) so that their torch imports overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+QUICK = ("--wait", "1", "--warmup", "1", "--active", "4", "--stop-after-capture")
+
+COSTLY_ITEMS = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+torch.set_num_threads({threads})
+torch.manual_seed(0)
+class Jittered(Dataset):
+    def __len__(self):
+        return 16 * 30
+    def __getitem__(self, index):
+        pixels, seed = [0.0] * 3072, index + 1
+        for _ in range(2):
+            for i in range(3072):
+                seed = (seed * 1103515245 + 12345) & 0x7FFFFFFF
+                pixels[i] = 0.5 * pixels[i] + ((seed >> 8) & 0xFFFF) / 65536.0
+        return torch.tensor(pixels).view(3, 32, 32), index % 10
+model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 32 * 32, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y in DataLoader(Jittered(), batch_size=8, shuffle=True, num_workers=0):
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+"""
+
+TRIVIAL_BATCHES = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads({threads})
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(64 * 32, 64), torch.randint(0, 10, (64 * 32,)))
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+if __name__ == "__main__":
+    for x, y in DataLoader(data, batch_size=32, num_workers={workers}, persistent_workers=True):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+"""
+
+LOOPS = {
+    "threads_hold_the_cores": COSTLY_ITEMS.format(threads=2),
+    "one_thread": COSTLY_ITEMS.format(threads=1),
+    "four_workers": TRIVIAL_BATCHES.format(threads=2, workers=4),
+    "one_worker": TRIVIAL_BATCHES.format(threads=1, workers=1),
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loaders")
+    processes = {}
+    for name, source in LOOPS.items():
+        script = root / f"{name}.py"
+        script.write_text(textwrap.dedent(source))
+        command = [sys.executable, "-m", "skalpel", "run", *QUICK, "--out", str(root / name), str(script)]
+        processes[name] = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = {}
+    for name, process in processes.items():
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, f"{name}: {out[-2000:]}\n{err[-3000:]}"
+        results[name] = json.loads((root / name / "report.json").read_text())
+    return results
+
+
+def _finding(report: dict, finding_id: str) -> dict | None:
+    return next((finding for finding in report["findings"] if finding["id"] == finding_id), None)
+
+
+def _on_two_cores(report: dict) -> None:
+    cpu = report["capture"]["cpu"]
+    if min(cpu["cores_available"], cpu["cpu_quota_cores"] or 99) != 2:
+        pytest.skip(f"the look-alikes are sized for 2 usable cores, this machine gives {cpu['cores_available']}")
+
+
+def test_no_worker_without_a_core_when_the_threads_hold_them(reports):
+    report = reports["threads_hold_the_cores"]
+    _on_two_cores(report)
+    finding = _finding(report, "dataloader_bound")
+    assert finding is not None, [f["id"] for f in report["findings"]]
+    assert finding["evidence"]["intra_op_threads"] == 2
+    assert finding["fix"].startswith("num_workers=0 loads every batch in the training process: make __getitem__ cheap")
+    assert "num_workers=1" not in finding["fix"] or "with torch.set_num_threads(1)" in finding["fix"]
+    assert finding["evidence"]["cheap_items_speedup_up_to"] > 1.0
+
+
+def test_one_thread_leaves_a_core_for_one_worker(reports):
+    """The look-alike: with 1 intra-op thread the advice still names num_workers=1, and no thread change."""
+    report = reports["one_thread"]
+    _on_two_cores(report)
+    finding = _finding(report, "dataloader_bound")
+    assert finding is not None, [f["id"] for f in report["findings"]]
+    assert "DataLoader(num_workers=1," in finding["fix"] and "set_num_threads" not in finding["fix"]
+    assert finding["evidence"]["intra_op_threads"] == 1 and "workers_speedup" in finding["evidence"]
+
+
+def test_four_workers_on_two_cores_are_named(reports):
+    report = reports["four_workers"]
+    _on_two_cores(report)
+    finding = _finding(report, "loader_oversubscribed")
+    assert finding is not None, [f["id"] for f in report["findings"]]
+    assert finding["evidence"]["loader_workers"] == 4 and finding["evidence"]["threads_asked"] == 6
+    assert "num_workers=0" in finding["fix"]
+
+
+def test_one_worker_on_one_thread_fits(reports):
+    report = reports["one_worker"]
+    _on_two_cores(report)
+    assert report["capture"]["cpu"]["loader_workers"] == 1
+    assert _finding(report, "loader_oversubscribed") is None
