@@ -93,8 +93,43 @@ def test_a_bad_count_field_costs_that_ops_flops_with_a_note_not_the_report(tmp_p
     mfu = _matmul_steps(tmp_path, bad_args)
     per_call = 2.0 * 64 * 128 * 32
     if "Input Dims" in bad_args and "flops" in bad_args:  # its shapes are readable: both calls counted
-        assert mfu.flops_per_step == 2 * per_call and mfu.note is None
+        assert mfu.flops_per_step == 2 * per_call and mfu.note == "FLOPs counted for aten::mm"
         return
     assert mfu.flops_per_step == per_call  # the good call of each step
     assert mfu.mfu_pct is not None  # the MFU is still there, of the FLOPs that could be counted
-    assert mfu.note == "3 op(s) with an unreadable 'Input Dims' or 'flops' field left out of the FLOP count"
+    assert mfu.note == "FLOPs counted for aten::mm; 3 op(s) with an unreadable 'Input Dims' or 'flops' field left out of the FLOP count"
+
+
+def test_cpu_convolutions_are_counted_from_their_shapes_and_named(tmp_path):
+    """A conv layer trained without with_flops: forward 2·N·O·H·W·C·k·k, backward twice that, and the note names them."""
+    torch = pytest.importorskip("torch")
+    import skalpel
+
+    torch.set_num_threads(1)
+    conv = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)  # 16x16 -> 8x8: the output size is not in the forward's dims
+    images = torch.randn(4, 3, 16, 16)
+    with skalpel.profile(wait=0, warmup=1, active=3, with_stack=False, out=tmp_path) as run:
+        for _ in range(4):
+            conv(images).sum().backward()
+            run.step()
+    mfu = run.report().ranks[0].mfu
+    forward = 2 * 4 * 8 * (8 * 8) * 3 * 3 * 3
+    assert mfu is not None and mfu.flops_per_step == pytest.approx(3 * forward)  # forward + the two gradients
+    assert "aten::convolution" in mfu.note and "aten::convolution_backward" in mfu.note
+
+
+def test_a_convolution_without_a_backward_is_left_out(tmp_path):
+    """Inference: no backward gives the output size, so the forward is not guessed."""
+    torch = pytest.importorskip("torch")
+    import skalpel
+
+    torch.set_num_threads(1)
+    conv, a, b = torch.nn.Conv2d(3, 8, 3, stride=2), torch.randn(4, 3, 16, 16), torch.randn(32, 32)
+    with torch.no_grad(), skalpel.profile(wait=0, warmup=1, active=3, with_stack=False, out=tmp_path) as run:
+        for _ in range(4):
+            conv(a)
+            torch.mm(b, b)
+            run.step()
+    mfu = run.report().ranks[0].mfu
+    assert mfu is not None and mfu.flops_per_step == pytest.approx(2 * 32 * 32 * 32)
+    assert "aten::mm" in mfu.note and "convolution" not in mfu.note

@@ -4,7 +4,8 @@ The achieved FLOP/s are the FLOPs of the profiled steps divided by their time. A
 are the profiler's own count where the trace has one (a ``flops`` argument, ``with_flops=True``
 in the torch versions that export it), else counted from its recorded input shapes the way
 torch's ``with_flops`` counts them: 2·M·K·N for ``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``
-(times the batch), 4·B·H·L·S·D for the forward of ``scaled_dot_product_attention`` kernels.
+(times the batch), 4·B·H·L·S·D for the forward of ``scaled_dot_product_attention`` kernels,
+and convolutions forward and backward (``_convolution_flops``). The note names the ops counted.
 Ops Inductor fused into generated kernels are not seen (their matrix multiplies are, as
 ``aten::mm`` extern calls). The peak is the dense (no sparsity) tensor-core figure of
 the device's datasheet for the training dtype; MFU is achieved / peak, as in the PaLM paper
@@ -109,9 +110,11 @@ def mfu(trace: Trace, steps: StepSegmentation, *, dtype: str = DEFAULT_DTYPE) ->
         step_s = numeric.median([step.duration_us for step in rank_steps]) / 1e6
         device = info.device_names[0] if info.device_names else None
         found = utilisation(info.rank, device, per_step, step_s, dtype, has_device=trace.has_device)
+        counted = counted_ops(trace, events[inside])
+        found = replace(found, note=f"{found.note}; {counted}" if found.note else counted)
         if unreadable:  # a bad field costs that op's FLOPs, not the report
             left_out = f"{unreadable} op(s) with an unreadable 'Input Dims' or 'flops' field left out of the FLOP count"
-            found = replace(found, note=f"{found.note}; {left_out}" if found.note else left_out)
+            found = replace(found, note=f"{found.note}; {left_out}")
         results.append(found)
     return tuple(results)
 
@@ -156,8 +159,77 @@ def _counted(trace: Trace) -> tuple[np.ndarray, np.ndarray, int]:
         elif flops > 0:
             counted[index] = flops
             unreadable.discard(index)
+    counted.update(_convolution_flops(trace, counted))
     events = np.array(sorted(counted), dtype=np.int64)
     return events, np.array([counted[int(index)] for index in events], dtype=np.float64), len(unreadable)
+
+
+_CONV, _CONV_BACKWARD = "aten::convolution", "aten::convolution_backward"
+
+
+def _convolution_flops(trace: Trace, counted: dict[int, float]) -> dict[int, float]:
+    """FLOPs of convolutions from their 'Input Dims': 2·N·O·(output pixels)·(C/groups)·(kernel) forward, twice that
+    backward (the input's and the weight's gradients).
+
+    ``convolution_backward``'s dims (grad_output, input, weight) hold the output size; a forward
+    ``convolution`` (input, weight) does not (stride and padding are not in the dims), so it is counted
+    from the backward of the same input and weight shapes, and left out where none ran (inference).
+    The first layer's input gradient, which autograd skips, is counted too: an over-count of at most
+    one forward of that layer per step.
+    A trace whose profiler counted its convolutions itself (``with_flops``) is not counted again.
+    """
+    if any("conv" in trace.name_of(index) for index in counted):
+        return {}
+    ids = {trace.name_id(name): name for name in (_CONV, _CONV_BACKWARD)}
+    ids.pop(-1, None)
+    calls = np.flatnonzero(numeric.isin(trace.name, list(ids)) & (trace.shapes >= 0)).tolist()
+    dims_of: dict[int, list] = {}
+    for shape_id in {int(trace.shapes[index]) for index in calls}:
+        try:
+            dims = json.loads(trace.names[shape_id])
+        except ValueError:
+            continue
+        if isinstance(dims, list) and len(dims) >= 3 and all(isinstance(dims[i], list) for i in range(3)):
+            dims_of[shape_id] = dims
+    output_of: dict[str, list] = {}  # (input, weight) shapes -> output pixels, from the backward calls
+    flops: dict[int, float] = {}
+    for index in calls:
+        dims = dims_of.get(int(trace.shapes[index]))
+        if ids[int(trace.name[index])] != _CONV_BACKWARD or dims is None:
+            continue
+        grad_output, inputs, weight = dims[0], dims[1], dims[2]
+        forward = _conv_forward(inputs, weight, grad_output[2:])
+        if forward > 0:
+            output_of[json.dumps([inputs, weight])] = grad_output[2:]
+            flops[index] = 2.0 * forward
+    for index in calls:
+        dims = dims_of.get(int(trace.shapes[index]))
+        if ids[int(trace.name[index])] != _CONV or dims is None:
+            continue
+        pixels = output_of.get(json.dumps([dims[0], dims[1]]))
+        forward = _conv_forward(dims[0], dims[1], pixels) if pixels is not None else 0.0
+        if forward > 0:
+            flops[index] = forward
+    return flops
+
+
+def _conv_forward(inputs: list, weight: list, output_pixels: list) -> float:
+    """2·N·O·prod(output spatial)·prod(weight[1:]) (weight[1] is C/groups); 0 when the shapes do not fit."""
+    try:
+        values = [inputs[0], weight[0], *output_pixels, *weight[1:]]
+        if len(inputs) < 3 or len(weight) != len(inputs) or len(output_pixels) != len(inputs) - 2:
+            return 0.0
+        if not all(isinstance(value, int) and value >= 0 for value in values):
+            return 0.0
+        return 2.0 * float(np.prod(np.array(values, dtype=np.float64)))
+    except (IndexError, TypeError):
+        return 0.0
+
+
+def counted_ops(trace: Trace, events: np.ndarray) -> str:
+    """The ops whose FLOPs the achieved rate counts, as a note: 'FLOPs of aten::addmm, aten::mm'."""
+    names = sorted({trace.name_of(int(index)) for index in events})
+    return "FLOPs counted for " + (", ".join(names) if names else "no op")
 
 
 def _number(value: object) -> float | None:

@@ -79,13 +79,13 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
     ``torch.set_num_threads`` lowered too, and the compute slows by up to threads / (threads - 1).
     A cheap ``__getitem__`` removes the fetch itself: up to step / compute.
     """
+    cores = usable_cores(cpu) if cpu else None
+    if cores is None:  # a trace without the capture's CPU facts: the cores it ran on are unknown
+        return LoaderPlan(worker_advice(cpu, device=device) + "; " + _CHEAP_ITEMS, {})
     compute = max(step_ms - wait_ms, 1e-3)
     cheap_speedup = step_ms / compute
     cheap = f"{_CHEAP_ITEMS}: the fetch is {wait_ms:.1f} ms of the {step_ms:.1f} ms step, up to {cheap_speedup:.1f}x"
     evidence: dict = {"compute_ms_per_step": compute, "cheap_items_speedup_up_to": cheap_speedup}
-    cores = usable_cores(cpu) if cpu else None
-    if cores is None:
-        return LoaderPlan(worker_advice(cpu, device=device) + "; " + _CHEAP_ITEMS, evidence)
     threads = int(cpu.get("intra_op_threads") or 1)
     workers_now = int(cpu.get("loader_workers") or 0)
     evidence.update({"intra_op_threads": threads, "loader_workers": workers_now, "usable_cores": cores})
