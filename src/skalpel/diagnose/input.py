@@ -101,23 +101,22 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
         evidence["workers_speedup"] = 1.0
         return LoaderPlan(f"{cheap}; with {cores:g} usable core, worker processes would only compete with training",
                           evidence)  # fmt: skip
-    slowed = compute * threads / set_threads if set_threads else compute
-    workers_speedup = step_ms / max(wait_ms / workers, slowed)
-    evidence["workers_speedup"] = workers_speedup
+    best = step_ms / max(wait_ms / workers, compute)  # the workers on cores of their own
+    # fewer intra-op threads: the compute slows by up to threads / set_threads (none where they did not scale)
+    worst = step_ms / max(wait_ms / workers, compute * threads / set_threads) if set_threads else best
+    evidence.update({"workers_speedup": worst, "workers_speedup_up_to": best})
     pin = "pin_memory=True, " if device else ""
     loader = f"DataLoader(num_workers={workers}, {pin}persistent_workers=True, prefetch_factor=2)"
     if set_threads:
-        loader += f" with torch.set_num_threads({set_threads})"
-    room = (f"the {threads} intra-op thread(s) already use the {cores:g} usable cores" if set_threads
-            else f"{workers} of {cores:g} usable cores left free by {threads} intra-op thread(s)")  # fmt: skip
-    sized = f"{loader} ({room}): about {workers_speedup:.2f}x, it hides at most the {compute:.1f} ms of compute"
-    if set_threads:
-        sized = (f"{loader} ({room}): about {workers_speedup:.2f}x, compute slowed to up to {slowed:.1f} ms on "
-                 f"{set_threads} thread(s)")  # fmt: skip
-    lead_workers = workers_speedup >= cheap_speedup
-    if workers_speedup < min_speedup:
+        sized = (f"{loader} with torch.set_num_threads({set_threads}) (the {threads} intra-op thread(s) already use "
+                 f"the {cores:g} usable cores): {worst:.2f}-{best:.2f}x, as the compute ({compute:.1f} ms) slows by "
+                 f"up to {threads}/{set_threads} on fewer threads; time it")  # fmt: skip
+    else:
+        sized = (f"{loader} ({workers} of {cores:g} usable cores left free by {threads} intra-op thread(s)): about "
+                 f"{best:.2f}x, it hides the fetch behind at most the {compute:.1f} ms of compute")  # fmt: skip
+    if best < min_speedup:
         return LoaderPlan(f"{cheap}; not more workers: {sized}", evidence)
-    if lead_workers:
+    if worst >= cheap_speedup:  # even with the threads it costs, the workers gain the most
         return LoaderPlan(f"{sized}; {cheap}", evidence)
     return LoaderPlan(f"{cheap}; or {sized}", evidence)
 
