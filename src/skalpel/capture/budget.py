@@ -4,8 +4,10 @@ torch.profiler keeps every event of the window in memory until it stops. An LSTM
 by LBFGS (20 forward and backward passes over 1,000 time steps in one optimizer step)
 records millions of ops per step; with stacks on, its profiler grew to 24 GB in three
 steps and the kernel killed the process, losing everything. A thread of ours watches the
-process's resident memory while the profiler runs; when it has grown by more than the
-budget since the profiler started, it asks the step detector to end the recording at its next
+memory the process holds (malloc's bytes in use, ``in_use_bytes``: not what glibc keeps after
+a free) while the profiler runs; when it has grown by more than the budget over the warm-up's
+high-water mark (the steps' own tensors at their peak, which a step allocating 1 GB reaches
+without the profiler holding anything), it asks the step detector to end the recording at its next
 hook on the script's thread (an optimizer's zero_grad, a backward, a DataLoader fetch: the
 places where skalpel may drive the profiler), which writes what was recorded and lets the
 script run on.
@@ -21,6 +23,7 @@ released (``release_results``) before the analysis loads it.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import sys
@@ -37,6 +40,7 @@ AVAILABLE_SHARE = 0.5  # of the memory available when recording began: for the p
 STOP_FACTOR = 20  # the peak of stop() and the export, against the growth while recording (12-17x measured)
 MIN_BUDGET_BYTES = 64 * 2**20
 POLL_S = 0.25
+RECENT_POLLS = 3  # the growth charged is the least of the last polls (0.75 s): a step's transient peak passes
 MANY_OPS_PER_STEP = 20_000  # fewer host ops than this per step cannot make the profiler's events weigh much
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -59,16 +63,16 @@ class OverBudget:
         ops_per_step = partial.ops / max(partial.steps, 1) if partial is not None else None
         if ops_per_step is not None and ops_per_step < MANY_OPS_PER_STEP:
             return (
-                f"recording stopped early: the process grew by {self.grown / 2**20:,.0f} MiB while recording (budget "
-                f"{self.budget / 2**20:,.0f} MiB, {self.source}); {held}. The steps run few ops ({ops_per_step:,.0f} "
-                "recorded per step), so what grew is the memory the step itself allocates (its tensors, which the "
-                "profiler's memory recording holds on to), not the profiler's events: raise the budget "
-                f"(${ENV_BUDGET}=MiB) if the machine has the memory, or mark a smaller unit of work as the step "
-                "(skalpel.step())"
+                f"recording stopped early: the profiler's records grew the memory in use by "
+                f"{self.grown / 2**20:,.0f} MiB (budget {self.budget / 2**20:,.0f} MiB, {self.source}; the steps' own "
+                f"tensors at their warm-up peak are not counted); {held}. The steps run few ops ({ops_per_step:,.0f} "
+                "recorded per step), so what grew is what the profiler keeps of each (its memory events and Python "
+                f"stacks): raise the budget (${ENV_BUDGET}=MiB) if the machine has the memory, leave out Python "
+                "stacks (--no-stack), or mark a smaller unit of work as the step (skalpel.step())"
             )
         many = f" ({ops_per_step:,.0f} recorded per step)" if ops_per_step is not None else ""
         return (
-            f"recording stopped early: the profiler's events grew the process by {self.grown / 2**20:,.0f} MiB "
+            f"recording stopped early: the profiler's events grew the memory in use by {self.grown / 2**20:,.0f} MiB "
             f"(budget {self.budget / 2**20:,.0f} MiB, {self.source}); {held}. Each step runs a very large number of "
             f"ops{many}: "
             + ("record fewer steps (--active), " if recorded_steps else "")
@@ -83,6 +87,37 @@ def resident_bytes() -> int | None:
             return int(statm.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return None
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    try:
+        function = ctypes.CDLL("libc.so.6").mallinfo2  # glibc 2.33+
+    except (OSError, AttributeError):
+        return None
+    function.restype = _MallInfo2
+    return function
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def in_use_bytes() -> int | None:
+    """Bytes malloc has handed out and not had back (glibc's ``mallinfo2``: heap in use plus mmapped blocks),
+    else the resident memory; None where neither can be read.
+
+    Memory the process freed but glibc keeps for reuse (its heap below a raised mmap threshold)
+    is resident yet held by nothing: after a step that frees a large tensor, the resident size
+    stays up while this falls back.
+    """
+    if _MALLINFO2 is not None:
+        info = _MALLINFO2()
+        return int(info.uordblks) + int(info.hblkhd)
+    return resident_bytes()
 
 
 def budget_bytes() -> tuple[int, str] | None:
@@ -140,12 +175,13 @@ class RecordingBudget:
         sys.setprofile(None)  # out of the profiler's Python tracer (and the flame graph)
         start: int | None = None
         budget: tuple[int, str] | None = None
+        recent: list[int] = []
         while not self._stop.wait(POLL_S):
             if not self.profiling():
                 if start is not None:
                     return  # one profiler per run: it stopped within the budget
                 continue
-            now = resident_bytes()
+            now = in_use_bytes()
             if now is None:
                 return
             if start is None:
@@ -153,7 +189,14 @@ class RecordingBudget:
                 if budget is None:
                     return
                 continue
-            if budget is not None and now - start > budget[0] and self.recording():
-                self.tripped = OverBudget(now - start, budget[0], budget[1])
+            if not self.recording():
+                # the warm-up runs the steps as the window will, but keeps no event: its high-water mark is what
+                # the steps themselves hold at their peak (their tensors), which the recording is not charged for
+                start = max(start, now)
+                continue
+            recent = (recent + [now])[-RECENT_POLLS:]
+            held = min(recent)  # what the profiler holds only grows: a step's passing peak is not it
+            if budget is not None and len(recent) == RECENT_POLLS and held - start > budget[0]:
+                self.tripped = OverBudget(held - start, budget[0], budget[1])
                 self.over(self.tripped)
                 return
