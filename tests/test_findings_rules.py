@@ -457,3 +457,21 @@ def test_too_few_steps_with_enough_asked_for_says_where_they_went(tmp_path):
     assert "5 active steps were asked for and 2 analysed" in finding.fix
     asked_too_few = build_report(load(tmp_path / "trace.json"), capture=CaptureInfo(warmup_steps=2, active_steps=2))
     assert "--active 5" in next(f for f in asked_too_few.findings if f.id == "too_few_steps").fix
+
+
+# ---- verdicts near a threshold say so (issue 21 class 5) ------------------------------------------
+
+
+@pytest.mark.parametrize(("wait_us", "borderline"), [(5_100.0, True), (8_000.0, False)])
+def test_a_share_just_past_its_threshold_is_borderline(tmp_path, wait_us, borderline):
+    """dataloader_bound fires at 10% of the step: 10.2% says borderline, 16% does not."""
+    builder = TraceBuilder()
+    step = 50_000.0
+    for number in range(5):
+        start = number * step
+        builder.step(number + 1, start, step - 1)
+        builder.host("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start + 1, wait_us)
+        builder.host("aten::mm", start + wait_us + 10, step - wait_us - 100)
+    (finding,), _ = _findings(builder, tmp_path, "dataloader_bound")
+    assert ("borderline" in finding.evidence) is borderline
+    assert ("(borderline: 10.2% against 10%)" in finding.title) is borderline

@@ -8,9 +8,11 @@ at warning or above, a "no bottleneck found" statement with the numbers behind i
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from ..result.report import SEVERITIES, CaptureInfo, Finding
+from . import thresholds
 from .registry import BY_ID, REDIRECTS, RULES, judged_rules, lookup
 from .rule import Context, NotJudged, Rule
 from .verdict import no_bottleneck, not_judged
@@ -55,12 +57,30 @@ def conclude(ctx: Context, outcomes: list[tuple[Rule, list[Finding] | NotJudged]
             if outcome.applies:
                 unjudged[outcome.reason].append(rule.id)
         else:
-            findings.extend(outcome)
+            findings.extend(_borderline(rule, finding, ctx.capture) for finding in outcome)
     findings.sort(key=_order)
     if not any(finding.severity in ("critical", "warning") for finding in findings):
         findings.insert(0, no_bottleneck(ctx))  # the verdict leads; info notes follow it
     findings.extend(not_judged(reason, ids) for reason, ids in unjudged.items())
     return tuple(findings)
+
+
+def _borderline(rule: Rule, finding: Finding, capture: CaptureInfo | None) -> Finding:
+    """A finding whose share passed its threshold by less than the margin says so: identical runs may land on
+    either side (launch_bound at 50.07% against 50% fired on 2 of 5 runs of the same command)."""
+    threshold, share = rule.thresholds.share_pct, finding.evidence.get("share_pct")
+    if threshold is None or not isinstance(share, (int, float)) or rule.thresholds.fires_below:
+        return finding
+    if not threshold <= share < threshold * (1 + thresholds.BORDERLINE_MARGIN_PCT / 100):
+        return finding
+    words = f"{share:.1f}% against the {threshold:g}% threshold"
+    noise = capture.noise_pct if capture is not None else None
+    if noise is not None:
+        words += f"; the windows' medians spread +-{noise:.0f}%"
+    else:
+        words += "; an identical run may fall on either side (--repeat 3 measures the spread)"
+    evidence = {**finding.evidence, "borderline": words}
+    return replace(finding, title=f"{finding.title} (borderline: {share:.1f}% against {threshold:g}%)", evidence=evidence)
 
 
 def _run(rule: Rule, ctx: Context) -> list[Finding] | NotJudged:

@@ -57,6 +57,10 @@ def _number(value: float) -> str:
 
 MIB = 2**20
 
+# A finding whose share passed its threshold by less than this (relative) is marked borderline: a run of the same
+# code may fall on the other side (launch_bound at 50.07% against 50% fired on 2 of 5 identical runs).
+BORDERLINE_MARGIN_PCT = 5.0
+
 # --- input ---------------------------------------------------------------------------------
 # TensorBoard's plugin recommends more workers at a 5% DataLoader share; 10% is where an
 # engineer would act first, and 5 ms/step is the time a second worker usually wins back.
