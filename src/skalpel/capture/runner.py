@@ -23,7 +23,7 @@ import sys
 import threading
 from pathlib import Path
 
-from . import compile_log, distributed, session, signals
+from . import compile_log, distributed, malloc, session, signals
 from .aside import ProfilerWatch
 from .budget import OverBudget, RecordingBudget
 from .children import Children
@@ -54,6 +54,10 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
     signals.set_owner()
     guard = signals.Guard()
     compile_log.install()  # before the script: its first compilation comes before the first step
+    held = malloc.hold_mmap_threshold()  # before the script: every step runs with the same allocator
+    if held:
+        own.notes.append(held)
+        own.said.add(held)  # for the report: not worth a line on the terminal
     with guard, filtered_stderr():  # until the trace is written and analysed
         with capture.installed(), as_main(target, code_path):
             status, error = _run_script(target, code_path, guard)
