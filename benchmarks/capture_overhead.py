@@ -9,7 +9,7 @@ is this thread's CPU time (``time.thread_time``): on a shared, loaded machine wa
 mostly measures the other processes; ``--clock wall`` measures wall time instead. The
 analysis (report, flame graph) is not part of capture and is not timed here.
 
-    .venv/bin/python benchmarks/capture_overhead.py [--repeats 7] [--active 40] [--batch 32]
+    .venv/bin/python benchmarks/capture_overhead.py [--repeats 7] [--active 40] [--batch 32] [--loop large]
 
 Target: skalpel / bare within 5% (ratio <= 1.05).
 
@@ -17,7 +17,11 @@ A third capture runs the loop as ``skalpel run`` does (steps found by the detect
 not by ``run.step()``), and its reported overhead (recorded steps against the un-profiled
 steps skalpel times after the window, wall clock) is checked against an independent
 measurement: the same loop timed alone, with no profiler and no skalpel, in its own
-process. Both are printed with their noise.
+process. Both are printed with their noise. Then the loop runs as a script under the real
+`skalpel run`: its reported overhead, and its un-profiled baseline against the loop timed
+alone. ``--loop large`` gives the loop 8 MiB activations, where glibc's mmap threshold
+decides whether every step page-faults them; a baseline faster than the loop alone would be
+the allocator's doing (``capture/malloc.py`` holds the threshold for the whole run).
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ from skalpel.capture.settings import CaptureSettings, profiler_kwargs, torch_sch
 
 def make_loop(seed: int = 0):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    if LOOP == "large":  # activations of 8 MiB (1024 x 2048 floats): above glibc's first mmap threshold
+        model = torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10))
+    else:
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = [(torch.randn(BATCH, 256), torch.randint(0, 10, (BATCH,))) for _ in range(8)]
 
@@ -55,6 +62,7 @@ def make_loop(seed: int = 0):
 
 
 CLOCK = time.thread_time
+LOOP = "mlp"  # --loop: "large" gives the loop activations of several MiB, which glibc's mmap threshold decides on
 BATCH = 64  # --batch: larger batches give longer steps, where the wall clock is steadier
 
 
@@ -118,7 +126,7 @@ def run_detected(settings: CaptureSettings, folder: Path) -> tuple[list[float], 
 
 def time_alone(steps: int) -> list[float]:
     """The same loop in a fresh process, no profiler, no skalpel: wall ms of its steady steps."""
-    command = [sys.executable, __file__, "--alone", str(steps), "--batch", str(BATCH)]
+    command = [sys.executable, __file__, "--alone", str(steps), "--batch", str(BATCH), "--loop", LOOP]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
@@ -132,6 +140,31 @@ def _alone(steps: int) -> None:
         step(index)
         times.append((time.perf_counter() - start) * 1000.0)
     print(json.dumps(times[steps // 3 :]))  # steady state: past the first iterations
+
+
+RUN_SCRIPT = """
+import sys
+sys.path.insert(0, {folder!r})
+import capture_overhead as bench
+bench.LOOP, bench.BATCH = {loop!r}, {batch}
+import torch
+torch.set_num_threads(1)
+step = bench.make_loop()
+for index in range({steps}):
+    step(index)
+"""
+
+
+def through_skalpel_run(folder: Path, steps: int = 40) -> dict:
+    """The loop as a script under the real `skalpel run` (a process of its own): the capture facts it reports."""
+    script = folder / "loop.py"
+    script.write_text(RUN_SCRIPT.format(folder=str(Path(__file__).resolve().parent), loop=LOOP, batch=BATCH, steps=steps))
+    out = folder / "run"
+    command = [sys.executable, "-m", "skalpel", "run", "--warmup", "2", "--active", "10", "--out", str(out), str(script)]
+    subprocess.run(command, capture_output=True, text=True, check=True)
+    capture = json.loads((out / "report.json").read_text())["capture"]
+    return {key: capture.get(key) for key in ("overhead_pct", "overhead_noise_pct", "profiled_step_ms",
+                                              "unprofiled_step_ms")}  # fmt: skip
 
 
 def _spread(values: list[float]) -> float:
@@ -168,15 +201,17 @@ def _recorded(times: list[float], settings: CaptureSettings) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global CLOCK, BATCH
+    global CLOCK, BATCH, LOOP
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--active", type=int, default=40, help="recorded steps per capture (default 40: shorter windows are mostly noise)")
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
     parser.add_argument("--batch", type=int, default=BATCH, help="samples per step (default 64: a step of a few ms)")
+    parser.add_argument("--loop", choices=("mlp", "large"), default="mlp",
+                        help="the loop: a small MLP (default) or one with 8 MiB activations (glibc's mmap threshold)")
     parser.add_argument("--alone", type=int, default=0, help=argparse.SUPPRESS)  # internal: time the loop alone
     args = parser.parse_args(argv)
-    BATCH = args.batch
+    BATCH, LOOP = args.batch, args.loop
     if args.alone:
         _alone(args.alone)
         return 0
@@ -189,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     detected_ms: list[float] = []
     reported: list[tuple[float, float]] = []
     independent: list[float] = []
+    run_facts: list[tuple[dict, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         bare_call, ours_call = step_call_cost_us(settings, Path(tmp))
         run_bare(settings, Path(tmp))  # warm both paths once (lazy init, first export)
@@ -206,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             if overhead is not None:
                 reported.append((overhead, noise if noise is not None else float("nan")))
             independent.append((profiled_ms / alone_ms - 1.0) * 100.0)
+            run_facts.append((through_skalpel_run(Path(tmp)), statistics.median(time_alone(60))))
     bare_step, ours_step = statistics.median(step_ms["bare"]), statistics.median(step_ms["skalpel"])
     bare_total, ours_total = statistics.median(total_s["bare"]), statistics.median(total_s["skalpel"])
     print(f"settings: wait {settings.wait}, warm-up {settings.warmup}, active {settings.active}; "
@@ -225,6 +262,18 @@ def main(argv: list[str] | None = None) -> int:
               f"spread over repeats +-{_spread(overheads):.1f}%)")  # fmt: skip
     print(f"independent: profiled step {statistics.median(detected_ms):.3f} ms against the same loop alone in its own "
           f"process: median {statistics.median(independent):+.1f}% (spread over repeats +-{_spread(independent):.1f}%)")
+    # The real `skalpel run`: its reported overhead, and its un-profiled baseline against the loop timed alone (a
+    # baseline faster than the loop alone is the allocator's doing: glibc's mmap threshold raised by the profiler)
+    reported_run = [facts["overhead_pct"] for facts, _ in run_facts if facts["overhead_pct"] is not None]
+    baseline_vs_alone = [(facts["unprofiled_step_ms"] / alone - 1.0) * 100.0 for facts, alone in run_facts
+                         if facts["unprofiled_step_ms"]]  # fmt: skip
+    profiled_vs_alone = [(facts["profiled_step_ms"] / alone - 1.0) * 100.0 for facts, alone in run_facts
+                         if facts["profiled_step_ms"]]  # fmt: skip
+    if reported_run and baseline_vs_alone:
+        print(f"skalpel run ({LOOP} loop): reported overhead median {statistics.median(reported_run):+.1f}%; "
+              f"its un-profiled baseline against the loop alone {statistics.median(baseline_vs_alone):+.1f}%; "
+              f"its profiled step against the loop alone {statistics.median(profiled_vs_alone):+.1f}% "
+              f"(spread over repeats +-{_spread(profiled_vs_alone):.1f}%)")  # fmt: skip
     # Each repeat runs bare and skalpel back to back: the ratio within a repeat cancels the machine's drift.
     paired = [ours / bare for ours, bare in zip(step_ms["skalpel"], step_ms["bare"])]
     paired_run = [ours / bare for ours, bare in zip(step_ms["skalpel run"], step_ms["bare"])]
