@@ -69,4 +69,4 @@ def test_the_mmap_threshold_is_held_for_the_whole_run(tmp_path, own_threshold, h
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     notes = [warning for warning in report["warnings"] if warning.startswith("malloc's mmap threshold was held")]
     assert len(notes) == (1 if held else 0)
-    assert "mmap threshold" not in done.stderr  # a note for the report, not a line on the terminal
+    assert "mmap threshold" not in done.stderr  # said once, with the report, not as the run goes

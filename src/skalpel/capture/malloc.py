@@ -32,8 +32,6 @@ def hold_mmap_threshold() -> str | None:
     if not mallopt(M_MMAP_THRESHOLD, HELD_BYTES) or not mallopt(M_TRIM_THRESHOLD, 2 * HELD_BYTES):
         return None
     return (
-        f"malloc's mmap threshold was held at {HELD_BYTES // 2**20} MiB for the whole run (glibc raises it by itself "
-        "once the profiler frees its buffers, which made the un-profiled steps after the window faster than those "
-        "before it and inflated the overhead): tensors of 128 KiB to 32 MiB are reused warm here where a plain "
-        "run may page-fault them every step; set MALLOC_MMAP_THRESHOLD_ to choose the threshold yourself"
+        f"malloc's mmap threshold was held at {HELD_BYTES // 2**20} MiB for the whole run, so that the steps before "
+        "and after the profiler use the same allocator (MALLOC_MMAP_THRESHOLD_ chooses another)"
     )

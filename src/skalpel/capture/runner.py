@@ -57,7 +57,7 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
     held = malloc.hold_mmap_threshold()  # before the script: every step runs with the same allocator
     if held:
         own.notes.append(held)
-        own.said.add(held)  # for the report: not worth a line on the terminal
+        own.said.add(held)  # with the report, not as the run goes
     with guard, filtered_stderr():  # until the trace is written and analysed
         with capture.installed(), as_main(target, code_path):
             status, error = _run_script(target, code_path, guard)
