@@ -45,7 +45,8 @@ STACKS_BUDGET_MB = Variable(
 )  # fmt: skip
 RECORD_BUDGET_MB = Variable(
     "SKALPEL_RECORD_BUDGET_MB", None,
-    "Memory (MiB) the recording may grow the process by before it stops early, keeping what it recorded.",
+    "Memory (MiB) the profiler's recording may hold (malloc's bytes in use above the warm-up's) before it stops "
+    "early, keeping what it recorded.",
     default_text="1/40 of the memory available when recording begins, at least 64",
 )  # fmt: skip
 OUT = Variable(
