@@ -17,6 +17,8 @@ import textwrap
 
 import pytest
 
+from tests.conftest import skip
+
 pytestmark = pytest.mark.slow
 
 QUICK = ("--wait", "1", "--warmup", "1", "--active", "4", "--stop-after-capture")
@@ -93,7 +95,7 @@ def _finding(report: dict, finding_id: str) -> dict | None:
 def _on_two_cores(report: dict) -> None:
     cpu = report["capture"]["cpu"]
     if min(cpu["cores_available"], cpu["cpu_quota_cores"] or 99) != 2:
-        pytest.skip(f"the look-alikes are sized for 2 usable cores, this machine gives {cpu['cores_available']}")
+        skip(f"the look-alikes are sized for 2 usable cores, this machine gives {cpu['cores_available']}")
 
 
 def test_no_worker_without_a_core_when_the_threads_hold_them(reports):

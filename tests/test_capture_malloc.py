@@ -19,6 +19,8 @@ import sys
 
 import pytest
 
+from tests.conftest import skip_unless
+
 pytestmark = pytest.mark.slow
 
 SCRIPT = """
@@ -52,7 +54,7 @@ def _glibc_with_mallinfo2() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc 2.33+ only: the threshold is glibc's")
+@skip_unless(_glibc_with_mallinfo2(), "glibc 2.33+ only: the threshold is glibc's")
 @pytest.mark.parametrize(("own_threshold", "held"), [(None, True), ("131072", False)])
 def test_the_mmap_threshold_is_held_for_the_whole_run(tmp_path, own_threshold, held):
     script = tmp_path / "activations.py"

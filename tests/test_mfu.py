@@ -102,7 +102,8 @@ def test_a_bad_count_field_costs_that_ops_flops_with_a_note_not_the_report(tmp_p
 
 def test_cpu_convolutions_are_counted_from_their_shapes_and_named(tmp_path):
     """A conv layer trained without with_flops: forward 2·N·O·H·W·C·k·k, backward twice that, and the note names them."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     import skalpel
 
     torch.set_num_threads(1)
@@ -120,7 +121,8 @@ def test_cpu_convolutions_are_counted_from_their_shapes_and_named(tmp_path):
 
 def test_a_convolution_without_a_backward_is_left_out(tmp_path):
     """Inference: no backward gives the output size, so the forward is not guessed."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     import skalpel
 
     torch.set_num_threads(1)
