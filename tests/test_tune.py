@@ -46,10 +46,11 @@ def _names(chosen: list[candidates.Choice]) -> list[str]:
 
 
 def test_a_starving_loader_gets_more_workers_at_its_line() -> None:
-    chosen, skipped = candidates.select(STARVED_FACTS, {"dataloader_bound"}, cores=4)
-    assert _names(chosen) == ["num_workers", "threads"]  # threads: a CPU run with fewer threads than cores
-    assert chosen[0].reason == "dataloader_bound"
-    assert {item["name"] for item in skipped} == {"pin_memory", "persistent_workers", "prefetch_factor"}
+    selection = candidates.select(STARVED_FACTS, {"dataloader_bound"}, cores=4)
+    # threads: a CPU run with fewer threads than cores; compile: a CPU step is host-bound
+    assert _names(selection.chosen) == ["num_workers", "threads", "compile"]
+    assert selection.chosen[0].reason == "dataloader_bound" and selection.chosen[2].reason == "host-bound step (CPU)"
+    assert {item["name"] for item in selection.skipped} == {"persistent_workers", "prefetch_factor"}
     workers = candidates.BY_NAME["num_workers"]
     assert workers.fix(STARVED_FACTS, 4) == {"dataloader": {"num_workers": 4}}
     (change,) = workers.changes(STARVED_FACTS, 4)
@@ -62,23 +63,73 @@ def test_workers_never_exceed_the_usable_cores() -> None:
     assert candidates.BY_NAME["num_workers"].fix(STARVED_FACTS, 64)["dataloader"]["num_workers"] == candidates.MAX_WORKERS
 
 
+def _with_workers(workers: int, threads: int) -> dict:
+    loader = {**STARVED_FACTS["loaders"][0], "num_workers": workers}
+    loader["site"] = _site("train.py", 31, f"loader = DataLoader(ds, batch_size=16, num_workers={workers})")
+    return {**STARVED_FACTS, "threads": threads, "threads_call": None, "loaders": [loader]}
+
+
+def test_four_workers_on_two_cores_try_fewer_workers_and_a_split_with_threads_with_no_finding() -> None:
+    facts = _with_workers(4, 2)
+    selection = candidates.select(facts, set(), cores=2)
+    reasons = {choice.candidate.name: choice.reason for choice in selection.chosen}
+    assert list(reasons) == ["fewer_workers", "workers_threads", "compile"]
+    assert reasons["fewer_workers"] == "4 loader workers + 2 intra-op threads on 2 usable cores"
+    assert candidates.BY_NAME["fewer_workers"].fix(facts, 2) == {"dataloader": {"num_workers": 2}}
+    (change,) = candidates.BY_NAME["fewer_workers"].changes(facts, 2)
+    assert change["after"] == "loader = DataLoader(ds, batch_size=16, num_workers=2)"
+    assert "now 4 workers with 2 intra-op threads on 2 usable cores" in change["edit"]
+    assert candidates.BY_NAME["workers_threads"].fix(facts, 2) == {"dataloader": {"num_workers": 1}, "threads": 1}
+    loader_change, threads_change = candidates.BY_NAME["workers_threads"].changes(facts, 2)
+    assert loader_change["after"].endswith("num_workers=1)") and threads_change["after"] == "torch.set_num_threads(1)"
+    # the real settings in the words: a loader with 4 workers is not said to have 2
+    why = candidates.BY_NAME["num_workers"].why_not(facts, 2)
+    assert why == "every DataLoader already has at least num_workers=2 (num_workers=4)"
+    # workers and threads that fit the cores: nothing to take away
+    fits = _with_workers(1, 1)
+    assert not {"fewer_workers", "workers_threads"} & set(_names(candidates.select(fits, set(), cores=2).chosen))
+    assert "fit in the 2 usable cores" in candidates.BY_NAME["fewer_workers"].why_not(fits, 2)
+
+
+def test_the_worker_split_shares_the_cores() -> None:
+    from skalpel.cores import fewer_workers, worker_split
+
+    assert worker_split(4, 2, 2) == (1, 1) and worker_split(8, 8, 8) == (4, 4) and worker_split(2, 2, 8) == (2, 2)
+    assert worker_split(3, 1, 1) == (1, 1)  # one core: one of each, the least there is
+    assert fewer_workers(4, 2, 2) == 2 and fewer_workers(2, 2, 2) == 1 and fewer_workers(2, 1, 4) is None
+    assert fewer_workers(1, 4, 2) is None  # one worker: fewer is none, which is not a DataLoader tune changes
+
+
+def test_a_host_bound_step_tries_compile_with_no_finding_and_gpu_candidates_are_listed_once() -> None:
+    selection = candidates.select({**STARVED_FACTS, "loaders": []}, set(), cores=1)  # threads == cores: no threads
+    assert _names(selection.chosen) == ["compile"] and selection.chosen[0].reason == "host-bound step (CPU)"
+    assert selection.skipped == []
+    gpu_only = [item["name"] for item in selection.not_applicable]
+    assert gpu_only == ["pin_memory", "compile_reduce_overhead", "autocast_bf16", "fused_optimizer", "cudnn_benchmark"]
+    assert all(item["why"] == "needs a GPU" for item in selection.not_applicable)
+    forced = candidates.select(STARVED_FACTS, set(), cores=1, forced=("cudnn_benchmark",))
+    assert forced.skipped == [{"name": "cudnn_benchmark", "why": "cuDNN autotuning needs a GPU"}]
+    assert "cudnn_benchmark" not in {item["name"] for item in forced.not_applicable}  # said once, where asked
+
+
 def test_no_finding_no_loader_candidate_and_a_gpu_brings_its_own() -> None:
-    chosen, _ = candidates.select(STARVED_FACTS, set(), cores=1)  # threads already == cores
-    assert chosen == []
-    oversubscribed = {**STARVED_FACTS, "threads": 8}
-    chosen, _ = candidates.select(oversubscribed, {"cpu_contention"}, cores=2)
+    no_model = {**STARVED_FACTS, "model": None}
+    assert candidates.select(no_model, set(), cores=1).chosen == []  # threads already == cores, nothing to compile
+    oversubscribed = {**no_model, "threads": 8}
+    chosen = candidates.select(oversubscribed, {"cpu_contention"}, cores=2).chosen
     assert _names(chosen) == ["threads"] and chosen[0].reason == "cpu_contention"
     assert chosen[0].candidate.fix(oversubscribed, 2) == {"threads": 2}
     gpu = {**STARVED_FACTS, "device": "cuda", "bf16_supported": True}
-    names = _names(candidates.select(gpu, set(), cores=8)[0])
-    assert names == ["pin_memory", "autocast_bf16", "fused_optimizer", "cudnn_benchmark"]
+    selection = candidates.select(gpu, set(), cores=8)
+    assert _names(selection.chosen) == ["pin_memory", "autocast_bf16", "fused_optimizer", "cudnn_benchmark"]
+    assert selection.not_applicable == []
 
 
 def test_try_forces_a_candidate_and_says_why_one_cannot_run() -> None:
     no_loader = {**STARVED_FACTS, "loaders": []}
-    chosen, skipped = candidates.select(no_loader, set(), cores=1, forced=("compile", "num_workers"))
-    assert _names(chosen) == ["compile"] and chosen[0].reason == "--try"
-    assert skipped == [{"name": "num_workers", "why": "the script builds no DataLoader"}]
+    selection = candidates.select(no_loader, set(), cores=1, forced=("compile", "num_workers"))
+    assert _names(selection.chosen) == ["compile"] and selection.chosen[0].reason == "--try"
+    assert selection.skipped == [{"name": "num_workers", "why": "the script builds no DataLoader"}]
     (change,) = candidates.BY_NAME["compile"].changes(no_loader, 1)
     assert change["after"].splitlines() == ["model = nn.Sequential(nn.Linear(256, 10))", "model = torch.compile(model)"]
 
@@ -113,18 +164,87 @@ def test_run_step_time_is_the_mean_not_a_mode_of_alternating_steps() -> None:
     assert stats.timing(alternating).median_ms == pytest.approx(16.0)
 
 
+def _runs(means: list[float], *, steps: int = 10, jitter: float = 0.01, seed: int = 0) -> list[list[float]]:
+    """Recorded-looking runs: each run's steps around its mean, a little step noise."""
+    rng = np.random.default_rng(seed)
+    return [list(mean * (1 + rng.normal(0, jitter, steps))) for mean in means]
+
+
 def test_verdicts_against_the_noise() -> None:
-    rng = np.random.default_rng(1)
-    base = [list(30 + rng.normal(0, 1, 10)) for _ in range(3)]
-    faster = stats.compare(base, [list(15 + rng.normal(0, 1, 10)) for _ in range(2)])
-    assert faster.verdict == "faster" and faster.speedup == pytest.approx(2.0, rel=0.1)
-    same = stats.compare(base, [list(30.2 + rng.normal(0, 1, 10)) for _ in range(2)])
-    assert same.verdict == "no_gain"
-    slower = stats.compare(base, [list(60 + rng.normal(0, 1, 10))])
+    base = _runs([30.0, 30.3, 29.8])
+    faster = stats.compare(base, _runs([15.0, 15.1], seed=1))
+    assert faster.verdict == "faster" and faster.speedup == pytest.approx(2.0, rel=0.05)
+    assert faster.speedup_low < faster.speedup < faster.speedup_high
+    same = stats.compare(base, _runs([30.2, 30.1], seed=2))
+    assert same.verdict == "no_gain" and not same.undecided
+    slower = stats.compare(base, _runs([60.0]))
     assert slower.verdict == "slower" and stats.clearly_worse(slower)
     drifting = [[30.0] * 10, [45.0] * 10]  # baseline runs 40% apart: a 20% gain is inside that
     assert stats.compare(drifting, [[30.0] * 10, [30.0] * 10]).verdict == "no_gain"
     assert stats.compare(base, [[]]) is None
+
+
+def test_a_gain_of_3_percent_inside_a_drift_of_5_percent_is_no_gain() -> None:
+    base = _runs([100.0, 105.0, 101.0, 104.5])  # identical runs, interleaved, 5% apart: the machine's drift
+    candidate = _runs([98.0, 101.4], seed=3)  # 3% faster than the baseline's mean
+    result = stats.compare(base, candidate)
+    assert result.drift_pct > 4 and result.band_pct == result.drift_pct
+    assert result.change_pct == pytest.approx(-3.0, abs=0.3)
+    assert result.verdict == "no_gain"
+    # the same 3% on a quiet machine clears the minimum effect only with an interval beyond it
+    quiet = stats.compare(_runs([100.0, 100.2, 99.9]), _runs([97.0, 97.1], seed=4))
+    assert quiet.band_pct == stats.TUNE_MIN_EFFECT_PCT and quiet.verdict == "no_gain"
+
+
+def test_a_gain_of_40_percent_is_faster_with_an_interval_holding_the_gain_measured_alone() -> None:
+    rng = np.random.default_rng(7)
+    drift = lambda: float(rng.uniform(-0.025, 0.025))  # noqa: E731 - each run drifts up to 2.5% either way
+    base = _runs([100.0 * (1 + drift()) for _ in range(3)], seed=5)
+    fixed = _runs([100.0 / 1.4 * (1 + drift()) for _ in range(2)], seed=6)
+    result = stats.compare(base, fixed)
+    assert result.verdict == "faster"
+    # the fixed loop timed alone in the same session, three runs against three of the baseline's own
+    alone_base = np.mean([100.0 * (1 + drift()) for _ in range(3)])
+    alone_fixed = np.mean([100.0 / 1.4 * (1 + drift()) for _ in range(3)])
+    assert result.speedup_low <= alone_base / alone_fixed <= result.speedup_high
+    assert result.speedup_low <= 1.4 <= result.speedup_high
+    assert result.speedup == pytest.approx(100 / (100 + result.change_pct), rel=1e-3)  # the interval's centre
+    assert result.ci_low_pct + result.ci_high_pct == pytest.approx(2 * result.change_pct, abs=0.02)
+
+
+def test_an_interval_straddling_the_line_is_undecided_and_more_runs_settle_it() -> None:
+    base = _runs([100.0, 103.0, 100.5], seed=8)
+    one = stats.compare(base, _runs([92.0], seed=9))  # 8% faster on one run: beyond the drift, but one run
+    assert one.verdict == "no_gain" and one.undecided and one.ci_low_pct < -one.band_pct < one.ci_high_pct
+    more = stats.compare(base + _runs([101.0, 102.0], seed=10), _runs([92.0, 92.5, 91.8, 92.2], seed=11))
+    assert more.verdict == "faster" and not more.undecided
+
+
+def test_the_same_samples_give_the_same_recommendation_every_session() -> None:
+    base = _runs([50.0, 51.5, 50.4], seed=12)
+    samples = {"num_workers": _runs([30.0, 30.5], seed=13), "threads": _runs([49.0, 50.5], seed=14),
+               "compile": _runs([36.0, 35.0], seed=15)}  # fmt: skip
+    sessions = []
+    for _ in range(3):
+        entries = []
+        for name, runs in samples.items():
+            comparison = stats.compare(base, runs)
+            entries.append(_entry(name, comparison.verdict, comparison.speedup))
+        selection = candidates.select(_with_workers(4, 2), {"dataloader_bound"}, cores=2)
+        sessions.append((recommend(entries), _names(selection.chosen)))
+    assert sessions[0] == sessions[1] == sessions[2]
+    assert sessions[0][0] == ["num_workers", "compile"]
+
+
+def test_a_short_script_has_its_warm_up_judged_from_its_steps_and_says_when_it_never_settled() -> None:
+    settled = stats.steady([80.0, 30.0, 10.0, 10.5, 9.8, 10.2, 10.1], warmup=3, window=10)
+    assert settled.judged and settled.reached and settled.warmup == 2 and settled.steps[0] == 10.0
+    alternating = stats.steady([200.0, 5.0, 27.0, 5.0, 27.0, 5.0, 27.0], warmup=3, window=10)
+    assert alternating.reached and alternating.steps == [5.0, 27.0, 5.0, 27.0, 5.0, 27.0]  # a loader's two modes
+    falling = stats.steady([40.0, 30.0, 25.0, 20.0, 16.0, 13.0, 11.0], warmup=3, window=10)
+    assert falling.judged and not falling.reached
+    full = stats.steady([50.0] + [10.0] * 12, warmup=3, window=10)
+    assert not full.judged and full.warmup == 3 and len(full.steps) == 10
 
 
 def _entry(name: str, verdict: str | None, speedup: float | None, members: list[str] | None = None) -> CandidateResult:
@@ -170,8 +290,8 @@ def test_a_killed_run_keeps_its_steps_and_a_short_script_still_gives_a_result(tm
     assert killed.failed and killed.end == "killed" and "60 s" in killed.error
     assert killed.steps_ms == [50.0, 10.0, 11.0, 12.0]
     window = Window(warmup=3, steps=10)
-    assert killed.timed(window) == [12.0]
-    assert read_result(_result_file(tmp_path / "s", [50.0, 10.0])).timed(window) == [10.0]  # shorter than the warm-up
+    assert killed.timed(window) == [10.0, 11.0, 12.0]  # shorter than the window: the slow first step is warm-up
+    assert read_result(_result_file(tmp_path / "s", [50.0, 10.0])).timed(window) == [10.0]
 
 
 def test_cgroup_quota_lowers_the_usable_cores(tmp_path: Path) -> None:
@@ -279,8 +399,7 @@ def test_findings_from_a_stored_gpu_trace_choose_loader_and_compile_candidates()
     findings, source = findings_for("train.py", (), source=str(trace), profile=True, timeout_s=1)
     assert {"dataloader_bound", "gpu_idle"} <= findings and source == str(trace)
     gpu = {**STARVED_FACTS, "device": "cuda", "bf16_supported": True}
-    chosen, _ = candidates.select(gpu, findings, cores=8)
-    reasons = {choice.candidate.name: choice.reason for choice in chosen}
+    reasons = {choice.candidate.name: choice.reason for choice in candidates.select(gpu, findings, cores=8).chosen}
     assert reasons["num_workers"].startswith("dataloader_bound") and "gpu_idle" in reasons["compile"]
     assert reasons["compile_reduce_overhead"] == reasons["compile"]
     assert set(findings_for("train.py", (), source=None, profile=False, timeout_s=1)[0]) == set()

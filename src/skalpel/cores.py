@@ -70,3 +70,24 @@ def cgroup_quota_cores(v2: Path = _CGROUP_V2, v1: tuple[Path, Path] = _CGROUP_V1
     except (OSError, ValueError):
         return None
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def worker_split(workers: int, threads: int, cores: int) -> tuple[int, int]:
+    """DataLoader workers and intra-op threads that share ``cores`` without fighting: ``(workers, threads)``.
+
+    Unchanged when they already fit (``workers + threads <= cores``); else about half the cores
+    each, at least one of both (one worker keeps batches off the training loop; one thread trains).
+    ``skalpel tune`` tries this split, and ``skalpel run``'s DataLoader advice can name the same numbers.
+    """
+    cores = max(1, cores)
+    if workers + threads <= cores:
+        return workers, threads
+    split_workers = max(1, min(workers, cores // 2))
+    return split_workers, max(1, cores - split_workers)
+
+
+def fewer_workers(workers: int, threads: int, cores: int) -> int | None:
+    """Fewer DataLoader workers where workers and intra-op threads exceed ``cores``; None when they fit."""
+    if workers <= 1 or workers + threads <= cores:
+        return None
+    return max(1, min(workers - 1, cores))

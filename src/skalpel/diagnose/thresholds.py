@@ -195,3 +195,14 @@ RANK_OUTLIER_MIN_MS = 0.05  # ... and by this much at least, for figures in ms
 RANK_OUTLIER_MIN_PP = 1.0  # ... or in percentage points, for shares
 RANK_OUTLIER_MAX_SHARE = 0.10  # more ranks than this beyond the cut are a group of their own, not outliers
 RANK_SLOW_BANDWIDTH = 0.5  # a rank whose collective's bus bandwidth is under this share of the ranks' median: a slow link
+
+# --- skalpel tune's verdict (tune/stats.py) --------------------------------------------------
+# A candidate is `faster` only when its whole interval lies beyond this change AND beyond the
+# baseline's own run-to-run drift in the same session: a 3% gain on a machine drifting 5%
+# between identical runs is not a gain anyone can count on.
+TUNE_MIN_EFFECT_PCT = 3.0
+# Steps of a short script (fewer than the window) slower than this times the median of its later
+# half are warm-up; steady state needs this many steps after them, the halves within the next share.
+TUNE_WARMUP_RATIO = 1.5
+TUNE_STEADY_MIN_STEPS = 3
+TUNE_STEADY_TREND_PCT = 20.0

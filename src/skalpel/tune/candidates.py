@@ -3,8 +3,12 @@
 A candidate is a mechanical fix: a ``fix`` dict for the launcher (``patches.Patcher`` reads it)
 and, for the report, the exact change at the line of the user's code that it acts on. Which
 candidates run follows the profile's findings (``dataloader_bound`` -> more workers) and the
-device (a GPU: pinned memory, bf16, cudnn autotuning; a CPU: intra-op threads), filtered by
-what the script builds (no DataLoader, no DataLoader candidate). ``--try NAME`` runs one anyway.
+machine: a GPU brings pinned memory, bf16, cudnn autotuning; a host-bound step (every CPU run,
+or a GPU run whose findings at any severity say launches or idle gaps) brings ``torch.compile``;
+loader workers and intra-op threads that together exceed the usable cores bring fewer workers
+and a split of the cores between the two (``cores.worker_split``). All filtered by what the
+script builds (no DataLoader, no DataLoader candidate). ``--try NAME`` runs one anyway.
+Candidates that need a GPU, on a machine without one, are listed once as not applicable.
 
 ``facts`` is what the baseline run recorded (``Patcher.facts``): loaders, optimizers, the model,
 threads, device. Nothing here imports torch.
@@ -16,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..cores import fewer_workers, worker_split
+
 Facts = dict[str, Any]
 Fix = dict[str, Any]
 MAX_WORKERS = 8  # more rarely helps one process and costs memory per worker
@@ -26,23 +32,39 @@ class Candidate:
     name: str
     what: str
     findings: tuple[str, ...]  # finding ids that make it relevant
-    device_rule: Callable[[Facts], bool]  # relevant from the device alone
+    device_rule: Callable[[Facts, int], bool]  # relevant from the machine alone (facts, usable cores)
     why_not: Callable[[Facts, int], str | None]  # None when it applies to this script, else why not
     fix: Callable[[Facts, int], Fix]
     changes: Callable[[Facts, int], list[dict[str, Any]]]  # [{location, before, after, edit}]
     device_note: str = ""  # when device_rule holds, in words (for --list)
+    gpu_only: bool = False  # never applies without a GPU: listed once as not applicable there
 
 
 def _gpu(facts: Facts) -> bool:
     return facts.get("device") == "cuda"
 
 
-def _never(facts: Facts) -> bool:
+def _never(facts: Facts, cores: int) -> bool:
     return False
+
+
+def _on_gpu(facts: Facts, cores: int) -> bool:
+    return _gpu(facts)
 
 
 def _workers(cores: int) -> int:
     return max(1, min(cores, MAX_WORKERS))
+
+
+def _loader_workers(facts: Facts) -> int:
+    """The most workers any of the script's DataLoaders has."""
+    return max((loader.get("num_workers") or 0 for loader in facts.get("loaders", [])), default=0)
+
+
+def _settings_text(facts: Facts, key: str) -> str:
+    """The real current settings, in words: ``num_workers=4`` or ``num_workers=4, 0``."""
+    values = [loader.get(key) for loader in facts.get("loaders", [])]
+    return f"{key}={', '.join(_text(value) for value in values)}"
 
 
 def set_keyword(code: str, key: str, value: str) -> str | None:
@@ -97,15 +119,72 @@ def _loader_candidate(name: str, key: str, what: str, findings: tuple[str, ...],
         if needs_workers and not any(loader.get("num_workers") for loader in facts["loaders"]):
             return f"{key} needs a DataLoader with workers (num_workers > 0)"
         if not targets(facts, cores):
-            return f"every DataLoader already has {key}={_text(value(cores))}"
+            wanted = value(cores)
+            at_least = "" if isinstance(wanted, bool) else "at least "
+            return f"every DataLoader already has {at_least}{key}={_text(wanted)} ({_settings_text(facts, key)})"
         return None
 
     return Candidate(
-        name=name, what=what, findings=findings, device_rule=_gpu if gpu_only else _never, why_not=why_not,
+        name=name, what=what, findings=findings, device_rule=_on_gpu if gpu_only else _never, why_not=why_not,
         fix=lambda facts, cores: {"dataloader": {key: value(cores)}},
         changes=lambda facts, cores: _keyword_changes(targets(facts, cores), key, _text(value(cores)), "DataLoader"),
-        device_note="on a GPU" if gpu_only else "",
+        device_note="on a GPU" if gpu_only else "", gpu_only=gpu_only,
     )  # fmt: skip
+
+
+def _competing(facts: Facts, cores: int) -> bool:
+    """Loader workers and intra-op threads together exceed the usable cores (on the host: a GPU run's threads idle)."""
+    return not _gpu(facts) and _loader_workers(facts) > 0 and _loader_workers(facts) + facts.get("threads", 1) > cores
+
+
+def _fewer_workers_why_not(facts: Facts, cores: int) -> str | None:
+    if not facts.get("loaders"):
+        return "the script builds no DataLoader"
+    workers, threads = _loader_workers(facts), facts.get("threads", 1)
+    if fewer_workers(workers, threads, cores) is None:
+        return (f"{_settings_text(facts, 'num_workers')} and {threads} intra-op threads fit in the {cores} usable "
+                "cores")  # fmt: skip
+    return None
+
+
+def _fewer_workers_fix(facts: Facts, cores: int) -> Fix:
+    return {"dataloader": {"num_workers": fewer_workers(_loader_workers(facts), facts.get("threads", 1), cores) or 1}}
+
+
+def _fewer_workers_changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
+    wanted = _fewer_workers_fix(facts, cores)["dataloader"]["num_workers"]
+    loaders = [loader for loader in facts.get("loaders", []) if (loader.get("num_workers") or 0) > wanted]
+    changes = _keyword_changes(loaders, "num_workers", str(wanted), "DataLoader")
+    for change, loader in zip(changes, loaders):
+        change["edit"] += (f" (now {loader.get('num_workers')} workers with {facts.get('threads', 1)} intra-op "
+                           f"threads on {cores} usable cores)")  # fmt: skip
+    return changes
+
+
+def _split(facts: Facts, cores: int) -> tuple[int, int]:
+    return worker_split(_loader_workers(facts), facts.get("threads", 1), cores)
+
+
+def _split_why_not(facts: Facts, cores: int) -> str | None:
+    why = _fewer_workers_why_not(facts, cores)
+    if why is not None:
+        return why
+    workers, threads = _split(facts, cores)
+    if threads == facts.get("threads", 1):
+        return f"the split of {cores} cores keeps {threads} intra-op threads: fewer_workers tries it"
+    return None
+
+
+def _split_fix(facts: Facts, cores: int) -> Fix:
+    workers, threads = _split(facts, cores)
+    return {"dataloader": {"num_workers": workers}, "threads": threads}
+
+
+def _split_changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
+    workers, threads = _split(facts, cores)
+    loaders = [loader for loader in facts.get("loaders", []) if loader.get("num_workers") != workers]
+    changes = _keyword_changes(loaders, "num_workers", str(workers), "DataLoader")
+    return changes + _threads_changes(facts, threads)
 
 
 def _less(current: Any, wanted: Any) -> bool:
@@ -131,10 +210,10 @@ def _optimizer_candidate(key: str, findings: tuple[str, ...], *, gpu_only: bool)
 
     return Candidate(
         name=f"{key}_optimizer", what=f"{key}=True in the optimizer: one kernel (or a few) for all parameters",
-        findings=findings, device_rule=_gpu if gpu_only else _never, why_not=why_not,
+        findings=findings, device_rule=_on_gpu if gpu_only else _never, why_not=why_not,
         fix=lambda facts, cores: {"optimizer": {key: True}},
         changes=lambda facts, cores: _keyword_changes(targets(facts), key, "True", "the optimizer"),
-        device_note="on a GPU" if gpu_only else "",
+        device_note="on a GPU" if gpu_only else "", gpu_only=gpu_only,
     )  # fmt: skip
 
 
@@ -184,7 +263,13 @@ def _threads_why_not(facts: Facts, cores: int) -> str | None:
     return None
 
 
+def _host_bound(facts: Facts, cores: int) -> bool:
+    """The whole step runs on the host (a CPU run: its ops' dispatch and Python are the step), with a model to compile."""
+    return not _gpu(facts) and bool(facts.get("model"))
+
+
 def _threads_changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
+    """The edit to ``torch.set_num_threads(cores)``: at the script's own call, else at its start."""
     call = facts.get("threads_call") or {}
     site = call.get("site") or {}
     if site.get("code"):
@@ -202,12 +287,20 @@ def _cudnn_why_not(facts: Facts, cores: int) -> str | None:
 
 
 _LOADER = ("dataloader_bound",)
-_LAUNCH = ("launch_bound", "gpu_idle")
+_LAUNCH = ("launch_bound", "gpu_idle")  # at any severity: a host-bound GPU step
+_CONTENTION = ("cpu_contention",)  # dataloader_bound brings more workers; fewer come from the machine
 
 CATALOGUE: tuple[Candidate, ...] = (
     _loader_candidate("num_workers", "num_workers",
                       "build batches in worker processes (up to the cores this process may use)",
                       _LOADER, value=_workers),
+    Candidate("fewer_workers", "fewer DataLoader workers: workers and intra-op threads share the usable cores",
+              _CONTENTION, device_rule=_competing, why_not=_fewer_workers_why_not, fix=_fewer_workers_fix,
+              changes=_fewer_workers_changes, device_note="when loader workers + intra-op threads exceed the cores"),
+    Candidate("workers_threads", "split the usable cores between DataLoader workers and intra-op threads "
+              "(torch.set_num_threads)", _CONTENTION, device_rule=_competing, why_not=_split_why_not,
+              fix=_split_fix, changes=_split_changes,
+              device_note="when loader workers + intra-op threads exceed the cores"),
     _loader_candidate("pin_memory", "pin_memory", "page-locked batches: faster, asynchronous copies to the GPU",
                       _LOADER + ("pageable_memcpy",), value=lambda cores: True, gpu_only=True),
     _loader_candidate("persistent_workers", "persistent_workers", "keep the workers between epochs",
@@ -215,27 +308,27 @@ CATALOGUE: tuple[Candidate, ...] = (
     _loader_candidate("prefetch_factor", "prefetch_factor", "each worker keeps 4 batches ready instead of 2",
                       _LOADER, value=lambda cores: 4, needs_workers=True),
     Candidate("threads", "intra-op threads: one per usable core", ("cpu_contention",),
-              device_rule=lambda facts: not _gpu(facts), why_not=_threads_why_not,
+              device_rule=lambda facts, cores: not _gpu(facts), why_not=_threads_why_not,
               fix=lambda facts, cores: {"threads": cores}, changes=_threads_changes, device_note="on a CPU"),
-    Candidate("compile", "torch.compile the model (default mode)", _LAUNCH, device_rule=_never,
+    Candidate("compile", "torch.compile the model (default mode)", _LAUNCH, device_rule=_host_bound,
               why_not=_model_why_not(False), fix=lambda facts, cores: {"compile": "default"},
-              changes=_model_changes("torch.compile({})")),
+              changes=_model_changes("torch.compile({})"), device_note="on a CPU (a host-bound step)"),
     Candidate("compile_reduce_overhead", 'torch.compile the model with mode="reduce-overhead" (CUDA graphs)',
               _LAUNCH, device_rule=_never, why_not=_model_why_not(True),
               fix=lambda facts, cores: {"compile": "reduce-overhead"},
-              changes=_model_changes('torch.compile({}, mode="reduce-overhead")')),
+              changes=_model_changes('torch.compile({}, mode="reduce-overhead")'), gpu_only=True),
     Candidate("autocast_bf16", "bf16 autocast around the model's forward pass", (),
-              device_rule=lambda facts: _gpu(facts) and bool(facts.get("bf16_supported")),
+              device_rule=lambda facts, cores: _gpu(facts) and bool(facts.get("bf16_supported")),
               why_not=_autocast_why_not, fix=lambda facts, cores: {"autocast": "bfloat16"},
-              changes=_autocast_changes, device_note="on a GPU with bf16"),
+              changes=_autocast_changes, device_note="on a GPU with bf16", gpu_only=True),
     _optimizer_candidate("foreach", ("launch_bound",), gpu_only=False),
     _optimizer_candidate("fused", ("launch_bound",), gpu_only=True),
     Candidate("cudnn_benchmark", "let cuDNN time its algorithms once and keep the fastest", (),
-              device_rule=_gpu, why_not=_cudnn_why_not, fix=lambda facts, cores: {"cudnn_benchmark": True},
+              device_rule=_on_gpu, why_not=_cudnn_why_not, fix=lambda facts, cores: {"cudnn_benchmark": True},
               changes=lambda facts, cores: [{"location": None, "before": None,
                                              "after": "torch.backends.cudnn.benchmark = True",
                                              "edit": "set torch.backends.cudnn.benchmark = True at the start"}],
-              device_note="on a GPU"),
+              device_note="on a GPU", gpu_only=True),
 )  # fmt: skip
 
 BY_NAME = {candidate.name: candidate for candidate in CATALOGUE}
@@ -247,12 +340,23 @@ class Choice:
     reason: str  # why it runs: the finding, the device, or --try
 
 
-def select(facts: Facts, finding_ids: set[str], cores: int, forced: tuple[str, ...] = ()) -> tuple[list[Choice], list[dict[str, str]]]:
-    """The candidates to run (forced first, then in catalogue order) and the relevant ones that cannot run."""
+@dataclass(frozen=True)
+class Selection:
+    chosen: list[Choice]  # to run: forced first, then in catalogue order
+    skipped: list[dict[str, str]]  # {name, why}: relevant (a finding, --try) but cannot run on this script
+    not_applicable: list[dict[str, str]]  # {name, why}: needs a GPU, on a machine without one (each once)
+
+
+def select(facts: Facts, finding_ids: set[str], cores: int, forced: tuple[str, ...] = ()) -> Selection:
+    """Which candidates run, and why the others do not. A pure function of its arguments: the same
+    facts, findings and cores give the same list in the same order."""
     chosen: list[Choice] = []
     skipped: list[dict[str, str]] = []
+    not_applicable: list[dict[str, str]] = []
     for name in forced:
         why = BY_NAME[name].why_not(facts, cores)
+        if why is None and BY_NAME[name].gpu_only and not _gpu(facts):
+            why = "it needs a GPU"
         if why is None:
             chosen.append(Choice(BY_NAME[name], "--try"))
         else:
@@ -260,17 +364,30 @@ def select(facts: Facts, finding_ids: set[str], cores: int, forced: tuple[str, .
     for candidate in CATALOGUE:
         if candidate.name in forced:
             continue
+        if candidate.gpu_only and not _gpu(facts):
+            not_applicable.append({"name": candidate.name, "why": "needs a GPU"})
+            continue
         found = sorted(finding_ids & set(candidate.findings))
-        if not found and not candidate.device_rule(facts):
+        if not found and not candidate.device_rule(facts, cores):
             continue
         why = candidate.why_not(facts, cores)
         if why is not None:
             if found:  # a finding pointed at it: say why it cannot run (a device default that does not apply is no news)
                 skipped.append({"name": candidate.name, "why": why})
             continue
-        reason = ", ".join(found) if found else f"device {facts.get('device', 'cpu')}"
+        reason = ", ".join(found) if found else _machine_reason(candidate, facts, cores)
         chosen.append(Choice(candidate, reason))
-    return chosen, skipped
+    return Selection(chosen, skipped, not_applicable)
+
+
+def _machine_reason(candidate: Candidate, facts: Facts, cores: int) -> str:
+    """Why a candidate runs with no finding behind it, in words that name the machine's real settings."""
+    if candidate.device_rule is _competing:
+        return (f"{_loader_workers(facts)} loader workers + {facts.get('threads', 1)} intra-op threads on "
+                f"{cores} usable cores")  # fmt: skip
+    if candidate.device_rule is _host_bound:
+        return "host-bound step (CPU)"
+    return f"device {facts.get('device', 'cpu')}"
 
 
 def combine(fixes: list[Fix]) -> Fix:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .stats import Steady, steady
+
 LOG_TAIL_CHARS = 4000
 
 
@@ -40,10 +42,12 @@ class RunOutcome:
     log_tail: str = ""
 
     def timed(self, window: Window) -> list[float]:
-        """The steps after warm-up; a script with fewer steps than the window gives what it has."""
-        if len(self.steps_ms) > window.warmup:
-            return self.steps_ms[window.warmup : window.warmup + window.steps]
-        return self.steps_ms[len(self.steps_ms) // 2 :]  # too short for the warm-up: its later half
+        """The steady-state steps: the window after warm-up, or for a script with fewer steps the ones after
+        the warm-up its steps show (``stats.steady``)."""
+        return self.steady(window).steps
+
+    def steady(self, window: Window) -> Steady:
+        return steady(self.steps_ms, window.warmup, window.steps)
 
     @property
     def failed(self) -> bool:

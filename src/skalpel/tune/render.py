@@ -48,10 +48,19 @@ def table(result: TuneResult) -> Table:
     grid.add_row("baseline", f"unchanged, {base.runs} run{'s' if base.runs != 1 else ''}", ms_text(base.median_ms, base.noise_pct), "1.00x", "")
     for entry in result.candidates:
         verdict = entry.verdict or "not measured"
-        speedup = f"{entry.speedup:.2f}x" if entry.speedup is not None else "–"
+        speedup = speedup_text(entry)
         grid.add_row(entry.name, entry.reason, ms_text(entry.median_ms, entry.noise_pct), speedup,
                      Text(verdict, style=VERDICT_STYLE.get(verdict, "dim")))  # fmt: skip
     return grid
+
+
+def speedup_text(entry: CandidateResult) -> str:
+    """The interval's centre, with the speed-ups at its ends: ``1.41x (1.30-1.54)``."""
+    if entry.speedup is None:
+        return "–"
+    if entry.speedup_low is None or entry.speedup_high is None:
+        return f"{entry.speedup:.2f}x"
+    return f"{entry.speedup:.2f}x ({entry.speedup_low:.2f}–{entry.speedup_high:.2f})"
 
 
 def print_result(result: TuneResult, *, console: Console | None = None) -> None:
@@ -60,12 +69,20 @@ def print_result(result: TuneResult, *, console: Console | None = None) -> None:
     for entry in result.candidates:
         if note(entry):
             console.print(Text(f"{entry.name}: {note(entry)}", style=VERDICT_STYLE.get(entry.verdict or "", "")))
+    line = f"{result.min_effect_pct:g}%"
+    if result.baseline.noise_pct is not None:
+        line = f"the larger of {line} and the baseline's drift between its runs ({result.baseline.noise_pct:.1f}%)"
     console.print(Text(f"step time: the median over runs of each run's mean step ({result.window_steps} steps after "
-                       f"{result.warmup_steps} warm-up), ± the spread between runs; {result.cores} usable cores; "
+                       f"{result.warmup_steps} warm-up), ± the spread between runs; speed-up: the centre of its "
+                       f"interval (in brackets); faster only when the whole interval is beyond {line}; "
+                       f"{result.cores} usable cores; "
                        f"findings from {result.findings_source or 'nowhere'}: {', '.join(result.findings) or 'none'}",
                        style="dim"))  # fmt: skip
     for item in result.not_run:
         console.print(Text(f"not run: {item['name']}: {item['why']}", style="dim"))
+    if result.not_applicable:
+        console.print(Text("not tried on this device: " + "; ".join(f"{item['name']} ({item['why']})"
+                                                                   for item in result.not_applicable), style="dim"))  # fmt: skip
     for line in result.notes:
         console.print(Text(f"note: {line}", style="dim"))
     if result.interrupted:
@@ -87,7 +104,7 @@ def recommendation(result: TuneResult) -> Text:
     text = Text("Recommended (measured faster):\n", style="bold green")
     for name in result.recommended:
         entry = by_name[name]
-        text.append(f"  {name}: {entry.speedup:.2f}x, {entry.what}\n", style="bold")
+        text.append(f"  {name}: {speedup_text(entry)}, {entry.what}\n", style="bold")
         for change in entry.change:
             text.append(change_text(change, indent="    ") + "\n")
         if entry.loss is not None and not entry.loss.within_tolerance:

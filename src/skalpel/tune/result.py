@@ -65,6 +65,10 @@ class CandidateResult:
     band_pct: float | None = None
     ci_low_pct: float | None = None
     ci_high_pct: float | None = None
+    speedup_low: float | None = None  # the speed-up at the interval's slower end
+    speedup_high: float | None = None  # ... and at its faster end
+    undecided: bool = False  # the interval straddles the line: more runs could settle it
+    extra_runs: int = 0  # runs added because it was undecided
     run_ms: list[float] = field(default_factory=list)
     runs: int = 0
     steps: int = 0
@@ -92,6 +96,8 @@ class TuneResult:
     elapsed_s: float = 0.0
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
+    not_applicable: list[dict[str, str]] = field(default_factory=list)  # {name, why}: not for this device (GPU-only)
+    min_effect_pct: float = 0.0  # the smallest change called faster or slower, whatever the drift
     schema: str = TUNE_SCHEMA
 
     def to_dict(self) -> dict[str, Any]:

@@ -5,10 +5,13 @@
 2. A first baseline run: the script unchanged; it also records the facts (loaders, optimizers,
    model, threads, device) the candidates are chosen from. If it fails, tune stops with its error.
 3. Rounds: every candidate once, then a baseline run; the next round in reverse order (so drift
-   over the session weighs on both sides alike). A run that fails makes its candidate ``error``
-   and the others go on; a first run clearly slower ends its candidate early.
-4. The winners (``faster``) combined in one more candidate, measured the same way.
-5. Recommended: the winners measured together, when that is at least as fast as the best alone;
+   over the session weighs on both sides alike, and the baseline's runs measure it). A run that
+   fails makes its candidate ``error`` and the others go on; a first run clearly slower ends its
+   candidate early.
+4. Undecided candidates (their interval straddles the line, ``stats.compare``) get more rounds,
+   each with its baseline run, up to ``MAX_EXTRA_RUNS`` and within the budget; tune says so.
+5. The winners (``faster``) combined in one more candidate, measured the same way.
+6. Recommended: the winners measured together, when that is at least as fast as the best alone;
    else the best one alone. Nothing that was not measured ``faster`` is ever recommended.
 
 Ctrl-C returns what was measured so far, marked ``interrupted``.
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..cores import usable_cores
+from ..diagnose.thresholds import TUNE_MIN_EFFECT_PCT
 from . import candidates as catalogue
 from . import stats
 from .findings import findings_for
@@ -31,6 +35,7 @@ from .result import Baseline, CandidateResult, LossCheck, TuneFailed, TuneResult
 LOSS_TOLERANCE_PCT = 0.1
 COMPILE_ALLOWANCE_S = 120.0  # a cold torch.compile takes tens of seconds before the first step
 MIN_RUN_TIMEOUT_S = 60.0
+MAX_EXTRA_RUNS = 3  # more runs for a candidate whose interval straddles the line
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,8 @@ class _Session:
         self.baseline_runs: list[RunOutcome] = []
         self.runs: dict[str, list[RunOutcome]] = {}
         self.result = TuneResult(script, list(args), options.window.warmup, options.window.steps, options.repeats,
-                                 self.cores, None, [], "", Baseline(), [], [], [], options.budget_s)  # fmt: skip
+                                 self.cores, None, [], "", Baseline(), [], [], [], options.budget_s,
+                                 min_effect_pct=TUNE_MIN_EFFECT_PCT)  # fmt: skip
 
     def run(self) -> None:
         from ..capture.target import Target, check_target  # a missing script or a syntax error: one line, now
@@ -73,8 +79,10 @@ class _Session:
         first = self._baseline_run()
         facts = first.facts
         self.result.device = facts.get("device")
-        chosen, skipped = catalogue.select(facts, findings, self.cores, self.options.forced)
-        self.result.not_run.extend(skipped)
+        selection = catalogue.select(facts, findings, self.cores, self.options.forced)
+        chosen = selection.chosen
+        self.result.not_run.extend(selection.skipped)
+        self.result.not_applicable = selection.not_applicable
         self.result.candidates = [self._entry(choice, facts) for choice in chosen]
         if not chosen:
             self.result.notes.append("no candidate applies: no finding with a mechanical fix, and none asked for "
@@ -84,6 +92,7 @@ class _Session:
             if not [entry for entry in order if self._measure(entry)]:
                 break  # nothing left to measure (errors, early stops, the budget): no baseline run either
             self._baseline_run()
+        self._settle_undecided()
         self._combine_winners()
 
     def finish(self) -> TuneResult:
@@ -125,10 +134,8 @@ class _Session:
         self._update_baseline()
         self.say(f"tune: baseline run {len(self.baseline_runs)}: {_mean(timed):.2f} ms/step ({len(timed)} steps, "
                  f"{outcome.wall_s:.1f} s)")  # fmt: skip
-        if len(outcome.steps_ms) < self.options.window.warmup + self.options.window.steps and first:
-            self.result.notes.append(f"the script ended after {len(outcome.steps_ms)} measured steps, fewer than "
-                                     f"the window's {self.options.window.warmup} warm-up + {self.options.window.steps}: "
-                                     f"the results come from {len(timed)} timed steps per run")  # fmt: skip
+        if first:
+            self.result.notes.extend(steady_notes(outcome, self.options.window))
         return outcome
 
     def _update_baseline(self) -> None:
@@ -192,7 +199,33 @@ class _Session:
         entry.median_ms, entry.noise_pct, entry.run_ms, entry.steps = timing.median_ms, timing.noise_pct, list(timing.run_ms), timing.steps
         entry.verdict, entry.speedup, entry.change_pct = comparison.verdict, comparison.speedup, comparison.change_pct
         entry.band_pct, entry.ci_low_pct, entry.ci_high_pct = comparison.band_pct, comparison.ci_low_pct, comparison.ci_high_pct
+        entry.speedup_low, entry.speedup_high, entry.undecided = comparison.speedup_low, comparison.speedup_high, comparison.undecided
         entry.loss = loss_check(self.baseline_runs, runs[-1])
+
+    def _settle_undecided(self) -> None:
+        """More runs, each round with its baseline run, for the candidates whose interval straddles the line."""
+        for _ in range(MAX_EXTRA_RUNS):
+            undecided = [entry for entry in self.result.candidates
+                         if entry.undecided and entry.verdict == "no_gain" and not entry.stopped_early]  # fmt: skip
+            if not undecided:
+                break
+            for entry in undecided:
+                self.say(f"tune: {entry.name}: its interval ({entry.ci_low_pct:+.1f}% to {entry.ci_high_pct:+.1f}%) "
+                         f"straddles the line (-{entry.band_pct:.1f}%): one more run")  # fmt: skip
+            measured = [entry for entry in undecided if self._measure(entry)]
+            for entry in measured:
+                entry.extra_runs += 1
+            if not measured:
+                break
+            self._baseline_run()
+        for entry in self.result.candidates:
+            if entry.extra_runs:
+                settled = "undecided still: no_gain" if entry.undecided else f"then {entry.verdict}"
+                self.result.notes.append(f"{entry.name}: its interval straddled the line; {entry.extra_runs} more "
+                                         f"run{'s' if entry.extra_runs != 1 else ''}, {settled}")  # fmt: skip
+            elif entry.undecided:
+                self.result.notes.append(f"{entry.name}: its interval straddles the line and the budget left no "
+                                         "more runs: no_gain until measured with a larger --budget")  # fmt: skip
 
     def _combine_winners(self) -> None:
         winners = sorted((c for c in self.result.candidates if c.verdict == "faster"), key=lambda c: -(c.speedup or 0))
@@ -241,6 +274,22 @@ def loss_check(baseline_runs: list[RunOutcome], run: RunOutcome) -> LossCheck | 
     finite = change == change and abs(change) != float("inf")
     return LossCheck(run.loss_step, reference, run.loss, round(change, 4) if finite else change, round(tolerance, 4),
                      finite and abs(change) <= tolerance)  # fmt: skip
+
+
+def steady_notes(outcome: RunOutcome, window: Window) -> list[str]:
+    """What the reader must know when the script ran fewer steps than the window: the warm-up judged, steady state."""
+    judged = outcome.steady(window)
+    if not judged.judged:
+        return []
+    ran = len(outcome.steps_ms)
+    notes = [f"the script ended after {ran} measured steps, fewer than the window's {window.warmup} warm-up + "
+             f"{window.steps}: warm-up judged from its steps ({judged.warmup} left out), {len(judged.steps)} timed "
+             "steps per run"]  # fmt: skip
+    if not judged.reached:
+        notes.append(f"steady state was never reached: the step time still changed {stats.trend_pct(judged.steps):.0f}% "
+                     f"between the halves of the {len(judged.steps)} steps kept; the figures include warm-up, so a "
+                     "longer run (more steps) measures the steady state")  # fmt: skip
+    return notes
 
 
 def recommend(entries: list[CandidateResult]) -> list[str]:
