@@ -396,10 +396,69 @@ def test_findings_from_a_stored_gpu_trace_choose_loader_and_compile_candidates()
     from tests.conftest import corpus
 
     trace = corpus("kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz")
-    findings, source = findings_for("train.py", (), source=str(trace), profile=True, timeout_s=1)
+    found = findings_for("train.py", (), source=str(trace), profile=True, timeout_s=1)
+    findings, source = found.ids, found.source
+    assert found.folder is None  # a bare trace: no run folder to keep the result in
     assert {"dataloader_bound", "gpu_idle"} <= findings and source == str(trace)
     gpu = {**STARVED_FACTS, "device": "cuda", "bf16_supported": True}
     reasons = {choice.candidate.name: choice.reason for choice in candidates.select(gpu, findings, cores=8).chosen}
     assert reasons["num_workers"].startswith("dataloader_bound") and "gpu_idle" in reasons["compile"]
     assert reasons["compile_reduce_overhead"] == reasons["compile"]
-    assert set(findings_for("train.py", (), source=None, profile=False, timeout_s=1)[0]) == set()
+    assert findings_for("train.py", (), source=None, profile=False, timeout_s=1).ids == set()
+
+
+def _tune_document(script: Path, *, args: list[str], candidates_: list[dict], recommended: list[str]) -> dict:
+    return {"schema": "skalpel.tune/1", "script": script.name, "script_path": str(script), "args": args,
+            "candidates": candidates_, "recommended": recommended}  # fmt: skip
+
+
+def test_run_advice_cites_what_tune_measured_on_the_same_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from skalpel.tune.advice import annotate, latest_result
+    from tests.report_fixtures import one_finding_report
+
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    runs = tmp_path / "skalpel-runs"
+    earlier, new = runs / "2026-12-03T10-00-00-train", runs / "2026-12-03T11-00-00-train"
+    for folder in (earlier, new):
+        folder.mkdir(parents=True)
+    slower = {"name": "fewer_workers", "verdict": "slower", "fix": {"dataloader": {"num_workers": 1}},
+              "speedup": 0.72, "speedup_low": 0.65, "speedup_high": 0.8}  # fmt: skip
+    faster = {"name": "num_workers", "verdict": "faster", "fix": {"dataloader": {"num_workers": 2}},
+              "speedup": 1.71, "speedup_low": 1.5, "speedup_high": 1.95}  # fmt: skip
+    other = _tune_document(script, args=["--lr", "1"], candidates_=[faster], recommended=["num_workers"])
+    (earlier / "tune.json").write_text(json.dumps(_tune_document(script, args=[], candidates_=[slower, faster],
+                                                                 recommended=["num_workers"])))  # fmt: skip
+    (new / "tune.json").write_text(json.dumps(other))  # newer, but other arguments: not this run's
+    report = one_finding_report()
+    cited = annotate(report, runs / "2026-12-03T12-00-00-train", str(script), ())
+    (finding,) = cited.findings
+    assert finding.fix.startswith("DataLoader(num_workers=4) (skalpel tune measured (skalpel-runs/")
+    assert "fewer_workers (num_workers=1) 0.72x (0.65–0.80): slower: not recommended here" in finding.fix
+    assert "num_workers (num_workers=2) 1.71x (1.50–1.95): recommended here" in finding.fix
+    assert annotate(report, runs / "x", str(tmp_path / "other.py"), ()) is report  # no result for that script
+    assert latest_result([runs], str(script), ("--lr", "1"))[1] == new / "tune.json"
+    (earlier / "tune.json").write_text("{not json")  # a broken file is passed over, never an error
+    assert annotate(report, runs / "x", str(script), ()) is report
+
+
+def test_tune_starts_from_a_run_folder_without_a_script_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from skalpel.errors import SkalpelError
+    from skalpel.result.report import CaptureInfo
+    from skalpel.tune.command import script_of_run
+    from skalpel.tune.findings import run_folder_of
+    from tests.report_fixtures import one_finding_report
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("pass\n")
+    run = tmp_path / "skalpel-runs" / "r"
+    run.mkdir(parents=True)
+    report = dataclasses.replace(one_finding_report(), capture=CaptureInfo(2, 5, script="train.py"))
+    (run / "report.json").write_bytes(report.to_json())
+    assert script_of_run(str(run)) == "train.py" and run_folder_of(run / "report.json") == run.absolute()
+    (tmp_path / "train.py").unlink()
+    with pytest.raises(SkalpelError, match="give the script to tune after the options"):
+        script_of_run(str(run))

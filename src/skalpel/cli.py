@@ -229,8 +229,10 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .capture.command import execute, script_target
+    from .tune.advice import annotate  # run's advice cites what skalpel tune measured on the script
 
-    return execute(script_target(args), args)
+    target = script_target(args)
+    return execute(target, args, advise=lambda report, folder: annotate(report, folder, target.name, target.args))
 
 
 def _add_demo(commands: argparse._SubParsersAction) -> None:

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import SkalpelError
 from .settings import STEP_SIGNALS, CaptureSettings
@@ -51,8 +51,10 @@ def add_capture_options(parser: argparse.ArgumentParser, *, repeat: int = 1) -> 
     )  # fmt: skip
 
 
-def execute(target: Target, args: argparse.Namespace) -> int:
-    """Profile ``target`` with the options in ``args``; returns the exit status to use."""
+def execute(target: Target, args: argparse.Namespace, *,
+            advise: Callable[[Report, Path | None], Report] | None = None) -> int:  # fmt: skip
+    """Profile ``target`` with the options in ``args``; returns the exit status to use. ``advise`` may add to
+    the printed report's advice (``skalpel run``: what ``skalpel tune`` measured, given by the CLI layer)."""
     from ..report import terminal
     from . import distributed
     from .runner import run
@@ -77,7 +79,7 @@ def execute(target: Target, args: argparse.Namespace) -> int:
               "it was not profiled, its parent writes the run", file=sys.stderr)  # fmt: skip
         return result.exit_status
     if result.report is not None:
-        terminal.print_report(result.report)
+        terminal.print_report(result.report if advise is None else advise(result.report, result.folder))
         terminal.print_written(result.written)
     if result.error is not None:
         _show_error(result)

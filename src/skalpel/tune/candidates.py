@@ -347,7 +347,8 @@ class Selection:
     not_applicable: list[dict[str, str]]  # {name, why}: needs a GPU, on a machine without one (each once)
 
 
-def select(facts: Facts, finding_ids: set[str], cores: int, forced: tuple[str, ...] = ()) -> Selection:
+def select(facts: Facts, finding_ids: set[str], cores: int, forced: tuple[str, ...] = (),
+           skipped_names: tuple[str, ...] = ()) -> Selection:  # fmt: skip
     """Which candidates run, and why the others do not. A pure function of its arguments: the same
     facts, findings and cores give the same list in the same order."""
     chosen: list[Choice] = []
@@ -362,7 +363,7 @@ def select(facts: Facts, finding_ids: set[str], cores: int, forced: tuple[str, .
         else:
             skipped.append({"name": name, "why": why})
     for candidate in CATALOGUE:
-        if candidate.name in forced:
+        if candidate.name in forced or candidate.name in skipped_names:
             continue
         if candidate.gpu_only and not _gpu(facts):
             not_applicable.append({"name": candidate.name, "why": "needs a GPU"})

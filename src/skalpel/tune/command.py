@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from ..errors import SkalpelError
+
+if TYPE_CHECKING:
+    from .result import TuneResult
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -21,6 +25,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--list", action="store_true", help="list the candidates and when each is tried")
     parser.add_argument("--try", dest="forced", action="append", default=[], metavar="NAME",
                         help="run this candidate whatever the findings (repeatable; see --list)")  # fmt: skip
+    parser.add_argument("--skip", dest="skipped", action="append", default=[], metavar="NAME",
+                        help="leave this candidate out whatever the findings (repeatable; see --list)")  # fmt: skip
     parser.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
                         help="total time for the whole session (300); candidates that do not fit are not run")  # fmt: skip
     parser.add_argument("--warmup", type=int, default=3, metavar="N", help="steps run before timing, per run (3)")
@@ -42,7 +48,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def check(args: argparse.Namespace) -> None:
     from .candidates import BY_NAME  # here: `skalpel --help` builds tune's options from this module
 
-    unknown = [name for name in args.forced if name not in BY_NAME]
+    unknown = [name for name in (*args.forced, *args.skipped) if name not in BY_NAME]
     if unknown:
         raise SkalpelError(f"unknown candidate {unknown[0]!r}; skalpel tune --list shows them: {', '.join(BY_NAME)}")
     if not 0 < args.budget < float("inf"):
@@ -50,8 +56,26 @@ def check(args: argparse.Namespace) -> None:
     for name, value, low in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0)):
         if value < low:
             raise SkalpelError(f"{name} must be at least {low}, not {value}")
+    if not args.target and args.findings_from:
+        args.target = script_of_run(args.findings_from)
     if not args.target:
         raise SkalpelError("give a script to tune: skalpel tune train.py [ARGS] (or skalpel tune --list)")
+
+
+def script_of_run(source: str) -> str:
+    """``skalpel tune --from RUN`` with no SCRIPT: the script that run profiled, when it is still there."""
+    from pathlib import Path
+
+    from ..api import load_report
+
+    capture = load_report(source, which="--from").capture
+    script = capture.script if capture is not None else None
+    if not script or not Path(script).is_file():
+        named = f"it names {script}, which is not a file here" if script else "it names no script"
+        raise SkalpelError(f"--from {source}: give the script to tune after the options ({named})")
+    print(f"skalpel: tuning {script}, the script {source} profiled (with no arguments: give SCRIPT ARGS to pass some)",
+          file=sys.stderr)  # fmt: skip
+    return script
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -71,7 +95,8 @@ def execute(args: argparse.Namespace) -> int:
 
     files = requested(TUNE_RENDERERS, json=args.json, html=args.html, out=args.out)  # a bad --out fails before the runs
     options = TuneOptions(window=Window(args.warmup, args.steps), repeats=args.repeats, budget_s=args.budget,
-                          forced=tuple(dict.fromkeys(args.forced)), findings_from=args.findings_from,
+                          forced=tuple(dict.fromkeys(args.forced)), skipped=tuple(dict.fromkeys(args.skipped)),
+                          findings_from=args.findings_from,
                           profile=args.profile)  # fmt: skip
     try:
         result = tune(args.target, tuple(args.args), options)
@@ -85,4 +110,22 @@ def execute(args: argparse.Namespace) -> int:
     else:
         render.print_result(result)
         write(result, files)
+    _keep_in_run_folder(result)
     return 130 if result.interrupted else 0
+
+
+def _keep_in_run_folder(result: TuneResult) -> None:
+    """tune.json beside the run's report, so that ``skalpel run`` of the script cites it (``advice.py``)."""
+    from pathlib import Path
+
+    from ..files import write_file
+    from .advice import RESULT_FILE
+
+    if not result.run_folder or result.interrupted:
+        return
+    try:
+        path = write_file(Path(result.run_folder) / RESULT_FILE, result.to_json())
+    except SkalpelError as error:
+        print(f"skalpel: tune could not keep its result in the run folder: {error}", file=sys.stderr)
+        return
+    print(f"skalpel: wrote {path} (skalpel run {result.script} cites it)", file=sys.stderr)

@@ -1,43 +1,64 @@
-"""Where the candidates' findings come from: one short profiled run of the script, or a report given with ``--from``."""
+"""Where the candidates' findings come from: one short profiled run of the script, or a report given with ``--from``.
+
+The profiled run is an ordinary ``skalpel run`` folder (``skalpel-runs/<time>-<name>``): tune writes its
+result beside that run's report, as it does into a run folder given with ``--from``, so that a later
+``skalpel run`` of the script cites it (``advice.py``)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from .result import TuneFailed
 
 
-def findings_for(script: str, args: tuple[str, ...], *, source: str | None, profile: bool, timeout_s: float) -> tuple[set[str], str]:
-    """Finding ids, and where they came from in words."""
+@dataclass(frozen=True)
+class Findings:
+    ids: set[str]
+    source: str  # where they came from, in words
+    folder: Path | None  # the run folder they came from (tune's result is written there), if any
+
+
+def findings_for(script: str, args: tuple[str, ...], *, source: str | None, profile: bool, timeout_s: float) -> Findings:
     if source:
         from ..api import load_report
 
-        return {finding.id for finding in load_report(source, which="--from").findings}, source
+        ids = {finding.id for finding in load_report(source, which="--from").findings}
+        return Findings(ids, source, run_folder_of(Path(source)))
     if not profile:
-        return set(), "nowhere (--no-profile)"
-    return profile_findings(script, args, timeout_s=timeout_s), "a profiled run (skalpel run)"
+        return Findings(set(), "nowhere (--no-profile)", None)
+    ids, folder = profile_findings(script, args, timeout_s=timeout_s)
+    return Findings(ids, f"a profiled run (skalpel run): {folder}", folder)
 
 
-def profile_findings(script: str, args: tuple[str, ...], *, timeout_s: float) -> set[str]:
-    """Finding ids of one short ``skalpel run --stop-after-capture`` of the script."""
-    with tempfile.TemporaryDirectory(prefix="skalpel-tune-profile-") as folder:
-        out = Path(folder) / "run"
-        command = [sys.executable, "-m", "skalpel", "run", "--stop-after-capture", "--out", str(out), script, *args]
-        try:
-            done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=timeout_s)  # fmt: skip
-        except subprocess.TimeoutExpired:
-            raise TuneFailed(f"the profiled run of {script} took longer than {timeout_s:.0f} s; "
-                             "give a larger --budget, or a report with --from") from None  # fmt: skip
-        try:
-            report = json.loads((out / "report.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise TuneFailed(_profile_error(script, done), _traceback_in(done.stderr)) from None
-    return {str(finding.get("id")) for finding in report.get("findings", [])}
+def run_folder_of(path: Path) -> Path | None:
+    """The run folder a ``--from`` path is or lies in (a folder with a report.json); None for a bare trace."""
+    folder = path if path.is_dir() else path.parent
+    return folder.absolute() if (folder / "report.json").is_file() else None
+
+
+def profile_findings(script: str, args: tuple[str, ...], *, timeout_s: float) -> tuple[set[str], Path]:
+    """Finding ids of one short ``skalpel run --stop-after-capture`` of the script, and its run folder."""
+    from ..capture.runfolder import default_folder, prepare_new, remove_if_empty
+
+    out = prepare_new(default_folder(Path(script).stem))
+    command = [sys.executable, "-m", "skalpel", "run", "--stop-after-capture", "--out", str(out), script, *args]
+    try:
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout_s)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        remove_if_empty(out)
+        raise TuneFailed(f"the profiled run of {script} took longer than {timeout_s:.0f} s; "
+                         "give a larger --budget, or a report with --from") from None  # fmt: skip
+    try:
+        report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        remove_if_empty(out)
+        raise TuneFailed(_profile_error(script, done), _traceback_in(done.stderr)) from None
+    return {str(finding.get("id")) for finding in report.get("findings", [])}, out
 
 
 def _profile_error(script: str, done: subprocess.CompletedProcess) -> str:

@@ -6,7 +6,9 @@
 The script runs in this process as ``python train.py --lr 0.1`` would (``skalpel run``'s
 ``__main__`` set-up). Step boundaries come from ``capture/steps.py`` (after each
 ``optimizer.step()``, or each DataLoader batch without an optimizer); each step's time is
-``perf_counter`` between boundaries (on a GPU the device is synchronised where the timed steps
+``perf_counter`` between boundaries (the same iteration as ``skalpel run``'s: an RL loop's
+step is its episode's optimizer step, not a policy call; when a stronger signal takes over, the
+steps before it are dropped) (on a GPU the device is synchronised where the timed steps
 start and end, so that work still queued counts in them). Once ``warmup + steps`` steps have run (or the timed
 steps pass ``--max-seconds``), the script is stopped at the next boundary.
 
@@ -51,6 +53,11 @@ class StepClock:
         self.boundaries = 0
         self.timed_s = 0.0
         self._last: float | None = None
+
+    def restart(self) -> None:
+        """A stronger step signal took over (``StepDetector.restart``): the steps so far were not iterations."""
+        self.out.write(json.dumps({"restart": True}) + "\n")
+        self.boundaries, self.timed_s, self._last = 0, 0.0, None
 
     def boundary(self) -> None:
         if self.boundaries + 1 in (self.warmup + 1, self.stop_after + 1):
@@ -111,7 +118,13 @@ def run(options: argparse.Namespace, out: IO[str]) -> int:
 
     clock = StepClock(out, warmup=options.warmup, steps=options.steps, max_seconds=options.max_seconds, sync=sync)
     patcher = Patcher(json.loads(options.fix), current_step=lambda: clock.boundaries)
-    detector = StepDetector(clock.boundary)
+    def boundary() -> None:
+        if detector.restart:  # as under skalpel run: the iteration is what the stronger signal marks
+            detector.restart = False
+            clock.restart()
+        clock.boundary()
+
+    detector = StepDetector(boundary)
     end, status, error = "script_end", 0, None
     patcher.install()
     detector.install()
@@ -128,8 +141,9 @@ def run(options: argparse.Namespace, out: IO[str]) -> int:
             end, status, error = "error", 130 if isinstance(raised, KeyboardInterrupt) else 1, _describe(raised)
     detector.uninstall()
     patcher.uninstall()
+    facts = {**patcher.facts(), "step_signal": detector.signal}
     record: dict[str, Any] = {"end": end, "exit_status": status, "error": error, "loss": _loss(patcher),
-                              "loss_step": patcher.loss_step, "steps_seen": clock.boundaries, "facts": patcher.facts()}  # fmt: skip
+                              "loss_step": patcher.loss_step, "steps_seen": clock.boundaries, "facts": facts}  # fmt: skip
     out.write(json.dumps(record, default=str) + "\n")
     return status
 

@@ -98,6 +98,8 @@ def read_result(path: Path, *, killed: bool = False, timeout_s: float = 0.0, exi
             continue  # a line cut by a kill
         if "step_ms" in record:
             steps.append(float(record["step_ms"]))
+        elif record.get("restart"):
+            steps = []  # a stronger step signal took over: what came before was not an iteration
         elif "end" in record:
             final = record
     if final is None:

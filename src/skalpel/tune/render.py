@@ -63,6 +63,14 @@ def speedup_text(entry: CandidateResult) -> str:
     return f"{entry.speedup:.2f}x ({entry.speedup_low:.2f}–{entry.speedup_high:.2f})"
 
 
+def not_applicable_groups(result: TuneResult) -> dict[str, list[str]]:
+    """The candidates that do not apply on this device, by why: one line each (``needs a GPU``: five names)."""
+    groups: dict[str, list[str]] = {}
+    for item in result.not_applicable:
+        groups.setdefault(item["why"], []).append(item["name"])
+    return groups
+
+
 def print_result(result: TuneResult, *, console: Console | None = None) -> None:
     console = console or Console()
     console.print(table(result))
@@ -80,9 +88,8 @@ def print_result(result: TuneResult, *, console: Console | None = None) -> None:
                        style="dim"))  # fmt: skip
     for item in result.not_run:
         console.print(Text(f"not run: {item['name']}: {item['why']}", style="dim"))
-    if result.not_applicable:
-        console.print(Text("not tried on this device: " + "; ".join(f"{item['name']} ({item['why']})"
-                                                                   for item in result.not_applicable), style="dim"))  # fmt: skip
+    for why, names in not_applicable_groups(result).items():
+        console.print(Text(f"not tried on this device ({why}): {', '.join(names)}", style="dim"))
     for line in result.notes:
         console.print(Text(f"note: {line}", style="dim"))
     if result.interrupted:

@@ -98,6 +98,8 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     not_applicable: list[dict[str, str]] = field(default_factory=list)  # {name, why}: not for this device (GPU-only)
     min_effect_pct: float = 0.0  # the smallest change called faster or slower, whatever the drift
+    script_path: str | None = None  # the script, absolute: skalpel run finds this result by it
+    run_folder: str | None = None  # the run folder the findings came from; tune.json is written there too
     schema: str = TUNE_SCHEMA
 
     def to_dict(self) -> dict[str, Any]:

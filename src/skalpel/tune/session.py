@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from ..cores import usable_cores
@@ -44,6 +45,7 @@ class TuneOptions:
     repeats: int = 2  # runs per candidate
     budget_s: float = 300.0
     forced: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # --skip: left out whatever the findings
     findings_from: str | None = None  # a run folder, report.json or trace: skip the profiled run
     profile: bool = True  # False: no profiled run, candidates from the device and --try only
 
@@ -74,12 +76,13 @@ class _Session:
         from ..capture.target import Target, check_target  # a missing script or a syntax error: one line, now
 
         check_target(Target(self.script, self.args))
+        self.result.script_path = str(Path(self.script).resolve())
         findings, source = self._findings()
         self.result.findings, self.result.findings_source = sorted(findings), source
         first = self._baseline_run()
         facts = first.facts
         self.result.device = facts.get("device")
-        selection = catalogue.select(facts, findings, self.cores, self.options.forced)
+        selection = catalogue.select(facts, findings, self.cores, self.options.forced, self.options.skipped)
         chosen = selection.chosen
         self.result.not_run.extend(selection.skipped)
         self.result.not_applicable = selection.not_applicable
@@ -113,8 +116,10 @@ class _Session:
     def _findings(self) -> tuple[set[str], str]:
         if self.options.profile and not self.options.findings_from:
             self.say(f"tune: profiling {self.script} once for its findings")
-        return findings_for(self.script, self.args, source=self.options.findings_from, profile=self.options.profile,
-                            timeout_s=max(self._left(), MIN_RUN_TIMEOUT_S))  # fmt: skip
+        found = findings_for(self.script, self.args, source=self.options.findings_from, profile=self.options.profile,
+                             timeout_s=max(self._left(), MIN_RUN_TIMEOUT_S))  # fmt: skip
+        self.result.run_folder = None if found.folder is None else str(found.folder)
+        return found.ids, found.source
 
     def _baseline_run(self) -> RunOutcome:
         first = not self.baseline_runs
