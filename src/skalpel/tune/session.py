@@ -100,8 +100,8 @@ class _Session:
 
     def finish(self) -> TuneResult:
         result = self.result
-        for entry in result.candidates:
-            if entry.runs and entry.verdict is None:
+        for entry in result.candidates:  # judged again against every baseline run of the session
+            if self.runs.get(entry.name):
                 self._judge(entry)
         unmeasured = [entry for entry in result.candidates if not entry.runs]
         result.not_run.extend({"name": entry.name, "why": entry.stopped_early or "interrupted before a run of it finished"}

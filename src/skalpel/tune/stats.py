@@ -7,9 +7,11 @@ candidates' runs, so the baseline's runs measure the machine's own drift over th
 
 The verdict (``compare``), from the runs' step times (each run one sample):
 
-- change: the candidate's mean over the baseline's mean; its 95% interval is Student's t (runs on
-  both sides less 2 degrees of freedom) standard errors either side, from the spread between runs
-  (the larger of the two sides', and at least a run's own step noise), so more runs narrow it;
+- change: the ratio of the candidate's run times to the baseline's (in logs: the mean log run
+  time of each side); its 95% interval is where a repeat of the whole measurement (as many runs
+  again, as a hand check of the fix would time) would land: Student's t (runs on both sides less
+  2 degrees of freedom) times the spread between runs (the larger of the two sides', and at least
+  a run's own step noise) times sqrt(2 (1/m + 1/n)), so more runs narrow it;
 - the line: the larger of ``TUNE_MIN_EFFECT_PCT`` and the baseline's drift (the spread between
   its runs, as ``skalpel run --repeat`` measures it);
 - ``faster`` when the whole interval is beyond the line on the faster side, ``slower`` beyond it on
@@ -55,7 +57,7 @@ class Timing:
 
 @dataclass(frozen=True)
 class Comparison:
-    change_pct: float  # (candidate - baseline) / baseline, the interval's centre
+    change_pct: float  # (candidate - baseline) / baseline, at the interval's centre (in logs)
     speedup: float  # baseline / candidate at the centre
     band_pct: float  # the line: max(minimum effect, the baseline's drift)
     ci_low_pct: float  # the change's interval
@@ -93,14 +95,17 @@ def compare(baseline_runs: list[list[float]], candidate_runs: list[list[float]],
         return None
     b = np.array([float(np.mean(s)) for s in base_runs])
     c = np.array([float(np.mean(s)) for s in cand_runs])
-    centre_b, centre_c = float(b.mean()), float(c.mean())
-    if centre_b <= 0 or centre_c <= 0:
+    if b.min() <= 0 or c.min() <= 0:
         return None
-    change = (centre_c - centre_b) / centre_b * 100
-    drift = spread_pct(tuple(b)) if len(b) >= 2 else None
-    run_sd = max(_relative_sd(b, centre_b), _relative_sd(c, centre_b), _within_run_sd(base_runs + cand_runs))
-    half = t95(len(b) + len(c) - 2) * run_sd * math.sqrt(1 / len(b) + 1 / len(c))
-    low, high = change - half, change + half
+    # In logs: a ratio's interval stays positive, and its centre is the same speed-up either way round.
+    log_b, log_c = np.log(b), np.log(c)
+    centre = float(log_c.mean() - log_b.mean())
+    run_sd = max(_sd(log_b), _sd(log_c), _within_run_sd(base_runs + cand_runs))
+    # where a repeat of the whole measurement (as many runs again) would land: what a hand check of the fix sees
+    half = t95(len(b) + len(c) - 2) * run_sd * math.sqrt(2 * (1 / len(b) + 1 / len(c)))
+    change, low, high = (_pct(centre), _pct(centre - half), _pct(centre + half))
+    spread = spread_pct(tuple(float(x) for x in b)) if len(b) >= 2 else None
+    drift = None if spread is None else float(spread)
     line = max(min_effect_pct, drift or 0.0)
     if high < -line:
         verdict = "faster"
@@ -109,31 +114,32 @@ def compare(baseline_runs: list[list[float]], candidate_runs: list[list[float]],
     else:
         verdict = "no_gain"
     undecided = verdict == "no_gain" and low < -line <= high
-    return Comparison(round(change, 2), round(_speedup(change), 3), round(line, 2), round(low, 2), round(high, 2),
-                      round(_speedup(high), 3), round(_speedup(low), 3), drift, verdict, undecided)  # fmt: skip
+    return Comparison(round(change, 2), round(math.exp(-centre), 3), round(line, 2), round(low, 2), round(high, 2),
+                      round(math.exp(-(centre + half)), 3), round(math.exp(-(centre - half)), 3), drift, verdict,
+                      undecided)  # fmt: skip
+
+
+def _pct(log_ratio: float) -> float:
+    """A log ratio of step times as a change in percent."""
+    return (math.exp(log_ratio) - 1) * 100
+
+
+def _sd(values: np.ndarray) -> float:
+    """The sample standard deviation (of logs: a relative spread); 0 for one value."""
+    return float(np.std(values, ddof=1)) if len(values) >= 2 else 0.0
+
+
+def _within_run_sd(runs: list[list[float]]) -> float:
+    """What one run's mean is uncertain by from its own steps (relative standard error): the floor of the spread."""
+    errors = [float(np.std(s, ddof=1)) / math.sqrt(len(s)) / float(np.mean(s)) for s in runs
+              if len(s) >= 2 and np.mean(s) > 0]  # fmt: skip
+    return float(np.median(errors)) if errors else 0.0
 
 
 def t95(freedom: int) -> float:
     """Student's t for a two-sided 95% interval; ``freedom`` below 1 (one run a side) counts as 1."""
     known = [df for df in _T95 if df <= max(1, freedom)]
     return _T95[max(known)] if freedom <= 30 else 1.96
-
-
-def _speedup(change_pct: float) -> float:
-    """baseline / candidate for a change of the candidate's step time; a change of -100% or less is unbounded."""
-    return 100 / (100 + change_pct) if change_pct > -100 else math.inf
-
-
-def _relative_sd(values: np.ndarray, scale: float) -> float:
-    """The spread between runs in percent of ``scale`` (sample standard deviation); 0 for one run."""
-    return float(np.std(values, ddof=1)) / scale * 100 if len(values) >= 2 else 0.0
-
-
-def _within_run_sd(runs: list[list[float]]) -> float:
-    """What one run's mean is uncertain by from its own steps (standard error, percent): the floor of the spread."""
-    errors = [float(np.std(s, ddof=1)) / math.sqrt(len(s)) / float(np.mean(s)) * 100 for s in runs
-              if len(s) >= 2 and np.mean(s) > 0]  # fmt: skip
-    return float(np.median(errors)) if errors else 0.0
 
 
 def clearly_worse(comparison: Comparison | None) -> bool:
