@@ -72,6 +72,19 @@ def cgroup_quota_cores(v2: Path = _CGROUP_V2, v1: tuple[Path, Path] = _CGROUP_V1
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
+MAX_LOADER_WORKERS = 4  # more rarely helps one process, and each costs memory
+
+
+def loader_workers(cores: int) -> int | None:
+    """DataLoader workers for a loader that starves the step: one core kept for training, at most
+    ``MAX_LOADER_WORKERS``; None on one core (a worker would only compete with training).
+
+    The one sizing ``skalpel run``'s DataLoader advice and ``skalpel tune``'s ``num_workers`` candidate share,
+    so that the fix run prints is the one tune measures.
+    """
+    return None if cores < 2 else min(MAX_LOADER_WORKERS, cores - 1)
+
+
 def worker_split(workers: int, threads: int, cores: int) -> tuple[int, int]:
     """DataLoader workers and intra-op threads that share ``cores`` without fighting: ``(workers, threads)``.
 

@@ -20,11 +20,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..cores import fewer_workers, worker_split
+from ..cores import fewer_workers, loader_workers, worker_split
 
 Facts = dict[str, Any]
 Fix = dict[str, Any]
-MAX_WORKERS = 8  # more rarely helps one process and costs memory per worker
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,8 @@ def _on_gpu(facts: Facts, cores: int) -> bool:
 
 
 def _workers(cores: int) -> int:
-    return max(1, min(cores, MAX_WORKERS))
+    """``skalpel run``'s sizing (``cores.loader_workers``); 1 on one core, where ``why_not`` stops it first."""
+    return loader_workers(cores) or 1
 
 
 def _loader_workers(facts: Facts) -> int:
@@ -116,6 +116,8 @@ def _loader_candidate(name: str, key: str, what: str, findings: tuple[str, ...],
             return "the script builds no DataLoader"
         if gpu_only and not _gpu(facts):
             return "pinned memory only speeds up copies to a GPU"
+        if key == "num_workers" and loader_workers(cores) is None:
+            return f"with {cores} usable core, worker processes would only compete with training"
         if needs_workers and not any(loader.get("num_workers") for loader in facts["loaders"]):
             return f"{key} needs a DataLoader with workers (num_workers > 0)"
         if not targets(facts, cores):
@@ -292,7 +294,7 @@ _CONTENTION = ("cpu_contention",)  # dataloader_bound brings more workers; fewer
 
 CATALOGUE: tuple[Candidate, ...] = (
     _loader_candidate("num_workers", "num_workers",
-                      "build batches in worker processes (up to the cores this process may use)",
+                      "build batches in worker processes (one core kept for training, at most 4)",
                       _LOADER, value=_workers),
     Candidate("fewer_workers", "fewer DataLoader workers: workers and intra-op threads share the usable cores",
               _CONTENTION, device_rule=_competing, why_not=_fewer_workers_why_not, fix=_fewer_workers_fix,
@@ -384,8 +386,7 @@ def select(facts: Facts, finding_ids: set[str], cores: int, forced: tuple[str, .
 def _machine_reason(candidate: Candidate, facts: Facts, cores: int) -> str:
     """Why a candidate runs with no finding behind it, in words that name the machine's real settings."""
     if candidate.device_rule is _competing:
-        return (f"{_loader_workers(facts)} loader workers + {facts.get('threads', 1)} intra-op threads on "
-                f"{cores} usable cores")  # fmt: skip
+        return f"{_loader_workers(facts)} workers + {facts.get('threads', 1)} threads > {cores} cores"
     if candidate.device_rule is _host_bound:
         return "host-bound step (CPU)"
     return f"device {facts.get('device', 'cpu')}"

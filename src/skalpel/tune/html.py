@@ -9,7 +9,7 @@ from html import escape
 
 from ..report import html_parts as parts
 from ..report.html import page
-from .render import ms_text, note
+from .render import ms_text, not_applicable_groups, note, speedup_text
 from .result import TuneResult
 
 _VERDICT_CLASS = {"faster": "better", "slower": "worse", "error": "worse"}
@@ -33,7 +33,7 @@ def _recommended(result: TuneResult) -> str:
     for name in result.recommended:
         entry = by_name[name]
         changes = "".join(_change(change) for change in entry.change)
-        items.append(f'<li class="better"><strong>{escape(name)}</strong> ({entry.speedup:.2f}x): '
+        items.append(f'<li class="better"><strong>{escape(name)}</strong> ({escape(speedup_text(entry))}): '
                      f"{escape(entry.what)}<ul>{changes}</ul></li>")  # fmt: skip
     return f"<ul>{''.join(items)}</ul>"
 
@@ -58,7 +58,7 @@ def _table(result: TuneResult) -> str:
     for entry in result.candidates:
         verdict = entry.verdict or "not measured"
         klass = _VERDICT_CLASS.get(verdict, "")
-        speedup = None if entry.speedup is None else f"{entry.speedup:.2f}x"
+        speedup = None if entry.speedup is None else speedup_text(entry)
         rows.append("<tr>" + parts.name_cell(entry.name) + f"<td>{escape(entry.reason)}</td>"
                     + parts.num(entry.median_ms, ms_text(entry.median_ms, entry.noise_pct))
                     + parts.num(entry.speedup, speedup) + f'<td class="{klass}">{escape(verdict)}</td>'
@@ -76,5 +76,6 @@ def _method(result: TuneResult) -> str:
         f"{result.elapsed_s:.0f} s of a {result.budget_s:.0f} s budget" + (" (interrupted)" if result.interrupted else ""),
     ]
     facts += [f"not run: {item['name']}: {item['why']}" for item in result.not_run]
+    facts += [f"not tried on this device ({why}): {', '.join(names)}" for why, names in not_applicable_groups(result).items()]
     facts += [f"note: {line}" for line in result.notes]
     return "<ul>" + "".join(f"<li>{escape(fact)}</li>" for fact in facts) + "</ul>"
