@@ -52,17 +52,17 @@ def test_a_starving_loader_gets_more_workers_at_its_line() -> None:
     assert selection.chosen[0].reason == "dataloader_bound" and selection.chosen[2].reason == "host-bound step (CPU)"
     assert {item["name"] for item in selection.skipped} == {"persistent_workers", "prefetch_factor"}
     workers = candidates.BY_NAME["num_workers"]
-    assert workers.fix(STARVED_FACTS, 4) == {"dataloader": {"num_workers": 3}}  # one core kept for training
+    assert workers.fix(STARVED_FACTS, 4) == {"dataloader": {"num_workers": 4}}
     (change,) = workers.changes(STARVED_FACTS, 4)
     assert change["location"] == "train.py:31 in train"
-    assert change["after"] == "loader = DataLoader(SlowDataset(), batch_size=16, num_workers=3)"
+    assert change["after"] == "loader = DataLoader(SlowDataset(), batch_size=16, num_workers=4)"
 
 
-def test_more_workers_are_skalpel_runs_sizing_one_core_kept_for_training() -> None:
+def test_more_workers_are_the_sizing_skalpel_run_shares() -> None:
     from skalpel.cores import MAX_LOADER_WORKERS
 
     workers = candidates.BY_NAME["num_workers"]
-    assert workers.fix(STARVED_FACTS, 2) == {"dataloader": {"num_workers": 1}}
+    assert workers.fix(STARVED_FACTS, 2) == {"dataloader": {"num_workers": 2}}
     assert workers.fix(STARVED_FACTS, 64)["dataloader"]["num_workers"] == MAX_LOADER_WORKERS
     assert workers.why_not(STARVED_FACTS, 1) == "with 1 usable core, worker processes would only compete with training"
 
@@ -88,7 +88,7 @@ def test_four_workers_on_two_cores_try_fewer_workers_and_a_split_with_threads_wi
     assert loader_change["after"].endswith("num_workers=1)") and threads_change["after"] == "torch.set_num_threads(1)"
     # the real settings in the words: a loader with 4 workers is not said to have 2
     why = candidates.BY_NAME["num_workers"].why_not(facts, 2)
-    assert why == "every DataLoader already has at least num_workers=1 (num_workers=4)"
+    assert why == "every DataLoader already has at least num_workers=2 (num_workers=4)"
     # workers and threads that fit the cores: nothing to take away
     fits = _with_workers(1, 1)
     assert not {"fewer_workers", "workers_threads"} & set(_names(candidates.select(fits, set(), cores=2).chosen))

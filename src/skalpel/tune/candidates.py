@@ -294,7 +294,7 @@ _CONTENTION = ("cpu_contention",)  # dataloader_bound brings more workers; fewer
 
 CATALOGUE: tuple[Candidate, ...] = (
     _loader_candidate("num_workers", "num_workers",
-                      "build batches in worker processes (one core kept for training, at most 4)",
+                      "build batches in worker processes (one per usable core, at most 4)",
                       _LOADER, value=_workers),
     Candidate("fewer_workers", "fewer DataLoader workers: workers and intra-op threads share the usable cores",
               _CONTENTION, device_rule=_competing, why_not=_fewer_workers_why_not, fix=_fewer_workers_fix,

@@ -103,6 +103,7 @@ class _Session:
         for entry in result.candidates:  # judged again against every baseline run of the session
             if self.runs.get(entry.name):
                 self._judge(entry)
+        self._undecided_notes()
         unmeasured = [entry for entry in result.candidates if not entry.runs]
         result.not_run.extend({"name": entry.name, "why": entry.stopped_early or "interrupted before a run of it finished"}
                               for entry in unmeasured)  # fmt: skip
@@ -223,14 +224,17 @@ class _Session:
             if not measured:
                 break
             self._baseline_run()
+
+    def _undecided_notes(self) -> None:
+        """After the last judgement: which candidates got more runs, and which stayed undecided."""
         for entry in self.result.candidates:
             if entry.extra_runs:
                 settled = "undecided still: no_gain" if entry.undecided else f"then {entry.verdict}"
                 self.result.notes.append(f"{entry.name}: its interval straddled the line; {entry.extra_runs} more "
                                          f"run{'s' if entry.extra_runs != 1 else ''}, {settled}")  # fmt: skip
             elif entry.undecided:
-                self.result.notes.append(f"{entry.name}: its interval straddles the line and the budget left no "
-                                         "more runs: no_gain until measured with a larger --budget")  # fmt: skip
+                self.result.notes.append(f"{entry.name}: its interval straddles the line: no_gain until more runs "
+                                         "settle it (a larger --budget or --repeats)")  # fmt: skip
 
     def _combine_winners(self) -> None:
         winners = sorted((c for c in self.result.candidates if c.verdict == "faster"), key=lambda c: -(c.speedup or 0))
