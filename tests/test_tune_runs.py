@@ -169,7 +169,7 @@ def four_workers(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.C
     """One session on a host-bound loop whose 4 workers fight its threads: fewer workers, the split, compile."""
     folder = tmp_path_factory.mktemp("four_workers")
     script, out = _script(folder, FOUR_WORKERS), folder / "tune.json"
-    done = _tune("--no-profile", "--repeats", "1", "--warmup", "2", "--steps", "5", "--budget", "90",
+    done = _tune("--no-profile", "--repeats", "1", "--warmup", "2", "--steps", "5", "--budget", "120",
                  "--json", str(out), str(script), cwd=folder, env=INDUCTOR_CACHE)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done, _validated(out)
