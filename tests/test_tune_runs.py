@@ -29,6 +29,8 @@ import pytest
 from skalpel.cores import loader_workers, usable_cores
 from skalpel.tune.measure import Window, run_once
 
+from .conftest import skip_unless
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,6 +122,9 @@ for step in range(100000):
     optimizer.zero_grad()
     model(torch.randn(4, 8)).sum().backward()
     optimizer.step()
+    if step == 1:  # readiness marker: this run is in its steps (the test reads it instead of sleeping)
+        with open("runs-in-their-steps.txt", "a") as marker:
+            marker.write("run\\n")
     time.sleep(0.02)
 """
 
@@ -175,7 +180,7 @@ def four_workers(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.C
     return done, _validated(out)
 
 
-@pytest.mark.skipif(usable_cores() < 2, reason="more workers than one core cannot be faster")
+@skip_unless(usable_cores() >= 2, "more workers than one core cannot be faster")
 def test_starving_loader_more_workers_measured_and_recommended_at_its_line_when_faster(starved) -> None:
     done, result, page = starved
     assert "dataloader_bound" in result["findings"]  # from the profiled run
@@ -217,7 +222,7 @@ def test_skalpel_run_of_the_script_cites_what_tune_measured(starved) -> None:
     assert verdict_words in text
 
 
-@pytest.mark.skipif(usable_cores() > 3, reason="4 workers and the default threads must exceed the cores")
+@skip_unless(usable_cores() <= 3, "4 workers and the default threads must exceed the cores")
 def test_four_workers_on_few_cores_try_fewer_workers_and_a_split_with_threads(four_workers) -> None:
     done, result = four_workers
     by_name = {c["name"]: c for c in result["candidates"]}
@@ -306,7 +311,11 @@ def test_ctrl_c_prints_the_results_measured_so_far(tmp_path: Path) -> None:
         if "baseline run 1:" in line or not line:
             break
     assert any("baseline run 1:" in line for line in progress), progress
-    time.sleep(1.0)  # the candidate's run has started
+    marker = tmp_path / "runs-in-their-steps.txt"
+    finished, deadline = len(marker.read_text().splitlines()), time.monotonic() + 120
+    while time.monotonic() < deadline and len(marker.read_text().splitlines()) <= finished:
+        time.sleep(0.05)  # until the next run (the candidate's) is in its steps
+    assert len(marker.read_text().splitlines()) > finished
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
