@@ -29,10 +29,24 @@ from .steps import StepSegmentation
 
 _REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 _COMPILE_ID = re.compile(r"compile_id=(\d+)/(\d+)")
-_COMPILE_TIME = re.compile(r"^dynamo$|^entire_frame_compile$|\(dynamo_timed\)$|^_compile\b|^compile_fx|^Compile\b")
+_COMPILE_TIME = re.compile(
+    r"^dynamo$|^entire_frame_compile$|\(dynamo_timed\)$|^_compile\b|^compile_fx|^Compile\b"
+    r"|^OutputGraph\.(call_user_compiler|compile_and_call_fx_graph)$|^(inductor|backend)_compile$"
+    r"|^create_aot_dispatcher_function$|^GraphLowering\.|^async_compile\.wait$"
+)
+# The same compilation seen in Python stacks (with_stack): dynamo's and inductor's compile functions, by file.
+# Only functions that run while compiling: compile_fx.py's ``wrapper`` and standalone_compile's ``__call__``
+# run compiled code (vLLM's traces are full of them).
+_COMPILE_FRAME = re.compile(
+    r"torch[/\\](?:_dynamo[/\\](?:convert_frame\.py\(\d+\): (?:_compile|compile_inner)"
+    r"|output_graph\.py\(\d+\): (?:call_user_compiler|compile_and_call_fx_graph))"
+    r"|_inductor[/\\]compile_fx\.py\(\d+\): (?:compile_fx|compile_fx_inner|_compile_fx_inner|fw_compiler_base)"
+    r"|_functorch[/\\]aot_autograd\.py\(\d+\): create_aot_dispatcher_function)$"
+)
 _COMPILE_TOP = ("dynamo", "entire_frame_compile")  # one per compilation
 _HOST = np.array([Kind.CPU_OP, Kind.USER_ANNOTATION], dtype=np.int8)
 _KERNELS = np.array([Kind.KERNEL, Kind.COMM_KERNEL], dtype=np.int8)
+_COMPILING = np.array([Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON], dtype=np.int8)
 
 
 @dataclass(frozen=True)
@@ -87,8 +101,8 @@ def compile_events(trace: Trace, steps: StepSegmentation) -> CompileResult:
     lookups = host & (trace.name == trace.name_id("TorchDynamo Cache Lookup"))
     aot_names = [trace.name_id("CompiledFunction"), trace.name_id("CompiledFunctionBackward")]
     compiled = host & numeric.isin(trace.name, aot_names)
-    compile_time = host & numeric.isin(trace.name, [i for i, name in text.items() if _COMPILE_TIME.search(name)])
-    top = _outer_compilations(trace, host)
+    compile_time = _compiling(trace)
+    top = _outer_compilations(trace, host, compile_time)
     triton = _triton(trace)
     return CompileResult(
         regions=int(regions.sum()),
@@ -109,10 +123,70 @@ def compile_events(trace: Trace, steps: StepSegmentation) -> CompileResult:
 
 
 def compile_ranges(trace: Trace) -> np.ndarray:
-    """Indices of the host ranges in which torch.compile compiles (dynamo/inductor ranges, any rank)."""
+    """Indices of the host ranges in which torch.compile compiles (dynamo/inductor ranges or Python frames, any rank)."""
+    return np.flatnonzero(_compiling(trace))
+
+
+def _compiling(trace: Trace) -> np.ndarray:
+    """Mask of dynamo/inductor compile ranges: record_function names, and compile functions in Python stacks."""
     host = isin_few(trace.kind, _HOST)
+    python = trace.kind == Kind.PYTHON
     names = [i for i in numeric.unique(trace.name[host]) if _COMPILE_TIME.search(trace.names[i])]
-    return np.flatnonzero(host & numeric.isin(trace.name, names))
+    frames = [i for i in numeric.unique(trace.name[python]) if _COMPILE_FRAME.search(trace.names[i])]
+    return (host & numeric.isin(trace.name, names)) | (python & numeric.isin(trace.name, frames))
+
+
+@dataclass(frozen=True)
+class CompileInSteps:
+    """Compile time inside the analysed steps (the whole trace of each rank when no steps are marked)."""
+
+    ms: float  # union of the compile ranges, clipped to the steps, summed over steps
+    steady_ms: float  # of which in a rank's later steps (not its first): compilation that repeats
+    steps_compiling: int  # steps with any compile time
+    events: tuple[int, ...]  # the outermost compile ranges that overlap the steps, by start
+
+
+def compile_in_steps(trace: Trace, steps: StepSegmentation) -> CompileInSteps:
+    """How much of the steps torch.compile spent compiling, from the trace's own compile ranges."""
+    ranges = compile_ranges(trace)
+    total = steady = 0.0
+    compiling = 0
+    overlapping: set[int] = set()
+    first_step = {}
+    for step in steps.steps:
+        first_step.setdefault(step.rank, step.start_us)
+        first_step[step.rank] = min(first_step[step.rank], step.start_us)
+    outer = set(_outermost(trace, ranges).tolist())
+    for step in steps.steps:
+        on_rank = ranges[trace.rank[ranges] == step.rank]
+        start, end = trace.ts[on_rank], trace.ts[on_rank] + trace.dur[on_rank]
+        inside = (end > step.start_us) & (start < step.end_us)
+        if not inside.any():
+            continue
+        us = intervals.length(np.maximum(start[inside], step.start_us), np.minimum(end[inside], step.end_us))
+        total += us
+        compiling += int(us > 0)
+        if steps.marked and step.start_us > first_step[step.rank]:
+            steady += us
+        overlapping.update(int(i) for i in on_rank[inside] if int(i) in outer)
+    events = sorted(overlapping, key=lambda i: float(trace.ts[i]))
+    return CompileInSteps(total / 1000.0, steady / 1000.0, compiling, tuple(events))
+
+
+def _outermost(trace: Trace, events: np.ndarray) -> np.ndarray:
+    """The events not inside another of them on the same rank and thread."""
+    if len(events) == 0:
+        return events
+    order = events[np.lexsort((-trace.dur[events], trace.ts[events], trace.tid[events], trace.rank[events]))]
+    keep = []
+    holder = (None, None, -np.inf)  # (rank, tid, end) of the last outermost event
+    for event in order:
+        rank, tid, start = int(trace.rank[event]), int(trace.tid[event]), float(trace.ts[event])
+        if holder[0] == rank and holder[1] == tid and start < holder[2]:
+            continue
+        keep.append(event)
+        holder = (rank, tid, start + float(trace.dur[event]))
+    return np.array(keep, dtype=np.int64)
 
 
 def _pair(match: re.Match) -> tuple[int, int]:
@@ -128,13 +202,15 @@ def _union_ms(trace: Trace, mask: np.ndarray) -> float:
     return total / 1000.0
 
 
-def _outer_compilations(trace: Trace, host: np.ndarray) -> np.ndarray:
-    """One event per compilation: ``dynamo`` ranges, or ``entire_frame_compile`` where no ``dynamo`` wraps it."""
+def _outer_compilations(trace: Trace, host: np.ndarray, compiling: np.ndarray) -> np.ndarray:
+    """One event per compilation: ``dynamo`` ranges, or ``entire_frame_compile`` where no ``dynamo`` wraps it,
+    or else the outermost compile ranges (``_compile.compile_inner``, dynamo's frames in the Python stacks)."""
     for name in _COMPILE_TOP:
         events = np.flatnonzero(host & (trace.name == trace.name_id(name)))
         if len(events):
             return events[np.argsort(trace.ts[events], kind="stable")]
-    return np.zeros(0, dtype=np.int64)
+    events = _outermost(trace, np.flatnonzero(compiling))
+    return events[np.argsort(trace.ts[events], kind="stable")]
 
 
 def _after_first_step(trace: Trace, events: np.ndarray, steps: StepSegmentation) -> int:
@@ -370,3 +446,52 @@ def _in_steps(trace: Trace, events: np.ndarray, steps: StepSegmentation) -> np.n
     for step in steps.steps:
         keep |= (trace.rank[events] == step.rank) & (trace.ts[events] >= step.start_us) & (trace.ts[events] < step.end_us)
     return keep
+
+
+@dataclass(frozen=True)
+class SplitFrames:
+    """Graph breaks as the trace alone shows them: compiled frames that ran inside another frame's region.
+
+    After a graph break dynamo runs the rest of the function as a new frame (a resume function, or the
+    called function the break was in), compiled under its own frame id and called from the eager code
+    between the graphs: its ``Torch-Compiled Region: K/0`` lies inside the caller's ``N/M``. Two compiled
+    functions called one after the other (a model and a loss) have distinct ids too, but side by side.
+    """
+
+    outer: tuple[int, ...]  # frames whose regions hold other frames' regions: the functions split by breaks
+    inner: tuple[int, ...]  # frames that ran inside them: one per break
+    nested_calls: int  # nested regions that ran
+    events: tuple[int, ...]  # the first nested region of each inner frame
+    pairs: tuple[str, ...]  # "1/0 inside 0/0"
+
+    @property
+    def frames(self) -> set[int]:
+        return set(self.outer) | set(self.inner)
+
+
+def split_frames(trace: Trace, steps: StepSegmentation) -> SplitFrames:
+    """Compiled frames nested in other frames' compiled regions, inside the steps."""
+    host = isin_few(trace.kind, _HOST)
+    names = {int(i): _REGION.match(trace.names[int(i)]) for i in numeric.unique(trace.name[host])}
+    frame_of = {i: int(found.group(1)) for i, found in names.items() if found}
+    regions = np.flatnonzero(host & numeric.isin(trace.name, list(frame_of)))
+    regions = regions[_in_steps(trace, regions, steps)]
+    order = regions[np.lexsort((-trace.dur[regions], trace.ts[regions], trace.tid[regions], trace.rank[regions]))]
+    outer: dict[int, None] = {}
+    inner: dict[int, int] = {}  # frame -> its first nested event
+    pairs: dict[str, None] = {}
+    nested = 0
+    stack: list[tuple[int, int, float, int, str]] = []  # (rank, tid, end, frame, "N/M") of the open regions
+    for event in order:
+        rank, tid, start = int(trace.rank[event]), int(trace.tid[event]), float(trace.ts[event])
+        stack = [item for item in stack if item[0] == rank and item[1] == tid and item[2] > start]
+        frame = frame_of[int(trace.name[event])]
+        label = "/".join(names[int(trace.name[event])].groups())
+        if stack and stack[0][3] != frame:
+            nested += 1
+            outer.setdefault(stack[0][3])
+            inner.setdefault(frame, int(event))
+            pairs.setdefault(f"{label} inside {stack[0][4]}")
+        stack.append((rank, tid, start + float(trace.dur[event]), frame, label))
+    inner = {frame: event for frame, event in inner.items() if frame not in outer}
+    return SplitFrames(tuple(outer), tuple(inner), nested, tuple(inner.values()), tuple(pairs))

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import re
 
-from ..analysis.compile import CompileLog, LoggedCompilation, compile_events, compile_log, graph_break_time
+from ..analysis.compile import (
+    CompileLog,
+    LoggedCompilation,
+    compile_events,
+    compile_in_steps,
+    compile_log,
+    graph_break_time,
+    split_frames,
+)
 from . import thresholds
 from .common import pct
 from .rule import Context, Docs, NotJudged, Outcome, Rule
@@ -124,7 +132,7 @@ def _check_graph_break(ctx: Context, rule: Rule) -> Outcome:
     if log is None:
         result = ctx.result("compile", lambda: compile_events(ctx.trace, ctx.steps))
         if result is not None and result.regions:
-            return NotJudged("graph breaks are known from the compile log `skalpel run` writes into the trace header; this trace has none")
+            return _graph_break_from_regions(ctx, rule)
         return []
     if not log.graph_breaks:
         return []
@@ -160,6 +168,52 @@ def _check_graph_break(ctx: Context, rule: Rule) -> Outcome:
     return [rule.finding(evidence, severity="info", locations=[item.location for item in breaks[:3]], fix=fix, title=title)]
 
 
+_NO_REASON = "why is not in the trace: run it under `skalpel run` (or with TORCH_LOGS=graph_breaks) for the reason and the line"
+
+
+def _graph_break_from_regions(ctx: Context, rule: Rule) -> Outcome:
+    """Without the compile log: compiled frames that ran inside another frame's region are the breaks' resume frames.
+
+    One frame, or frames side by side (a compiled model and a compiled loss), show no break and stay quiet.
+    """
+    split = split_frames(ctx.trace, ctx.steps)
+    if not split.inner:
+        return []
+    steps = ctx.steps.steps
+    step_ms = sum(step.duration_ms for step in steps) or 1.0
+    step_count = max(len(steps), 1)
+    time = graph_break_time(ctx.trace, ctx.steps, split.frames)
+    share = pct(time.region_ms, step_ms)
+    breaks = len(split.inner)
+    located = ctx.locations(list(split.events))
+    evidence = {
+        "graph_breaks": breaks,
+        "reasons": [_NO_REASON],
+        "lines": list(located),
+        "frames": list(split.pairs[:8]),
+        "nested_calls": split.nested_calls,
+        "region_ms_per_step": time.region_ms / step_count,
+        "share_pct": share,
+        "eager_ms_per_step": time.eager_ms / step_count if time.measured else None,
+        "eager_share_pct": pct(time.eager_ms, step_ms) if time.measured else None,
+        "split_calls_per_step": time.calls / step_count,
+    }
+    where = located[0] if located else f"compiled frame {split.pairs[0].split(' inside ')[1]}"
+    plural = "s" if breaks > 1 else ""
+    tail = f"{breaks} resume frame{plural} ran inside {where} ({', '.join(split.pairs[:3])})"
+    fix = (
+        f"{_NO_REASON}; then remove what breaks the graph from the compiled code (`.item()`, `print`, data-dependent "
+        "`if`, an unsupported call) or move it outside the compiled function (fullgraph=True makes a break an error)"
+    )
+    locations = located or tuple(f"Torch-Compiled Region: {pair.split(' inside ')[0]}" for pair in split.pairs[:3])
+    if time.calls > 0 and share >= rule.thresholds.share_pct:
+        eager = f", {evidence['eager_share_pct']:.1f}% of the step eager between graphs" if time.measured else ""
+        title = f"torch.compile graph break{plural} split {share:.0f}% of the step{eager}: {tail}"
+        return [rule.finding(evidence, locations=locations, fix=fix, title=title)]
+    title = f"torch.compile graph break{plural} ({breaks}): {tail}"
+    return [rule.finding(evidence, severity="info", locations=locations, fix=fix, title=title)]
+
+
 # -- compile time inside the steps, the recompile limit ---------------------------------------------
 def _check_compile_overhead(ctx: Context, rule: Rule) -> Outcome:
     result = ctx.result("compile", lambda: compile_events(ctx.trace, ctx.steps))
@@ -180,25 +234,36 @@ def _check_compile_overhead(ctx: Context, rule: Rule) -> Outcome:
         )
         fix = f"{fix}; raising torch._dynamo.config.{limit.limit} only hides the recompilations"
         findings.append(rule.finding(evidence, title=title, fix=fix, locations=_limit_locations(log)))
-    if not ctx.steps.marked:
-        return findings
     steps = ctx.steps.steps
     step_ms = sum(step.duration_ms for step in steps) or 1.0
-    compile_ms = _compile_ms_in_steps(result, log)
+    traced = ctx.result("compile_in_steps", lambda: compile_in_steps(ctx.trace, ctx.steps))
+    logged = [item for item in (log.compilations if log else ()) if item.in_window] if ctx.steps.marked else []
+    logged_ms = sum(item.duration_ms for item in logged)
+    compile_ms = max(traced.ms, logged_ms)
     share = pct(compile_ms, step_ms)
-    if compile_ms >= rule.thresholds.floor and share >= rule.thresholds.share_pct:
-        evidence = {"compile_ms": compile_ms, "share_pct": share, "steps": len(steps), "step_ms": step_ms}
-        title = f"torch.compile compiles for {compile_ms:.0f} ms inside the profiled steps ({share:.0f}% of their time)"
-        locations = _locations(ctx, [item for item in (log.compilations if log else ()) if item.in_window], result)
+    if compile_ms < rule.thresholds.floor or share < rule.thresholds.share_pct:
+        return findings
+    # Steady state: compilation after each rank's first profiled step (a recompilation), or logged in one.
+    steady = traced.steady_ms >= rule.thresholds.floor or any(item.step != _first_step(ctx, item.rank) for item in logged)
+    evidence = {"compile_ms": compile_ms, "share_pct": share, "steps": len(steps), "step_ms": step_ms,
+                "steady_state_ms": max(traced.steady_ms, sum(i.duration_ms for i in logged if i.step != _first_step(ctx, i.rank))),
+                "compilations": max(len(traced.events), len(logged)), "steps_marked": ctx.steps.marked}  # fmt: skip
+    where = "inside the profiled steps" if ctx.steps.marked else "in the profiled window (no steps marked)"
+    title = f"torch.compile compiles for {compile_ms:.0f} ms {where} ({share:.0f}% of their time)"
+    locations = _locations(ctx, logged, result) if logged else ctx.locations(list(traced.events))
+    locations = locations or tuple(ctx.trace.names[int(ctx.trace.name[i])] for i in traced.events[:1])
+    if steady or not ctx.steps.marked:
         findings.append(rule.finding(evidence, title=title, locations=locations))
+    else:
+        title += ": the first profiled step only, a one-time cost that distorts the measurement"
+        fix = "warm up before measuring: profile from a later step (schedule(wait=1, warmup=1, ...)) so compilation is done"
+        findings.append(rule.finding(evidence, severity="info", title=title, locations=locations, fix=fix))
     return findings
 
 
-def _compile_ms_in_steps(result, log: CompileLog | None) -> float:
-    """Compile time inside the profiled steps: dynamo's own ranges in the trace, else the log's durations."""
-    traced = result.compile_ms if result is not None and result.compilations_after_first_step else 0.0
-    logged = sum(item.duration_ms for item in log.compilations if item.in_window) if log is not None else 0.0
-    return max(traced, logged)
+def _first_step(ctx: Context, rank: int) -> int | None:
+    numbers = [step.number for step in ctx.steps.for_rank(rank)]
+    return min(numbers) if numbers else None
 
 
 def _limit_locations(log: CompileLog) -> tuple[str, ...]:
@@ -245,7 +310,9 @@ GRAPH_BREAK = Rule(
     docs=Docs(
         what="Dynamo could not trace part of a compiled function (`.item()`, `print`, data-dependent control "
         "flow, an unsupported call) and split it into several graphs with eager Python between them. Read from "
-        "the compile log `skalpel run` writes (dynamo's graph_breaks log and compilation metrics).",
+        "the compile log `skalpel run` writes (dynamo's graph_breaks log and compilation metrics); without it, "
+        "from the trace: a compiled frame's `Torch-Compiled Region: K/0` inside another frame's region is the "
+        "resume frame a break leaves (the reason is then unknown).",
         why="Each break ends a graph: no fusion across it, a guard check and a Python call per piece on every "
         "call, and often a host-device sync (`.item()`). On a GPU the device idles while the host runs the eager "
         "part.",
@@ -270,8 +337,9 @@ COMPILE_OVERHEAD = Rule(
     check=_check_compile_overhead,
     fix="make the compiled code stable across steps (see the recompilation finding), and warm up before measuring",
     docs=Docs(
-        what="Compilation inside the profiled (steady-state) steps, from the trace's compilation ranges or the "
-        "compile log's durations; and dynamo reaching its recompile limit (`recompile_limit`, "
+        what="Compilation inside the profiled steps (the whole window when none are marked), from the trace's "
+        "compilation ranges (`(dynamo_timed)` ranges, dynamo's and inductor's compile functions in the Python "
+        "stacks) or the compile log's durations; only the first profiled step compiling is info; and dynamo reaching its recompile limit (`recompile_limit`, "
         "`cache_size_limit` before torch 2.6), after which the function runs eagerly, without a word.",
         why="Compiling costs from tenths of a second to minutes; inside the steps it dominates their time. A "
         "function past the recompile limit loses the speed-up of compiling at all while still paying for guard "
