@@ -81,11 +81,13 @@ CASES = [
      (SLOW,)),
     ("hta/trace_diff/test/test.json.gz", {"host_device_sync": "info"}, ("dataloader_bound", "host_device_sync"), (SLOW,)),
     # Hugging Face inference on H100 / MI300: eager bmm+softmax attention against SDPA flash.
+    # Their eager attention matrices (820 MiB, 1.8 GiB) are transients of a 2.5 / 4.2 GiB peak on an 80 GB H100:
+    # room to spare, so no memory warning (the 1.8 GiB one is info: large in itself).
     (TRACELENS + "h100/google_owlv2-large-patch14-ensemble__1016001.json.gz",
-     {"attention_hotspot": "warning", "memory_spike": "warning"}, (), (SLOW,)),
+     {"attention_hotspot": "warning"}, ("memory_spike",), (SLOW,)),
     # Its one 383 ms step keeps the device busy 158 ms (HTA's span, kernel to kernel, says 1% idle).
     (TRACELENS + "h100/facebook_timesformer-base-finetuned-k400__1016002.json.gz",
-     {"attention_hotspot": "warning", "memory_spike": "warning", "gpu_idle": "warning"}, (), (SLOW,)),
+     {"attention_hotspot": "warning", "memory_spike": "info", "gpu_idle": "warning"}, ("memory_spike",), (SLOW,)),
     (TRACELENS + "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", {}, ("attention_hotspot",), ()),
     (TRACELENS + "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", {}, ("attention_hotspot",), ()),
     (TRACELENS + "h100/gaunernst_bert-small-uncased__1016001.json.gz", {"gpu_idle": "critical"}, ("attention_hotspot",), ()),

@@ -51,6 +51,10 @@ class DeviceMemory:
     largest_alloc_op: str | None  # name of the host op enclosing the largest allocation
     largest_alloc_op_event: int  # its event index (-1 when none encloses it)
     curve: tuple[tuple[float, int], ...]  # (us from trace origin, allocated bytes), downsampled
+    largest_alloc_at_peak: bool = False  # the largest allocation is still held when the peak is reached (paired by size)
+    largest_alloc_freed: bool = False  # and freed again before the trace ends: a temporary, not weights or state
+    steady_bytes: int = 0  # the footprint between steps (median at step boundaries; at the end without steps)
+    capacity_bytes: int | None = None  # the device's memory from the trace's deviceProperties; None for the host
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,8 @@ def _device_memory(
     boundaries = _step_boundaries(steps, rank)
     at_boundaries = _value_at(ts, allocated, boundaries)
     deltas = np.diff(at_boundaries)
-    largest = rows[int(np.argmax(events.nbytes[rows]))]
+    largest_row = int(np.argmax(events.nbytes[rows]))
+    largest = rows[largest_row]
     op = _enclosing_op(trace, rank, int(events.tid[largest]), float(events.ts[largest]))
     name = _DEVICE_TYPE_NAMES.get(device_type, f"device{device_type}")
     return DeviceMemory(
@@ -124,7 +129,36 @@ def _device_memory(
         largest_alloc_op=trace.name_of(op) if op >= 0 else None,
         largest_alloc_op_event=op,
         curve=_downsample(ts, allocated, options.max_points),
+        largest_alloc_at_peak=_held_at(events.nbytes[rows], largest_row, peak),
+        largest_alloc_freed=not _held_at(events.nbytes[rows], largest_row, len(rows) - 1),
+        steady_bytes=int(numeric.median(at_boundaries)) if len(at_boundaries) >= 2 else int(allocated[-1]),
+        capacity_bytes=_capacity(trace, rank, device_id) if device_type != 0 else None,
     )
+
+
+def _held_at(nbytes: np.ndarray, row: int, at: int) -> bool:
+    """Whether the allocation at ``row`` is still held at ``at`` (rows in time order).
+
+    ``[memory]`` rows carry no address here, so frees are paired by size: the allocation counts
+    as freed when more blocks of its size are freed than allocated between it and ``at``.
+    """
+    if row > at:
+        return False
+    size = nbytes[row]
+    between = nbytes[row + 1 : at + 1]
+    return int((between == -size).sum()) <= int((between == size).sum())
+
+
+def _capacity(trace: Trace, rank: int, device_id: int) -> int | None:
+    """``totalGlobalMem`` of the device with this id in the rank's ``deviceProperties``; None when not given."""
+    for info in trace.ranks:
+        if info.rank != rank:
+            continue
+        for device in info.device_properties:
+            if device.get("id", 0) == device_id and isinstance(device.get("totalGlobalMem"), (int, float)):
+                total = int(device["totalGlobalMem"])
+                return total if total > 0 else None
+    return None
 
 
 def _running_sum(nbytes: np.ndarray) -> np.ndarray:

@@ -114,6 +114,17 @@ MEMORY_GROWTH = Rule(
 )
 
 
+_BROADCAST_FIX = (
+    "avoid materialising broadcast views: keep expand() results as views (let broadcasting do the work), "
+    "compute in chunks, or use in-place / fused ops"
+)
+_TRANSIENT_FIX = (
+    "shrink the temporary that sets the peak: compute it in chunks (or a fused kernel that never writes it out, "
+    "e.g. SDPA instead of a materialised attention matrix), use in-place ops, and drop references to what is "
+    "no longer needed before it is made"
+)
+
+
 def _check_spike(ctx: Context, rule: Rule) -> Outcome:
     result = _memory(ctx)
     if result is None:
@@ -131,16 +142,20 @@ def _check_spike(ctx: Context, rule: Rule) -> Outcome:
         floor = limits.param("broadcast_floor_mib") if broadcast is not None else limits.floor
         if size < floor * MIB or share < limits.share_pct:
             continue
+        capacity = device.capacity_bytes
         evidence = {
             "alloc_mib": size / MIB,
             "share_pct": share,
             "peak_mib": peak / MIB,
+            "steady_mib": device.steady_bytes / MIB,
+            "capacity_mib": capacity / MIB if capacity else None,
+            "peak_of_capacity_pct": pct(peak, capacity) if capacity else None,
             "op": ctx.trace.name_of(outer) if outer >= 0 else device.largest_alloc_op or "unknown",
             "inner_op": device.largest_alloc_op or "unknown",
             "device": device.device,
             "op_event": device.largest_alloc_op_event,
         }
-        title = None
+        locations = ctx.locations([op_event]) if op_event >= 0 else ()
         if broadcast is not None:
             evidence.update(broadcast_from=broadcast.from_dims, broadcast_to=broadcast.to_dims, broadcast_ratio=broadcast.ratio)
             title = (
@@ -148,9 +163,44 @@ def _check_spike(ctx: Context, rule: Rule) -> Outcome:
                 f"({broadcast.ratio:.0f}x the elements) allocates {size / MIB:.1f} MiB, {share:.0f}% of the "
                 f"{peak / MIB:.0f} MiB peak on {device.device}"
             )
-        locations = ctx.locations([op_event]) if op_event >= 0 else ()
-        findings.append(rule.finding(evidence, locations=locations, rank=device.rank, title=title))
+            findings.append(rule.finding(evidence, locations=locations, rank=device.rank, title=title, fix=_BROADCAST_FIX))
+            continue
+        severity = _transient_severity(device, limits)
+        if severity is None:
+            continue
+        room = (
+            f"; the peak is {evidence['peak_of_capacity_pct']:.0f}% of the device's {capacity / 2**30:.0f} GiB"
+            if capacity else ""
+        )
+        title = (
+            f"One temporary of {size / MIB:.0f} MiB by {evidence['op']} is {share:.0f}% of the {peak / MIB:.0f} MiB peak "
+            f"on {device.device} ({device.steady_bytes / MIB:.0f} MiB between steps){room}"
+        )
+        findings.append(rule.finding(evidence, severity=severity, locations=locations, rank=device.rank, title=title,
+                                     fix=_TRANSIENT_FIX))  # fmt: skip
     return findings
+
+
+def _transient_severity(device, limits) -> str | None:
+    """Whether a large allocation without a broadcast is a real transient worth a finding, and how serious.
+
+    It must be part of the peak (still held when the peak is reached) and be freed again (weights loaded
+    once are not a spike);
+    then it matters by the device's capacity: a warning where the peak fills much of it, info where it is
+    large in itself but the device has room (or the capacity is unknown: the host), nothing otherwise:
+    an im2col buffer or a cuBLAS workspace of tens of MiB is ordinary.
+    """
+    size, peak = device.largest_alloc_bytes, device.peak_bytes
+    if not device.largest_alloc_at_peak:
+        return None
+    if not device.largest_alloc_freed:
+        return None
+    capacity = device.capacity_bytes
+    if capacity and peak >= capacity * limits.param("tight_capacity_pct") / 100.0:
+        return "warning"
+    if size >= limits.param("large_mib") * MIB:
+        return "info"
+    return None
 
 
 def _outer_event(ctx: Context, event: int) -> int:
@@ -172,11 +222,13 @@ MEMORY_SPIKE = Rule(
     title="One allocation of {alloc_mib:.0f} MiB by {op} is {share_pct:.0f}% of the {peak_mib:.0f} MiB peak on {device}",
     thresholds=thresholds.MEMORY_SPIKE,
     check=_check_spike,
-    fix="avoid materialising broadcast views: keep expand() results as views (let broadcasting do the work), "
-    "compute in chunks, or use in-place / fused ops",
+    fix=_TRANSIENT_FIX,
     docs=Docs(
-        what="The largest single allocation in the trace is a large share of the peak allocated memory, and big "
-        "in absolute terms: one op sets the memory high-water mark. When the recorded shapes show that the op "
+        what="The largest single allocation in the trace is a large share of the peak allocated memory: one op "
+        "sets the memory high-water mark. Without a broadcast it must be a real transient: held at the peak "
+        "and freed again (allocations and frees paired by size), and either the peak fills "
+        "`tight_capacity_pct` of the device's memory (`deviceProperties`; a warning) or it is `large_mib` or more "
+        "(info). When the recorded shapes show that the op "
         "materialised a broadcast (an `aten::expand` just before it, whose input has size-1 dims where the op's "
         "input is `min_broadcast_ratio` or more times larger), the pattern is named whatever the absolute size, "
         "down to `broadcast_floor_mib`: it grows with the product of the broadcast dims.",
@@ -190,8 +242,9 @@ MEMORY_SPIKE = Rule(
         fix="Keep broadcasts as views (`expand` costs nothing until materialised) and let broadcasting ops consume "
         "them; process in chunks; use in-place ops or fused kernels (SDPA instead of materialised attention "
         "masks).",
-        false_positives="Weights, optimizer state or a large input batch allocated once are big by design; the "
-        "rule points at them too when they dominate the peak.",
+        false_positives="Ordinary temporaries (an im2col buffer, a cuBLAS workspace) on a device with room to spare "
+        "are not reported; weights or optimizer state allocated once stay allocated and are not transients. A "
+        "large input batch made inside the step is a real transient but may be wanted.",
     ),
 )
 
