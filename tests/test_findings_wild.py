@@ -171,13 +171,28 @@ def test_gpu_run_without_kernels_is_named_and_labelled_a_gpu_run(tmp_path):
     assert notes and "gpu_idle" in notes[0].evidence["rules"]
 
 
-def test_cpu_run_on_a_gpu_machine_stays_a_cpu_run(tmp_path):
-    """deviceProperties in the header but no launch call: the run used the CPU only."""
+def test_cpu_run_on_a_gpu_machine_stays_a_cpu_run_that_left_the_gpu_unused(tmp_path):
+    """deviceProperties in the header but no launch call, GPU op or device memory: the run used the CPU only."""
     builder = TraceBuilder()
     _host_side_of_a_gpu_run(builder, launches=False)
     report = _report(builder, tmp_path)
     assert _found(report, "device_activity_missing") == []
-    assert report.source.device == "cpu"
+    assert report.source.device == "cpu (Test GPU present but unused: all work ran on the CPU)"
+    builder.device_properties = []  # the look-alike: no GPU in the header, a plain CPU run
+    assert _report(builder, tmp_path).source.device == "cpu"
+
+
+@pytest.mark.parametrize("sign", ["cudnn op", "device memory"])
+def test_gpu_work_seen_only_from_the_host_names_the_gpu(tmp_path, sign):
+    """activities=[CPU] on a GPU run: no launch call recorded, but cuDNN ops or CUDA allocations say a GPU worked."""
+    builder = TraceBuilder()
+    builder.device_properties = []
+    _host_side_of_a_gpu_run(builder, launches=False)
+    if sign == "cudnn op":
+        builder.host("aten::cudnn_convolution", 50, 200)
+    else:
+        builder.memory(60, 4 * 2**20, 4 * 2**20, device_type=1)
+    assert _report(builder, tmp_path).source.device == "gpu (device activity not recorded)"
 
 
 # --- class 8: tiny ops grouped by their source -----------------------------------------------------

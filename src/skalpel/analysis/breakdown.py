@@ -67,6 +67,11 @@ class RankBreakdown:
         return float(np.mean(self.step_ms)) if self.step_ms else 0.0
 
     @property
+    def median_step_ms(self) -> float:
+        """The step time findings quote: the same statistic as the report's footer and HTML."""
+        return float(np.median(self.step_ms)) if self.step_ms else 0.0
+
+    @property
     def data_wait_ms_per_step(self) -> float:
         """Time per step spent waiting for the next batch and not hidden behind device work."""
         return self.ms_per_step["dataloader"]

@@ -8,6 +8,7 @@ is missing therefore mean a GPU run whose device side the trace does not have.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,3 +96,48 @@ def device_recording(trace: Trace) -> RecordingResult:
             device_events=int((trace.rank[device] == rank).sum()),
         )
     return RecordingResult(ranks)
+
+
+# Host-side signs that a run used a GPU even where no device event was recorded (activities=[CPU] only).
+_GPU_OP = re.compile(r"cudnn|miopen|cublas|\bcuda\b|_cuda|nccl:|^cuda|^hip|^cu[A-Z]", re.I)
+
+
+@dataclass(frozen=True)
+class HostSigns:
+    """What the host side of a trace says about the GPU, whatever device events were recorded."""
+
+    gpu_work: bool  # device memory allocated, runtime calls, CUDA/cuDNN ops or NCCL collectives
+    runtime: str  # "CUDA" or "ROCm" from the runtime calls' names; "" when they say neither
+
+    def merged(self, other: HostSigns) -> HostSigns:
+        return HostSigns(self.gpu_work or other.gpu_work, self.runtime or other.runtime)
+
+
+def host_signs(trace: Trace) -> HostSigns:
+    memory = trace.memory
+    gpu_work = bool(len(memory)) and bool((memory.device_type != 0).any())
+    host = isin_few(trace.kind, [Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER, Kind.COMM_OP])
+    gpu_work = gpu_work or any(_GPU_OP.search(trace.names[i]) for i in numeric.unique(trace.name[host]))
+    calls = [trace.names[i] for i in numeric.unique(trace.name[isin_few(trace.kind, [Kind.RUNTIME, Kind.DRIVER])])]
+    runtime = "ROCm" if any(name.startswith("hip") for name in calls) else (
+        "CUDA" if any(name.startswith("cu") for name in calls) else "")  # fmt: skip
+    return HostSigns(gpu_work, runtime)
+
+
+def device_label(names: list[str], has_device: bool, launches_without_work: bool, signs: HostSigns) -> str:
+    """The device the run used, named from the whole trace: device properties, device events, runtime calls, ops.
+
+    * device work recorded: the GPU ``deviceProperties`` names, else "gpu (CUDA)" / "gpu (ROCm)" from its runtime;
+    * kernels launched, CUDA/cuDNN ops run or device memory allocated, but no device event: the GPU, with
+      "(device activity not recorded)";
+    * a GPU in the header and none of that: "cpu" and the GPU left unused;
+    * else "cpu".
+    """
+    gpu = names[0] if names else "gpu" + (f" ({signs.runtime})" if signs.runtime else "")
+    if has_device:
+        return gpu
+    if launches_without_work or signs.gpu_work:
+        return gpu + " (device activity not recorded)"
+    if names:
+        return f"cpu ({names[0]} present but unused: all work ran on the CPU)"
+    return "cpu"

@@ -37,6 +37,11 @@ class RankStepDevice:
         return sum(self.step_ms) / self.steps if self.steps else 0.0
 
     @property
+    def median_step_ms(self) -> float:
+        """The step time findings quote: the same statistic as the report's footer and HTML (the median)."""
+        return float(np.median(self.step_ms)) if self.steps else 0.0
+
+    @property
     def idle_ms(self) -> tuple[float, ...]:
         return tuple(max(step - busy, 0.0) for step, busy in zip(self.step_ms, self.busy_ms))
 

@@ -26,6 +26,11 @@ class Window:
         return float(np.mean([step.duration_ms for step in self.steps])) if self.steps else 0.0
 
     @property
+    def median_step_ms(self) -> float:
+        """The step time a finding quotes: the report's footer and HTML give the median too."""
+        return float(np.median([step.duration_ms for step in self.steps])) if self.steps else 0.0
+
+    @property
     def starts(self) -> np.ndarray:
         return np.array([step.start_us for step in self.steps], dtype=np.float64)
 

@@ -35,7 +35,7 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
         if device is None or gpu is None or gpu.span_us <= 0:
             continue
         if result.marked:
-            idle_pct, idle_ms, steps, step_ms = device.idle_pct, device.idle_ms_per_step, device.steps, device.mean_step_ms
+            idle_pct, idle_ms, steps, step_ms = device.idle_pct, device.idle_ms_per_step, device.steps, device.median_step_ms
             consistent, judged_over = device.steps_idle_at_least(limits.share_pct), "marked steps"
         else:
             idle_pct, idle_ms, steps, step_ms = gpu.idle_pct, gpu.idle_us / 1000.0, 1, gpu.span_us / 1000.0
@@ -214,7 +214,7 @@ GPU_IDLE = Rule(
     id="gpu_idle",
     family="device",
     severity="warning",
-    title="The GPU is idle {idle_pct:.0f}% of {judged_over} ({idle_ms_per_step:.2f} ms of a {step_ms:.2f} ms step; host wait {host_wait_pct:.0f}% of it)",
+    title="The GPU is idle {idle_pct:.0f}% of {judged_over} ({idle_ms_per_step:.2f} ms per step, median step {step_ms:.2f} ms; host wait {host_wait_pct:.0f}% of it)",
     thresholds=thresholds.GPU_IDLE,
     check=_check_gpu_idle,
     needs_device=True,
@@ -232,7 +232,8 @@ GPU_IDLE = Rule(
         "80% every time is the pattern that matters most when it repeats a million times.",
         why="An idle accelerator is the most expensive resource in the job doing nothing; the step cannot get "
         "faster than the work the host hands it.",
-        evidence="`idle_pct` of the steps, idle ms per step, the share of steps that idle that much "
+        evidence="`idle_pct` of the steps, idle ms per step (the mean, so the blame's categories add up to it), "
+        "`step_ms` (the median step, the statistic the report's footer and HTML quote), the share of steps that idle that much "
         "(`steps_idle_pct`), what it was judged over, the host-wait / kernel-wait / other split, the share of the "
         "idle time inside `DataLoader.__next__` (from `loader_idle_pct` on, the finding names the loader and "
         "locates its calls), and HTA's idle and compute shares. The blame analysis charges every idle interval to "

@@ -33,7 +33,7 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
         evidence = {
             "share_pct": share,
             "ms_per_step": ms,
-            "step_ms": rank.avg_step_ms,
+            "step_ms": rank.median_step_ms,
             "steps": len(rank.step_ms),
             "worst_step_wait_ms": max(rank.per_step_ms.get("dataloader", (0.0,))),
             "iterator": ", ".join(iterators),

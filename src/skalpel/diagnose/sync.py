@@ -60,7 +60,7 @@ def _check_sync(ctx: Context, rule: Rule) -> Outcome:
             "idle_after_ms_per_step": idle_ms,
             "blocked_ms_per_step": blocked,
             "syncs_per_step": int(first.sum()) / window.count,
-            "step_ms": window.mean_step_ms,
+            "step_ms": window.median_step_ms,
             "main_cause": _CAUSES[main],
             **{f"{name}_count": count for name, count in counts.items()},
             "device_sync_events": int(((trace.kind == Kind.DEVICE_SYNC) & (trace.rank == window.rank)).sum()),

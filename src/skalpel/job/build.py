@@ -11,6 +11,7 @@ import re
 from ..analysis import numeric
 from ..analysis.bundle import Analyses, run_analyses
 from ..analysis.memory import DeviceMemory
+from ..analysis.recorded import device_label, host_signs
 from ..analysis.steps import StepSegmentation, UnequalStep
 from ..result.report import (
     CaptureInfo,
@@ -310,13 +311,10 @@ def _step_stats(analyses: Analyses) -> StepStats:
 
 def _source(trace, analyses: Analyses) -> Source:
     device_names = sorted({name for info in trace.ranks for name in info.device_names if name})
-    if trace.has_device:
-        device = device_names[0] if device_names else "gpu"
-    elif analyses.recording is not None and analyses.recording.launches_without_work:
-        # kernels were launched but not recorded: a GPU run, whatever its (missing) device events say
-        device = (device_names[0] if device_names else "gpu") + " (device activity not recorded)"
-    else:
-        device = "cpu"
+    signs = getattr(trace, "host_signs", None) or host_signs(trace)  # a job's view carries its ranks' signs
+    # kernels launched but not recorded make a GPU run, whatever its (missing) device events say
+    launched = analyses.recording is not None and analyses.recording.launches_without_work
+    device = device_label(device_names, trace.has_device, launched, signs)
     torch_versions = sorted({info.versions["torch"] for info in trace.ranks if "torch" in info.versions})
     world_sizes = {info.world_size for info in trace.ranks if info.world_size}
     return Source(

@@ -31,7 +31,7 @@ from ..analysis.comm import CommAnalysis, RankComm
 from ..analysis.gpu_time import GpuTimeResult
 from ..analysis.ops import OpTable
 from ..analysis.ranks import compare_ranks
-from ..analysis.recorded import RecordingResult
+from ..analysis.recorded import HostSigns, RecordingResult
 from ..analysis.step_device import StepDeviceResult
 from ..analysis.steps import Step, StepSegmentation
 from ..diagnose import conclude, judge, unmet_need
@@ -55,6 +55,7 @@ class JobView:
     ranks: tuple[RankInfo, ...]
     has_device: bool
     warnings: list[str] = field(default_factory=list)
+    host_signs: HostSigns = HostSigns(False, "")  # its ranks' host sides on the GPU, merged
 
     @property
     def rank_ids(self) -> list[int]:
@@ -83,6 +84,7 @@ def join_summaries(
         ranks=tuple(summary.info for summary in summaries),
         has_device=any(summary.has_device for summary in summaries),
         warnings=[text for summary in summaries for text in summary.warnings],
+        host_signs=_host_signs(summaries),
     )
     steps = _steps(summaries, shifts)
     analyses = Analyses(trace=job, steps=steps)  # type: ignore[arg-type] - a JobView stands for the trace
@@ -101,6 +103,13 @@ def join_summaries(
     findings = conclude(ctx, [(rule, _outcome(rule, ctx, summaries, offsets)) for rule in judged_rules()])
     ranks = tuple(_rank_report(summary, analyses, shifts[summary.info.rank]) for summary in summaries)
     return assemble_report(analyses, findings, ranks, capture), summaries
+
+
+def _host_signs(summaries: list[RankSummary]) -> HostSigns:
+    merged = HostSigns(False, "")
+    for summary in summaries:
+        merged = merged.merged(summary.host_signs) if summary.host_signs is not None else merged
+    return merged
 
 
 def _event_offsets(summaries: list[RankSummary]) -> dict[int, int]:

@@ -26,7 +26,7 @@ from ..analysis.gpu_time import GpuTimeResult
 from ..analysis.memory import DeviceMemory
 from ..analysis.ops import OpTable
 from ..analysis.rankprofile import Profile, time_profile
-from ..analysis.recorded import RecordingResult
+from ..analysis.recorded import HostSigns, RecordingResult, host_signs
 from ..analysis.step_device import StepDeviceResult
 from ..analysis.steps import StepSegmentation
 from ..diagnose import judge
@@ -61,6 +61,7 @@ class RankSummary:
     profile: Profile | None = None  # where its step time goes (jobs of several ranks)
     locations: RankLocations | None = None  # what the job-level findings may cite for it
     flame: dict | None = None  # the HTML report's flame graph, when asked for
+    host_signs: HostSigns | None = None  # what its host side says of a GPU (to name the job's device)
 
 
 @dataclass(frozen=True)
@@ -118,4 +119,5 @@ def summarize_rank(
         profile=profile,
         locations=locations,
         flame=flame,
+        host_signs=host_signs(trace),
     )

@@ -160,7 +160,7 @@ def breakdown(report: Report) -> str:
 def gpu(report: Report) -> str:
     ranks = [r for r in report.ranks[:CHART_RANKS] if r.gpu is not None]
     if not ranks:
-        why = "CPU-only trace: no device activity" if (report.source.device or "cpu") == "cpu" else (
+        why = "CPU-only trace: no device activity" if (report.source.device or "cpu").startswith("cpu") else (
             "the GPU time breakdown was not computed for this trace")  # fmt: skip
         return section("gpu", "GPU time and idle breakdown", na(why))
     usage = [(f"rank {r.rank}", {"compute": r.gpu.compute_pct, "non_compute": r.gpu.non_compute_pct,

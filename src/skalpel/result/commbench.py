@@ -114,7 +114,7 @@ def compare(report: Report, bench: CommBench) -> Report:
     warnings = report.warnings
     backends = {info for info in (report.source.device,) if info}
     note = f"achieved bandwidth compared with commbench ({bench.backend}, {bench.ranks} ranks, {bench.device})"
-    if backends and ("cpu" in backends) != (bench.device == "cpu"):
+    if backends and any(name.startswith("cpu") for name in backends) != (bench.device == "cpu"):  # "cpu (GPU unused)"
         note += ": the benchmark ran on another kind of device, so the comparison is rough"
     return dataclasses.replace(report, ranks=ranks, warnings=warnings + (note,))
 
