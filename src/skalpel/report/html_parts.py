@@ -166,8 +166,9 @@ def gpu(report: Report) -> str:
     usage = [(f"rank {r.rank}", {"compute": r.gpu.compute_pct, "non_compute": r.gpu.non_compute_pct,
                                  "idle": r.gpu.idle_pct}) for r in ranks if r.gpu]  # fmt: skip
     idle = [(f"rank {r.rank}", r.gpu.idle_breakdown_pct) for r in ranks if r.gpu and r.gpu.idle_breakdown_pct]
-    body = "<h3>Device time</h3>" + svg.stacked_bars(usage, scale_max=100.0, label="GPU time per rank")
-    body += ("<h3>Why the GPU is idle (share of idle time)</h3>" + svg.stacked_bars(idle, scale_max=100.0, label="GPU idle breakdown")
+    # HTA's figures, over the device's span: the marked steps' idle share (summary, blame) can differ, so say whose
+    body = "<h3>Device time (HTA: first to last device event)</h3>" + svg.stacked_bars(usage, scale_max=100.0, label="GPU time per rank")
+    body += ("<h3>Why the GPU is idle (HTA's split, share of idle time)</h3>" + svg.stacked_bars(idle, scale_max=100.0, label="GPU idle breakdown")
              if idle else na("no idle-time breakdown"))  # fmt: skip
     overlaps = [f"rank {r.rank}: {r.gpu.comm_overlap_pct:.1f}%" for r in ranks if r.gpu and r.gpu.comm_overlap_pct is not None]
     if overlaps:
