@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from skalpel.analysis.blame import CATEGORIES, UNTRACED, blame
+from skalpel.analysis.blame import CATEGORIES, UNTRACED
 from skalpel.analysis.bundle import run_analyses
 from skalpel.diagnose.rule import Context
 from skalpel.trace.loader import load
@@ -209,12 +209,57 @@ def test_broken_links_leave_the_time_unexplained_with_a_note(tmp_path):
     assert any("clock skew" in note for note in rank.notes)
 
 
-def test_a_cpu_only_trace_is_not_judged_with_a_reason(tmp_path):
+GLOO = 300  # gloo's own thread, where a CPU job's all_reduce runs
+
+
+def _cpu_blame(builder: TraceBuilder, tmp_path: Path):
+    """Blame of a CPU-only trace: the main thread's time outside its ops, charged; the causes add up to it."""
+    builder.device_properties = []
+    trace = load(builder.write(tmp_path / "trace.json"))
+    result = run_analyses(trace).blame
+    assert result.applies
+    for rank in result.ranks.values():
+        assert rank.waits_on == "main thread" and rank.to_dict()["waits_on"] == "main thread"
+        assert sum(rank.by_category_ms.values()) == pytest.approx(rank.idle_ms, abs=1e-9)
+        for step in rank.steps:
+            assert sum(step.by_category_ms.values()) == pytest.approx(step.idle_ms, abs=1e-9)
+    return result
+
+
+def test_a_cpu_only_trace_blames_the_main_threads_waits(tmp_path):
+    """Each 10 ms step: a 3 ms fetch (collate ops inside it are data loading, not compute), 2 ms of forward ops,
+    1 ms of Python inside the optimizer's range, a 3 ms all_reduce on gloo's thread the main thread waits for."""
     builder = TraceBuilder()
     _steps(builder)
-    builder.host("aten::mm", 10, 9000)
-    result = blame(load(builder.write(tmp_path / "trace.json")), run_analyses(load(tmp_path / "trace.json")).steps)
-    assert not result.applies and "no device" in result.reason and result.ranks == {}
+    for number in range(3):
+        start = number * STEP_US
+        builder.host("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start, 3000, cat="user_annotation")
+        builder.host("aten::stack", start + 2000, 900)  # collate, inside the fetch
+        builder.host("aten::mm", start + 3000, 2000)
+        builder.host("Optimizer.step#SGD.step", start + 5000, 1500, cat="user_annotation")
+        builder.host("aten::add_", start + 5000, 500)
+        builder.host("gloo:all_reduce", start + 6500, 3000, tid=GLOO)
+        builder.host("aten::mul", start + 9500, 499)
+    result = _cpu_blame(builder, tmp_path)
+    rank = result.ranks[0]
+    assert rank.idle_ms == pytest.approx(3 * (3.0 + 1.0 + 3.0))
+    assert _top(result, "data_loading").ms == pytest.approx(9.0)
+    assert _top(result, "collective_wait").label == "gloo:all_reduce" and _ms(result, "collective_wait") == pytest.approx(9.0)
+    assert _top(result, "host_compute").label == "Optimizer.step#SGD.step" and _ms(result, "host_compute") == pytest.approx(3.0)
+
+
+def test_a_collective_behind_the_main_threads_compute_is_no_wait(tmp_path):
+    """The look-alike: the same all_reduce on gloo's thread while the main thread computes (overlapped)."""
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.host("aten::mm", start, 9000)
+        builder.host("gloo:all_reduce", start + 2000, 3000, tid=GLOO)
+    result = _cpu_blame(builder, tmp_path)
+    assert _ms(result, "collective_wait") == 0.0
+    assert result.ranks[0].idle_ms == pytest.approx(3 * 0.999)  # the step's last ms: Python after the op
+    assert _top(result, "host_compute").label == UNTRACED
 
 
 def test_every_category_has_words():

@@ -32,8 +32,13 @@ A launch call that is itself one-time work (a first launch loading its module) i
 
 Without step markers the units are the loop's iterations (``steps.inferred_iterations``),
 else the whole window; ``RankBlame.unit`` says which. The categories of a step add up to its
-idle time exactly. CPU-only traces have no device to wait for: the result says so
-(``applies`` is False) instead of blaming anything.
+idle time exactly.
+
+A CPU-only trace has no device: there the compute the step waits on is the main thread's own
+ops (the thread that marks the steps, else the one with the most op time), and its idle time
+is the step's time outside them, or inside a DataLoader fetch, a host collective, a compile
+range or one-time work, which the same rules charge (``RankBlame.waits_on`` says "main thread").
+Python between ops is the host work that kept the ops from running: ``host_compute``.
 """
 
 from __future__ import annotations
@@ -114,6 +119,7 @@ class RankBlame:
     syncs_waited: tuple[int, ...] = ()  # sync calls that blocked while device work ran, outside fetches, compile and one-time work
     syncs_charged: tuple[int, ...] = ()  # of those, the ones charged with idle time after them, most time first
     unit: str = "step"  # what ``steps`` are: marked steps, iterations inferred from the loop, or the whole window
+    waits_on: str = "device"  # what was idle: the device, or (CPU-only) the main thread's compute
 
     @property
     def share_pct(self) -> dict[str, float]:
@@ -130,7 +136,9 @@ class RankBlame:
     def to_dict(self, *, top: int = 5) -> dict:
         """A plain summary for the report: ms per step and share by cause, each step's split, the top causes."""
         count = max(len(self.steps), 1)
+        where = {} if self.waits_on == "device" else {"waits_on": self.waits_on}
         return {
+            **where,
             "unit": self.unit,
             "idle_ms_per_step": round(self.idle_ms / count, 4),
             "ms_per_step": {key: round(value, 4) for key, value in self.ms_per_step.items() if value > 0},
@@ -167,9 +175,10 @@ def blame(
     trace: Trace, steps: StepSegmentation, *, one_time: OneTimeResult | None = None,
     options: BlameOptions = BlameOptions(),
 ) -> BlameResult:  # fmt: skip
-    """Idle time of every step charged to its causes, per rank (per inferred iteration without step markers)."""
-    if not trace.has_device:
-        return BlameResult({}, applies=False, reason="no device activity: nothing waited for a device")
+    """Idle time of every step charged to its causes, per rank (per inferred iteration without step markers).
+
+    On a CPU-only trace the idle time is the main thread's, outside its compute (see the module's docstring).
+    """
     one_time = one_time if one_time is not None else one_time_work(trace)
     labels = _Labels(trace, one_time)
     ranks = {}
@@ -178,8 +187,14 @@ def blame(
         unit = "step"
         if rank_steps and not steps.marked:
             rank_steps, unit = _iterations(trace, rank, rank_steps[0])
-        if rank_steps:
+        if not rank_steps:
+            continue
+        if trace.has_device:
             ranks[rank] = dataclasses.replace(_rank_blame(trace, rank, rank_steps, labels, options), unit=unit)
+        else:
+            found = _cpu_rank_blame(trace, rank, rank_steps, labels)
+            if found is not None:
+                ranks[rank] = dataclasses.replace(found, unit=unit, waits_on="main thread")
     return BlameResult(ranks)
 
 
@@ -287,6 +302,83 @@ def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Label
     feeders = feeder[feeder >= 0]
     labels.charge_host(pieces, rank, trace.tid[feeders], g0[fed], g1[fed], step_of[fed], feeders, busy)
 
+    return _summed(trace, rank, rank_steps, pieces, notes, length, step_of, labels, busy)
+
+
+def _cpu_rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Labels") -> RankBlame | None:
+    """A CPU-only rank: the main thread's ops are the compute; the step's time outside them is charged to what
+    that thread was doing (a fetch, a collective, compiling, one-time work, a range, Python between ops)."""
+    tid = _main_thread(trace, rank)
+    if tid is None:
+        return None
+    end = labels.end
+    on_thread = (trace.rank == rank) & (trace.tid == tid)
+    ops = np.flatnonzero(on_thread & (trace.kind == Kind.CPU_OP))
+    waiting = on_thread & (isin_few(trace.kind, [Kind.DATALOADER, Kind.COMM_OP]) | labels.compile | labels.one_time)
+    waits = np.flatnonzero(waiting)
+    busy = _minus(intervals.union(trace.ts[ops], end[ops]), intervals.union(trace.ts[waits], end[waits]))
+    step_starts = np.array([step.start_us for step in rank_steps])
+    step_ends = np.array([step.end_us for step in rank_steps])
+    g0, g1, step_of = _idle_in_steps(busy, step_starts, step_ends)
+    pieces = _Pieces([], [], [], [], [])
+    h0, h1, host_step = _collective_elsewhere(trace, rank, tid, g0, g1, step_of, labels, pieces)
+    no_call = np.full(len(h0), -1, dtype=np.int64)
+    labels.charge_host(pieces, rank, np.full(len(h0), tid, dtype=np.int64), h0, h1, host_step, no_call, busy)
+    return _summed(trace, rank, rank_steps, pieces, [], g1 - g0, step_of, labels, busy)
+
+
+def _collective_elsewhere(trace: Trace, rank: int, tid: int, g0, g1, step_of, labels: "_Labels", pieces: _Pieces):
+    """Idle time of the main thread that nothing recorded on it covers, while a collective runs on another of the
+    rank's threads (gloo's, DDP's reducer): the thread waits for that collective. Charged as ``collective_wait``;
+    the rest of the idle intervals is returned, for what the main thread was doing."""
+    end = labels.end
+    others = np.flatnonzero((trace.rank == rank) & (trace.tid != tid) & (trace.kind == Kind.COMM_OP))
+    if len(others) == 0 or len(g0) == 0:
+        return g0, g1, step_of
+    comm = intervals.union(trace.ts[others], end[others])
+    cuts = numeric.unique(np.concatenate([g0, g1, comm[0], comm[1]]))
+    lows, highs = cuts[:-1], cuts[1:]
+    middle = (lows + highs) / 2
+    part = intervals.containing(g0, g1, middle)
+    lows, highs, middle, part = lows[part >= 0], highs[part >= 0], middle[part >= 0], part[part >= 0]
+    mine = np.flatnonzero((trace.rank == rank) & (trace.tid == tid) & isin_few(
+        trace.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER, Kind.COMM_OP]))  # fmt: skip
+    recorded = intervals.union(trace.ts[mine], end[mine])
+    waiting = (intervals.containing(*comm, middle) >= 0) & (intervals.containing(*recorded, middle) < 0)
+    outer = _outermost_sorted(trace, end, others)
+    owner = _lookup(trace, end, outer, middle[waiting])
+    owner = np.where(owner >= 0, owner, others[0])
+    pieces.add(_CAT["collective_wait"], owner, trace.name[owner], step_of[part[waiting]], (highs - lows)[waiting])
+    return lows[~waiting], highs[~waiting], step_of[part[~waiting]]
+
+
+def _main_thread(trace: Trace, rank: int) -> int | None:
+    """The thread that marks the steps, else the one with the most op time (the training loop's)."""
+    on_rank = trace.rank == rank
+    marks = np.flatnonzero(on_rank & (trace.kind == Kind.STEP))
+    if len(marks):
+        return int(numeric.unique(trace.tid[marks])[0]) if len(numeric.unique(trace.tid[marks])) == 1 else int(
+            trace.tid[marks[np.argmax(trace.dur[marks])]])  # fmt: skip
+    ops = np.flatnonzero(on_rank & (trace.kind == Kind.CPU_OP))
+    if len(ops) == 0:
+        return None
+    tids = numeric.unique(trace.tid[ops])
+    time = [float(trace.dur[ops[trace.tid[ops] == tid]].sum()) for tid in tids]
+    return int(tids[int(np.argmax(time))])
+
+
+def _minus(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted, disjoint intervals of ``a`` outside ``b`` (both sorted and disjoint)."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return a
+    outside = (np.concatenate([[-np.inf], b[1]]), np.concatenate([b[0], [np.inf]]))
+    keep = outside[1] > outside[0]
+    return intervals.intersection(a, (outside[0][keep], outside[1][keep]))
+
+
+def _summed(trace: Trace, rank: int, rank_steps: list[Step], pieces: _Pieces, notes: list[str], length, step_of,
+            labels: "_Labels", busy) -> RankBlame:  # fmt: skip
+    """The charged pieces summed per step and category, with the largest contributors."""
     category, event, label, step, piece_length = pieces.arrays()
     by_step = np.bincount(step * len(CATEGORIES) + category, weights=piece_length,
                           minlength=len(rank_steps) * len(CATEGORIES)).reshape(len(rank_steps), len(CATEGORIES))  # fmt: skip
@@ -324,6 +416,8 @@ def _idle_in_steps(busy, step_starts, step_ends) -> tuple[np.ndarray, np.ndarray
     step = intervals.containing(step_starts, step_ends, middle)
     inside = in_gap & (step >= 0)
     lows, highs, step = lows[inside], highs[inside], step[inside]
+    if len(lows) == 0:  # steps of no length (a one-event trace)
+        return lows, highs, step
     # adjacent pieces of one gap in one step are one idle interval
     joined = np.ones(len(lows), dtype=bool)
     joined[1:] = (lows[1:] != highs[:-1]) | (step[1:] != step[:-1])

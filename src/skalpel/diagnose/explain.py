@@ -66,7 +66,8 @@ BLAME = "blame"  # not a finding: the causes every idle interval of a step is ch
 def blame_dict() -> dict[str, Any]:
     return {
         "what": "every interval of a step in which the device is idle, charged to what held it back; per step and "
-        "summed, the categories add up to the idle time (gpu_idle's evidence: blame_ms_per_step, culprits)",
+        "summed, the categories add up to the idle time (gpu_idle's evidence: blame_ms_per_step, culprits); on a "
+        "CPU-only trace the compute is the main thread's ops and its time outside them is charged the same way",
         "categories": {name: CATEGORY_WORDS[name] for name in CATEGORIES},
     }
 

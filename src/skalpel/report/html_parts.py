@@ -179,7 +179,8 @@ def gpu(report: Report) -> str:
 def blame(report: Report) -> str:
     """Each step's device idle time split by cause (the blame analysis), and the largest causes with their lines.
 
-    No section where no rank carries a blame (CPU-only traces, reports written before it existed).
+    No section where no rank carries a blame (reports written before it existed). On a CPU-only trace the
+    idle time is the main thread's, outside its ops (``waits_on``).
     """
     blamed = [(rank, rank.extra.get("blame")) for rank in report.ranks[:DETAIL_RANKS]]
     blamed = [(rank, found) for rank, found in blamed if isinstance(found, dict) and found.get("steps")]
@@ -194,7 +195,8 @@ def blame(report: Report) -> str:
         body.append(_blame_rank(report, rank, found))
     if len(report.ranks) > DETAIL_RANKS:
         body.append(f'<p class="note">The first {DETAIL_RANKS} of {len(report.ranks)} ranks.</p>')
-    return section("blame", "Why the device was idle", "".join(body))
+    cpu = all(found.get("waits_on") == "main thread" for _, found in blamed)
+    return section("blame", "Why the main thread's compute was idle" if cpu else "Why the device was idle", "".join(body))
 
 
 def _blame_rank(report: Report, rank: RankReport, found: dict) -> str:
@@ -210,7 +212,8 @@ def _blame_rank(report: Report, rank: RankReport, found: dict) -> str:
             for i, step in enumerate(steps)]  # fmt: skip
     idle = found.get("idle_ms_per_step")
     head = f'<p class="note">Idle {float(idle):.2f} ms per {unit}.</p>' if isinstance(idle, (int, float)) else ""
-    chart = svg.blame_bars(rows, label=f"device idle time by cause per {unit}")
+    what = "main thread" if found.get("waits_on") == "main thread" else "device"
+    chart = svg.blame_bars(rows, label=f"{what} idle time by cause per {unit}")
     return head + note + chart + _blame_top(report, rank, found) + "".join(
         f'<p class="note">{escape(str(text))}</p>' for text in (found.get("notes") or ())[:5])  # fmt: skip
 

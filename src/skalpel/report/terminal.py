@@ -158,6 +158,13 @@ def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Pan
             Text(f"GPU (HTA, first to last device event): idle {gpu.idle_pct:.1f}% ({idle}), compute {gpu.compute_pct:.1f}%, "
                  f"non-compute {gpu.non_compute_pct:.1f}%{overlap}")
         )  # fmt: skip
+    elif (rank.extra.get("blame") or {}).get("waits_on") == "main thread":  # CPU-only: the main thread's waits
+        shares = sorted(rank.extra["blame"].get("share_pct", {}).items(), key=lambda item: -item[1])
+        shares = [(key, value) for key, value in shares if value >= 0.5][:4]
+        if shares:
+            idle = rank.extra["blame"].get("idle_ms_per_step", 0.0)
+            parts.append(Text(f"main thread outside its ops {idle:.2f} ms/step, by cause: "
+                              + ", ".join(f"{key} {value:.0f}%" for key, value in shares) + " (skalpel explain blame)"))  # fmt: skip
     communication = comm_line(rank)
     if communication is not None:
         parts.append(communication)
