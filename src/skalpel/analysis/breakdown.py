@@ -31,6 +31,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
+from . import numeric
 from .intervals import union
 from .steps import Step, StepSegmentation
 
@@ -69,7 +70,7 @@ class RankBreakdown:
     @property
     def median_step_ms(self) -> float:
         """The step time findings quote: the same statistic as the report's footer and HTML."""
-        return float(np.median(self.step_ms)) if self.step_ms else 0.0
+        return numeric.median(self.step_ms) if self.step_ms else 0.0
 
     @property
     def data_wait_ms_per_step(self) -> float:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..trace.kinds import DEVICE_KIND_ARRAY
 from ..trace.model import Trace, isin_few
-from . import intervals
+from . import intervals, numeric
 from .steps import StepSegmentation
 
 
@@ -39,7 +39,7 @@ class RankStepDevice:
     @property
     def median_step_ms(self) -> float:
         """The step time findings quote: the same statistic as the report's footer and HTML (the median)."""
-        return float(np.median(self.step_ms)) if self.steps else 0.0
+        return numeric.median(self.step_ms) if self.steps else 0.0
 
     @property
     def idle_ms(self) -> tuple[float, ...]:

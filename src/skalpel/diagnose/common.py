@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis import numeric
 from ..analysis.steps import Step
 from .rule import Context
 
@@ -28,7 +29,7 @@ class Window:
     @property
     def median_step_ms(self) -> float:
         """The step time a finding quotes: the report's footer and HTML give the median too."""
-        return float(np.median([step.duration_ms for step in self.steps])) if self.steps else 0.0
+        return numeric.median([step.duration_ms for step in self.steps]) if self.steps else 0.0
 
     @property
     def starts(self) -> np.ndarray:
