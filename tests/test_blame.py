@@ -431,3 +431,21 @@ def test_without_markers_each_inferred_iteration_is_blamed(tmp_path):
     rank = result.ranks[0]
     assert rank.unit == "iteration" and [step.number for step in rank.steps] == [1, 2, 3, 4]
     assert all(step.by_category_ms["data_loading"] == pytest.approx(5.99) for step in rank.steps)
+
+
+def test_a_slow_cudamalloc_is_named_not_the_range_around_it(tmp_path):
+    """The caching allocator growing (cudaMalloc) inside the user's range is the cause HTA's critical path names
+    too; the same range without it stays charged to the range."""
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.host("forward", start + 10, 7990, cat="user_annotation")
+        builder.host("aten::empty", start + 20, 6000)
+        if number == 0:
+            builder.runtime("cudaMalloc", start + 30, 5900)
+        builder.launch(start + 8010, 5, work_ts=start + 8020, work_dur=1900)
+    result, _ = _blame(builder, tmp_path)
+    malloc = [item for item in result.ranks[0].top("host_compute") if item.label == "cudaMalloc"]
+    assert malloc and malloc[0].ms == pytest.approx(5.9)
+    assert _top(result, "host_compute").label == "forward"  # steps 1 and 2, and step 0 outside the cudaMalloc

@@ -53,6 +53,7 @@ from ..trace.model import Trace, isin_few
 from . import intervals, numeric
 from .compile import compile_ranges
 from .onetime import OneTimeResult, one_time_work
+from .recorded import is_launch_call
 from .steps import Step, StepSegmentation, inferred_iterations
 from .syncs import SYNC_CALLS, SYNC_COPY_CALLS
 
@@ -487,6 +488,9 @@ class _Labels:
         self.launches = np.zeros(len(trace), dtype=bool)
         launchers = trace.launcher[trace.launcher >= 0]
         self.launches[launchers] = True
+        runtime = isin_few(trace.kind, _LAUNCH)
+        launch_names = [i for i in numeric.unique(trace.name[runtime]) if is_launch_call(trace.names[i])]
+        self.launch_named = runtime & numeric.isin(trace.name, launch_names)  # launches too, with or without work
         names = [trace.name_id(name) for name in SYNC_CALLS | SYNC_COPY_CALLS]
         self.sync = numeric.isin(trace.name, [i for i in names if i >= 0]) & isin_few(trace.kind, _LAUNCH)
         self.sync |= _pageable_dtoh_launches(trace)
@@ -571,7 +575,8 @@ class _ThreadRanges:
     """One thread's host ranges as a timeline of causes: which cause and which range at any instant."""
 
     # priority: the first class that covers an instant takes it
-    _CLASSES = ("data_loading", "compile", "one_time_init", "collective_wait", "launch_overhead", "annotation", "op")
+    _CLASSES = ("data_loading", "compile", "one_time_init", "collective_wait", "launch_overhead", "runtime", "annotation",
+                "op")  # fmt: skip
 
     def __init__(self, trace: Trace, events: np.ndarray, labels: _Labels) -> None:
         self.trace = trace
@@ -584,6 +589,9 @@ class _ThreadRanges:
             "one_time_init": labels.one_time[events],
             "collective_wait": kind == Kind.COMM_OP,
             "launch_overhead": labels.launches[events] & isin_few(kind, _LAUNCH),
+            # other runtime calls (cudaMalloc growing the caching allocator, cudaHostAlloc, cudaEventQuery): named
+            # themselves, as HTA's critical path names them, not by the range around them; syncs are judged above
+            "runtime": isin_few(kind, _LAUNCH) & ~labels.launch_named[events] & ~labels.launches[events] & ~labels.sync[events],
             "annotation": annotation,
             "op": kind == Kind.CPU_OP,
         }
@@ -600,7 +608,7 @@ class _ThreadRanges:
         for name in self._CLASSES:
             found = self._inner.at(points) if name == "annotation" else _lookup(self.trace, self.end, self._outer[name], points)
             hit = open_ & (found >= 0)
-            category[hit] = _CAT["host_compute"] if name in ("annotation", "op") else _CAT[name]
+            category[hit] = _CAT["host_compute"] if name in ("runtime", "annotation", "op") else _CAT[name]
             owner[hit] = found[hit]
             open_ &= ~hit
         return category, owner
