@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Report", "analyze", "profile", "step", "__version__"]
+__all__ = ["Report", "analyze", "profile", "step", "watch", "__version__"]
 
 if TYPE_CHECKING:
     from .api import analyze
     from .capture.session import profile
     from .result.report import Report
+    from .watch.recorder import watch
 
 
 def __getattr__(name: str) -> Any:
@@ -33,6 +34,10 @@ def __getattr__(name: str) -> Any:
         from .result.report import Report
 
         return Report
+    if name == "watch":
+        from .watch.recorder import watch
+
+        return watch
     if name == "step":
         from .capture.steps import mark_step
 

@@ -305,6 +305,18 @@ def _add_tune(commands: argparse._SubParsersAction) -> None:
     add_parser(commands)
 
 
+def _add_watch(commands: argparse._SubParsersAction) -> None:
+    from .watch.command import add_parser  # the handler lives there
+
+    add_parser(commands)
+
+
+def _add_history(commands: argparse._SubParsersAction) -> None:
+    from .watch.command import add_history_parser
+
+    add_history_parser(commands)
+
+
 _COMMANDS = {  # in the order `skalpel --help` lists them
     "analyze": _add_analyze,
     "diff": _add_diff,
@@ -313,6 +325,8 @@ _COMMANDS = {  # in the order `skalpel --help` lists them
     "explain": _add_explain,
     "commbench": _add_commbench,
     "tune": _add_tune,
+    "watch": _add_watch,
+    "history": _add_history,
 }
 
 
@@ -354,9 +368,9 @@ def split_script_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> t
     The cut is the first word that is neither one of ``run``'s options nor an option's value.
     """
     argv = list(argv)
-    if not argv or argv[0] != "run":
+    if not argv or argv[0] not in ("run", "watch"):
         return argv, []
-    run_parser = _subparser(parser, "run")
+    run_parser = _subparser(parser, argv[0])
     takes_value = {
         option: action.nargs != 0
         for action in run_parser._actions

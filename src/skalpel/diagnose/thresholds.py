@@ -211,3 +211,33 @@ TUNE_MIN_EFFECT_PCT = 3.0
 TUNE_WARMUP_RATIO = 1.5
 TUNE_STEADY_MIN_STEPS = 3
 TUNE_STEADY_TREND_PCT = 20.0
+
+# === skalpel watch: anomalies judged online over a whole run (watch/detect.py) =================
+# Not findings of a trace: per step, over a rolling window of un-profiled steps, with robust
+# statistics (median, and the MAD scaled by 1.4826 to a standard deviation). Step-time kinds judge
+# the step less its DataLoader wait (a stall is dataloader_stall's, not a slower step). No judgement
+# before warmup_steps, nor on the steps of a capture; a capture per kind at most once per --cooldown.
+# Step-time kinds also leave out the training thread's wait for a core (a busy machine, not the script).
+WATCH_WINDOW_STEPS = 200  # the rolling window every kind is judged against
+WATCH_WARMUP_STEPS = 50  # first iterations allocate, compile and warm caches: not judged
+# One step far above the median: 4x and 8 MADs and 50 ms; smaller one-offs (GC, a log write) are noise.
+STEP_SPIKE = Threshold(
+    300.0, "slower than the window's median step", 50.0, "ms above the median", params=(("mad_k", 8.0),)
+)
+# The median of the last recent_steps above the window's: the loop got slower and stays so.
+LEVEL_SHIFT = Threshold(
+    30.0, "slower median of the last recent_steps than the window's median", 0.5, "ms/step",
+    params=(("recent_steps", 50), ("mad_k", 4.0)),
+)  # fmt: skip
+# The window's median above the reference (the first full window, or the level after a shift).
+SLOW_DRIFT = Threshold(20.0, "slower window median than the reference window's", 0.5, "ms/step")
+# Memory (CUDA allocated, else RSS) rising through the window: each quarter's median above the last
+# by min_rise_pct of the floor, and the whole window by the floor. A one-time jump is no creep.
+MEMORY_CREEP = Threshold(
+    None, "", 16.0, "MiB gained over the window", params=(("min_rise_pct", 12.5),)
+)
+# Waiting for a batch: 3x the median step and 50 ms, min_steps steps in a row (an epoch's first
+# batch, while the workers start, is one step).
+DATALOADER_STALL = Threshold(
+    300.0, "of the median step spent waiting for one batch", 50.0, "ms", params=(("min_steps", 3),)
+)

@@ -1,0 +1,97 @@
+"""``skalpel watch`` and ``skalpel history``: their arguments and what they do (``cli.py`` only registers them)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from ..capture.settings import STEP_SIGNALS
+from ..errors import SkalpelError
+
+DEFAULT_COOLDOWN_S = 600.0  # recorder.DEFAULT_COOLDOWN_S; not imported from there: it imports torch
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "watch",
+        allow_abbrev=False,  # the script's own options must never be taken for ours
+        help="record every step of a whole run without the profiler, and profile the moment it goes wrong",
+        description="Run SCRIPT (or -m MODULE) unchanged, as `skalpel run` does, and record every step (time, "
+        "DataLoader wait, memory, CPU time) into watch.sqlite in a run folder, without the profiler. Anomalies "
+        "(step-time spikes, level shifts, slow drift, memory creep, DataLoader stalls) are judged as the run goes; "
+        "each triggers a torch.profiler capture of the next steps, analysed into a report beside the store. "
+        "`skalpel watch --show RUN` prints a run's timeline. Options go before SCRIPT.",
+    )
+    parser.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, run as python -m would")
+    parser.add_argument("--out", metavar="DIR", help="run folder (default ./skalpel-runs/<time>-<name>)")
+    parser.add_argument("--name", help="name in the run folder's name (default: the script's name)")
+    parser.add_argument(
+        "--step-on", choices=STEP_SIGNALS, default=None,
+        help="what marks the end of one iteration (default: the first the script shows, as skalpel run)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cooldown", type=_seconds, default=DEFAULT_COOLDOWN_S, metavar="S",
+        help=f"at most one capture per anomaly kind every S seconds ({DEFAULT_COOLDOWN_S:g})",
+    )  # fmt: skip
+    parser.add_argument("--active", type=int, default=5, metavar="N", help="steps recorded per capture (5)")
+    parser.add_argument("--no-capture", dest="capture", action="store_false", help="record and judge, never profile")
+    parser.add_argument("--show", metavar="RUN", help="print a watched run's timeline and anomalies (a run folder)")
+    parser.add_argument("target", nargs="?", metavar="SCRIPT", help="the script (or module with -m)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
+    parser.set_defaults(handler=execute)
+
+
+def execute(args: argparse.Namespace) -> int:
+    if args.show:
+        from .show import show_run
+
+        sys.stdout.write(show_run(args.show))
+        return 0
+    if not args.target:
+        raise SkalpelError("give a script to watch (skalpel watch train.py [ARGS]) or a run to show (--show RUN)")
+    if args.active < 1:
+        raise SkalpelError(f"--active must be at least 1 (got {args.active})")
+    from ..capture.settings import CaptureSettings
+    from ..capture.target import Target
+    from .runner import watch_script
+
+    target = Target(args.target, tuple(args.args), module=args.module)
+    return watch_script(target, out=Path(args.out) if args.out else None, name=args.name, step_on=args.step_on,
+                        cooldown_s=args.cooldown, capture=args.capture,
+                        settings=CaptureSettings(active=args.active))  # fmt: skip
+
+
+def add_history_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "history",
+        help="list the watched runs of a folder, or compare the step times of two",
+        description="Without RUNs: every run under DIR that skalpel watch recorded (steps, median and p99 step "
+        "time, anomalies). With two RUN folders: their step-time distributions side by side.",
+    )
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="two watched run folders to compare")
+    parser.add_argument("--dir", default="skalpel-runs", metavar="DIR", help="where the runs are (./skalpel-runs)")
+    parser.set_defaults(handler=execute_history)
+
+
+def execute_history(args: argparse.Namespace) -> int:
+    from .show import compare_runs, list_runs
+
+    if len(args.runs) == 2:
+        sys.stdout.write(compare_runs(*args.runs))
+    elif args.runs:
+        raise SkalpelError(f"give two runs to compare (got {len(args.runs)}), or none to list them")
+    else:
+        sys.stdout.write(list_runs(args.dir))
+    return 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more, got {text!r}")
+    return value

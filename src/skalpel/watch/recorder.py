@@ -1,0 +1,278 @@
+"""The flight recorder: every step of a run timed and measured without the profiler, and a capture when it goes wrong.
+
+Steps are found as ``skalpel run`` finds them (``capture/steps.StepDetector``: the optimizer,
+DataLoader, backward and module hooks, or ``skalpel.step()``). At each boundary the training
+thread reads the clock and a few counters (``probe.py``) and puts one row on the store's
+queue; nothing else happens there unless a capture is asked for. The store's writer thread
+judges each step (``detect.py``); when an anomaly fires (and its kind has not been captured
+within the cooldown), the next boundary starts a ``ProfileRun`` with ``skalpel run``'s
+settings in ``capture-<step>-<kind>/`` beside the store, drives it for its steps, analyses it
+on the training thread (a pause of a few seconds, left out of the step rows) and links the
+report to the anomaly. The capture's steps are stored flagged ``profiled`` and never judged.
+
+``skalpel.watch()`` wraps a loop in a script; ``skalpel watch SCRIPT`` (``runner.py``) runs one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from torch.utils.data import dataloader
+
+from ..capture import runfolder, signals
+from ..capture.session import ProfileRun
+from ..capture.settings import CaptureSettings
+from ..capture.steps import ALL_SIGNALS, HOW_TO_MARK, LABELS, StepDetector
+from ..errors import SkalpelError
+from .detect import Anomaly, Detector
+from .probe import Probe, memory_limit
+from .store import STORE, Store
+
+DEFAULT_COOLDOWN_S = 600.0
+
+
+class Watcher:
+    """One watched run: the hooks, the store, and the captures on anomaly."""
+
+    def __init__(self, folder: Path, *, script: str, step_on: str | None = None,
+                 cooldown_s: float = DEFAULT_COOLDOWN_S, capture: bool = True,
+                 settings: CaptureSettings | None = None) -> None:  # fmt: skip
+        self.folder = folder
+        self.script = script
+        self.cooldown_s = cooldown_s
+        self.capture_on = capture
+        self.settings = settings or CaptureSettings()
+        self.detector = StepDetector(self._boundary, only=step_on)
+        self.probe = Probe()
+        self.thread = threading.get_ident()
+        cuda = _cuda_in_use()
+        self.anomaly_detector = Detector(memory_limit=memory_limit(cuda), memory_source="CUDA allocated" if cuda else "RSS")
+        self.store = Store(folder, self.anomaly_detector, self._on_anomaly)
+        self.steps = 0
+        self.anomalies: list[tuple[Anomaly, int]] = []
+        self.captures: list[Path] = []
+        self._started = time.perf_counter()
+        self._last: float | None = None
+        self._last_reading = None
+        self._loader_s = 0.0  # DataLoader wait of the step under way
+        self._profiled = False  # the step under way is part of a capture
+        self._requested: tuple[Anomaly, int] | None = None  # set by the writer thread, taken at the next boundary
+        self._captured_at: dict[str, float] = {}  # kind -> when its last capture was asked for
+        self._capture: tuple[ProfileRun, Anomaly, int] | None = None
+        self._restore: Any = None
+
+    # -- installing ---------------------------------------------------------------------------
+    def install(self) -> None:
+        self.thread = threading.get_ident()
+        self.store.start()
+        self.store.meta(script=self.script, started=time.strftime("%Y-%m-%dT%H:%M:%S"), status="running",
+                        memory_source=self.anomaly_detector.memory_source,
+                        memory_limit=self.anomaly_detector.memory_limit, cooldown_s=self.cooldown_s)  # fmt: skip
+        self._time_loader()  # beneath the detector's own wrapper: the boundary comes first, then the wait
+        self.detector.install()
+
+    def _time_loader(self) -> None:
+        original = dataloader._BaseDataLoaderIter.__next__
+        watcher = self
+
+        def __next__(iterator: Any) -> Any:
+            if threading.get_ident() != watcher.thread:
+                return original(iterator)
+            began = time.perf_counter()
+            try:
+                return original(iterator)
+            finally:
+                watcher._loader_s += time.perf_counter() - began
+
+        __next__.__wrapped__ = original  # type: ignore[attr-defined]
+        dataloader._BaseDataLoaderIter.__next__ = __next__
+        self._restore = original
+
+    def uninstall(self) -> None:
+        self.detector.uninstall()
+        if self._restore is not None:
+            dataloader._BaseDataLoaderIter.__next__ = self._restore
+            self._restore = None
+
+    # -- each step ----------------------------------------------------------------------------
+    def _boundary(self) -> None:
+        now = time.perf_counter()
+        if threading.get_ident() != self.thread or not signals.is_owner():
+            return
+        reading = self.probe.read()
+        last = self._last_reading
+        if self._last is not None and last is not None and self.store.failed is None:
+            self.steps += 1
+            runq = None if reading.runq_s is None or last.runq_s is None else reading.runq_s - last.runq_s
+            self.store.step((self.steps, now - self._started, now - self._last, self._loader_s,
+                             reading.cpu_s - last.cpu_s, runq, reading.rss, reading.cuda_allocated,
+                             reading.cuda_reserved, int(self._profiled)))  # fmt: skip
+        elif self._last is not None:
+            self.steps += 1
+        if self._capture is not None or self._requested is not None:
+            self._drive_capture()
+            reading = self.probe.read()  # the capture's own work stays out of the next step
+            now = time.perf_counter()
+        self._last, self._last_reading, self._loader_s = now, reading, 0.0
+
+    def step(self) -> None:
+        """Mark the end of one iteration (a script that marks its own steps)."""
+        self.detector.user_step()
+
+    # -- anomalies and captures ---------------------------------------------------------------
+    def _on_anomaly(self, anomaly: Anomaly, anomaly_id: int) -> None:
+        """On the writer thread: say it, and ask the training thread for a capture unless one is due later."""
+        self.anomalies.append((anomaly, anomaly_id))
+        _say(f"step {anomaly.step}: {anomaly.kind}: {anomaly.message}")
+        if not self.capture_on:
+            return
+        last = self._captured_at.get(anomaly.kind)
+        if last is not None and time.monotonic() - last < self.cooldown_s:
+            return
+        if self._requested is None and self._capture is None:
+            self._captured_at[anomaly.kind] = time.monotonic()
+            self._requested = (anomaly, anomaly_id)
+
+    def _drive_capture(self) -> None:
+        try:
+            if self._capture is None:
+                assert self._requested is not None
+                anomaly, anomaly_id = self._requested
+                self._requested = None
+                self._start_capture(anomaly, anomaly_id)
+                return
+            run = self._capture[0]
+            run.step()
+            if run.baseline_complete:
+                self._finish_capture()
+        except Exception as error:  # noqa: BLE001 - a capture that fails must not stop the training
+            self._capture, self._profiled = None, False
+            _say(f"the capture failed ({type(error).__name__}: {error}); the run goes on")
+
+    def _start_capture(self, anomaly: Anomaly, anomaly_id: int) -> None:
+        folder = self.folder / f"capture-{anomaly.step}-{anomaly.kind}"
+        run = ProfileRun(self.settings, out=folder, name=f"{Path(self.script).stem}-{anomaly.kind}", auto=True)
+        run.script = self.script
+        run.step_signal = LABELS.get(self.detector.signal or "")
+        run.start()
+        self._capture = (run, anomaly, anomaly_id)
+        self._profiled = True
+
+    def _finish_capture(self) -> None:
+        assert self._capture is not None
+        run, anomaly, anomaly_id = self._capture
+        self._capture, self._profiled = None, False
+        try:
+            run.finish()
+            summary = capture_summary(run.report())
+        except SkalpelError as error:
+            summary = f"no report: {error}"
+        assert run.folder is not None
+        self.captures.append(run.folder)
+        self.store.capture(anomaly_id, run.folder.name, summary)
+        _say(f"captured {self.settings.active} steps after step {anomaly.step} ({anomaly.kind}): {summary} "
+             f"-> {run.folder}")  # fmt: skip
+
+    # -- the end ------------------------------------------------------------------------------
+    def close(self, *, exit_status: int | None = None) -> None:
+        """Stop watching: a capture under way is analysed with what it holds; everything queued is written."""
+        self.uninstall()
+        if self._capture is not None:
+            run = self._capture[0]
+            try:
+                run.stop()
+                if run.trace_paths:
+                    self._finish_capture()
+            except Exception as error:  # noqa: BLE001
+                _say(f"the capture under way at the end failed ({type(error).__name__}: {error})")
+            self._capture = None
+        self.store.meta(status="ended", ended=time.strftime("%Y-%m-%dT%H:%M:%S"), steps=self.steps,
+                        exit_status=exit_status)  # fmt: skip
+        self.store.close()
+        self.probe.close()
+
+    def why_no_step(self) -> str | None:
+        """One line when the script never stepped; None when it did."""
+        if self.steps > 0:
+            return None
+        if self.detector.boundaries == 1:
+            return f"{self.script} ran one iteration only: a watched step is the time between two boundaries"
+        if self.detector.held and "optimizer" not in self.detector.seen:
+            return (f"{self.script} made an optimizer that never stepped: skalpel waited for optimizer.step() "
+                    f"to mark the steps; {HOW_TO_MARK}")  # fmt: skip
+        looked = LABELS[self.detector.only] if self.detector.only else ALL_SIGNALS
+        return f"no step boundary found in {self.script}: skalpel looks for {looked}; {HOW_TO_MARK}"
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{anomaly.kind} at step {anomaly.step}" for anomaly, _ in self.anomalies)
+        found = f"{len(self.anomalies)} anomal{'y' if len(self.anomalies) == 1 else 'ies'}" + (f" ({kinds})" if kinds else "")
+        return f"watched {self.steps} steps: {found}, {len(self.captures)} capture(s); {self.folder / STORE}"
+
+
+def capture_summary(report: Any) -> str:
+    """The capture's answer in one line: its findings, most severe first."""
+    findings = [finding for finding in report.findings if finding.id not in ("not_judged",)]
+    if not findings:
+        return "no finding"
+    return "; ".join(f"{finding.id}: {finding.title}" for finding in findings[:3])
+
+
+def _cuda_in_use() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available())
+
+
+def _say(message: str) -> None:
+    print(f"skalpel watch: {message}", file=sys.stderr, flush=True)
+
+
+def open_watcher(out: str | Path | None, name: str, *, script: str, **options: Any) -> Watcher | None:
+    """A Watcher on a new run folder (or ``out``); None, said in one line, when it cannot record there."""
+    try:
+        folder = runfolder.prepare(Path(out)) if out is not None else runfolder.prepare_new(runfolder.default_folder(name))
+        return Watcher(folder, script=script, **options)
+    except SkalpelError as error:
+        _say(f"{error}; the script runs unwatched")
+        return None
+
+
+class WatchHandle:
+    """What ``with skalpel.watch() as w`` gives: ``w.step()``, ``w.folder`` (None when nothing is recorded)."""
+
+    def __init__(self, watcher: Watcher | None) -> None:
+        self.watcher = watcher
+        self.folder = watcher.folder if watcher is not None else None
+
+    def step(self) -> None:
+        if self.watcher is not None:
+            self.watcher.step()
+
+
+@contextlib.contextmanager
+def watch(*, out: str | Path | None = None, name: str | None = None, step_on: str | None = None,
+          cooldown_s: float = DEFAULT_COOLDOWN_S, capture: bool = True) -> Iterator[WatchHandle]:  # fmt: skip
+    """Watch every step of the loop inside the block: ``with skalpel.watch(): train()``.
+
+    Steps are found as ``skalpel run`` finds them (or marked with ``w.step()``); a run folder
+    holds ``watch.sqlite`` and a capture per anomaly. Nothing here stops the script: a folder
+    that cannot be written is said in one line and the loop runs unwatched.
+    """
+    script = sys.argv[0] if sys.argv and sys.argv[0] else "python"
+    signals.set_owner()
+    watcher = open_watcher(out, name or Path(script).stem or "watch", script=script, step_on=step_on,
+                           cooldown_s=cooldown_s, capture=capture)  # fmt: skip
+    if watcher is not None:
+        watcher.install()
+    failed = True
+    try:
+        yield WatchHandle(watcher)
+        failed = False
+    finally:
+        if watcher is not None:
+            watcher.close(exit_status=1 if failed else 0)
+            _say(watcher.why_no_step() or watcher.summary())

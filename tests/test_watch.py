@@ -1,0 +1,217 @@
+"""`skalpel watch` end to end: real scripts in subprocesses, planted problems found at their steps, captured and named."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from skalpel.diagnose.thresholds import WATCH_WINDOW_STEPS
+
+pytestmark = pytest.mark.slow
+
+# Thousands of ms-scale steps over a DataLoader; planted at known steps (batch index = step):
+# a loader that stalls (60 ms a batch for 40 batches), a leak of 1 MiB a step for 400 steps, and a
+# slowdown that adds an extra matmul as long as the step (2x). It never imports skalpel.
+PLANTED = """
+import argparse
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=3000)
+parser.add_argument("--step-ms", type=float, default=2.0)
+parser.add_argument("--stall", type=int, default=-1)
+parser.add_argument("--leak", type=int, default=-1)
+parser.add_argument("--slow", type=int, default=-1)
+parser.add_argument("--hang-after", type=int, default=-1)
+args = parser.parse_args()
+torch.set_num_threads(1)
+a = torch.randn(128, 128)
+
+
+def calibrated_matmuls(seconds):
+    began = time.thread_time()
+    count = 0
+    while time.thread_time() - began < 0.05:
+        torch.mm(a, a)
+        count += 1
+    return max(1, int(count * seconds / 0.05))
+
+
+extra = calibrated_matmuls(args.step_ms / 1e3)
+
+
+class Batches(Dataset):
+    def __len__(self):
+        return args.steps
+
+    def __getitem__(self, index):
+        if 0 <= args.stall <= index < args.stall + 40:
+            time.sleep(0.06)
+        return torch.ones(8)
+
+
+def slow_part():
+    for _ in range(extra):
+        torch.mm(a, a)
+
+
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+kept = []
+for index, batch in enumerate(DataLoader(Batches(), batch_size=None)):
+    loss = model(batch).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    if 0 <= args.leak <= index < args.leak + 400:
+        kept.append(torch.ones(2**18))
+    if 0 <= args.slow <= index:
+        slow_part()
+    time.sleep(args.step_ms / 1e3)
+    if index == args.hang_after:
+        print("hanging", flush=True)
+        time.sleep(600)
+"""
+
+
+def _watch(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "skalpel", "watch", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _script(tmp_path: Path, source: str = PLANTED, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def _rows(db_path: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
+        return db.execute(sql).fetchall()
+
+
+def test_planted_stall_leak_and_slowdown_are_found_at_their_steps_each_with_a_capture_naming_it(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    out = tmp_path / "run"
+    done = _watch("--out", str(out), str(script), "--stall", "1500", "--leak", "2000", "--slow", "2500", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    store = out / "watch.sqlite"
+    steps = _rows(store, "SELECT step FROM steps ORDER BY step")
+    assert [row[0] for row in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 2990
+    anomalies = _rows(store, "SELECT kind, step, capture FROM anomalies ORDER BY step")
+    found = {kind: (step, capture) for kind, step, capture in anomalies}
+    assert set(found) == {"dataloader_stall", "memory_creep", "level_shift"}, done.stderr
+    for kind, planted in (("dataloader_stall", 1500), ("memory_creep", 2000), ("level_shift", 2500)):
+        step, capture = found[kind]
+        assert abs(step - planted) <= WATCH_WINDOW_STEPS, (kind, step)
+        assert capture, f"{kind} has no capture: {done.stderr}"
+        report = orjson.loads((out / capture / "report.json").read_bytes())
+        findings = {finding["id"] for finding in report["findings"]}
+        if kind == "dataloader_stall":
+            assert "dataloader_bound" in findings, findings
+        elif kind == "memory_creep":
+            assert "memory_growth" in findings, findings
+        else:  # the extra matmuls lead the capture's ops
+            assert report["ranks"][0]["top_ops"][0]["name"] == "aten::mm", report["ranks"][0]["top_ops"][:3]
+    assert _rows(store, "SELECT count(*) FROM steps WHERE profiled = 1")[0][0] > 0  # the captures' steps, flagged
+    shown = subprocess.run([sys.executable, "-m", "skalpel", "watch", "--show", str(out)], capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "step time" in shown.stdout and "RSS" in shown.stdout and "3 anomalies" in shown.stdout
+    assert f"capture: {out / found['level_shift'][1]}" in shown.stdout
+
+
+def test_a_quiet_run_of_the_same_length_gives_no_anomaly_and_no_capture(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    out = tmp_path / "run"
+    done = _watch("--out", str(out), str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    store = out / "watch.sqlite"
+    assert _rows(store, "SELECT count(*) FROM steps")[0][0] >= 2990
+    assert _rows(store, "SELECT kind, step, message FROM anomalies") == []
+    assert not list(out.glob("capture-*"))
+    assert "0 anomalies" in done.stderr
+
+
+def test_the_store_survives_sigkill_with_every_flushed_step(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "skalpel", "watch", "--out", str(out), str(script), "--hang-after", "300"]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "hanging"
+        store = out / "watch.sqlite"
+        deadline = time.monotonic() + 60
+        seen = 0
+        while time.monotonic() < deadline:  # read while the run goes on (WAL): the flushed steps appear
+            seen = _rows(store, "SELECT count(*) FROM steps")[0][0]
+            if seen >= 299:
+                break
+            time.sleep(0.2)
+        # step N is the iteration on batch N (batch 0 runs before the first boundary); step 300 never ends
+        assert seen == 299
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert _rows(store, "SELECT step FROM steps ORDER BY step") == [(step,) for step in range(1, 300)]
+    shown = subprocess.run([sys.executable, "-m", "skalpel", "watch", "--show", str(out)], capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0 and "299 steps" in shown.stdout and "(running)" in shown.stdout
+
+
+NEVER_STEPS = """
+import torch
+print("no loop here", torch.ones(2).sum().item())
+"""
+
+
+def test_a_script_that_never_steps_is_said_in_one_line_and_runs(tmp_path: Path) -> None:
+    done = _watch("--out", str(tmp_path / "run"), str(_script(tmp_path, NEVER_STEPS)), cwd=tmp_path)
+    assert done.returncode == 0
+    assert "no loop here 2.0" in done.stdout
+    said = [line for line in done.stderr.splitlines() if "no step boundary found" in line]
+    assert len(said) == 1 and "skalpel.step()" in said[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_a_folder_that_cannot_be_written_is_one_line_and_the_script_runs_unwatched(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    script = _script(tmp_path)
+    done = _watch("--out", str(blocker / "run"), str(script), "--steps", "100", cwd=tmp_path)
+    assert done.returncode == 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("skalpel")]
+    assert len(lines) == 1 and "the script runs unwatched" in lines[0] and "cannot write" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_two_runs_at_once_in_one_folder_the_second_says_so_and_runs_on(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    out = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "skalpel", "watch", "--out", str(out), str(script),
+                              "--hang-after", "50"], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "hanging"
+        second = _watch("--out", str(out), str(script), "--steps", "100", cwd=tmp_path)
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    assert second.returncode == 0
+    lines = [line for line in second.stderr.splitlines() if line.startswith("skalpel")]
+    assert len(lines) == 1 and f"another skalpel watch (pid {first.pid}) records into {out}" in lines[0], second.stderr
+    assert _rows(out / "watch.sqlite", "SELECT count(*) FROM steps")[0][0] == 49  # the first run's store, untouched
