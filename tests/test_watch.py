@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 # Thousands of ms-scale steps over a DataLoader; planted at known steps (batch index = step):
 # a loader that stalls (60 ms a batch for 40 batches), a leak of 1 MiB a step for 400 steps, and a
-# slowdown that adds an extra matmul as long as the step (2x). It never imports skalpel.
+# slowdown that adds matmuls for as much CPU time as the step takes (2x). It never imports skalpel.
 PLANTED = """
 import argparse
 import time
@@ -30,26 +30,14 @@ from torch.utils.data import DataLoader, Dataset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=3000)
-parser.add_argument("--step-ms", type=float, default=2.0)
+parser.add_argument("--step-ms", type=float, default=5.0)
 parser.add_argument("--stall", type=int, default=-1)
 parser.add_argument("--leak", type=int, default=-1)
 parser.add_argument("--slow", type=int, default=-1)
 parser.add_argument("--hang-after", type=int, default=-1)
 args = parser.parse_args()
 torch.set_num_threads(1)
-a = torch.randn(128, 128)
-
-
-def calibrated_matmuls(seconds):
-    began = time.thread_time()
-    count = 0
-    while time.thread_time() - began < 0.05:
-        torch.mm(a, a)
-        count += 1
-    return max(1, int(count * seconds / 0.05))
-
-
-extra = calibrated_matmuls(args.step_ms / 1e3)
+a = torch.randn(64, 64)
 
 
 class Batches(Dataset):
@@ -63,7 +51,8 @@ class Batches(Dataset):
 
 
 def slow_part():
-    for _ in range(extra):
+    began = time.thread_time()  # CPU time: a busy machine does not shorten it
+    while time.thread_time() - began < args.step_ms / 1e3:
         torch.mm(a, a)
 
 
