@@ -11,6 +11,7 @@ from rich.text import Text
 from ..analysis.blame import CATEGORIES, CATEGORY_WORDS
 from .registry import RULES, lookup
 from .rule import Rule
+from .watch import BY_ID as WATCH_KINDS
 
 
 def explain_dict(rule: Rule) -> dict[str, Any]:
@@ -35,6 +36,8 @@ def explain_all_dicts() -> list[dict[str, Any]]:
 def render_rule(rule: Rule) -> Group:
     parts: list = [Text(f"{rule.id}  ({rule.family}, {rule.severity})", style="bold")]
     applies = "GPU traces only" if rule.needs_device else "CPU and GPU traces"
+    if rule.family == "watch":
+        applies = "skalpel watch, judged online over a whole run (not a finding of a trace)"
     if rule.needs_steps:
         applies += ", needs ProfilerStep markers"
     parts.append(Text(f"applies to: {applies}"))
@@ -57,6 +60,8 @@ def render_table() -> Table:
     for rule in RULES:
         applies = "GPU" if rule.needs_device else "CPU+GPU"
         table.add_row(rule.id, rule.severity, applies, rule.thresholds.describe())
+    table.caption = f"anomalies skalpel watch judges over a run (skalpel explain KIND): {', '.join(WATCH_KINDS)}"
+    table.caption_justify = "left"
     return table
 
 
@@ -83,4 +88,5 @@ def render_blame() -> Table:
 
 
 def find(finding_id: str) -> Rule | None:
-    return lookup(finding_id)
+    """A finding, or an anomaly kind of skalpel watch."""
+    return lookup(finding_id) or WATCH_KINDS.get(finding_id)

@@ -19,7 +19,7 @@ from ..diagnose import thresholds as limits
 
 MIB = 2**20
 MAD_SCALE = 1.4826  # the MAD of a normal distribution times this is its standard deviation
-KINDS = ("step_spike", "level_shift", "slow_drift", "memory_creep", "dataloader_stall")
+KINDS = ("step_spike", "level_shift", "slow_drift", "memory_creep", "dataloader_stall")  # diagnose/watch.py documents them
 
 
 @dataclass(frozen=True)
@@ -128,10 +128,8 @@ class Detector:
                     f"last {self.recent_steps} steps against {_ms(before)} before ({recent / before:.2f}x)",
                     recent, before,
                 ))  # fmt: skip
-                # the new level is the baseline from now on: keep only the recent steps
-                kept = list(self.compute)[-self.recent_steps :]
+                # the new level is the baseline from now on: the window fills again before anything is judged
                 self.compute.clear()
-                self.compute.extend(kept)
                 self.reference = None
                 self._stats = None
                 return found
