@@ -135,7 +135,7 @@ def test_a_folder_where_no_file_loads(tmp_path: Path, capsys) -> None:
     assert "none of the 2 files loads" in _one_line_error(capsys, "analyze", str(tmp_path))
 
 
-_COMMANDS = ("analyze", "diff", "run", "demo", "explain", "commbench", "tune")
+_COMMANDS = ("analyze", "diff", "run", "demo", "explain", "commbench", "tune", "watch", "history")
 
 
 def test_help_and_a_misspelt_command_name_every_command(capsys) -> None:
@@ -151,7 +151,8 @@ def test_help_and_a_misspelt_command_name_every_command(capsys) -> None:
 
 @pytest.mark.parametrize(
     ("command", "options"),
-    [("run", ("--warmup", "--step-on", "--nproc")), ("demo", ("--repeat",)), ("tune", ("--try", "--budget"))],
+    [("run", ("--warmup", "--step-on", "--nproc")), ("demo", ("--repeat",)), ("tune", ("--try", "--budget")),
+     ("watch", ("--cooldown", "--show"))],
 )
 def test_a_command_built_alone_keeps_its_options(capsys, command: str, options: tuple[str, ...]) -> None:
     with pytest.raises(SystemExit):
