@@ -19,6 +19,8 @@ from ..diagnose import thresholds as limits
 
 MIB = 2**20
 MAD_SCALE = 1.4826  # the MAD of a normal distribution times this is its standard deviation
+EVERY = 8  # steps between the judgements over a window (medians of hundreds of steps: too dear for each step)
+REFRESH = 32  # steps between refreshes of the window's median and MAD (what spikes and shifts are judged against)
 KINDS = ("step_spike", "level_shift", "slow_drift", "memory_creep", "dataloader_stall")  # diagnose/watch.py documents them
 
 
@@ -60,7 +62,7 @@ class Detector:
         self.quiet_since = {"dataloader_stall": 0, "memory_creep": 0}  # judged steps since the kind last held
         self.armed = {"dataloader_stall": True, "memory_creep": True}  # re-armed after a window without it
         self.seen = 0
-        # (median, scaled MAD) of the compute window and the median wall step, refreshed every 16 steps
+        # (median, scaled MAD) of the compute window and the median wall step, refreshed every REFRESH steps
         self._stats: tuple[float, float, float] | None = None
 
     def feed(self, sample: Sample) -> list[Anomaly]:
@@ -72,19 +74,19 @@ class Detector:
         found: list[Anomaly] = []
         if self.seen > self.warmup and len(self.compute) >= self.window // 2:
             found += self._rearmed("dataloader_stall", self._stall(sample))
-            found += self._step_time(sample.step, compute)
-            if sample.memory is not None and len(self.memory) == self.window:
-                found += self._rearmed("memory_creep", self._memory(sample))
+            found += self._step_time(sample.step, compute, over_window=self.seen % EVERY == 0)
+            if sample.memory is not None and len(self.memory) == self.window and self.seen % REFRESH == 0:
+                found += self._rearmed("memory_creep", self._memory(sample), steps=REFRESH)
         if self.seen > self.warmup:
             self.compute.append(compute)
             self.walls.append(sample.wall_s)
             if sample.memory is not None:
                 self.memory.append((sample.step, sample.end_s, sample.memory))
-            if self.seen % 16 == 0:
+            if self.seen % REFRESH == 0:
                 self._stats = None
         return found
 
-    def _rearmed(self, kind: str, held: list[Anomaly] | bool) -> list[Anomaly]:
+    def _rearmed(self, kind: str, held: list[Anomaly] | bool, *, steps: int = 1) -> list[Anomaly]:
         """A kind that keeps holding (a loader slow for hours, a steady leak) is one anomaly: said again only
         after a window of steps without it."""
         if held:
@@ -93,7 +95,7 @@ class Detector:
                 self.armed[kind] = False
                 return held
             return []
-        self.quiet_since[kind] += 1
+        self.quiet_since[kind] += steps
         if self.quiet_since[kind] >= self.window:
             self.armed[kind] = True
         return []
@@ -107,19 +109,20 @@ class Detector:
             self._stats = (median, mad, statistics.median(self.walls))
         return self._stats
 
-    def _step_time(self, step: int, compute: float) -> list[Anomaly]:
+    def _step_time(self, step: int, compute: float, *, over_window: bool) -> list[Anomaly]:
         median, mad, _ = self._window_stats()
         spike = limits.STEP_SPIKE
         over = compute - median
         if over >= max(spike.param("mad_k") * mad, spike.share_pct / 100 * median, spike.floor / 1e3):
             return [Anomaly(step, "step_spike", f"step {step} took {_ms(compute)} against a median of {_ms(median)} "
                             "(DataLoader wait left out)", compute, median)]  # fmt: skip
-        found = []
+        found: list[Anomaly] = []
+        if not over_window:
+            return found
         if len(self.compute) >= self.recent_steps * 2:
             recent = statistics.median(list(self.compute)[-self.recent_steps :] + [compute])
             shift = limits.LEVEL_SHIFT
-            older = list(self.compute)[: -self.recent_steps]
-            before = statistics.median(older)
+            before = median  # the whole window's (refreshed every REFRESH steps): the recent steps are a minority
             if recent - before >= max(shift.param("mad_k") * mad, shift.share_pct / 100 * before, shift.floor / 1e3):
                 began = step - self.recent_steps // 2  # the median turns when half the recent steps are slow
                 found.append(Anomaly(
