@@ -204,3 +204,44 @@ def test_two_runs_at_once_in_one_folder_the_second_says_so_and_runs_on(tmp_path:
     lines = [line for line in second.stderr.splitlines() if line.startswith("skalpel")]
     assert len(lines) == 1 and f"another skalpel watch (pid {first.pid}) records into {out}" in lines[0], second.stderr
     assert _rows(out / "watch.sqlite", "SELECT count(*) FROM steps")[0][0] == 49  # the first run's store, untouched
+
+
+IN_SCRIPT = """
+import sys
+import time
+
+import torch
+
+import skalpel
+
+torch.set_num_threads(1)
+model = torch.nn.Linear(4, 1)
+with skalpel.watch(out=sys.argv[1], capture=False) as watched:
+    for step in range(120):
+        model(torch.ones(4)).sum().backward()  # no optimizer, no loader: the script marks its steps
+        time.sleep(float(sys.argv[2]))
+        watched.step()
+print("folder", watched.folder)
+"""
+
+
+def test_skalpel_watch_in_a_script_and_history_lists_and_compares_the_runs(tmp_path: Path) -> None:
+    script = _script(tmp_path, IN_SCRIPT)
+    runs = tmp_path / "runs"
+    for name, seconds in (("fast", "0.002"), ("slow", "0.006")):
+        done = subprocess.run([sys.executable, str(script), str(runs / name), seconds], capture_output=True,
+                              text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert f"folder {runs / name}" in done.stdout
+        assert "watched 120 steps: 0 anomalies" in done.stderr
+        # the block starts the loop: step 1 runs from it to the first watched.step()
+        assert len(_rows(runs / name / "watch.sqlite", "SELECT step FROM steps")) == 120
+    listed = subprocess.run([sys.executable, "-m", "skalpel", "history", "--dir", str(runs)], capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[:2] for line in listed.stdout.splitlines()[1:]] == [["fast", "120"], ["slow", "120"]]
+    compared = subprocess.run([sys.executable, "-m", "skalpel", "history", str(runs / "fast"), str(runs / "slow")],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert compared.returncode == 0, compared.stderr
+    p50 = next(line for line in compared.stdout.splitlines() if line.strip().startswith("p50"))
+    assert float(p50.split()[-1].rstrip("%")) > 50  # 2 ms -> 6 ms a step: far slower, whatever the machine's load

@@ -120,6 +120,11 @@ class Watcher:
             now = time.perf_counter()
         self._last, self._last_reading, self._loader_s = now, reading, 0.0
 
+    def start_clock(self) -> None:
+        """Time the first iteration from now (``skalpel.watch()``: the block starts the loop; a script run by
+        ``skalpel watch`` is timed from its first boundary, after its imports and set-up)."""
+        self._last, self._last_reading = time.perf_counter(), self.probe.read()
+
     def step(self) -> None:
         """Mark the end of one iteration (a script that marks its own steps)."""
         self.detector.user_step()
@@ -268,6 +273,7 @@ def watch(*, out: str | Path | None = None, name: str | None = None, step_on: st
                            cooldown_s=cooldown_s, capture=capture)  # fmt: skip
     if watcher is not None:
         watcher.install()
+        watcher.start_clock()  # the block is the loop: its first iteration starts here
     failed = True
     try:
         yield WatchHandle(watcher)

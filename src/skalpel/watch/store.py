@@ -1,7 +1,7 @@
 """The watch file: one SQLite database per run (``watch.sqlite`` in the run folder), one row per step.
 
-The training thread only puts a tuple on a queue at each step; a writer thread inserts the
-rows in batches and commits every ``FLUSH_S`` seconds (or ``BATCH`` rows), in WAL mode, so
+The training thread only puts a tuple on a queue at each step; a writer thread takes them
+every ``POLL_S``, judges them and inserts them in batches and commits every ``FLUSH_S`` seconds (or ``BATCH`` rows), in WAL mode, so
 the file is readable while the run goes on and a SIGKILL loses at most the batch not yet
 committed. The writer thread also feeds the anomaly detector (``detect.py``): its work stays
 off the training loop. A lock file keeps a second watcher out of a folder in use. A store that
@@ -26,6 +26,7 @@ from .detect import Anomaly, Detector, Sample
 STORE = "watch.sqlite"
 LOCK = ".watch.lock"
 FLUSH_S = 0.5
+POLL_S = 0.05  # how often the writer takes the queued rows and judges them
 BATCH = 512
 STEP_COLUMNS = ("step", "end_s", "wall_s", "loader_s", "cpu_s", "runq_s", "rss", "cuda_allocated", "cuda_reserved",
                 "profiled")  # fmt: skip
@@ -61,6 +62,7 @@ class Store:
         self.failed: str | None = None  # why the store stopped being written
         self.steps_written = 0
         self._pending: list[tuple[Any, ...]] = []
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._write, name="skalpel-watch-writer", daemon=True)
 
     def start(self) -> None:
@@ -80,6 +82,7 @@ class Store:
         """Write everything queued, and end the writer thread."""
         if self._thread.is_alive():
             self.queue.put(("stop",))
+            self._stop.set()
             self._thread.join()
         try:
             self._db.close()
@@ -94,17 +97,21 @@ class Store:
     def _write(self) -> None:
         sys.setprofile(None)  # out of a capture's Python tracer
         flushed = time.monotonic()
-        while True:
-            try:
-                item = self.queue.get(timeout=FLUSH_S)
-            except queue.Empty:
-                item = None
-            if item is not None and item[0] == "stop":
-                self._flush()
-                return
-            if item is not None:
+        stopping = False
+        while not stopping:
+            # Polled, not woken per row: a put that wakes a waiting thread hands it the GIL, and on a busy
+            # machine the training thread then waits for the writer at every step.
+            self._stop.wait(POLL_S)
+            while True:
+                try:
+                    item = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item[0] == "stop":
+                    stopping = True
+                    break
                 self._handle(item)
-            if len(self._pending) >= BATCH or time.monotonic() - flushed >= FLUSH_S:
+            if stopping or len(self._pending) >= BATCH or time.monotonic() - flushed >= FLUSH_S:
                 self._flush()
                 flushed = time.monotonic()
 
