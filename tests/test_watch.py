@@ -245,3 +245,27 @@ def test_skalpel_watch_in_a_script_and_history_lists_and_compares_the_runs(tmp_p
     assert compared.returncode == 0, compared.stderr
     p50 = next(line for line in compared.stdout.splitlines() if line.strip().startswith("p50"))
     assert float(p50.split()[-1].rstrip("%")) > 50  # 2 ms -> 6 ms a step: far slower, whatever the machine's load
+
+
+def test_the_live_line_shows_on_a_terminal_only(tmp_path: Path) -> None:
+    import pty
+
+    script = _script(tmp_path)
+    master, slave = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "skalpel", "watch", "--out", str(tmp_path / "run"), str(script),
+                                "--steps", "400"], stdout=slave, stderr=slave, cwd=tmp_path)  # fmt: skip
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the terminal closed: the run ended
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert process.wait(timeout=300) == 0
+    text = seen.decode(errors="replace")
+    assert "skalpel watch: step " in text and "anomalies" in text and "watched 399 steps" in text
+    piped = _watch("--out", str(tmp_path / "piped"), str(script), "--steps", "400", cwd=tmp_path)
+    assert "skalpel watch: step " not in piped.stderr and "watched 399 steps" in piped.stderr

@@ -86,6 +86,11 @@ class Detector:
                 self._stats = None
         return found
 
+    @property
+    def median_step(self) -> float | None:
+        """The window's median step (wall time), as last refreshed; None before the window fills."""
+        return self._stats[2] if self._stats is not None else None
+
     def _rearmed(self, kind: str, held: list[Anomaly] | bool, *, steps: int = 1) -> list[Anomaly]:
         """A kind that keeps holding (a loader slow for hours, a steady leak) is one anomaly: said again only
         after a window of steps without it."""

@@ -30,6 +30,7 @@ from ..capture.settings import CaptureSettings
 from ..capture.steps import ALL_SIGNALS, HOW_TO_MARK, LABELS, StepDetector
 from ..errors import SkalpelError
 from .detect import Anomaly, Detector
+from .live import LiveLine, line
 from .probe import Probe, memory_limit
 from .store import STORE, Store
 
@@ -65,6 +66,8 @@ class Watcher:
         self._captured_at: dict[str, float] = {}  # kind -> when its last capture was asked for
         self._capture: tuple[ProfileRun, Anomaly, int] | None = None
         self._restore: Any = None
+        self.live = LiveLine()
+        self.store.on_flush = self._show_live
 
     # -- installing ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -75,6 +78,7 @@ class Watcher:
                         memory_limit=self.anomaly_detector.memory_limit, cooldown_s=self.cooldown_s)  # fmt: skip
         self._time_loader()  # beneath the detector's own wrapper: the boundary comes first, then the wait
         self.detector.install()
+        self.live.start()
 
     def _time_loader(self) -> None:
         original = dataloader._BaseDataLoaderIter.__next__
@@ -93,7 +97,17 @@ class Watcher:
         dataloader._BaseDataLoaderIter.__next__ = __next__
         self._restore = original
 
+    def _show_live(self) -> None:
+        """On the writer thread, after each flush: the live line (a terminal only)."""
+        row = self.store.last_row
+        if row is None:
+            return
+        memory = row[7] if row[7] is not None else row[6]
+        self.live.update(line(row[0], self.anomaly_detector.median_step, memory, self.anomaly_detector.memory_source,
+                              len(self.anomalies), self._capture is not None))  # fmt: skip
+
     def uninstall(self) -> None:
+        self.live.stop()
         self.detector.uninstall()
         if self._restore is not None:
             dataloader._BaseDataLoaderIter.__next__ = self._restore

@@ -8,6 +8,7 @@ Readable while the run goes on (the store is in WAL mode). No torch here.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import statistics
 from pathlib import Path
@@ -69,10 +70,13 @@ def _timeline(label: str, steps: list[int], values: list[float], unit: str, widt
     medians = [statistics.median(column) if column else None for column in columns]
     present = [value for value in medians if value is not None]
     low, high = min(present), max(present)
-    span = high - low
-    cells = "".join(" " if value is None else BLOCKS[int((value - low) / span * (len(BLOCKS) - 1)) if span else 0]
-                    for value in medians)  # fmt: skip
-    return [f"{label:>15} |{cells}| {low:.1f}-{high:.1f} {unit} (median per {max(len(steps) // width, 1)} steps)"]
+    # a wide range (one stall among steady steps) on a log scale, so that a 2x change still shows
+    scale = math.log if low > 0 and high / low > 4 else (lambda value: value)
+    span = scale(high) - scale(low)
+    cells = "".join(" " if value is None else BLOCKS[round((scale(value) - scale(low)) / span * (len(BLOCKS) - 1))
+                                                     if span else 0] for value in medians)  # fmt: skip
+    note = ", log scale" if scale is math.log else ""
+    return [f"{label:>15} |{cells}| {low:.1f}-{high:.1f} {unit} (median per {max(len(steps) // width, 1)} steps{note})"]
 
 
 def _column(step: int, steps: list[int], width: int) -> int:

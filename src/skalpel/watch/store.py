@@ -60,6 +60,8 @@ class Store:
         self.on_anomaly = on_anomaly
         self.queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.failed: str | None = None  # why the store stopped being written
+        self.on_flush: Callable[[], None] | None = None  # after each flush, on the writer thread (the live line)
+        self.last_row: tuple[Any, ...] | None = None
         self.steps_written = 0
         self._pending: list[tuple[Any, ...]] = []
         self._stop = threading.Event()
@@ -114,11 +116,14 @@ class Store:
             if stopping or len(self._pending) >= BATCH or time.monotonic() - flushed >= FLUSH_S:
                 self._flush()
                 flushed = time.monotonic()
+                if self.on_flush is not None and not stopping:
+                    self.on_flush()
 
     def _handle(self, item: tuple[Any, ...]) -> None:
         if item[0] == "step":
             row = item[1]
             self._pending.append(row)
+            self.last_row = row
             sample = Sample(step=row[0], end_s=row[1], wall_s=row[2], loader_s=row[3],
                             memory=row[7] if row[7] is not None else row[6], runq_s=row[5], judged=not row[9])  # fmt: skip
             for anomaly in self.detector.feed(sample):
