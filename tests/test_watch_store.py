@@ -1,0 +1,69 @@
+"""The watch file on its own: rows written in batches off the caller's thread, readable meanwhile, failures said once."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from skalpel.errors import SkalpelError
+from skalpel.watch.detect import Detector
+from skalpel.watch.store import STORE, Store, open_run
+
+
+def _row(step: int) -> tuple:
+    return (step, step * 0.01, 0.01, 0.0, 0.01, 0.0, 300 * 2**20, None, None, 0)
+
+
+def _store(folder: Path) -> Store:
+    return Store(folder, Detector(), lambda anomaly, anomaly_id: None)
+
+
+def test_rows_are_readable_while_the_store_is_open_and_all_there_after_close(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.start()
+    for step in range(1, 1001):
+        store.step(_row(step))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # a reader meanwhile (WAL): the committed batches
+        count = open_run(tmp_path).execute("SELECT count(*) FROM steps").fetchone()[0]
+        if count == 1000:
+            break
+        time.sleep(0.05)
+    assert count == 1000
+    store.meta(script="train.py", status="ended")
+    store.close()
+    db = open_run(tmp_path)
+    assert [row[0] for row in db.execute("SELECT step FROM steps ORDER BY step")] == list(range(1, 1001))
+    assert dict(db.execute("SELECT key, value FROM meta").fetchall())["status"] == "ended"
+
+
+def test_a_second_store_in_the_same_folder_is_refused_in_one_line(tmp_path: Path) -> None:
+    first = _store(tmp_path)
+    with pytest.raises(SkalpelError, match=r"another skalpel watch \(pid \d+\) records into"):
+        _store(tmp_path)
+    first.close()
+    _store(tmp_path).close()  # once the first is closed, the folder is free again
+
+
+def test_a_store_that_fails_mid_run_says_it_once_and_takes_rows_on(tmp_path: Path, capsys) -> None:
+    store = _store(tmp_path)
+    store.start()
+    store.step(_row(1))
+    time.sleep(0.7)  # flushed
+    store._db.close()  # what a full disk or a removed file looks like to the writer: every write fails
+    for step in range(2, 200):
+        store.step(_row(step))
+    store.close()
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("skalpel")]
+    assert len(said) == 1 and "cannot write the watch file" in said[0] and "the script runs on" in said[0]
+    assert store.failed is not None
+    rows = sqlite3.connect(tmp_path / STORE).execute("SELECT count(*) FROM steps").fetchone()[0]
+    assert rows == 1
+
+
+def test_show_of_a_folder_without_a_store_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(SkalpelError, match="no watched run at"):
+        open_run(tmp_path)
