@@ -30,12 +30,12 @@ class LiveLine:
         self._live: Any = None
 
     def start(self) -> None:
-        if not sys.stdout.isatty():
+        if not sys.stdout.isatty():  # stderr may be a pipe already (Kineto's chatter filtered): stdout decides
             return
         from rich.console import Console
         from rich.live import Live
 
-        self._live = Live("", console=Console(stderr=True), transient=True, auto_refresh=False,
+        self._live = Live("", console=Console(stderr=True, force_terminal=True), transient=True, auto_refresh=False,
                           redirect_stdout=True, redirect_stderr=True)  # fmt: skip
         self._live.start()
 

@@ -27,7 +27,7 @@ from torch.utils.data import dataloader
 from ..capture import runfolder, signals
 from ..capture.session import ProfileRun
 from ..capture.settings import CaptureSettings
-from ..capture.steps import ALL_SIGNALS, HOW_TO_MARK, LABELS, StepDetector
+from ..capture.steps import ALL_SIGNALS, LABELS, StepDetector
 from ..errors import SkalpelError
 from .detect import Anomaly, Detector
 from .live import LiveLine, line
@@ -35,6 +35,10 @@ from .probe import Probe, memory_limit
 from .store import STORE, Store
 
 DEFAULT_COOLDOWN_S = 600.0
+HOW_TO_MARK = (
+    "call skalpel.step() once per iteration in the script (or watched.step() inside `with skalpel.watch() as "
+    "watched:`), or choose the signal with --step-on optimizer|dataloader|backward|forward"
+)
 
 
 class Watcher:
@@ -167,6 +171,7 @@ class Watcher:
                 return
             run = self._capture[0]
             run.step()
+            run.loader_workers = self.detector.loader_workers  # for the capture's CPU facts, as skalpel run tells
             if run.baseline_complete:
                 self._finish_capture()
         except Exception as error:  # noqa: BLE001 - a capture that fails must not stop the training

@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 from ..capture import signals
+from ..capture.kineto_noise import filtered_stderr
 from ..capture.runner import _run_script
 from ..capture.settings import CaptureSettings
 from ..capture.target import Target, as_main, check_target
@@ -30,7 +31,7 @@ def watch_script(target: Target, *, out: Path | None = None, name: str | None = 
     if watcher is not None:
         _say(f"watching {target.name}: every step into {watcher.store.path}")
     guard = signals.Guard()
-    with guard:
+    with guard, filtered_stderr():  # Kineto's chatter at each capture's start and stop, as under skalpel run
         if watcher is not None:
             watcher.install()
         with as_main(target, code_path):
