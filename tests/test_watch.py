@@ -269,3 +269,44 @@ def test_the_live_line_shows_on_a_terminal_only(tmp_path: Path) -> None:
     assert "skalpel watch: step " in text and "anomalies" in text and "watched 399 steps" in text
     piped = _watch("--out", str(tmp_path / "piped"), str(script), "--steps", "400", cwd=tmp_path)
     assert "skalpel watch: step " not in piped.stderr and "watched 399 steps" in piped.stderr
+
+
+# Two ranks of DDP on gloo; rank 1 does twice the CPU work a step, and rank 0 waits for it in every all-reduce.
+SLOW_RANK = """
+import time
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.set_num_threads(1)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+a = torch.randn(64, 64)
+for step in range(300):
+    loss = model(torch.ones(8)).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    began = time.thread_time()
+    while time.thread_time() - began < (0.006 if rank == 1 else 0.002):
+        torch.mm(a, a)
+dist.destroy_process_group()
+"""
+
+
+def test_under_torchrun_each_rank_records_its_steps_and_show_names_the_slow_rank(tmp_path: Path) -> None:
+    script = _script(tmp_path, SLOW_RANK)
+    out = tmp_path / "job"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "skalpel",
+                "watch", "--out", str(out), str(script)]  # fmt: skip
+    done = subprocess.run(torchrun, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):  # 300 iterations: boundaries at the zero_grad of iterations 1-299, so 298 whole steps
+        assert _rows(out / f"rank{rank}" / "watch.sqlite", "SELECT count(*) FROM steps")[0][0] == 298
+    assert "under torchrun each rank records its steps, without captures" in done.stderr
+    shown = subprocess.run([sys.executable, "-m", "skalpel", "watch", "--show", str(out)], capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "ranks: rank1 falls behind" in shown.stdout, shown.stdout

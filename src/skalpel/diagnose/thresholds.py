@@ -241,3 +241,6 @@ MEMORY_CREEP = Threshold(
 DATALOADER_STALL = Threshold(
     300.0, "of the median step spent waiting for one batch", 50.0, "ms", params=(("min_steps", 3),)
 )
+# A rank of a torchrun job whose CPU time per step is above the other ranks' median: the others wait for
+# it in every collective (judged by `skalpel watch --show` over the ranks' stores).
+SLOW_RANK = Threshold(25.0, "more CPU time per step than the other ranks' median", 0.5, "ms/step")

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from torch.utils.data import dataloader
 
-from ..capture import runfolder, signals
+from ..capture import distributed, runfolder, signals
 from ..capture.session import ProfileRun
 from ..capture.settings import CaptureSettings
 from ..capture.steps import ALL_SIGNALS, LABELS, StepDetector
@@ -257,6 +257,14 @@ def _say(message: str) -> None:
 
 def open_watcher(out: str | Path | None, name: str, *, script: str, **options: Any) -> Watcher | None:
     """A Watcher on a new run folder (or ``out``); None, said in one line, when it cannot record there."""
+    job = distributed.job()
+    if job is not None:  # each rank records and judges its own steps, in a folder of its own
+        out, name = (Path(out) / f"rank{job.rank}" if out is not None else None), f"{name}-rank{job.rank}"
+        if options.get("capture", True):
+            # A capture of a job is every rank's same steps (rank 0 waits for their traces): one rank's
+            # anomaly would leave it waiting.
+            options["capture"] = False
+            _say(f"rank {job.rank}: under torchrun each rank records its steps, without captures")
     try:
         folder = runfolder.prepare(Path(out)) if out is not None else runfolder.prepare_new(runfolder.default_folder(name))
         return Watcher(folder, script=script, **options)

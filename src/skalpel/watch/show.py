@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 
 from ..capture.runfolder import DEFAULT_PARENT
+from ..diagnose import thresholds as limits
 from ..errors import SkalpelError
 from .store import STORE, open_run, read_meta
 
@@ -24,6 +25,9 @@ PERCENTILES = (10, 50, 90, 99)
 
 
 def show_run(path: str | Path, *, width: int = WIDTH) -> str:
+    ranks = sorted(Path(path).glob(f"rank*/{STORE}")) if Path(path).is_dir() and not (Path(path) / STORE).exists() else []
+    if ranks:  # a torchrun job: one folder per rank
+        return "".join(show_run(store.parent, width=width) for store in ranks) + slowest_rank([s.parent for s in ranks])
     db = open_run(path)
     try:
         meta = read_meta(db)
@@ -91,6 +95,28 @@ def _percentile(values: list[float], pct: float) -> float:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
+
+
+def slowest_rank(folders: list[Path]) -> str:
+    """The rank that falls behind: in a job the others wait for it in every collective, so their step times
+    match its own; what it does more of is CPU work in each step (its median ``cpu_s``)."""
+    medians = {}
+    for folder in folders:
+        db = open_run(folder)
+        try:
+            cpu = [row[0] for row in db.execute("SELECT cpu_s FROM steps WHERE profiled = 0")]
+        finally:
+            db.close()
+        if cpu:
+            medians[folder.name] = statistics.median(cpu)
+    if len(medians) < 2:
+        return ""
+    slowest = max(medians, key=medians.__getitem__)
+    others = statistics.median(value for name, value in medians.items() if name != slowest)
+    if medians[slowest] < others * (1 + limits.SLOW_RANK.share_pct / 100) or medians[slowest] - others < limits.SLOW_RANK.floor / 1e3:
+        return f"ranks: no rank falls behind (CPU time a step: {', '.join(f'{n} {_ms(v)}' for n, v in medians.items())})\n"
+    return (f"ranks: {slowest} falls behind: {_ms(medians[slowest])} of CPU time a step against {_ms(others)} on the "
+            f"others ({medians[slowest] / others:.2f}x); the others wait for it in every collective\n")
 
 
 # -- skalpel history ---------------------------------------------------------------------------
