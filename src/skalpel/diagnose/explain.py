@@ -37,7 +37,7 @@ def render_rule(rule: Rule) -> Group:
     parts: list = [Text(f"{rule.id}  ({rule.family}, {rule.severity})", style="bold")]
     applies = "GPU traces only" if rule.needs_device else "CPU and GPU traces"
     if rule.family == "watch":
-        applies = "skalpel watch, judged online over a whole run (not a finding of a trace)"
+        applies = "skalpel watch, over a whole run (not a finding of a trace)"
     if rule.needs_steps:
         applies += ", needs ProfilerStep markers"
     parts.append(Text(f"applies to: {applies}"))
