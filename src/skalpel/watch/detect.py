@@ -64,6 +64,7 @@ class Detector:
         self.seen = 0
         # (median, scaled MAD) of the compute window and the median wall step, refreshed every REFRESH steps
         self._stats: tuple[float, float, float] | None = None
+        self._spike_at = self._stall_at = 0.0  # the limits those give (set with them)
 
     def feed(self, sample: Sample) -> list[Anomaly]:
         if not sample.judged:
@@ -73,8 +74,16 @@ class Detector:
         compute = max(sample.wall_s - sample.loader_s - (sample.runq_s or 0.0), 0.0)
         found: list[Anomaly] = []
         if self.seen > self.warmup and len(self.compute) >= self.window // 2:
-            found += self._rearmed("dataloader_stall", self._stall(sample))
-            found += self._step_time(sample.step, compute, over_window=self.seen % EVERY == 0)
+            if self._stats is None:
+                self._window_stats()
+            # the cheap path of most steps: two comparisons with the cached limits
+            if sample.loader_s >= self._stall_at or self.stalled:
+                found += self._rearmed("dataloader_stall", self._stall(sample))
+            else:
+                self._rearmed("dataloader_stall", [])
+            over_window = self.seen % EVERY == 0
+            if compute >= self._spike_at or over_window:
+                found += self._step_time(sample.step, compute, over_window=over_window)
             if sample.memory is not None and len(self.memory) == self.window and self.seen % REFRESH == 0:
                 found += self._rearmed("memory_creep", self._memory(sample), steps=REFRESH)
         if self.seen > self.warmup:
@@ -112,13 +121,14 @@ class Detector:
             median = statistics.median(values)
             mad = statistics.median(abs(value - median) for value in values) * MAD_SCALE
             self._stats = (median, mad, statistics.median(self.walls))
+            spike, stall = limits.STEP_SPIKE, limits.DATALOADER_STALL
+            self._spike_at = median + max(spike.param("mad_k") * mad, spike.share_pct / 100 * median, spike.floor / 1e3)
+            self._stall_at = max(stall.share_pct / 100 * self._stats[2], stall.floor / 1e3)
         return self._stats
 
     def _step_time(self, step: int, compute: float, *, over_window: bool) -> list[Anomaly]:
         median, mad, _ = self._window_stats()
-        spike = limits.STEP_SPIKE
-        over = compute - median
-        if over >= max(spike.param("mad_k") * mad, spike.share_pct / 100 * median, spike.floor / 1e3):
+        if compute >= self._spike_at:
             return [Anomaly(step, "step_spike", f"step {step} took {_ms(compute)} against a median of {_ms(median)} "
                             "(DataLoader wait left out)", compute, median)]  # fmt: skip
         found: list[Anomaly] = []
@@ -158,7 +168,7 @@ class Detector:
     def _stall(self, sample: Sample) -> list[Anomaly] | bool:
         stall = limits.DATALOADER_STALL
         median_wall = self._window_stats()[2]
-        if sample.loader_s < max(stall.share_pct / 100 * median_wall, stall.floor / 1e3):
+        if sample.loader_s < self._stall_at:
             self.stalled = []
             return []
         self.stalled.append(sample.step)
