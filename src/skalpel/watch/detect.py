@@ -95,6 +95,11 @@ class Detector:
                 self._stats = None
         return found
 
+    def use_device_memory(self, limit: int | None) -> None:
+        """The script put memory on a CUDA device: memory is judged there from now on (RSS values are dropped)."""
+        self.memory_source, self.memory_limit = "CUDA allocated", limit
+        self.memory.clear()
+
     @property
     def median_step(self) -> float | None:
         """The window's median step (wall time), as last refreshed; None before the window fills."""

@@ -76,12 +76,8 @@ def _open(path: str) -> int | None:
         return None
 
 
-def memory_limit(cuda: bool) -> int | None:
-    """The memory the creep is heading for: the device's total on GPU, else the machine's MemTotal."""
-    if cuda:
-        import torch
-
-        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+def host_memory_limit() -> int | None:
+    """What RSS creeps towards: the machine's MemTotal."""
     try:
         with open("/proc/meminfo") as handle:
             for line in handle:
@@ -90,3 +86,12 @@ def memory_limit(cuda: bool) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def device_memory_limit() -> int | None:
+    """What CUDA allocated memory creeps towards: the current device's total (CUDA initialised by the script)."""
+    torch = sys.modules.get("torch")
+    try:
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - no limit, no projection; the creep is still said
+        return None

@@ -31,7 +31,7 @@ from ..capture.steps import ALL_SIGNALS, LABELS, StepDetector
 from ..errors import SkalpelError
 from .detect import Anomaly, Detector
 from .live import LiveLine, line
-from .probe import Probe, memory_limit
+from .probe import Probe, device_memory_limit, host_memory_limit
 from .store import STORE, Store
 
 DEFAULT_COOLDOWN_S = 600.0
@@ -55,8 +55,9 @@ class Watcher:
         self.detector = StepDetector(self._boundary, only=step_on)
         self.probe = Probe()
         self.thread = threading.get_ident()
-        cuda = _cuda_in_use()
-        self.anomaly_detector = Detector(memory_limit=memory_limit(cuda), memory_source="CUDA allocated" if cuda else "RSS")
+        # RSS until the script puts memory on a CUDA device (never initialised here: no context of ours)
+        self.anomaly_detector = Detector(memory_limit=host_memory_limit(), memory_source="RSS")
+        self._on_device = False
         self.store = Store(folder, self.anomaly_detector, self._on_anomaly)
         self.steps = 0
         self.anomalies: list[tuple[Anomaly, int]] = []
@@ -127,6 +128,11 @@ class Watcher:
         if self._last is not None and last is not None and self.store.failed is None:
             self.steps += 1
             runq = None if reading.runq_s is None or last.runq_s is None else reading.runq_s - last.runq_s
+            if reading.cuda_allocated is not None and not self._on_device:
+                self._on_device = True
+                limit = device_memory_limit()
+                self.store.device_memory(limit)
+                self.store.meta(memory_source="CUDA allocated", memory_limit=limit)
             self.store.step((self.steps, now - self._started, now - self._last, self._loader_s,
                              reading.cpu_s - last.cpu_s, runq, reading.rss, reading.cuda_allocated,
                              reading.cuda_reserved, int(self._profiled)))  # fmt: skip
@@ -244,11 +250,6 @@ def capture_summary(report: Any) -> str:
     if not findings:
         return "no finding"
     return "; ".join(f"{finding.id}: {finding.title}" for finding in findings[:3])
-
-
-def _cuda_in_use() -> bool:
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_available())
 
 
 def _say(message: str) -> None:

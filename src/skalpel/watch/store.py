@@ -74,6 +74,10 @@ class Store:
     def step(self, row: tuple[Any, ...]) -> None:
         self.queue.put(("step", row))
 
+    def device_memory(self, limit: int | None) -> None:
+        """From the first step with CUDA memory on: judge that rather than RSS."""
+        self.queue.put(("device", limit))
+
     def meta(self, **values: Any) -> None:
         self.queue.put(("meta", values))
 
@@ -128,6 +132,8 @@ class Store:
                             memory=row[7] if row[7] is not None else row[6], runq_s=row[5], judged=not row[9])  # fmt: skip
             for anomaly in self.detector.feed(sample):
                 self.on_anomaly(anomaly, self._anomaly(anomaly, row[1]))
+        elif item[0] == "device":
+            self.detector.use_device_memory(item[1])
         elif item[0] == "meta":
             self._execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                           [(key, None if value is None else str(value)) for key, value in item[1].items()])  # fmt: skip
