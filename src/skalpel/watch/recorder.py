@@ -67,7 +67,8 @@ class Watcher:
         self._last_reading = None
         self._loader_s = 0.0  # DataLoader wait of the step under way
         self._profiled = False  # the step under way is part of a capture
-        self._requested: tuple[Anomaly, int] | None = None  # set by the writer thread, taken at the next boundary
+        # captures asked for by the writer thread, one per kind, taken in turn at the boundaries (one at a time)
+        self._requested: list[tuple[Anomaly, int]] = []
         self._captured_at: dict[str, float] = {}  # kind -> when its last capture was asked for
         self._capture: tuple[ProfileRun, Anomaly, int] | None = None
         self._restore: Any = None
@@ -138,7 +139,7 @@ class Watcher:
                              reading.cuda_reserved, int(self._profiled)))  # fmt: skip
         elif self._last is not None:
             self.steps += 1
-        if self._capture is not None or self._requested is not None:
+        if self._capture is not None or self._requested:
             self._drive_capture()
             reading = self.probe.read()  # the capture's own work stays out of the next step
             now = time.perf_counter()
@@ -163,16 +164,13 @@ class Watcher:
         last = self._captured_at.get(anomaly.kind)
         if last is not None and time.monotonic() - last < self.cooldown_s:
             return
-        if self._requested is None and self._capture is None:
-            self._captured_at[anomaly.kind] = time.monotonic()
-            self._requested = (anomaly, anomaly_id)
+        self._captured_at[anomaly.kind] = time.monotonic()
+        self._requested.append((anomaly, anomaly_id))  # after the capture under way, if any
 
     def _drive_capture(self) -> None:
         try:
             if self._capture is None:
-                assert self._requested is not None
-                anomaly, anomaly_id = self._requested
-                self._requested = None
+                anomaly, anomaly_id = self._requested.pop(0)
                 self._start_capture(anomaly, anomaly_id)
                 return
             run = self._capture[0]
