@@ -72,6 +72,11 @@ CATEGORY_WORDS = {
     "other_stream": "work queued in time that waited on another stream or an event",
     "unexplained": "no link to a cause in the trace (device work with no launch call, clock skew)",
 }
+PEER_WORDS = (
+    "with several ranks compared, a rank's collective_wait is split by the peer that arrived last at each collective "
+    "(\"rank N\": the time before it arrived), \"transfer\" (after the last arrival) and \"unmatched\" (in no "
+    "collective matched across ranks); the terminal says whom it waited for mostly"
+)
 UNTRACED = "host code between recorded ops"
 UNLINKED = "device work the trace links to no cause"
 _LAUNCH = kind_array(LAUNCH_KINDS)
@@ -94,6 +99,44 @@ class Contributor:
     label: str  # the range, op or sync call's name; UNTRACED for host time no op covers
     ms: float  # summed over the steps
     events: tuple[int, ...]  # evidence: the ranges, syncs or launches charged, most time first
+
+
+@dataclass(frozen=True)
+class PeerWait:
+    """Collective wait blamed on one peer rank that arrived last at one collective (``peer`` None: the transfer
+    after the last arrival, or time in no collective matched across ranks)."""
+
+    peer: int | None
+    part: str  # "rank N", "transfer" or "unmatched"
+    collective: str  # the collective's name in the trace
+    location: str | None  # the user's line of the collective (None without Python stacks)
+    ms: float  # summed over the steps
+
+
+@dataclass(frozen=True)
+class PeerSplit:
+    """A rank's collective-wait time split by the peer it waited for: ``by_step_ms[i]`` sums to step i's
+    collective wait; the part before a collective's last arrival is that rank's, the rest is the transfer."""
+
+    by_step_ms: tuple[dict[str, float], ...]  # per step: "rank N" / "transfer" / "unmatched" -> ms
+    total_ms: dict[str, float]
+    top: tuple[PeerWait, ...]  # most time first
+
+    @property
+    def mostly(self) -> str | None:
+        """The part holding most of the collective wait."""
+        return max(self.total_ms, key=lambda key: self.total_ms[key]) if self.total_ms else None
+
+    def to_dict(self, steps: tuple["StepBlame", ...], *, top: int = 5) -> dict:
+        count = max(len(steps), 1)
+        return {
+            "mostly": self.mostly,
+            "ms_per_step": {key: round(value / count, 4) for key, value in self.total_ms.items() if value > 0},
+            "steps": [{"number": step.number, "ms": {key: round(value, 4) for key, value in split.items() if value > 0}}
+                      for step, split in zip(steps, self.by_step_ms)],  # fmt: skip
+            "top": [{"waiting_for": item.part, "collective": item.collective, "location": item.location,
+                     "ms_per_step": round(item.ms / count, 4)} for item in self.top[:top]],  # fmt: skip
+        }
 
 
 @dataclass(frozen=True)
@@ -121,6 +164,8 @@ class RankBlame:
     syncs_charged: tuple[int, ...] = ()  # of those, the ones charged with idle time after them, most time first
     unit: str = "step"  # what ``steps`` are: marked steps, iterations inferred from the loop, or the whole window
     waits_on: str = "device"  # what was idle: the device, or (CPU-only) the main thread's compute
+    collective_spans: tuple[tuple[int, float, float], ...] = ()  # (step position, start, end) of collective waits
+    peers: PeerSplit | None = None  # collective wait by the late peer rank (several ranks compared; see blame_peers)
 
     @property
     def share_pct(self) -> dict[str, float]:
@@ -150,6 +195,7 @@ class RankBlame:
             "top": [{"category": item.category, "label": item.label, "ms_per_step": round(item.ms / count, 4)}
                     for item in self.contributors[:top]],  # fmt: skip
             "notes": list(self.notes),
+            **({"collective_wait_by_peer": self.peers.to_dict(self.steps, top=top)} if self.peers is not None else {}),
         }
 
     @property
@@ -226,9 +272,11 @@ class _Pieces:
     label: list[np.ndarray]
     step: list[np.ndarray]
     length: list[np.ndarray]
+    start: list[np.ndarray] = dataclasses.field(default_factory=list)  # where the piece begins; NaN when not kept
 
-    def add(self, category, event, label, step, length) -> None:
+    def add(self, category, event, label, step, length, start=np.nan) -> None:
         size = len(length)
+        self.start.append(np.broadcast_to(np.asarray(start, dtype=np.float64), size))
         self.category.append(np.broadcast_to(np.asarray(category, dtype=np.int64), size))
         self.event.append(np.broadcast_to(np.asarray(event, dtype=np.int64), size))
         self.label.append(np.broadcast_to(np.asarray(label, dtype=np.int64), size))
@@ -240,6 +288,14 @@ class _Pieces:
             empty_int = np.zeros(0, dtype=np.int64)
             return empty_int, empty_int, empty_int, empty_int, np.zeros(0)
         return tuple(np.concatenate(part) for part in (self.category, self.event, self.label, self.step, self.length))
+
+    def collective_spans(self) -> tuple[tuple[int, float, float], ...]:
+        """(step position, start, end) of the collective-wait pieces whose place in time is known."""
+        if not self.length:
+            return ()
+        category, step, length, start = (np.concatenate(part) for part in (self.category, self.step, self.length, self.start))
+        keep = (category == _CAT["collective_wait"]) & np.isfinite(start) & (length > 0)
+        return tuple(zip(step[keep].tolist(), start[keep].tolist(), (start + length)[keep].tolist()))
 
 
 def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Labels", options: BlameOptions) -> RankBlame:
@@ -284,7 +340,7 @@ def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Label
         (queued & ~is_comm & (length < options.kernel_wait_us), "launch_overhead"),
         (queued & ~is_comm & (length >= options.kernel_wait_us), "other_stream"),
     ):
-        pieces.add(_CAT[category], nxt[mask], trace.name[nxt[mask]], step_of[mask], length[mask])
+        pieces.add(_CAT[category], nxt[mask], trace.name[nxt[mask]], step_of[mask], length[mask], g0[mask])
     labels.charge_call(pieces, launcher[in_launch], step_of[in_launch], length[in_launch])
 
     # the host launched late: the host part on the launching thread, then the launch call and the work's wait
@@ -298,7 +354,7 @@ def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Label
     pieces.add(_CAT["launch_overhead"], calls[dispatch], trace.name[calls[dispatch]], late_step[dispatch], waited[dispatch])
     for mask, category in ((is_comm[host_late], "collective_wait"), (~is_comm[host_late], "other_stream")):
         mask = mask & (waited >= options.kernel_wait_us)
-        pieces.add(_CAT[category], late_next[mask], trace.name[late_next[mask]], late_step[mask], waited[mask])
+        pieces.add(_CAT[category], late_next[mask], trace.name[late_next[mask]], late_step[mask], waited[mask], call_end[mask])
     labels.charge_host(pieces, rank, trace.tid[calls], g0[host_late], host_end, step_of[host_late], calls, busy)
     feeders = feeder[feeder >= 0]
     labels.charge_host(pieces, rank, trace.tid[feeders], g0[fed], g1[fed], step_of[fed], feeders, busy)
@@ -349,7 +405,7 @@ def _collective_elsewhere(trace: Trace, rank: int, tid: int, g0, g1, step_of, la
     outer = _outermost_sorted(trace, end, others)
     owner = _lookup(trace, end, outer, middle[waiting])
     owner = np.where(owner >= 0, owner, others[0])
-    pieces.add(_CAT["collective_wait"], owner, trace.name[owner], step_of[part[waiting]], (highs - lows)[waiting])
+    pieces.add(_CAT["collective_wait"], owner, trace.name[owner], step_of[part[waiting]], (highs - lows)[waiting], lows[waiting])
     return lows[~waiting], highs[~waiting], step_of[part[~waiting]]
 
 
@@ -400,6 +456,7 @@ def _summed(trace: Trace, rank: int, rank_steps: list[Step], pieces: _Pieces, no
         notes=tuple(notes),
         syncs_waited=labels.waited_syncs(rank, busy),
         syncs_charged=charged,
+        collective_spans=pieces.collective_spans(),
     )
 
 
@@ -636,7 +693,7 @@ class _ThreadRanges:
         # host time no op covers: the Python between ops; the launch that ended it shows where
         evidence = np.where(untraced, calls[part], owner)
         label = np.where(untraced, -1, self.trace.name[np.maximum(owner, 0)])
-        pieces.add(category, evidence, label, step_of[part], highs - lows)
+        pieces.add(category, evidence, label, step_of[part], highs - lows, lows)
 
 
 def _outermost_sorted(trace: Trace, end: np.ndarray, events: np.ndarray) -> np.ndarray:

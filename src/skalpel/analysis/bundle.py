@@ -9,6 +9,7 @@ from typing import Any
 from ..forking import Child
 from ..trace.model import Trace
 from .blame import BlameResult, blame
+from .blame_peers import with_late_peers
 from .breakdown import StepBreakdown, step_breakdown
 from .comm import CommAnalysis, analyze_comm
 from .compile import CompileLog, CompileResult, compile_events, compile_log
@@ -95,3 +96,4 @@ def _run_the_rest(trace: Trace, steps: StepSegmentation, analyses: Analyses) -> 
     analyses.comm = analyze_comm(trace, steps)
     if len(trace.ranks) > 1:
         analyses.rank_comparison = compare_ranks(trace, steps, analyses.comm)
+        analyses.blame = with_late_peers(trace, analyses.blame, analyses.rank_comparison)  # the peer each waited for

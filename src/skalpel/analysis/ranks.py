@@ -75,6 +75,21 @@ class RankComparison:
     aligned: bool  # every rank's clock is the reference's host clock or aligned on matched collectives
     straggler: Straggler | None  # the rank the others wait for most; None with < 2 matched ranks
     warnings: tuple[str, ...]  # mixed runs, missing ranks, different step counts
+    _shared: "_Shared | None" = field(default=None, compare=False, repr=False)
+
+    def arrivals_of(self, rank: int) -> list[tuple[Collective, float, int]]:
+        """Each matched collective (2+ ranks) of one rank: (its call, the last rank's start on this rank's clock,
+        the rank that arrived last), in order."""
+        shared = self._shared
+        if shared is None:
+            return []
+        offset = shared.offsets.get(rank, 0.0)
+        found = []
+        for index in shared.matched.get(rank, ()):
+            group = shared.groups[index]
+            last = max(group, key=lambda other: group[other].start_us - shared.offsets.get(other, 0.0))
+            found.append((group[rank], shared.latest[index] + offset, last))
+        return found
 
     @cached_property
     def _by_rank(self) -> dict[int, RankTiming]:
@@ -126,6 +141,7 @@ def compare_ranks(
         aligned=all(t.clock != "raw" for t in timings),
         straggler=_straggler(trace, steps, comm, timings, len(usable), profiles) if len(timings) >= 2 else None,
         warnings=warnings,
+        _shared=shared,
     )
 
 

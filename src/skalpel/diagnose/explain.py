@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.blame import CATEGORIES, CATEGORY_WORDS
+from ..analysis.blame import CATEGORIES, CATEGORY_WORDS, PEER_WORDS
 from .registry import RULES, lookup
 from .rule import Rule
 from .watch import BY_ID as WATCH_KINDS
@@ -73,6 +73,7 @@ def blame_dict() -> dict[str, Any]:
         "what": "every interval of a step in which the device is idle, charged to what held it back; per step and "
         "summed, the categories add up to the idle time (gpu_idle's evidence: blame_ms_per_step, culprits); on a "
         "CPU-only trace the compute is the main thread's ops and its time outside them is charged the same way",
+        "collective_wait_by_peer": PEER_WORDS,
         "categories": {name: CATEGORY_WORDS[name] for name in CATEGORIES},
     }
 
@@ -84,6 +85,8 @@ def render_blame() -> Table:
     table.add_column("what holds the device back", overflow="fold")
     for name in CATEGORIES:
         table.add_row(name, CATEGORY_WORDS[name])
+    table.caption = f"collective_wait by peer: {PEER_WORDS}"
+    table.caption_justify = "left"
     return table
 
 

@@ -152,7 +152,7 @@ def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Pan
         causes = [(key, value) for key, value in causes if value >= 0.5][:4]
         if causes:  # the marked steps' idle time (the line above), or the window's, by what held the device back
             where = "idle" if in_steps and in_steps.get("marked") else "GPU idle in the window (no markers)"
-            parts.append(Text(f"  {where} by cause: " + ", ".join(f"{key} {value:.0f}%" for key, value in causes)
+            parts.append(Text(f"  {where} by cause: " + ", ".join(_cause(blamed, key, value) for key, value in causes)
                               + " (skalpel explain blame)"))  # fmt: skip
         parts.append(
             Text(f"GPU (HTA, first to last device event): idle {gpu.idle_pct:.1f}% ({idle}), compute {gpu.compute_pct:.1f}%, "
@@ -164,7 +164,8 @@ def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Pan
         if shares:
             idle = rank.extra["blame"].get("idle_ms_per_step", 0.0)
             parts.append(Text(f"main thread outside its ops {idle:.2f} ms/step, by cause: "
-                              + ", ".join(f"{key} {value:.0f}%" for key, value in shares) + " (skalpel explain blame)"))  # fmt: skip
+                              + ", ".join(_cause(rank.extra["blame"], key, value) for key, value in shares)
+                              + " (skalpel explain blame)"))  # fmt: skip
     communication = comm_line(rank)
     if communication is not None:
         parts.append(communication)
@@ -182,6 +183,15 @@ def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Pan
     if not parts:
         parts.append(Text("no per-rank analyses available"))
     return Panel(Group(*parts), title=f"rank {rank.rank}", title_align="left")
+
+
+def _cause(blamed: dict, key: str, share: float) -> str:
+    """One cause of the blame line; a collective wait says whom it mostly waited for (several ranks compared)."""
+    text = f"{key} {share:.0f}%"
+    mostly = (blamed.get("collective_wait_by_peer") or {}).get("mostly") if key == "collective_wait" else None
+    if mostly is not None and mostly.startswith("rank "):
+        return f"{text} (mostly for {mostly})"
+    return f"{text} (mostly transfer)" if mostly == "transfer" else text
 
 
 def _breakdown_line(rank: RankReport) -> Text:

@@ -1,0 +1,113 @@
+"""Collective wait blamed on the peer that arrived last: a planted late rank takes its peers' wait with its ms,
+ranks that arrive together blame no peer (the wait is the transfer), one rank alone keeps today's blame."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skalpel.analysis.bundle import run_analyses
+from skalpel.trace.loader import load
+from tests.tracebuilder import TraceBuilder
+
+from .conftest import corpus
+
+STEP = 40_000.0
+GLOO = 200
+TRANSFER_US = 3000.0
+
+
+def _gloo_job(tmp_path: Path, *, late_rank: int | None, late_ms: float = 12.0, ranks: int = 3) -> Path:
+    """CPU-only gloo ranks on one host, 4 steps of 40 ms: 8 ms of aten::mm, then an all_reduce on gloo's thread
+    that ends 3 ms after the last rank arrives; ``late_rank`` computes ``late_ms`` longer, so it arrives last."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    late_us = late_ms * 1000.0 if late_rank is not None else 0.0
+    for rank in range(ranks):
+        builder = TraceBuilder()
+        builder.device_properties = []
+        builder.header = {"distributedInfo": {"rank": rank, "world_size": ranks, "backend": "gloo"}, "host_name": "node0"}
+        for number in range(4):
+            start = number * STEP
+            builder.step(number + 1, start, STEP - 1)
+            mm_us = 8000.0 + (late_us if rank == late_rank else 0.0)
+            builder.host("aten::mm", start + 10, mm_us)
+            arrive = start + 10 + mm_us
+            end = start + 10 + 8000.0 + late_us + TRANSFER_US
+            builder.host("gloo:all_reduce", arrive, end - arrive, tid=GLOO,
+                         **{"In msg nelems": 1_000_000, "Out msg nelems": 1_000_000, "dtype": "Float", "Group size": ranks})  # fmt: skip
+            builder.host("aten::add", end, start + STEP - 20 - end)
+        builder.write(folder / f"trace-rank{rank}.json")
+    return folder
+
+
+def _blame(path: Path):
+    analyses = run_analyses(load(path))
+    for blamed in analyses.blame.ranks.values():  # the blame still sums to the idle it explains
+        assert sum(blamed.by_category_ms.values()) == pytest.approx(blamed.idle_ms, abs=1e-9)
+        if blamed.peers is not None:  # and each step's peer split to that step's collective wait
+            for step, split in zip(blamed.steps, blamed.peers.by_step_ms):
+                assert sum(split.values()) == pytest.approx(step.by_category_ms["collective_wait"], abs=1e-9)
+    return analyses.blame
+
+
+def test_a_late_rank_takes_its_peers_collective_wait(tmp_path):
+    result = _blame(_gloo_job(tmp_path, late_rank=2))
+    for rank in (0, 1):
+        blamed = result.ranks[rank]
+        assert blamed.by_category_ms["collective_wait"] == pytest.approx(4 * 15.0)
+        assert blamed.peers.total_ms == pytest.approx({"rank 2": 4 * 12.0, "transfer": 4 * 3.0})
+        assert blamed.peers.mostly == "rank 2"
+        top = blamed.peers.top[0]
+        assert (top.part, top.peer, top.collective, top.ms) == ("rank 2", 2, "gloo:all_reduce", pytest.approx(48.0))
+        summary = blamed.to_dict()["collective_wait_by_peer"]
+        assert summary["ms_per_step"] == {"rank 2": 12.0, "transfer": 3.0}
+        assert [step["ms"] for step in summary["steps"]] == [{"rank 2": 12.0, "transfer": 3.0}] * 4
+        assert summary["top"][0]["waiting_for"] == "rank 2" and summary["top"][0]["collective"] == "gloo:all_reduce"
+    late = result.ranks[2].peers  # the late rank waited for nobody: its wait is the transfer
+    assert late.total_ms == pytest.approx({"transfer": 4 * 3.0}) and late.mostly == "transfer"
+
+
+def test_ranks_that_arrive_together_blame_no_peer(tmp_path):
+    result = _blame(_gloo_job(tmp_path, late_rank=None))
+    for blamed in result.ranks.values():
+        assert blamed.by_category_ms["collective_wait"] == pytest.approx(4 * 3.0)
+        assert blamed.peers.total_ms == pytest.approx({"transfer": 4 * 3.0})
+        assert not any(item.peer is not None for item in blamed.peers.top)
+
+
+def test_one_rank_alone_keeps_its_blame_without_peers(tmp_path):
+    folder = _gloo_job(tmp_path, late_rank=None, ranks=1)
+    result = _blame(folder)
+    blamed = result.ranks[0]
+    assert blamed.by_category_ms["collective_wait"] == pytest.approx(4 * 3.0)
+    assert blamed.peers is None and "collective_wait_by_peer" not in blamed.to_dict()
+
+
+def test_the_terminal_says_whom_the_collective_wait_was_for(tmp_path):
+    from skalpel.job.build import build_report
+    from skalpel.report import terminal
+
+    report = build_report(load(_gloo_job(tmp_path, late_rank=1)))
+    assert report.ranks[0].extra["blame"]["collective_wait_by_peer"]["mostly"] == "rank 1"
+    out = " ".join(terminal.render_text(report, width=200).split())
+    assert "by cause: collective_wait 100% (mostly for rank 1)" in out  # ranks 0 and 2 waited 12 of 15 ms for it
+    assert "(mostly transfer)" in out  # rank 1 itself waited for nobody
+
+
+def test_explain_blame_says_how_the_wait_is_split_by_peer(capsys):
+    from skalpel.cli import main
+
+    assert main(["explain", "blame"]) == 0
+    assert "transfer" in capsys.readouterr().out
+
+
+def test_on_the_real_8_rank_dlrm_set_no_peer_is_invented():
+    """NCCL on V100s: the device's collective wait there is idle before a queued collective kernel starts, inside
+    no matched collective: no peer rank is blamed, and each step's split adds up to its collective wait."""
+    result = _blame(corpus("extra/facebookresearch__param/et_replay/tests/inputs/dlrm_kineto_extracted"))
+    assert len(result.ranks) == 8
+    for blamed in result.ranks.values():
+        assert blamed.by_category_ms["collective_wait"] > 0
+        assert set(blamed.peers.total_ms) == {"unmatched"}
