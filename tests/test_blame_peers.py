@@ -111,3 +111,18 @@ def test_on_the_real_8_rank_dlrm_set_no_peer_is_invented():
     for blamed in result.ranks.values():
         assert blamed.by_category_ms["collective_wait"] > 0
         assert set(blamed.peers.total_ms) == {"unmatched"}
+
+
+def test_a_job_reduced_rank_by_rank_splits_the_wait_by_peer_on_the_join(tmp_path):
+    """`skalpel analyze folder/` reduces each rank file on its own and joins them: the same split as one trace."""
+    from skalpel.api import analyze
+    from skalpel.report import terminal
+
+    report = analyze(_gloo_job(tmp_path, late_rank=2), workers=1)
+    for rank in (0, 1):
+        split = report.ranks[rank].extra["blame"]["collective_wait_by_peer"]
+        assert split["ms_per_step"] == {"rank 2": 12.0, "transfer": 3.0} and split["mostly"] == "rank 2"
+        assert [step["number"] for step in split["steps"]] == [1, 2, 3, 4]
+        assert split["top"][0]["collective"] == "gloo:all_reduce"
+    assert report.ranks[2].extra["blame"]["collective_wait_by_peer"]["mostly"] == "transfer"
+    assert "collective_wait 100% (mostly for rank 2)" in " ".join(terminal.render_text(report, width=200).split())

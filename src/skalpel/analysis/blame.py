@@ -127,13 +127,14 @@ class PeerSplit:
         """The part holding most of the collective wait."""
         return max(self.total_ms, key=lambda key: self.total_ms[key]) if self.total_ms else None
 
-    def to_dict(self, steps: tuple["StepBlame", ...], *, top: int = 5) -> dict:
-        count = max(len(steps), 1)
+    def to_dict(self, numbers: list[int] | tuple[int, ...], *, top: int = 5) -> dict:
+        """Plain JSON: per step (``numbers``: the steps' numbers, in order), summed, and the largest parts."""
+        count = max(len(numbers), 1)
         return {
             "mostly": self.mostly,
             "ms_per_step": {key: round(value / count, 4) for key, value in self.total_ms.items() if value > 0},
-            "steps": [{"number": step.number, "ms": {key: round(value, 4) for key, value in split.items() if value > 0}}
-                      for step, split in zip(steps, self.by_step_ms)],  # fmt: skip
+            "steps": [{"number": number, "ms": {key: round(value, 4) for key, value in split.items() if value > 0}}
+                      for number, split in zip(numbers, self.by_step_ms)],  # fmt: skip
             "top": [{"waiting_for": item.part, "collective": item.collective, "location": item.location,
                      "ms_per_step": round(item.ms / count, 4)} for item in self.top[:top]],  # fmt: skip
         }
@@ -195,7 +196,7 @@ class RankBlame:
             "top": [{"category": item.category, "label": item.label, "ms_per_step": round(item.ms / count, 4)}
                     for item in self.contributors[:top]],  # fmt: skip
             "notes": list(self.notes),
-            **({"collective_wait_by_peer": self.peers.to_dict(self.steps, top=top)} if self.peers is not None else {}),
+            **({"collective_wait_by_peer": self.peers.to_dict([step.number for step in self.steps], top=top)} if self.peers is not None else {}),
         }
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,28 +25,63 @@ UNMATCHED = "unmatched"
 _TOP = 8
 
 
+@dataclass(frozen=True)
+class CollectiveWaits:
+    """A rank's collective-wait pieces and the collectives holding them: what the split needs besides the peers
+    (a rank reduced on its own keeps this for the join)."""
+
+    spans: tuple[tuple[int, float, float], ...]  # (step position, start, end)
+    step_numbers: tuple[int, ...]
+    described: dict[int, tuple[str, str | None]]  # collective event -> its name and user line
+
+    def shifted(self, shift_us: float, event_offset: int) -> CollectiveWaits:
+        """On the job's clock and event numbering (``job.join``)."""
+        spans = tuple((step, low + shift_us, high + shift_us) for step, low, high in self.spans)
+        return CollectiveWaits(spans, self.step_numbers, {event + event_offset: text for event, text in self.described.items()})
+
+
 def with_late_peers(trace: Trace, result: BlameResult, comparison: RankComparison | None) -> BlameResult:
     """The blame with each rank's collective wait split by the peer that arrived last (unchanged for one rank)."""
     if comparison is None or len(comparison.ranks) < 2:
         return result
     ranks = {}
     for rank, blamed in result.ranks.items():
-        arrivals = comparison.arrivals_of(rank) if blamed.collective_spans else []
-        ranks[rank] = dataclasses.replace(blamed, peers=_split(trace, blamed, arrivals)) if blamed.collective_spans else blamed
+        if blamed.collective_spans:
+            arrivals = comparison.arrivals_of(rank)
+            waits = collective_waits(trace, blamed, [call for call, _, _ in arrivals])
+            blamed = dataclasses.replace(blamed, peers=split_waits(waits, arrivals))
+        ranks[rank] = blamed
     return dataclasses.replace(result, ranks=ranks)
 
 
-def _split(trace: Trace, blamed: RankBlame, arrivals) -> PeerSplit:
+def collective_waits(trace: Trace, blamed: RankBlame, collectives) -> CollectiveWaits:
+    """The rank's collective-wait pieces, with the name and line of each of its ``collectives`` that holds one."""
+    calls = sorted(collectives, key=lambda call: call.start_us)
+    starts = np.array([call.start_us for call in calls])
+    found = [_holding(calls, starts, (low + high) / 2) for _, low, high in blamed.collective_spans]
+    holding = {calls[index].event for index in found if index >= 0}
+    described = {}
+    if holding:
+        from ..trace.stacks import Locator  # only when there is something to locate
+
+        locator = Locator(trace)
+        described = {event: (trace.names[trace.name[event]], locator.location_of(event)) for event in sorted(holding)}
+    return CollectiveWaits(blamed.collective_spans, tuple(step.number for step in blamed.steps), described)
+
+
+def split_waits(waits: CollectiveWaits, arrivals) -> PeerSplit:
+    """Each piece split at the last arrival of the matched collective holding it (``RankComparison.arrivals_of``)."""
     arrivals = sorted(arrivals, key=lambda item: item[0].start_us)
-    starts = np.array([call.start_us for call, _, _ in arrivals])
-    by_step: list[dict[str, float]] = [defaultdict(float) for _ in blamed.steps]
-    by_cause: dict[tuple[str, int | None, int], float] = defaultdict(float)  # (part, peer, collective event) -> us
-    for step, low, high in blamed.collective_spans:
-        found = _holding(arrivals, starts, (low + high) / 2)
-        if found is None:
+    calls = [call for call, _, _ in arrivals]
+    starts = np.array([call.start_us for call in calls])
+    by_step: list[dict[str, float]] = [defaultdict(float) for _ in waits.step_numbers]
+    by_cause: dict[tuple[str, int | None, int], float] = defaultdict(float)  # (part, peer, collective event) -> ms
+    for step, low, high in waits.spans:
+        index = _holding(calls, starts, (low + high) / 2)
+        if index < 0:
             parts = [(UNMATCHED, None, -1, high - low)]
         else:
-            call, latest, last = found
+            call, latest, last = arrivals[index]
             waiting = min(max(latest - low, 0.0), high - low)  # before the last arrival: waiting for it
             parts = [(f"rank {last}", last, call.event, waiting), (TRANSFER, None, call.event, high - low - waiting)]
         for part, peer, event, amount in parts:
@@ -56,36 +92,24 @@ def _split(trace: Trace, blamed: RankBlame, arrivals) -> PeerSplit:
     for split in by_step:
         for part, value in split.items():
             total[part] += value
-    return PeerSplit(tuple(dict(split) for split in by_step), dict(total), _top(trace, by_cause))
+    return PeerSplit(tuple(dict(split) for split in by_step), dict(total), _top(waits.described, by_cause))
 
 
-def _holding(arrivals, starts: np.ndarray, instant: float):
-    """The matched collective holding an instant, the latest started when calls overlap (a few look back)."""
+def _holding(calls, starts: np.ndarray, instant: float) -> int:
+    """The index of the call (sorted by start) holding an instant, the latest started when calls overlap (a few
+    looked back at); -1 for none."""
     position = int(np.searchsorted(starts, instant, side="right")) - 1
     for index in range(position, max(position - 4, -1), -1):
-        call = arrivals[index][0]
-        if call.start_us <= instant < call.end_us:
-            return arrivals[index]
-    return None
+        if calls[index].start_us <= instant < calls[index].end_us:
+            return index
+    return -1
 
 
-def _top(trace: Trace, by_cause: dict[tuple[str, int | None, int], float]) -> tuple[PeerWait, ...]:
+def _top(described: dict[int, tuple[str, str | None]], by_cause) -> tuple[PeerWait, ...]:
     """The largest parts by (part, collective name), located at the collective that took most of each."""
     grouped: dict[tuple[str, int | None, str], list[tuple[float, int]]] = defaultdict(list)
     for (part, peer, event), ms in by_cause.items():
-        name = trace.names[trace.name[event]] if event >= 0 else ""
-        grouped[(part, peer, name)].append((ms, event))
+        grouped[(part, peer, described.get(event, ("", None))[0])].append((ms, event))
     ranked = sorted(grouped.items(), key=lambda item: -sum(ms for ms, _ in item[1]))[:_TOP]
-    locator = None
-    result = []
-    for (part, peer, name), items in ranked:
-        event = max(items)[1]
-        location = None
-        if event >= 0:
-            if locator is None:
-                from ..trace.stacks import Locator  # only when there is something to locate
-
-                locator = Locator(trace)
-            location = locator.location_of(event)
-        result.append(PeerWait(peer, part, name, location, sum(ms for ms, _ in items)))
-    return tuple(result)
+    return tuple(PeerWait(peer, part, name, described.get(max(items)[1], ("", None))[1], sum(ms for ms, _ in items))
+                 for (part, peer, name), items in ranked)  # fmt: skip

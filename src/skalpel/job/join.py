@@ -24,6 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.blame_peers import split_waits
 from ..analysis.breakdown import StepBreakdown
 from ..analysis.bundle import Analyses
 from ..analysis.collectives import Collective
@@ -101,7 +102,7 @@ def join_summaries(
     analyses.results["rank_locations"] = {s.info.rank: s.locations for s in summaries if s.locations is not None}
     ctx = Context(analyses, capture)
     findings = conclude(ctx, [(rule, _outcome(rule, ctx, summaries, offsets)) for rule in judged_rules()])
-    ranks = tuple(_rank_report(summary, analyses, shifts[summary.info.rank]) for summary in summaries)
+    ranks = tuple(_rank_report(summary, analyses, shifts[summary.info.rank], offsets[summary.info.rank]) for summary in summaries)
     return assemble_report(analyses, findings, ranks, capture), summaries
 
 
@@ -228,8 +229,13 @@ def _without_repeats(findings: list[Finding]) -> list[Finding]:
     return kept
 
 
-def _rank_report(summary: RankSummary, analyses: Analyses, shift: float):
+def _rank_report(summary: RankSummary, analyses: Analyses, shift: float, offset: int):
     report = dataclasses.replace(summary.report, memory=memory_summary(summary.memory, shift_us=shift))
-    if analyses.rank_comparison is not None:
-        report = dataclasses.replace(report, extra={**report.extra, "distributed": analyses.rank_comparison.summary_of(summary.info.rank)})
+    comparison = analyses.rank_comparison
+    if comparison is not None:
+        report = dataclasses.replace(report, extra={**report.extra, "distributed": comparison.summary_of(summary.info.rank)})
+    if comparison is not None and summary.collective_waits is not None and "blame" in report.extra:  # by late peer
+        waits = summary.collective_waits.shifted(shift, offset)
+        split = split_waits(waits, comparison.arrivals_of(summary.info.rank)).to_dict(waits.step_numbers)
+        report = dataclasses.replace(report, extra={**report.extra, "blame": {**report.extra["blame"], "collective_wait_by_peer": split}})
     return report

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..analysis.blame_peers import CollectiveWaits, collective_waits
 from ..analysis.breakdown import StepBreakdown
 from ..analysis.bundle import run_analyses
 from ..analysis.comm import CommAnalysis
@@ -62,6 +63,7 @@ class RankSummary:
     locations: RankLocations | None = None  # what the job-level findings may cite for it
     flame: dict | None = None  # the HTML report's flame graph, when asked for
     host_signs: HostSigns | None = None  # what its host side says of a GPU (to name the job's device)
+    collective_waits: CollectiveWaits | None = None  # its blame's collective wait, for the join to split by peer
 
 
 @dataclass(frozen=True)
@@ -120,4 +122,13 @@ def summarize_rank(
         locations=locations,
         flame=flame,
         host_signs=host_signs(trace),
+        collective_waits=_collective_waits(trace, analyses, rank) if request.job_ranks > 1 else None,
     )
+
+
+def _collective_waits(trace, analyses, rank: int) -> CollectiveWaits | None:
+    blamed = analyses.blame.for_rank(rank) if analyses.blame is not None else None
+    comm = analyses.comm.for_rank(rank) if analyses.comm is not None else None
+    if blamed is None or not blamed.collective_spans:
+        return None
+    return collective_waits(trace, blamed, comm.collectives if comm is not None else ())
