@@ -322,3 +322,30 @@ def test_uneven_all_to_all_still_matches_in_order(tmp_path: Path) -> None:
     assert [t.matched_collectives for t in analyses.rank_comparison.ranks] == [8, 8]
     assert analyses.rank_comparison.warnings == ("the job has 8 ranks but 2 rank files were loaded (missing: 2-7); "
                                                  "cross-rank figures cover the ranks present",)
+
+
+def test_communication_findings_quote_the_median_step(tmp_path):
+    """Two gloo ranks, steps of 30, 30 and 60 ms (mean 40, median 30), each with 20 ms of all_reduce (200 MB: more than
+    one small bucket) after 5 ms of compute on the main thread: communication_bound and low_comm_overlap quote the 30 ms median, as the footer does."""
+    from skalpel.api import analyze
+    from tests.tracebuilder import TraceBuilder
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for rank in (0, 1):
+        builder = TraceBuilder()
+        builder.device_properties = []
+        builder.header = {"distributedInfo": {"rank": rank, "world_size": 2, "backend": "gloo"}, "host_name": "node0"}
+        start = 0.0
+        for number, length in enumerate((30_000.0, 30_000.0, 60_000.0)):
+            builder.step(number + 1, start, length - 1)
+            builder.host("aten::mm", start + 10, 5000)
+            builder.host("gloo:all_reduce", start + 5010, 20_000, tid=200,
+                         **{"In msg nelems": 50_000_000, "Out msg nelems": 50_000_000, "dtype": "Float", "Group size": 2})  # fmt: skip
+            start += length
+        builder.write(folder / f"trace-rank{rank}.json")
+    report = analyze(folder, workers=1)
+    found = {finding.id: finding for finding in report.findings}
+    for rule_id in ("communication_bound", "low_comm_overlap"):
+        assert found[rule_id].evidence["step_ms"] == pytest.approx(30.0, abs=0.01), rule_id
+        assert "median step 30.0 ms" in found[rule_id].title

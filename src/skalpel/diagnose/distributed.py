@@ -137,6 +137,13 @@ def _median_rank(ranks: list[RankComm], key) -> RankComm:
     return ordered[(len(ordered) - 1) // 2]
 
 
+def _median_step_ms(ctx: Context, rank: RankComm) -> float:
+    """The rank's median step, the statistic the other findings, the footer and the HTML quote (shares stay
+    per-step means over the mean step, so they add up)."""
+    durations = [step.duration_ms for step in ctx.steps.for_rank(rank.rank)]
+    return numeric.median(durations) if durations else rank.step_ms
+
+
 def _check_communication_bound(ctx: Context, rule: Rule) -> Outcome:
     ranks = _with_comm(ctx)
     if isinstance(ranks, NotJudged):
@@ -151,7 +158,7 @@ def _check_communication_bound(ctx: Context, rule: Rule) -> Outcome:
     evidence = {
         "share_pct": share,
         "comm_ms_per_step": ms,
-        "step_ms": typical.step_ms,
+        "step_ms": _median_step_ms(ctx, typical),
         "wait_ms_per_step": waits.get(typical.rank, 0.0),
         "exposed_ms_per_step": typical.exposed_ms_per_step,
         "overlap_pct": typical.overlap_pct,
@@ -190,7 +197,7 @@ def _check_low_overlap(ctx: Context, rule: Rule) -> Outcome:
         "exposed_ms_per_step": exposed[typical.rank],
         "comm_ms_per_step": comm_ms,
         "comm_share_pct": comm_share,
-        "step_ms": typical.step_ms,
+        "step_ms": _median_step_ms(ctx, typical),
         "timed_on": typical.timed_on,
         "collectives": _types(typical),
         "rank": typical.rank,
@@ -340,7 +347,7 @@ COMMUNICATION_BOUND = Rule(
     id="communication_bound",
     family="distributed",
     severity="warning",
-    title="Collectives take {share_pct:.0f}% of the step ({comm_ms_per_step:.1f} ms of {step_ms:.1f} ms): {collectives}",
+    title="Collectives take {share_pct:.0f}% of the step ({comm_ms_per_step:.1f} ms per step, median step {step_ms:.1f} ms): {collectives}",
     thresholds=thresholds.COMMUNICATION_BOUND,
     check=_check_communication_bound,
     needs_steps=True,
@@ -356,7 +363,7 @@ COMMUNICATION_BOUND = Rule(
         "out: that is straggler_rank's. Waits that move from rank to rank (jitter, contention) are counted.",
         why="Data-parallel training scales only while the gradient exchange is small next to the compute. At 30% of "
         "the step the exchange, not the model, sets the speed, and adding ranks makes it worse.",
-        evidence="`share_pct` and `comm_ms_per_step` (without waits), the step time, the wait, the part not hidden "
+        evidence="`share_pct` and `comm_ms_per_step` (without waits), `step_ms` (the median step), the wait, the part not hidden "
         "behind compute, and per collective type its time per step and achieved bus bandwidth (nccl-tests "
         "definition; compare with `skalpel commbench`).",
         fix="Exchange gradients less often or on more samples: gradient accumulation with `no_sync()`, a larger "
@@ -374,7 +381,7 @@ LOW_COMM_OVERLAP = Rule(
     id="low_comm_overlap",
     family="distributed",
     severity="warning",
-    title="{exposed_pct:.0f}% of communication is not hidden behind compute ({exposed_ms_per_step:.1f} ms/step exposed)",
+    title="{exposed_pct:.0f}% of communication is not hidden behind compute ({exposed_ms_per_step:.1f} ms/step exposed, median step {step_ms:.1f} ms)",
     thresholds=thresholds.LOW_COMM_OVERLAP,
     check=_check_low_overlap,
     needs_steps=True,
@@ -388,7 +395,7 @@ LOW_COMM_OVERLAP = Rule(
         "later ranks are left out.",
         why="Communication that overlaps compute is free; exposed communication adds straight to the step time.",
         evidence="`exposed_pct` of the communication time, `exposed_ms_per_step`, the communication time and share "
-        "of the step, and the collectives by type.",
+        "of the step, `step_ms` (the median step), and the collectives by type.",
         fix="Start collectives early and wait late: DDP's buckets (`bucket_cap_mb`, `gradient_as_bucket_view=True`, "
         "`static_graph=True`), `async_op=True` collectives, FSDP prefetching; take synchronous collectives "
         "(`.item()` of a reduced loss, a barrier) out of the step.",
