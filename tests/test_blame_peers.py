@@ -9,7 +9,7 @@ import pytest
 
 from skalpel.analysis.bundle import run_analyses
 from skalpel.trace.loader import load
-from tests.tracebuilder import TraceBuilder
+from tests.tracebuilder import HOST, TraceBuilder
 
 from .conftest import corpus
 
@@ -18,9 +18,10 @@ GLOO = 200
 TRANSFER_US = 3000.0
 
 
-def _gloo_job(tmp_path: Path, *, late_rank: int | None, late_ms: float = 12.0, ranks: int = 3) -> Path:
+def _gloo_job(tmp_path: Path, *, late_rank: int | None, late_ms: float = 12.0, ranks: int = 3, stacks: bool = False) -> Path:
     """CPU-only gloo ranks on one host, 4 steps of 40 ms: 8 ms of aten::mm, then an all_reduce on gloo's thread
-    that ends 3 ms after the last rank arrives; ``late_rank`` computes ``late_ms`` longer, so it arrives last."""
+    that ends 3 ms after the last rank arrives; ``late_rank`` computes ``late_ms`` longer, so it arrives last.
+    With ``stacks`` the all_reduce is called on the main thread from a recorded Python frame."""
     folder = tmp_path / "job"
     folder.mkdir()
     late_us = late_ms * 1000.0 if late_rank is not None else 0.0
@@ -35,7 +36,9 @@ def _gloo_job(tmp_path: Path, *, late_rank: int | None, late_ms: float = 12.0, r
             builder.host("aten::mm", start + 10, mm_us)
             arrive = start + 10 + mm_us
             end = start + 10 + 8000.0 + late_us + TRANSFER_US
-            builder.host("gloo:all_reduce", arrive, end - arrive, tid=GLOO,
+            if stacks:
+                builder.frame("train.py(42): sync_gradients", arrive - 5, end - arrive + 10)
+            builder.host("gloo:all_reduce", arrive, end - arrive, tid=HOST if stacks else GLOO,
                          **{"In msg nelems": 1_000_000, "Out msg nelems": 1_000_000, "dtype": "Float", "Group size": ranks})  # fmt: skip
             builder.host("aten::add", end, start + STEP - 20 - end)
         builder.write(folder / f"trace-rank{rank}.json")
@@ -126,3 +129,10 @@ def test_a_job_reduced_rank_by_rank_splits_the_wait_by_peer_on_the_join(tmp_path
         assert split["top"][0]["collective"] == "gloo:all_reduce"
     assert report.ranks[2].extra["blame"]["collective_wait_by_peer"]["mostly"] == "transfer"
     assert "collective_wait 100% (mostly for rank 2)" in " ".join(terminal.render_text(report, width=200).split())
+
+
+def test_the_late_peers_collective_is_named_with_its_line(tmp_path):
+    result = _blame(_gloo_job(tmp_path, late_rank=0, stacks=True))
+    top = result.ranks[1].peers.top[0]
+    assert (top.part, top.collective, top.ms) == ("rank 0", "gloo:all_reduce", pytest.approx(48.0))
+    assert top.location is not None and "train.py" in top.location and "42" in top.location
