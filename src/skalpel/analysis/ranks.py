@@ -84,12 +84,8 @@ class RankComparison:
         if shared is None:
             return []
         offset = shared.offsets.get(rank, 0.0)
-        found = []
-        for index in shared.matched.get(rank, ()):
-            group = shared.groups[index]
-            last = max(group, key=lambda other: group[other].start_us - shared.offsets.get(other, 0.0))
-            found.append((group[rank], shared.latest[index] + offset, last))
-        return found
+        groups, latest, last = shared.groups, shared.latest, shared.last_rank
+        return [(groups[index][rank], latest[index] + offset, last[index]) for index in shared.matched.get(rank, ())]
 
     @cached_property
     def _by_rank(self) -> dict[int, RankTiming]:
@@ -291,6 +287,15 @@ class _Shared:
         offsets = self.offsets
         return [
             max(call.start_us - offsets.get(rank, 0.0) for rank, call in group.items()) if len(group) >= 2 else np.nan
+            for group in self.groups
+        ]
+
+    @cached_property
+    def last_rank(self) -> list[int]:
+        """Each group's last rank to arrive on the aligned clocks (matched groups of 2+ ranks; -1 for the others)."""
+        offsets = self.offsets
+        return [
+            max(group, key=lambda rank: group[rank].start_us - offsets.get(rank, 0.0)) if len(group) >= 2 else -1
             for group in self.groups
         ]
 
