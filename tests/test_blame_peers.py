@@ -114,6 +114,7 @@ def test_on_the_real_8_rank_dlrm_set_no_peer_is_invented():
     for blamed in result.ranks.values():
         assert blamed.by_category_ms["collective_wait"] > 0
         assert set(blamed.peers.total_ms) == {"unmatched"}
+        assert [(item.collective, item.location) for item in blamed.peers.top] == [(None, None)]
 
 
 def test_a_job_reduced_rank_by_rank_splits_the_wait_by_peer_on_the_join(tmp_path):

@@ -108,7 +108,7 @@ class PeerWait:
 
     peer: int | None
     part: str  # "rank N", "transfer" or "unmatched"
-    collective: str  # the collective's name in the trace
+    collective: str | None  # the collective's name in the trace; None for unmatched time
     location: str | None  # the user's line of the collective (None without Python stacks)
     ms: float  # summed over the steps
 

@@ -107,9 +107,9 @@ def _holding(calls, starts: np.ndarray, instant: float) -> int:
 
 def _top(described: dict[int, tuple[str, str | None]], by_cause) -> tuple[PeerWait, ...]:
     """The largest parts by (part, collective name), located at the collective that took most of each."""
-    grouped: dict[tuple[str, int | None, str], list[tuple[float, int]]] = defaultdict(list)
-    for (part, peer, event), ms in by_cause.items():
-        grouped[(part, peer, described.get(event, ("", None))[0])].append((ms, event))
+    grouped: dict[tuple[str, int | None, str | None], list[tuple[float, int]]] = defaultdict(list)
+    for (part, peer, event), ms in by_cause.items():  # unmatched time is in no collective: no name, no line
+        grouped[(part, peer, described.get(event, (None, None))[0])].append((ms, event))
     ranked = sorted(grouped.items(), key=lambda item: -sum(ms for ms, _ in item[1]))[:_TOP]
-    return tuple(PeerWait(peer, part, name, described.get(max(items)[1], ("", None))[1], sum(ms for ms, _ in items))
+    return tuple(PeerWait(peer, part, name, described.get(max(items)[1], (None, None))[1], sum(ms for ms, _ in items))
                  for (part, peer, name), items in ranked)  # fmt: skip
