@@ -100,13 +100,18 @@ def test_torchrun_ranks_write_one_folder_and_rank0_the_merged_report(runs: dict[
 def test_clean_ddp_baseline_is_quiet(runs: dict[str, Path]) -> None:
     """Two ranks with identical work on one loaded machine: no straggler, no network bottleneck, no overlap
     problem (one small DDP bucket per step); when the ranks waited for each other, an info note says why."""
-    from skalpel.diagnose import lookup
-
     report = _report(runs["small"])
-    # Measurement notes (a first step slowed by the loaded machine: no_warmup) judge the measurement, not the job.
-    serious = [(f.id, f.severity, f.title) for f in report.findings
-               if f.severity != "info" and lookup(f.id).family != "measurement"]  # fmt: skip
+    # Two ranks, one thread each, cannot be pinned to one core the way the single-process controls are, and share
+    # 2 cores with the other jobs of their wave: the machine may say so (cpu_contention) and the step times may
+    # spread (noisy_measurement). A first step slowed by the others starting up reads as no_warmup (92% slower,
+    # 181 vs 94 ms, beside the wave; absent when the job ran alone): allowed only where the report measured the
+    # contention that explains it. Nothing else may warn, measurement findings included (profiler_overhead...).
+    ids = {f.id for f in report.findings if f.severity != "info"}
+    machine = {"cpu_contention", "noisy_measurement"} | ({"no_warmup"} if "cpu_contention" in ids else set())
+    serious = [(f.id, f.severity, f.title) for f in report.findings if f.severity != "info" and f.id not in machine]
     assert not serious
+    for contention in [f for f in report.findings if f.id == "cpu_contention"]:
+        assert "set_num_threads" not in contention.fix, contention.fix  # each rank asks for one thread already
     for note in [f for f in report.findings if f.id == "straggler_rank"]:
         assert note.title.startswith("No straggler") and "identical work" in note.title
         assert set(note.evidence["comm_share_with_waits_pct_by_rank"]) == {"0", "1"}
