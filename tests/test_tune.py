@@ -265,6 +265,32 @@ def test_only_candidates_measured_faster_are_recommended() -> None:
     assert recommend([*together, _entry("combined", "error", None, ["a", "b"])]) == ["a"]
 
 
+def _measured(name: str, base: list[list[float]], runs: list[list[float]], members: list[str] | None = None):
+    """A candidate entry as the session fills it, from recorded runs compared with the baseline's."""
+    comparison = stats.compare(base, runs)
+    return CandidateResult(name, name, "test", {}, [], members=members or [], verdict=comparison.verdict,
+                           speedup=comparison.speedup, undecided=comparison.undecided)  # fmt: skip
+
+
+def test_from_recorded_runs_the_recommendation_is_the_best_measured_not_the_fastest_looking() -> None:
+    """Faster than the baseline is not enough: a candidate whose runs look fastest of all but disagree stays
+    undecided (its interval crosses the line) and is not recommended; of two measured faster, the slower one is recommended only
+    inside a combination measured at least as fast as the best alone."""
+    base = _runs([50.0, 51.0, 50.4], seed=20)
+    best = _measured("num_workers", base, _runs([30.0, 30.4], seed=21))
+    second = _measured("threads", base, _runs([40.0, 40.3], seed=22))
+    lucky = _measured("compile", base, _runs([15.0, 45.0], seed=26))  # two runs that disagree: a 1.9x centre
+    assert best.verdict == second.verdict == "faster" and best.speedup > second.speedup > 1
+    assert lucky.speedup > best.speedup and lucky.verdict == "no_gain" and lucky.undecided
+    assert recommend([lucky, second, best]) == ["num_workers", "threads"]  # no combination measured: both, best first
+    worse_together = _measured("combined", base, _runs([33.0, 33.2], seed=23), ["num_workers", "threads"])
+    assert worse_together.verdict == "faster" and worse_together.speedup < best.speedup
+    assert recommend([lucky, second, best, worse_together]) == ["num_workers"]
+    better_together = _measured("combined", base, _runs([26.0, 26.1], seed=24), ["num_workers", "threads"])
+    assert recommend([lucky, second, best, better_together]) == ["num_workers", "threads"]
+    assert recommend([lucky, _measured("threads", base, _runs([50.5, 50.1], seed=25))]) == []  # nothing faster
+
+
 def test_loss_is_compared_after_the_same_step(tmp_path: Path) -> None:
     base = read_result(_result_file(tmp_path / "b", [10.0] * 5, loss=2.30, loss_step=6))
     same = read_result(_result_file(tmp_path / "s", [10.0] * 5, loss=2.3001, loss_step=6))
