@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from skalpel.result.report import Report
+from skalpel.result.report import _FEWEST_BASELINE_STEPS, Report
 
 pytestmark = pytest.mark.slow
 
@@ -118,3 +118,25 @@ def test_demo_shows_data_loading_as_the_largest_share(tmp_path: Path) -> None:
     breakdown = report.ranks[0].step_breakdown_pct
     assert breakdown, "the report has no step breakdown"
     assert max(breakdown, key=breakdown.get) == "dataloader"
+    # 24 steps (two windows of 8, then more): the profiler overhead has un-profiled steady steps to compare with
+    _assert_overhead_measured(report.capture)
+
+
+def _assert_overhead_measured(capture) -> None:
+    """The overhead's structure, not its size: a figure, its noise, and enough steady un-profiled steps."""
+    assert capture.overhead_pct is not None and capture.overhead_noise_pct is not None, capture
+    assert capture.baseline_steps >= _FEWEST_BASELINE_STEPS, capture
+    assert "un-profiled step(s) to compare with" not in capture.overhead_words(), capture.overhead_words()
+
+
+def test_demo_with_its_old_18_steps_could_not_measure_the_overhead(tmp_path: Path) -> None:
+    """Why the demo trains 24 steps: at 18 its two 8-step windows left too few un-profiled steps after them, and
+    the overhead rested on one step. The control for the assertion above: it fails here."""
+    result = _skalpel("demo", "--steps", "18", "--out", str(tmp_path / "demo"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    capture = Report.from_json((tmp_path / "demo" / "report.json").read_bytes()).capture
+    assert capture.repeats == 2 and len(capture.window_medians_ms) == 2  # both windows recorded
+    assert capture.baseline_steps < _FEWEST_BASELINE_STEPS, capture
+    assert "un-profiled step(s) to compare with" in capture.overhead_words(), capture.overhead_words()
+    with pytest.raises(AssertionError):
+        _assert_overhead_measured(capture)
