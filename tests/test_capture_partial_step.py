@@ -1,4 +1,5 @@
-"""The memory budget stops the recording inside a step: that partial step is never counted.
+"""The memory budget stops the recording inside a step: that partial step is never counted; a window whose first
+recorded step trips it is recorded again without memory profiling, then without stacks, before the budget gives up.
 
 A real `skalpel run` of a script whose steps run thousands of small ops (an LSTM cell over
 its time steps), with a small ``SKALPEL_RECORD_BUDGET_MB``: the step under way when the
@@ -111,3 +112,54 @@ def test_under_nproc_each_rank_says_it_once(tmp_path: Path) -> None:
     said = [line for line in done.stderr.splitlines() if "recording stopped early" in line]
     assert len(said) == 2, done.stderr[-3000:]  # one per rank
     assert done.stderr.count("(rank 0 writes the merged report)") == 2  # each rank's file, said once
+
+
+CALLS_STEP = """
+import time
+import torch
+from torch import nn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Linear(16, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+def scale(value):
+    return value * 1.0001
+for _ in range(14):
+    factor = 1.0
+    for _ in range(200_000):  # Python calls: with stacks each is a python_function event the profiler keeps
+        factor = scale(factor)
+    time.sleep(0.8)  # the budget's thread sees what the step grew before the step ends
+    optimizer.zero_grad(set_to_none=True)
+    (model(torch.randn(8, 16)).pow(2).mean() * factor).backward()
+    optimizer.step()
+"""
+
+
+def test_the_budget_drops_memory_profiling_then_stacks_before_giving_up(tmp_path: Path) -> None:
+    """Each of the window's first steps trips the budget while stacks are on (200,000 Python calls, about 4.6 MiB of
+    records per step against 1.5 MiB): memory profiling is dropped first, then stacks, and the window without them
+    (a few dozen ops per step) is recorded in full; each drop is said once, with the step it took effect from."""
+    script = tmp_path / "calls_step.py"
+    script.write_text(CALLS_STEP)
+    env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB="1.5", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    command = [sys.executable, "-m", "skalpel", "run", "--warmup", "1", "--active", "4", "--out", str(tmp_path / "run"),
+               str(script)]  # fmt: skip
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = Report.from_json((tmp_path / "run" / "report.json").read_bytes())
+    (memory,) = [warning for warning in report.warnings if warning.startswith("memory profiling dropped from step")]
+    (stacks,) = [warning for warning in report.warnings if warning.startswith("Python stacks dropped from step")]
+    assert _from_step(memory) < _from_step(stacks)  # memory first, then stacks, each from a later step
+    assert "without memory profiling" in memory and "without Python stacks" in stacks
+    assert not [warning for warning in report.warnings if "stopped early" in warning], report.warnings
+    assert report.steps.marked and report.steps.count == 4  # the lighter window, whole
+    trace = json.loads(gzip.decompress((tmp_path / "run" / "trace-rank0.json.gz").read_bytes()))
+    names = {event.get("name") for event in trace["traceEvents"]}
+    categories = {event.get("cat") for event in trace["traceEvents"]}
+    assert "[memory]" not in names and "python_function" not in categories  # recorded without either
+    assert done.stderr.count("memory profiling dropped") == 1 and done.stderr.count("Python stacks dropped") == 1
+
+
+def _from_step(note: str) -> int:
+    """The step a drop took effect from: ``... dropped from step N on: ...``."""
+    return int(note.split(" from step ")[1].split(" ")[0])

@@ -24,6 +24,7 @@ released (``release_results``) before the analysis loads it.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import os
 import sys
@@ -34,6 +35,7 @@ from typing import Callable
 from .. import env
 from ..trace.source import available_memory
 from .bounded import PartialStep
+from .settings import CaptureSettings
 
 ENV_BUDGET = env.RECORD_BUDGET_MB.name
 AVAILABLE_SHARE = 0.5  # of the memory available when recording began: for the profiler's stop, at its peak
@@ -42,6 +44,9 @@ MIN_BUDGET_BYTES = 64 * 2**20
 POLL_S = 0.25
 RECENT_POLLS = 3  # the growth charged is the least of the last polls (0.75 s): a step's transient peak passes
 MANY_OPS_PER_STEP = 20_000  # fewer host ops than this per step cannot make the profiler's events weigh much
+# What a window drops, in this order, before the budget gives up on it: memory events first (two per tensor
+# allocated and freed: the most of a many-op step's records), then Python stacks.
+LIGHTER = (("profile_memory", "memory profiling"), ("with_stack", "Python stacks"))
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -52,6 +57,16 @@ class OverBudget:
     grown: int
     budget: int
     source: str  # how the budget was chosen, in words
+
+    def dropped_note(self, dropped: str, step: int) -> str:
+        """The window's first recorded step (the script's step ``step``) tripped the budget: the window starts again
+        after it without ``dropped``."""
+        return (
+            f"{dropped} dropped from step {step + 1} on: the profiler's records grew the memory in use by "
+            f"{self.grown / 2**20:,.0f} MiB in the window's first recorded step, step {step} (budget "
+            f"{self.budget / 2**20:,.0f} MiB, {self.source}); torch.profiler fixes what it records when a window "
+            f"starts, so the window was left out and recorded again after that step without {dropped}"
+        )
 
     def note(self, recorded_steps: int, *, cut: bool = True, partial: PartialStep | None = None) -> str:
         """``cut``: stopped inside a step (``skalpel run``'s hooks), not at a step's end (``run.step()``);
@@ -78,6 +93,14 @@ class OverBudget:
             + ("record fewer steps (--active), " if recorded_steps else "")
             + "leave out Python stacks (--no-stack), or mark a smaller unit of work as the step (skalpel.step())"
         )
+
+
+def lighter(settings: CaptureSettings) -> tuple[CaptureSettings, str] | None:
+    """``settings`` with the next of ``LIGHTER`` turned off, and its name; None when nothing is left to drop."""
+    for field, name in LIGHTER:
+        if getattr(settings, field):
+            return dataclasses.replace(settings, **{field: False}), name
+    return None
 
 
 def resident_bytes() -> int | None:

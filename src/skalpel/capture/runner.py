@@ -18,6 +18,7 @@ unprofiled and leaves the run folder to its parent.
 
 from __future__ import annotations
 
+import dataclasses
 import runpy
 import sys
 import threading
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from . import compile_log, distributed, malloc, session, signals
 from .aside import ProfilerWatch
-from .budget import OverBudget, RecordingBudget
+from .budget import OverBudget, RecordingBudget, lighter
 from .children import Children
 from .conclude import RunResult, conclude
 from .kineto_noise import filtered_stderr
@@ -178,12 +179,39 @@ class _Capture:
         run, tripped = self.own, self.budget.tripped
         if self.user is not None or not run.profiling or tripped is None:
             return
+        if run.windows_done == 0 and run.recorded_steps == 0 and self._record_lighter(tripped):
+            return
         run.cut_inside_step = True  # the step under way is left out of the trace
         run.stop()  # writes what was recorded; the script runs on
         note = tripped.note(run.recorded_steps, partial=run.partial[0] if run.partial else None)
         run.notes.append(note)
         run.said.add(note)
         _say(note)
+
+    def _record_lighter(self, tripped: OverBudget) -> bool:
+        """The window's first recorded step tripped the budget: record the window again without memory profiling
+        (then without stacks), from the next step on; False when nothing is left to drop.
+
+        torch.profiler builds its recorder when a window's warm-up starts (``prepare_trace``): what it records
+        cannot change inside a window, so the window is left out and starts again (no wait: the script is warm).
+        """
+        lighter_settings = lighter(self.own.settings)
+        if lighter_settings is None:
+            return False
+        settings, dropped = lighter_settings
+        old = self.own
+        old.discard()
+        self.own = ProfileRun(dataclasses.replace(settings, wait=0), out=old.folder, name=old.name, auto=True)
+        self.own.notes.extend(old.notes)
+        self.own.said.update(old.said)
+        note = tripped.dropped_note(dropped, self.main_steps + 1)  # the boundaries passed: the cut step is the next
+        self.own.notes.append(note)
+        self.own.said.add(note)
+        _say(note)
+        self.budget.stop()
+        self.budget = RecordingBudget(lambda: self.own.profiling, lambda: self.own.recording, self._over_budget)
+        self.budget.start()
+        return True
 
     def _step_aside(self) -> None:
         """The script starts torch.profiler itself: stop marking steps, keep what was recorded."""
