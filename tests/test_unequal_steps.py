@@ -77,3 +77,43 @@ def test_work_without_more_batches_is_named_as_such(tmp_path):
     (unequal,) = segment_steps(trace).unequal
     assert "DataLoader batches" not in unequal.describe()
     assert "an evaluation, a checkpoint" in unequal.describe()
+
+
+def _batches(tmp_path, rows: list[int], ms: list[float]):
+    """One CPU rank whose steps run the same ops on batches of ``rows`` rows (recorded shapes), in ``ms`` each."""
+    builder = TraceBuilder()
+    builder.device_properties = []
+    ts = 1000.0
+    for number, (batch, took) in enumerate(zip(rows, ms)):
+        builder.step(number, ts, took * 1000)
+        builder.host(FETCH, ts + 1, 10, cat="user_annotation")
+        slot = took * 1000 / 12
+        for i in range(10):  # forward and backward on the batch: its rows in every op's input shapes
+            builder.host("aten::addmm", ts + (i + 1) * slot, slot / 2, **{"Input Dims": [[16], [batch, 16], [16, 16]]})
+        builder.host("aten::add_", ts + 11 * slot, slot / 2, **{"Input Dims": [[16, 16], [16, 16]]})  # the optimizer
+        ts += took * 1000 + 1
+    return load(builder.write(tmp_path / "trace.json"))
+
+
+def test_a_partial_last_batch_is_named_and_kept_out_of_the_step_statistics(tmp_path):
+    # the DataLoader's last batch holds 20 rows against 128: the same ops, on other shapes, in less time
+    trace = _batches(tmp_path, [128] * 5 + [20], [10.0] * 5 + [2.0])
+    segmentation = segment_steps(trace)
+    assert [unequal.step.number for unequal in segmentation.unequal] == [5]
+    assert [step.number for step in segmentation.steps] == [0, 1, 2, 3, 4]
+    report = build_report(trace)
+    assert report.steps.count == 5 and report.steps.median_ms == pytest.approx(10.0, rel=0.01)
+    (note,) = [warning for warning in report.warnings if "step #5" in warning]
+    assert "partial batch" in note and "91% of its ops on input shapes no other step ran" in note  # 10 of 11
+    assert "takes 8.0 ms less than a step" in note
+
+
+def test_batches_of_varying_size_are_how_the_loop_is(tmp_path):
+    # sequences of their own length in every batch: no step is the odd one
+    trace = _batches(tmp_path, [128, 96, 112, 80, 128, 64], [10.0, 8.0, 9.0, 7.0, 10.0, 6.0])
+    assert segment_steps(trace).unequal == ()
+
+
+def test_full_batches_throughout_stay(tmp_path):
+    trace = _batches(tmp_path, [128] * 6, [10.0, 10.0, 12.0, 10.0, 10.0, 9.0])
+    assert segment_steps(trace).unequal == () and len(segment_steps(trace).steps) == 6

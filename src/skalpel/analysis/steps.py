@@ -27,7 +27,9 @@ left out of the steps and every per-step figure (median, spread, breakdown), kep
 its cost once. The first step of a rank is never one: a slow first step is warm-up, for
 ``no_warmup`` to judge; nor is a step that compiles (torch.compile's own ranges inside):
 ``recompilation`` and ``compile_overhead`` judge it. A step as long but with the same ops
-(a preempted one) stays.
+(a preempted one) stays. A partial batch (a DataLoader's smaller last batch) is unequal too: a
+step with a quarter or more of its ops on input shapes no other step ran (``record_shapes``),
+unless a third of the steps or more are such (inputs of varying length are how that loop is).
 
 Without step markers (the legacy autograd profiler, an inference trace, a hand-made
 capture) the whole trace of a rank is one step, from the first to the last host op,
@@ -55,6 +57,7 @@ _DEFECT_RATIO = 0.1  # a step under a tenth of the median step is a marking defe
 _UNEQUAL_RATIO = 3.0  # a step three times the median step ...
 _UNEQUAL_OPS = 1.5  # ... with half as many ops again holds other work than an iteration
 _UNEQUAL_MIN_STEPS = 4  # with fewer steps there is no "the others" to compare with
+_PARTIAL_SHAPES = 0.25  # a step with this share of its ops on shapes no other step ran is a partial batch
 _COMPILE_RANGES = ("dynamo", "entire_frame_compile")  # one per torch.compile compilation (analysis/compile.py)
 _TAIL_RATIO = 0.8  # the plugin drops a last step with fewer than 80% of the previous step's device events
 _LAUNCH = kind_array(LAUNCH_KINDS)
@@ -84,7 +87,8 @@ class Step:
 
 @dataclass(frozen=True)
 class UnequalStep:
-    """A step that holds more than one iteration's work, left out of the steps: what it holds against the others."""
+    """A step that holds other work than one iteration (more of it, or a partial batch), left out of the steps:
+    what it holds against the others."""
 
     step: Step
     median_ms: float  # the rank's median (kept) step
@@ -92,6 +96,7 @@ class UnequalStep:
     median_ops: float
     fetches: int  # DataLoader batches fetched inside
     median_fetches: float
+    novel_shapes: float = 0.0  # the share of its ops on input shapes no other step ran (a partial batch)
 
     @property
     def extra_ms(self) -> float:
@@ -100,7 +105,10 @@ class UnequalStep:
     def describe(self) -> str:
         step = self.step
         held = f"{self.ops / max(self.median_ops, 1):.1f}x its ops"
-        if self.fetches > self.median_fetches + 1:
+        if self.novel_shapes > 0:
+            held = f"{self.novel_shapes:.0%} of its ops on input shapes no other step ran"
+            what = "a partial batch (a DataLoader's smaller last batch, or an input of another size)"
+        elif self.fetches > self.median_fetches + 1:
             held += f", {self.fetches} DataLoader batches against {self.median_fetches:g}"
             what = "an epoch boundary or an evaluation pass over another DataLoader"
         else:
@@ -225,25 +233,45 @@ def _unequal_steps(trace: Trace, rank: int, steps: list[Step], inside: np.ndarra
         kept[j] for j in range(1, len(kept))  # the first step is warm-up's to judge (no_warmup)
         if durations[j] >= _UNEQUAL_RATIO * median_ms and ops[j] >= _UNEQUAL_OPS * median_ops
     ]  # fmt: skip
-    if not long or 3 * len(long) >= len(kept):  # a third of the steps or more: that is how the loop's steps are
-        return {}
     starts = np.array([step.host_start_us or step.start_us for step in steps])
     ends = np.array([step.host_end_us for step in steps])
-    compiling = _compiles_inside(trace, rank, starts, ends)
-    long = [i for i in long if not compiling[i]]
-    if not long:
+    novel = _novel_shapes(trace, rank, starts, ends, kept)
+    partial = [i for i in kept[1:] if i not in long and novel[i] >= _PARTIAL_SHAPES]
+    long = [] if 3 * len(long) >= len(kept) else long  # a third of the steps or more: that is how the loop's steps are
+    partial = [] if 3 * len(partial) >= len(kept) else partial  # every batch of its own size (variable lengths)
+    if not long and not partial:
         return {}
-    chosen = np.array(long)
+    compiling = _compiles_inside(trace, rank, starts, ends)  # a recompile (for a new shape too) is its rules' to judge
+    apart = sorted(i for i in long + partial if not compiling[i])
+    if not apart:
+        return {}
     fetches = _ops_inside(trace, rank, starts, ends, np.array([int(Kind.DATALOADER)], dtype=np.int8))
-    others = [i for i in kept if i not in long]
+    others = [i for i in kept if i not in apart]
     median_ms = numeric.median(np.array([steps[i].duration_ms for i in others]))
     median_ops = numeric.median(inside[others].astype(np.float64))
     median_fetches = numeric.median(fetches[others].astype(np.float64))
     return {
         int(i): UnequalStep(steps[i], float(median_ms), int(inside[i]), float(median_ops), int(fetches[i]),
-                            float(median_fetches))  # fmt: skip
-        for i in chosen
+                            float(median_fetches), float(novel[i]) if i in partial else 0.0)  # fmt: skip
+        for i in apart
     }
+
+
+def _novel_shapes(trace: Trace, rank: int, starts: np.ndarray, ends: np.ndarray, kept: list[int]) -> np.ndarray:
+    """For each step, the share of its ops (with recorded shapes) whose input shapes no other kept step ran."""
+    ops = np.flatnonzero((trace.rank == rank) & isin_few(trace.kind, _OPS))
+    ops = ops[np.argsort(trace.ts[ops], kind="stable")]
+    ops = ops[trace.shapes[ops] >= 0]
+    at = trace.ts[ops]
+    per_step = {i: trace.shapes[ops[np.searchsorted(at, starts[i]):np.searchsorted(at, ends[i])]] for i in kept}
+    steps_running = np.bincount(np.concatenate([numeric.unique(shapes) for shapes in per_step.values()]
+                                               + [np.zeros(0, dtype=np.int64)]).astype(np.int64))  # fmt: skip
+    once = steps_running == 1  # by shape id: shapes only one step ran
+    shares = np.zeros(len(starts))
+    for i, shapes in per_step.items():
+        if len(shapes):
+            shares[i] = float(once[shapes].mean())
+    return shares
 
 
 def _compiles_inside(trace: Trace, rank: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

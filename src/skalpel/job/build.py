@@ -114,7 +114,9 @@ def _unequal_note(steps: StepSegmentation, unequal: UnequalStep) -> str:
     share = 100.0 * unequal.extra_ms / total_ms if total_ms > 0 else 0.0
     return (
         f"{unequal.describe()}; it is left out of the step statistics and the per-step figures (the op table "
-        f"still holds it), and costs {unequal.extra_ms:.1f} ms more than a step, {share:.0f}% of the recorded time"
+        f"still holds it), and "
+        + (f"costs {unequal.extra_ms:.1f} ms more than a step, {share:.0f}% of the recorded time" if unequal.extra_ms >= 0
+           else f"takes {-unequal.extra_ms:.1f} ms less than a step")
     )
 
 
