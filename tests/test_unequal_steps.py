@@ -1,15 +1,21 @@
 """Unequal steps: a step far longer than the others that holds far more ops (an epoch boundary, an evaluation
-pass) is named and left out of the step statistics; a step as long with the same ops (a preempted one) stays.
+pass) is named and left out of the step statistics; a step as long with the same ops (a preempted one) stays. So is
+a partial batch (the same ops on input shapes no other step ran); batches of varying size throughout stay.
 
 The traces are written with the test builder and read by the real loader, segmentation and report.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from skalpel.analysis.steps import segment_steps
 from skalpel.job.build import build_report
+from skalpel.result.report import Report
 from skalpel.trace import load
 
 from .tracebuilder import TraceBuilder
@@ -117,3 +123,36 @@ def test_batches_of_varying_size_are_how_the_loop_is(tmp_path):
 def test_full_batches_throughout_stay(tmp_path):
     trace = _batches(tmp_path, [128] * 6, [10.0, 10.0, 12.0, 10.0, 10.0, 9.0])
     assert segment_steps(trace).unequal == () and len(segment_steps(trace).steps) == 6
+
+
+LAST_BATCH = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads(1)
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(64 * 7 + 8, 32), torch.randn(64 * 7 + 8, 1))  # 7 batches of 64, then one of 8
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(3):
+    for x, y in DataLoader(data, batch_size=64):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.slow
+def test_a_real_runs_partial_last_batch_is_named(tmp_path):
+    """`skalpel run` over a DataLoader whose last batch is smaller, inside the window: named, not counted."""
+    script = tmp_path / "last_batch.py"
+    script.write_text(LAST_BATCH)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    command = [sys.executable, "-m", "skalpel", "run", "--warmup", "1", "--active", "8", "--out", str(tmp_path / "run"),
+               str(script)]  # fmt: skip
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = Report.from_json((tmp_path / "run" / "report.json").read_bytes())
+    (note,) = [warning for warning in report.warnings if "partial batch" in warning]
+    assert note.startswith("step #") and "takes" in note and "ms less than a step" in note
+    assert report.steps.count == 7  # the 8 recorded, less the partial one
