@@ -1,6 +1,6 @@
 """Unequal steps: a step far longer than the others that holds far more ops (an epoch boundary, an evaluation
-pass) is named and left out of the step statistics; a step as long with the same ops (a preempted one) stays. So is
-a partial batch (the same ops on input shapes no other step ran); batches of varying size throughout stay.
+pass) is named and left out of the step statistics; a step as long with the same ops (a preempted one) stays. A partial
+batch (the same ops on input shapes no other step ran) is named and left out too; varying sizes throughout stay.
 
 The traces are written with the test builder and read by the real loader, segmentation and report.
 """
