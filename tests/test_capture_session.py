@@ -86,7 +86,7 @@ def test_profile_in_process_stops_recording_past_its_memory_budget(tmp_path: Pat
         import torch, skalpel
         torch.set_num_threads(1)
         cell, head = torch.nn.LSTMCell(4, 8), torch.nn.Linear(8, 1)
-        x = torch.randn(2, 150, 4)
+        x = torch.randn(2, 450, 4)  # several MiB the profiler holds a step: the budget trips well inside the 8
         with skalpel.profile(out={str(tmp_path / "run")!r}, warmup=1, active=8) as run:
             for _ in range(14):
                 h = c = torch.zeros(2, 8)

@@ -374,7 +374,7 @@ torch.manual_seed(0)
 torch.set_num_threads(1)
 cell, head = torch.nn.LSTMCell(4, 8), torch.nn.Linear(8, 1)
 optimizer = torch.optim.LBFGS(list(cell.parameters()) + list(head.parameters()), lr=0.1, max_iter=2)
-x = torch.randn(2, 150, 4)
+x = torch.randn(2, 300, 4)  # about 9 MiB the profiler holds a step: the 16 MiB budget trips in step 2 or 3 of 5
 for step in range(10):
     def closure():
         optimizer.zero_grad()
