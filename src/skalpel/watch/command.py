@@ -38,6 +38,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--active", type=int, default=5, metavar="N", help="steps recorded per capture (5)")
     parser.add_argument("--no-capture", dest="capture", action="store_false", help="record and judge, never profile")
     parser.add_argument("--show", metavar="RUN", help="print a watched run's timeline and anomalies (a run folder)")
+    parser.add_argument("--html", metavar="FILE", help="with --show: also write the run's timelines as an HTML page")
     parser.add_argument("target", nargs="?", metavar="SCRIPT", help="the script (or module with -m)")
     parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
     parser.set_defaults(handler=execute)
@@ -48,7 +49,13 @@ def execute(args: argparse.Namespace) -> int:
         from .show import show_run
 
         sys.stdout.write(show_run(args.show))
+        if args.html:
+            from .timeline_html import write_run_html
+
+            print(f"wrote {write_run_html(args.show, Path(args.html))}")
         return 0
+    if args.html:
+        raise SkalpelError("--html writes a watched run's page: give the run with --show RUN")
     if not args.target:
         raise SkalpelError("give a script to watch (skalpel watch train.py [ARGS]) or a run to show (--show RUN)")
     if args.active < 1:
