@@ -46,9 +46,9 @@ class Planted(Detector):
 
 def _record(folder: Path, steps: int, *, spike: int | None = None, leak_from: int | None = None, script: str = "train.py",
             plant: dict[int, tuple[str, str]] | None = None, capture: tuple[str, str] | None = None,
-            profiled: range = range(0)) -> list[tuple[int, str]]:  # fmt: skip
+            profiled: range = range(0), cuda_from: int | None = None) -> list[tuple[int, str]]:  # fmt: skip
     """Write a run of ``steps`` 10 ms steps through the store's writer: a 300 ms step at ``spike``, RSS growing
-    1 MiB a step from ``leak_from``; each anomaly gets ``capture`` (folder, summary) when given. Returns the
+    1 MiB a step from ``leak_from``, CUDA memory from ``cuda_from``; each anomaly gets ``capture`` (folder, summary) when given. Returns the
     anomalies the detector found (step, kind)."""
     folder.mkdir(parents=True, exist_ok=True)
     found: list[tuple[int, str, int]] = []
@@ -61,7 +61,8 @@ def _record(folder: Path, steps: int, *, spike: int | None = None, leak_from: in
         wall = 0.010 + rng.random() * 0.0004 + (0.3 if step == spike else 0.0)
         end += wall
         rss = 300 * MIB + (step - leak_from) * MIB if leak_from is not None and step >= leak_from else 300 * MIB
-        store.step((step, end, wall, 0.0, wall, 0.0, rss, None, None, int(step in profiled)))
+        cuda = 2**30 + step * 4096 if cuda_from is not None and step >= cuda_from else None
+        store.step((step, end, wall, 0.0, wall, 0.0, rss, cuda, cuda, int(step in profiled)))
     if capture:  # as the recorder does: once the capture is analysed, from the training thread
         deadline = time.monotonic() + 120
         while store.steps_written < steps and time.monotonic() < deadline:
@@ -186,6 +187,17 @@ def test_a_store_with_other_columns_reads_those_it_has(tmp_path: Path) -> None:
     page = render_run(run, page_dir=tmp_path)
     assert len(_charts(page)) == 2 and "spiked" in page and "<a href" not in page
     assert "steps 100-109: a capture&#x27;s steps" in page  # the capture's profiled steps, shaded
+
+
+def test_a_cuda_run_draws_cuda_allocated_from_its_first_cuda_step(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _record(run, 400, cuda_from=100)
+    page = render_run(run, page_dir=tmp_path)
+    memory = _charts(page)[1]
+    assert "CUDA allocated (MiB)" in memory and "RSS" not in memory
+    tips = re.findall(r'data-tip="step (\d+): ([\d.]+) MiB"', memory)
+    assert int(tips[0][0]) == 100 and float(tips[-1][1]) == pytest.approx((2**30 + 400 * 4096) / MIB, abs=0.01)
+    assert "1.00 GiB (CUDA allocated)" in page
 
 
 def test_the_cli_writes_the_page_and_asks_for_show_without_it(tmp_path: Path, capsys) -> None:
