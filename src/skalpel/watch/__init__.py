@@ -3,7 +3,8 @@
 ``recorder.py`` (the hooks, the captures, ``skalpel.watch()``), ``probe.py`` (what a step cost),
 ``store.py`` (the SQLite file, written off the training thread), ``detect.py`` (anomalies
 judged online), ``runner.py`` (``skalpel watch SCRIPT``), ``show.py`` (``--show`` and
-``skalpel history``), ``command.py`` (the CLI's options).
+``skalpel history``), ``timeline_html.py`` (``--show RUN --html FILE``: the run as a page),
+``command.py`` (the CLI's options).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
+from typing import Sequence
 from urllib.parse import quote
 
 from ..files import write_file
@@ -169,7 +170,7 @@ def _timelines(runs: list[Run]) -> str:
 
 
 def timeline_svg(steps: list[int], values: list[float], *, first: int, last: int, unit: str, label: str, colour: str,
-                 anomalies: list[dict[str, object]] = (), profiled: list[bool] | None = None,
+                 anomalies: Sequence[dict[str, object]] = (), profiled: list[bool] | None = None,
                  hover_columns: int = COLUMNS, log_scale: bool = False) -> str:  # fmt: skip
     """One value per step over steps ``first..last``: one ``<path>`` (each pixel column's median) over its min-max band."""
     span = max(last - first + 1, 1)
@@ -265,7 +266,7 @@ def _hover(groups: dict[int, list[tuple[int, float]]], unit: str, width: int) ->
     return out
 
 
-def _marks(anomalies: list[dict[str, object]], column) -> list[str]:
+def _marks(anomalies: Sequence[dict[str, object]], column) -> list[str]:
     """An anomaly: a red line at its step, a triangle on top; hover for its message, the triangle links its capture."""
     out = []
     for anomaly in anomalies:
