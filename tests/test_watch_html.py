@@ -21,7 +21,7 @@ import pytest
 from skalpel.cli import main
 from skalpel.watch.detect import Anomaly, Detector, Sample
 from skalpel.watch.store import STORE, Store, open_run
-from skalpel.watch.timeline_html import COLUMNS, LEFT, render_run, write_run_html
+from skalpel.watch.timeline_html import COLUMNS, LEFT, PLOT_H, render_run, write_run_html
 from tests.report_fixtures import DomSummary, chromium, console_messages, needs_browser
 
 MIB = 2**20
@@ -118,6 +118,11 @@ def test_a_quiet_run_has_its_timelines_and_no_mark(tmp_path: Path) -> None:
     assert _record(run, 600) == []
     page = render_run(run, page_dir=tmp_path)
     assert len(_charts(page)) == 2 and 'class="mark"' not in page and "No anomaly" in page
+    step_time = _charts(page)[0]  # steady steps look steady: a linear axis from 0, not their 0.4 ms of noise magnified
+    assert "step time (ms)" in step_time and ">0 ms</text>" in step_time
+    path = re.search(r'<path class="series" d="M([^"]+)"', step_time).group(1)
+    heights = [float(point.split(",")[1]) for point in path.split()]
+    assert max(heights) - min(heights) < 0.1 * PLOT_H
 
 
 def test_a_hostile_script_name_message_and_capture_are_escaped(tmp_path: Path) -> None:

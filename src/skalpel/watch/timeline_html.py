@@ -32,6 +32,7 @@ LEFT, RIGHT, TOP, PLOT_H = 80, 20, 12, 170
 HEIGHT = TOP + PLOT_H + 44  # room for the step axis and its label
 COLUMNS = svg.WIDTH - LEFT - RIGHT  # one pixel column of the 900-wide viewBox each
 HOVER_TARGETS = 3200  # hover rectangles on the whole page; a job's many timelines get coarser ones
+MIN_SPAN = 0.01  # a linear memory axis spans at least 1% of its top: a flat line with noise of a few KiB stays flat
 LOG_RATIO = 4  # a range wider than this (a stall among steady steps) is drawn on a log scale, as --show does
 MARK = "#d62728"
 SERIES = {"step time": "#4e79a7", "memory": "#59a14f"}
@@ -159,7 +160,7 @@ def _timelines(runs: list[Run]) -> str:
         ms = [wall * 1e3 for wall in run.walls]
         body.append(timeline_svg(run.steps, ms, first=first, last=last, unit="ms", label=f"{run.name} step time".strip(),
                                  colour=SERIES["step time"], anomalies=run.anomalies, profiled=run.profiled,
-                                 hover_columns=hover, log_scale=True))  # fmt: skip
+                                 hover_columns=hover, step_time=True))  # fmt: skip
         if run.memory:
             body.append(timeline_svg([step for step, _ in run.memory], [value / MIB for _, value in run.memory],
                                      first=first, last=last, unit="MiB", label=f"{run.name} {run.memory_label}".strip(),
@@ -171,8 +172,11 @@ def _timelines(runs: list[Run]) -> str:
 
 def timeline_svg(steps: list[int], values: list[float], *, first: int, last: int, unit: str, label: str, colour: str,
                  anomalies: Sequence[dict[str, object]] = (), profiled: list[bool] | None = None,
-                 hover_columns: int = COLUMNS, log_scale: bool = False) -> str:  # fmt: skip
-    """One value per step over steps ``first..last``: one ``<path>`` (each pixel column's median) over its min-max band."""
+                 hover_columns: int = COLUMNS, step_time: bool = False) -> str:  # fmt: skip
+    """One value per step over steps ``first..last``: one ``<path>`` (each pixel column's median) over its min-max band.
+
+    ``step_time``: drawn from 0, or on a log scale when its range passes ``LOG_RATIO``.
+    """
     span = max(last - first + 1, 1)
 
     def column(step: int) -> int:
@@ -185,8 +189,8 @@ def timeline_svg(steps: list[int], values: list[float], *, first: int, last: int
              for col, group in groups.items()}  # fmt: skip
     low = min(low for low, _, _ in stats.values())
     high = max(high for _, _, high in stats.values())
-    logarithmic = log_scale and low > 0 and high / low > LOG_RATIO
-    y, ticks = _scale(low, high, logarithmic)
+    logarithmic = step_time and low > 0 and high / low > LOG_RATIO
+    y, ticks = _scale(low, high, logarithmic, from_zero=step_time)
     out = [svg._open(HEIGHT, label)]
     out.append(f'<text x="{LEFT}" y="{TOP - 2}" class="axis">{escape(label)} ({escape(unit)}'
                f'{", log scale" if logarithmic else ""})</text>')  # fmt: skip
@@ -207,15 +211,19 @@ def timeline_svg(steps: list[int], values: list[float], *, first: int, last: int
     return "".join(out)
 
 
-def _scale(low: float, high: float, logarithmic: bool):
-    """The value-to-y function of the plot, and its ticks (1-2-5 a decade on a log scale)."""
-    if high <= low:
-        pad = abs(low) * 0.05 or 1.0
-        low, high = low - pad, high + pad
-    elif logarithmic:  # a little room above and below, so the extremes do not lie on the frame
+def _scale(low: float, high: float, logarithmic: bool, from_zero: bool):
+    """The value-to-y function of the plot, and its ticks (1-2-5 a decade on a log scale).
+
+    A linear step time starts at 0, so that steady steps look steady; memory starts near its lowest
+    value (a creep of 16 MiB on 10 GiB still shows), over at least ``MIN_SPAN`` of its highest.
+    """
+    if logarithmic:  # a little room above and below, so that the extremes do not lie on the frame
         low, high = low / 1.1, high * 1.1
+    elif from_zero and low >= 0:
+        low, high = 0.0, (high * 1.05) or 1.0
     else:
-        low, high = max(low - (high - low) * 0.05, 0.0 if low >= 0 else -math.inf), high + (high - low) * 0.05
+        pad = max((high - low) * 0.05, (abs(high) * MIN_SPAN - (high - low)) / 2, 0.0) or 1.0
+        low, high = (max(low - pad, 0.0) if low >= 0 else low - pad), high + pad
     if logarithmic:
         ticks = [m * 10**e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
                  for m in (1, 2, 5) if low <= m * 10**e <= high] or [low, high]  # fmt: skip
