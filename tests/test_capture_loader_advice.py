@@ -116,7 +116,7 @@ def test_one_thread_leaves_a_core_for_one_worker(reports):
     finding = _finding(report, "dataloader_bound")
     assert finding is not None, [f["id"] for f in report["findings"]]
     assert "DataLoader(num_workers=1," in finding["fix"] and "set_num_threads" not in finding["fix"]
-    assert finding["evidence"]["intra_op_threads"] == 1 and "workers_speedup" in finding["evidence"]
+    assert finding["evidence"]["intra_op_threads"] == 1 and "workers_speedup_up_to" in finding["evidence"]
 
 
 def test_four_workers_on_two_cores_are_named(reports):

@@ -382,11 +382,34 @@ def test_dataloader_fix_counts_the_intra_op_threads_and_sizes_its_gain():
     demo = loader_plan({"cores_available": 2, "intra_op_threads": 1}, wait_ms=30.3, step_ms=36.5, single=True,
                        device=False, min_speedup=1.1)  # fmt: skip
     assert demo.fix.startswith("make __getitem__ cheap") and "or DataLoader(num_workers=1," in demo.fix
-    assert "set_num_threads" not in demo.fix and round(demo.evidence["workers_speedup"], 2) == 1.2
+    assert "set_num_threads" not in demo.fix and round(demo.evidence["workers_speedup_up_to"], 2) == 1.2
     # compute-heavy steps on a big machine: the workers hide the whole fetch, so they lead
     big = loader_plan({"cores_available": 16, "intra_op_threads": 8}, wait_ms=10.0, step_ms=40.0, single=True,
                       device=True, min_speedup=1.1)  # fmt: skip
     assert big.fix.startswith("DataLoader(num_workers=4, pin_memory=True,")
+
+
+def test_dataloader_evidence_names_the_workers_gain_once(tmp_path):
+    """The demo's case (1 thread, 2 cores, the fetch most of the step): one key for the workers' gain, read once."""
+    from skalpel.job.build import build_report
+    from skalpel.report.evidence import evidence_text
+    from skalpel.result.report import CaptureInfo
+    from skalpel.trace.loader import load
+
+    builder = TraceBuilder()
+    step, wait = 36_500.0, 30_300.0
+    for number in range(5):
+        start = number * step
+        builder.step(number + 1, start, step - 1)
+        builder.host("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start + 1, wait)
+        builder.host("aten::mm", start + wait + 10, step - wait - 100)
+    capture = CaptureInfo(warmup_steps=2, active_steps=5, cpu=_cpu(intra_op_threads=1))
+    report = build_report(load(builder.write(tmp_path / "trace.json")), capture=capture)
+    (finding,) = [finding for finding in report.findings if finding.id == "dataloader_bound"]
+    assert [key for key in finding.evidence if "workers_speedup" in key] == ["workers_speedup_up_to"]
+    text = evidence_text(finding.evidence)
+    assert text.count("workers speedup") == 1 and "workers speedup up to 1.2" in text
+    assert "DataLoader(num_workers=1," in finding.fix
 
 
 def test_loader_oversubscribed_named_only_past_the_cores(tmp_path):
