@@ -105,17 +105,17 @@ def test_no_worker_without_a_core_when_the_threads_hold_them(reports):
     assert finding is not None, [f["id"] for f in report["findings"]]
     assert finding["evidence"]["intra_op_threads"] == 2
     assert finding["fix"].startswith("num_workers=0 loads every batch in the training process: make __getitem__ cheap")
-    assert "num_workers=1" not in finding["fix"] or "with torch.set_num_threads(1)" in finding["fix"]
+    assert "DataLoader(num_workers=" not in finding["fix"] or "with torch.set_num_threads(1)" in finding["fix"]
     assert finding["evidence"]["cheap_items_speedup_up_to"] > 1.0
 
 
 def test_one_thread_leaves_a_core_for_one_worker(reports):
-    """The look-alike: with 1 intra-op thread the advice still names num_workers=1, and no thread change."""
+    """The look-alike: with 1 intra-op thread the advice names one worker per core, and no thread change."""
     report = reports["one_thread"]
     _on_two_cores(report)
     finding = _finding(report, "dataloader_bound")
     assert finding is not None, [f["id"] for f in report["findings"]]
-    assert "DataLoader(num_workers=1," in finding["fix"] and "set_num_threads" not in finding["fix"]
+    assert "DataLoader(num_workers=2," in finding["fix"] and "set_num_threads" not in finding["fix"]
     assert finding["evidence"]["intra_op_threads"] == 1 and "workers_speedup_up_to" in finding["evidence"]
 
 

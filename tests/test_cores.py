@@ -45,3 +45,33 @@ def test_capture_facts_take_their_cores_from_skalpel_cores(monkeypatch: pytest.M
     assert facts["cores_available"] == 3 and facts["cpu_quota_cores"] == 1.23  # recorded to 2 decimals
     monkeypatch.setattr(cores, "cgroup_quota_cores", lambda: None)
     assert cpu.facts(start, cpu.snapshot(), steps=1)["cpu_quota_cores"] is None
+
+
+@pytest.mark.parametrize(("usable", "threads", "workers", "set_threads"), [
+    (1, 1, None, None),  # one core: a worker would only compete with training
+    (2, 1, 2, None),  # the starving loop: 2 workers measured 1.7x, 1 worker slower than none (skalpel run said 1)
+    (2, 2, 2, 1),  # the threads fill both cores: one given back to the workers
+    (4, 1, 4, None),
+    (16, 8, 4, None),  # at most MAX_LOADER_WORKERS; 8 threads leave cores free
+    (2.5, 4, 2, 1),  # a fractional quota counts its whole cores
+])  # fmt: skip
+def test_loader_workers_one_per_core_and_threads_that_fill_the_cores_give_one_back(usable, threads, workers,
+                                                                                   set_threads) -> None:  # fmt: skip
+    assert cores.loader_workers(usable) == workers
+    assert cores.threads_beside_workers(usable, threads) == set_threads
+
+
+def test_run_and_tune_size_the_workers_alike() -> None:
+    """skalpel run's DataLoader advice names the num_workers that skalpel tune's candidate tries."""
+    from skalpel.diagnose.input import loader_plan
+    from skalpel.tune import candidates
+
+    for usable, threads in ((2, 1), (2, 2), (4, 1), (8, 2), (16, 8)):
+        plan = loader_plan({"cores_available": usable, "intra_op_threads": threads}, wait_ms=30.0, step_ms=40.0,
+                           single=True, device=False, min_speedup=1.0)  # fmt: skip
+        tried = candidates.BY_NAME["num_workers"].fix({"threads": threads, "loaders": [{"num_workers": 0}]}, usable)
+        assert f"DataLoader(num_workers={tried['dataloader']['num_workers']}," in plan.fix, (usable, threads, plan.fix)
+        if "threads" in tried:
+            assert f"torch.set_num_threads({tried['threads']})" in plan.fix, (usable, threads, plan.fix)
+        else:
+            assert "set_num_threads" not in plan.fix, (usable, threads, plan.fix)

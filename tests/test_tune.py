@@ -52,7 +52,7 @@ def test_a_starving_loader_gets_more_workers_at_its_line() -> None:
     assert selection.chosen[0].reason == "dataloader_bound" and selection.chosen[2].reason == "host-bound step (CPU)"
     assert {item["name"] for item in selection.skipped} == {"persistent_workers", "prefetch_factor"}
     workers = candidates.BY_NAME["num_workers"]
-    assert workers.fix(STARVED_FACTS, 4) == {"dataloader": {"num_workers": 4}}
+    assert workers.fix(STARVED_FACTS, 4) == {"dataloader": {"num_workers": 4}}  # the 1 thread keeps its number
     (change,) = workers.changes(STARVED_FACTS, 4)
     assert change["location"] == "train.py:31 in train"
     assert change["after"] == "loader = DataLoader(SlowDataset(), batch_size=16, num_workers=4)"
@@ -62,9 +62,26 @@ def test_more_workers_are_the_sizing_skalpel_run_shares() -> None:
     from skalpel.cores import MAX_LOADER_WORKERS
 
     workers = candidates.BY_NAME["num_workers"]
-    assert workers.fix(STARVED_FACTS, 2) == {"dataloader": {"num_workers": 2}}
+    assert workers.fix(STARVED_FACTS, 2) == {"dataloader": {"num_workers": 2}}  # one per usable core
     assert workers.fix(STARVED_FACTS, 64)["dataloader"]["num_workers"] == MAX_LOADER_WORKERS
     assert workers.why_not(STARVED_FACTS, 1) == "with 1 usable core, worker processes would only compete with training"
+
+
+def test_more_workers_beside_threads_that_fill_the_cores_take_one_thread_back() -> None:
+    """2 intra-op threads on 2 cores: tune tries what skalpel run advises, 2 workers with torch.set_num_threads(1)."""
+    from skalpel.diagnose.input import loader_plan
+
+    facts = {**STARVED_FACTS, "threads": 2}
+    workers = candidates.BY_NAME["num_workers"]
+    assert workers.fix(facts, 2) == {"dataloader": {"num_workers": 2}, "threads": 1}
+    loader_change, threads_change = workers.changes(facts, 2)
+    assert loader_change["after"].endswith("num_workers=2)") and threads_change["after"] == "torch.set_num_threads(1)"
+    advice = loader_plan({"cores_available": 2, "intra_op_threads": 2}, wait_ms=94.0, step_ms=341.0, single=True,
+                         device=False, min_speedup=1.1)  # fmt: skip
+    assert "DataLoader(num_workers=2, persistent_workers=True, prefetch_factor=2) with torch.set_num_threads(1)" \
+        in advice.fix
+    # threads that leave a core free keep their number
+    assert workers.fix({**STARVED_FACTS, "threads": 2}, 8) == {"dataloader": {"num_workers": 4}}
 
 
 def _with_workers(workers: int, threads: int) -> dict:

@@ -75,17 +75,28 @@ def cgroup_quota_cores(v2: Path = _CGROUP_V2, v1: tuple[Path, Path] = _CGROUP_V1
 MAX_LOADER_WORKERS = 4  # more rarely helps one process, and each costs memory
 
 
-def loader_workers(cores: int) -> int | None:
+def loader_workers(cores: float) -> int | None:
     """DataLoader workers for a loader that starves the step: one per usable core, at most
     ``MAX_LOADER_WORKERS``; None on one core (a worker would only compete with training).
 
-    A starving loader's workers mostly wait (I/O, sleeps, Python between tensor ops): on 2 cores,
-    2 workers measured 1.7x where 1 measured 0.72x (issue 22). Where the workers and the intra-op
-    threads then fight over the cores, ``fewer_workers`` and ``worker_split`` say what to try next.
-    The one sizing ``skalpel run``'s DataLoader advice and ``skalpel tune``'s ``num_workers``
-    candidate share, so that the fix run prints is the one tune measures.
+    While the step waits for its batch the intra-op threads have nothing to run, so the workers
+    may use every core; one worker cannot make batches faster than the training process made them
+    alone. Measured on the 2-core starving loop (1 intra-op thread): 2 workers 1.7x, 1 worker 0.72x
+    (issue 22) and 0.83x (tests/test_tune_runs.py). Where the intra-op threads alone fill every
+    core, ``threads_beside_workers`` gives one core back. The one sizing ``skalpel run``'s DataLoader
+    advice (``diagnose/input.py``) and ``skalpel tune``'s ``num_workers`` candidate share, so that
+    the fix run prints is the one tune measures.
     """
-    return None if cores < 2 else min(MAX_LOADER_WORKERS, cores)
+    return None if cores < 2 else min(MAX_LOADER_WORKERS, int(cores))
+
+
+def threads_beside_workers(cores: float, threads: int) -> int | None:
+    """The intra-op threads to set beside ``loader_workers``: one core fewer where the threads fill every usable
+    core (there the workers fight them at every parallel region: 2 threads on 2 cores with 1 worker measured 1.33x
+    slower, issue 21); None to keep them."""
+    if cores < 2 or threads < int(cores):
+        return None
+    return int(cores) - 1
 
 
 def worker_split(workers: int, threads: int, cores: int) -> tuple[int, int]:

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..analysis.breakdown import step_breakdown
 from ..analysis.syncs import syncs
+from ..cores import loader_workers, threads_beside_workers
 from ..trace.kinds import Kind
 from . import thresholds
 from .common import pct, windows
@@ -70,14 +71,16 @@ class LoaderPlan:
 
 def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: bool, device: bool,
                 min_speedup: float) -> LoaderPlan:  # fmt: skip
-    """Lead with the fix that can pay: workers only hide the fetch behind the step's compute, on cores of their own.
+    """Lead with the fix that can pay: workers hide the fetch behind the step's compute and share it out.
 
     A step of ``step_ms`` waits ``wait_ms`` for its batch; the rest is compute. Worker processes
-    make the batch beside the compute, so the step becomes about max(fetch per worker, compute):
-    one worker cannot save more than the compute it overlaps. Their cores are the ones the
-    training process's intra-op threads leave free; where none are, a worker needs
-    ``torch.set_num_threads`` lowered too, and the compute slows by up to threads / (threads - 1).
-    A cheap ``__getitem__`` removes the fetch itself: up to step / compute.
+    make the batches beside the compute, so the step becomes about max(fetch per worker, compute):
+    one worker cannot make them faster than the training process did. The workers are
+    ``cores.loader_workers`` (one per usable core: the intra-op threads idle while the step waits);
+    where the intra-op threads alone fill every core, ``torch.set_num_threads`` is lowered by one
+    too (``cores.threads_beside_workers``), and the compute slows by up to threads / (threads - 1).
+    ``skalpel tune``'s ``num_workers`` candidate tries the same numbers. A cheap ``__getitem__``
+    removes the fetch itself: up to step / compute.
     """
     cores = usable_cores(cpu) if cpu else None
     if cores is None:  # a trace without the capture's CPU facts: the cores it ran on are unknown
@@ -93,8 +96,8 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
         busy = threads + workers_now > cores
         why = (f"its {workers_now} worker(s) and {threads} intra-op thread(s) already ask for more than the "
                f"{cores:g} usable cores" if busy else f"its {workers_now} worker(s) do not keep up")  # fmt: skip
-        more = "" if busy else (f"; or more workers, up to {int(cores) - threads} beside the {threads} intra-op "
-                                "thread(s)")  # fmt: skip
+        most = loader_workers(cores) or 0
+        more = f"; or more workers, up to {most} (one per usable core)" if not busy and workers_now < most else ""
         return LoaderPlan(f"{cheap} ({why}){more}", evidence)
     workers, set_threads = _workers_for(cores, threads)
     if workers == 0:
@@ -113,8 +116,8 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
                  f"the {cores:g} usable cores): {worst:.2f}-{best:.2f}x, as the compute ({compute:.1f} ms) slows by "
                  f"up to {threads}/{set_threads} on fewer threads; time it")  # fmt: skip
     else:
-        sized = (f"{loader} ({workers} of {cores:g} usable cores left free by {threads} intra-op thread(s)): about "
-                 f"{best:.2f}x, it hides the fetch behind at most the {compute:.1f} ms of compute")  # fmt: skip
+        sized = (f"{loader} (one per usable core: the {threads} intra-op thread(s) idle while the step waits for "
+                 f"data): about {best:.2f}x, it hides the fetch behind at most the {compute:.1f} ms of compute")  # fmt: skip
     if best < min_speedup:
         return LoaderPlan(f"{cheap}; not more workers: {sized}", evidence)
     if worst >= cheap_speedup:  # even with the threads it costs, the workers gain the most
@@ -123,14 +126,10 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
 
 
 def _workers_for(cores: float, threads: int) -> tuple[int, int | None]:
-    """(workers, intra-op threads to set or None): workers on the cores the intra-op threads leave free, else one
-    worker and one thread fewer; (0, None) with a single core."""
-    if cores < 2:
-        return 0, None
-    free = int(cores) - threads
-    if free >= 1:
-        return min(4, free), None
-    return 1, max(int(cores) - 1, 1)
+    """(workers, intra-op threads to set or None): ``cores.loader_workers`` and ``cores.threads_beside_workers``,
+    the sizing ``skalpel tune`` tries; (0, None) with a single core."""
+    workers = loader_workers(cores)
+    return (0, None) if workers is None else (workers, threads_beside_workers(cores, threads))
 
 
 def worker_advice(cpu: dict | None, *, device: bool = True) -> str:
@@ -144,7 +143,7 @@ def worker_advice(cpu: dict | None, *, device: bool = True) -> str:
         return f"DataLoader(num_workers=N up to the cores the machine has, {pin}persistent_workers=True)"
     if cores < 2:
         return f"with {cores:g} usable core, worker processes would only compete with training"
-    workers = min(4, int(cores) - 1)
+    workers = loader_workers(cores)
     return (f"DataLoader(num_workers={workers}, {pin}persistent_workers=True, prefetch_factor=2) "
             f"({cores:g} usable cores)")  # fmt: skip
 
@@ -160,7 +159,7 @@ DATALOADER_BOUND = Rule(
     title="The step waits for data {share_pct:.0f}% of the time ({ms_per_step:.1f} ms of a {step_ms:.1f} ms step)",
     thresholds=thresholds.DATALOADER_BOUND,
     check=_check_dataloader,
-    fix="DataLoader(num_workers=N up to the cores available, one kept for training; pin_memory=True, "
+    fix="DataLoader(num_workers=N, one per usable core, at most 4; pin_memory=True, "
     "persistent_workers=True, prefetch_factor=2); make __getitem__ cheap (decode/augment once, cache, or move "
     "transforms to the device)",
     docs=Docs(

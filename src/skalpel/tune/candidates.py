@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..cores import fewer_workers, loader_workers, worker_split
+from ..cores import fewer_workers, loader_workers, threads_beside_workers, worker_split
 
 Facts = dict[str, Any]
 Fix = dict[str, Any]
@@ -51,7 +51,7 @@ def _on_gpu(facts: Facts, cores: int) -> bool:
     return _gpu(facts)
 
 
-def _workers(cores: int) -> int:
+def _workers(facts: Facts, cores: int) -> int:
     """``skalpel run``'s sizing (``cores.loader_workers``); 1 on one core, where ``why_not`` stops it first."""
     return loader_workers(cores) or 1
 
@@ -104,10 +104,16 @@ def _keyword_changes(objects: list[dict[str, Any]], key: str, value: str, call: 
     return changes
 
 
-def _loader_candidate(name: str, key: str, what: str, findings: tuple[str, ...], *, value: Callable[[int], Any],
+def _threads_for_workers(facts: Facts, cores: int) -> int | None:
+    """The intra-op threads ``skalpel run``'s advice sets beside its workers (``cores.threads_beside_workers``)."""
+    return threads_beside_workers(cores, facts.get("threads", 1))
+
+
+def _loader_candidate(name: str, key: str, what: str, findings: tuple[str, ...], *,
+                      value: Callable[[Facts, int], Any], threads: Callable[[Facts, int], int | None] | None = None,
                       needs_workers: bool = False, gpu_only: bool = False) -> Candidate:  # fmt: skip
     def targets(facts: Facts, cores: int) -> list[dict[str, Any]]:
-        wanted = value(cores)
+        wanted = value(facts, cores)
         return [loader for loader in facts.get("loaders", [])
                 if (not needs_workers or loader.get("num_workers")) and _less(loader.get(key), wanted)]  # fmt: skip
 
@@ -121,15 +127,26 @@ def _loader_candidate(name: str, key: str, what: str, findings: tuple[str, ...],
         if needs_workers and not any(loader.get("num_workers") for loader in facts["loaders"]):
             return f"{key} needs a DataLoader with workers (num_workers > 0)"
         if not targets(facts, cores):
-            wanted = value(cores)
+            wanted = value(facts, cores)
             at_least = "" if isinstance(wanted, bool) else "at least "
             return f"every DataLoader already has {at_least}{key}={_text(wanted)} ({_settings_text(facts, key)})"
         return None
 
+    def set_threads(facts: Facts, cores: int) -> int | None:
+        return threads(facts, cores) if threads is not None else None
+
+    def fix(facts: Facts, cores: int) -> Fix:
+        fitting = set_threads(facts, cores)
+        return {"dataloader": {key: value(facts, cores)}, **({"threads": fitting} if fitting else {})}
+
+    def changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
+        fitting = set_threads(facts, cores)
+        edits = _keyword_changes(targets(facts, cores), key, _text(value(facts, cores)), "DataLoader")
+        return edits + (_threads_changes(facts, fitting) if fitting else [])
+
     return Candidate(
         name=name, what=what, findings=findings, device_rule=_on_gpu if gpu_only else _never, why_not=why_not,
-        fix=lambda facts, cores: {"dataloader": {key: value(cores)}},
-        changes=lambda facts, cores: _keyword_changes(targets(facts, cores), key, _text(value(cores)), "DataLoader"),
+        fix=fix, changes=changes,
         device_note="on a GPU" if gpu_only else "", gpu_only=gpu_only,
     )  # fmt: skip
 
@@ -295,7 +312,7 @@ _CONTENTION = ("cpu_contention",)  # dataloader_bound brings more workers; fewer
 CATALOGUE: tuple[Candidate, ...] = (
     _loader_candidate("num_workers", "num_workers",
                       "build batches in worker processes (one per usable core, at most 4)",
-                      _LOADER, value=_workers),
+                      _LOADER, value=_workers, threads=_threads_for_workers),
     Candidate("fewer_workers", "fewer DataLoader workers: workers and intra-op threads share the usable cores",
               _CONTENTION, device_rule=_competing, why_not=_fewer_workers_why_not, fix=_fewer_workers_fix,
               changes=_fewer_workers_changes, device_note="when loader workers + intra-op threads exceed the cores"),
@@ -304,11 +321,11 @@ CATALOGUE: tuple[Candidate, ...] = (
               fix=_split_fix, changes=_split_changes,
               device_note="when loader workers + intra-op threads exceed the cores"),
     _loader_candidate("pin_memory", "pin_memory", "page-locked batches: faster, asynchronous copies to the GPU",
-                      _LOADER + ("pageable_memcpy",), value=lambda cores: True, gpu_only=True),
+                      _LOADER + ("pageable_memcpy",), value=lambda facts, cores: True, gpu_only=True),
     _loader_candidate("persistent_workers", "persistent_workers", "keep the workers between epochs",
-                      _LOADER, value=lambda cores: True, needs_workers=True),
+                      _LOADER, value=lambda facts, cores: True, needs_workers=True),
     _loader_candidate("prefetch_factor", "prefetch_factor", "each worker keeps 4 batches ready instead of 2",
-                      _LOADER, value=lambda cores: 4, needs_workers=True),
+                      _LOADER, value=lambda facts, cores: 4, needs_workers=True),
     Candidate("threads", "intra-op threads: one per usable core", ("cpu_contention",),
               device_rule=lambda facts, cores: not _gpu(facts), why_not=_threads_why_not,
               fix=lambda facts, cores: {"threads": cores}, changes=_threads_changes, device_note="on a CPU"),
