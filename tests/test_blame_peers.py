@@ -137,3 +137,64 @@ def test_the_late_peers_collective_is_named_with_its_line(tmp_path):
     top = result.ranks[1].peers.top[0]
     assert (top.part, top.collective, top.ms) == ("rank 0", "gloo:all_reduce", pytest.approx(48.0))
     assert top.location is not None and "train.py" in top.location and "42" in top.location
+
+
+def _gpu_gloo_job(tmp_path: Path, *, late_rank: int | None, late_ms: float = 12.0, ranks: int = 3,
+                  transfer_us: float = TRANSFER_US) -> Path:  # fmt: skip
+    """GPU ranks whose host blocks in a gloo all_reduce on the main thread between two kernels: the device idles
+    for the collective. 4 steps of 40 ms: 2 ms of host work (``late_rank`` ``late_ms`` more) with a short kernel,
+    the all_reduce ending ``transfer_us`` after the last arrival, then a kernel to the step's end."""
+    folder = tmp_path / "gpu_job"
+    folder.mkdir()
+    late_us = late_ms * 1000.0 if late_rank is not None else 0.0
+    for rank in range(ranks):
+        builder = TraceBuilder()
+        builder.header = {"distributedInfo": {"rank": rank, "world_size": ranks, "backend": "gloo"}, "host_name": "node0"}
+        for number in range(4):
+            start = number * STEP
+            builder.step(number + 1, start, STEP - 1)
+            host_us = 2000.0 + (late_us if rank == late_rank else 0.0)
+            op = builder.host("aten::mm", start + 10, host_us)
+            builder.launch(start + 20, 10, work_ts=start + 40, work_dur=500, external=op)
+            arrive, end = start + 10 + host_us, start + 10 + 2000.0 + late_us + transfer_us
+            builder.host("gloo:all_reduce", arrive, end - arrive,
+                         **{"In msg nelems": 1_000_000, "Out msg nelems": 1_000_000, "dtype": "Float", "Group size": ranks})  # fmt: skip
+            add = builder.host("aten::add", end, 100)
+            builder.launch(end + 10, 10, work_ts=end + 40, work_dur=start + STEP - 140 - end, external=add)
+        builder.write(folder / f"trace-rank{rank}.json")
+    return folder
+
+
+def _gpu_idle(report) -> list:
+    return [finding for finding in report.findings if finding.id == "gpu_idle"]
+
+
+@pytest.mark.parametrize("by_rank", [False, True], ids=["whole_trace", "rank_by_rank"])
+def test_gpu_idle_names_the_late_peer_its_collective_wait_is_for(tmp_path, by_rank):
+    """Ranks 0 and 1 idle 15 ms a step in the all_reduce, 12 of them before rank 2 arrives: gpu_idle says so, in
+    its title, culprits and fix, whether the job is one trace or reduced rank by rank and joined."""
+    from skalpel.api import analyze
+    from skalpel.job.build import build_report
+
+    folder = _gpu_gloo_job(tmp_path, late_rank=2)
+    report = analyze(folder, workers=1) if by_rank else build_report(load(folder))
+    (finding,) = _gpu_idle(report)  # ranks 0 and 1 alike; rank 2 idles for its own host work, under the threshold
+    assert "90% of it waiting in collectives for rank 2 (gloo:all_reduce)" in finding.title
+    culprit = finding.evidence["culprits"][0]
+    assert (culprit["category"], culprit["waiting_for"]) == ("collective_wait", "rank 2")
+    assert finding.fix.startswith("the device waits in collectives (gloo:all_reduce) for rank 2, which arrives last")
+    assert report.ranks[0].extra["blame"]["collective_wait_by_peer"]["mostly"] == "rank 2"
+
+
+def test_gpu_idle_blames_no_peer_when_the_ranks_arrive_together(tmp_path):
+    """The look-alike: the same 15 ms a step in the all_reduce, but no late rank: the wait is the transfer, and
+    gpu_idle leads with the collectives without naming a rank."""
+    from skalpel.job.build import build_report
+
+    report = build_report(load(_gpu_gloo_job(tmp_path, late_rank=None, transfer_us=15_000.0)))
+    (finding,) = _gpu_idle(report)
+    assert "waiting on collectives (gloo:all_reduce)" in finding.title and "for rank" not in finding.title
+    assert "for rank" not in finding.fix and "look for a straggler rank" in finding.fix
+    assert finding.evidence["culprits"][0]["category"] == "collective_wait"
+    assert not any("waiting_for" in culprit for culprit in finding.evidence["culprits"])
+    assert report.ranks[0].extra["blame"]["collective_wait_by_peer"]["mostly"] == "transfer"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..analysis import intervals, numeric
@@ -60,7 +62,8 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
             "hta_compute_pct": gpu.compute_pct,
         }
         blamed = _blame_of(ctx, rank)
-        culprits = _culprits(ctx, blamed, steps) if blamed is not None else []
+        peer = late_peer(blamed.peers) if blamed is not None else None
+        culprits = _culprits(ctx, blamed, steps, peer) if blamed is not None else []
         if blamed is not None:  # per step as judged here: the window's total without markers
             evidence["blame_ms_per_step"] = {key: value / steps for key, value in blamed.by_category_ms.items() if value > 0}
             evidence["culprits"] = culprits
@@ -71,7 +74,8 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
             fix = "the device waits for the next batch: " + DATALOADER_FIX
             events = np.flatnonzero((ctx.trace.kind == Kind.DATALOADER) & (ctx.trace.rank == rank))
         elif lead is not None:  # one cause dominates: lead with it, its lines and its fix
-            title = rule.title.format(**evidence) + f"; {lead['share_pct']:.0f}% of it {_CAUSE_WORDS[lead['category']]}"
+            lead["waiting_for"] = peer if lead["category"] == "collective_wait" else None
+            title = rule.title.format(**evidence) + f"; {lead['share_pct']:.0f}% of it {_cause_words(lead)}"
             title += f" ({_short(lead['label'])})" if lead["category"] != "unexplained" else ""
             fix = _cause_fix(lead, step_ms < limits.param("small_step_ms"))
             events = np.array(blamed.top(lead["category"])[0].events, dtype=np.int64)
@@ -91,16 +95,28 @@ def _blame_of(ctx: Context, rank: int):
     return found if found is not None and found.idle_ms > 0 else None
 
 
-def _culprits(ctx: Context, blamed, steps: int, count: int = 3) -> list[dict]:
-    """The largest causes of the idle time, each with its share, its time per step and its user-code line."""
+def _culprits(ctx: Context, blamed, steps: int, peer: str | None, count: int = 3) -> list[dict]:
+    """The largest causes of the idle time, each with its share, its time per step and its user-code line; a
+    collective wait also with the late peer rank it waited for (``late_peer``)."""
     culprits = []
     for item in blamed.contributors[:count]:
         share = 100.0 * item.ms / blamed.idle_ms
         if share < 1.0:
             break
-        culprits.append({"category": item.category, "label": item.label, "share_pct": share,
-                         "ms_per_step": item.ms / steps, "location": _line(ctx, item.events)})  # fmt: skip
+        culprit = {"category": item.category, "label": item.label, "share_pct": share,
+                   "ms_per_step": item.ms / steps, "location": _line(ctx, item.events)}  # fmt: skip
+        if item.category == "collective_wait" and peer is not None:
+            culprit["waiting_for"] = peer
+        culprits.append(culprit)
     return culprits
+
+
+def late_peer(peers) -> str | None:
+    """"rank K" when most of a rank's collective wait was spent before peer K arrived (``analysis.blame_peers``,
+    the split the report's ``collective_wait_by_peer`` shows); None for one rank, or a wait that is mostly the
+    transfer or in no matched collective."""
+    mostly = peers.mostly if peers is not None else None
+    return mostly if mostly is not None and mostly.startswith("rank ") else None
 
 
 def _lead(ctx: Context, blamed, cause_pct: float) -> dict | None:
@@ -122,6 +138,28 @@ def _line(ctx: Context, events) -> str | None:
 def _short(label: str, limit: int = 60) -> str:
     """A range or kernel name short enough for a title (C++ templates and graph hashes run to hundreds)."""
     return label if len(label) <= limit else label[: limit - 3] + "..."
+
+
+def with_late_peer(finding, peers):
+    """A gpu_idle finding of one rank, judged before the job's ranks were compared (``job.join``), with the late
+    peer it waited for in collectives named as a whole trace names it; any other finding as it is."""
+    peer = late_peer(peers)
+    culprits = finding.evidence.get("culprits") or []
+    if finding.id != GPU_IDLE.id or peer is None or not any(c["category"] == "collective_wait" for c in culprits):
+        return finding
+    culprits = [{**c, "waiting_for": peer} if c["category"] == "collective_wait" else c for c in culprits]
+    evidence, title, fix = {**finding.evidence, "culprits": culprits}, finding.title, finding.fix
+    if evidence.get("lead_cause") == "collective_wait":
+        lead = {**next(c for c in culprits if c["category"] == "collective_wait"), "waiting_for": peer}
+        title = title.replace(f"of it {_CAUSE_WORDS['collective_wait']}", f"of it {_cause_words(lead)}")
+        fix = _cause_fix(lead, small_steps=False)  # small steps change only the launch-overhead fix
+    return dataclasses.replace(finding, evidence=evidence, title=title, fix=fix)
+
+
+def _cause_words(lead: dict) -> str:
+    if lead.get("waiting_for"):
+        return f"waiting in collectives for {lead['waiting_for']}"
+    return _CAUSE_WORDS[lead["category"]]
 
 
 _CAUSE_WORDS = {
@@ -168,6 +206,11 @@ def _cause_fix(lead: dict, small_steps: bool) -> str:
     if category == "launch_overhead":
         return ("the host cannot launch fast enough: fewer, bigger kernels (torch.compile), CUDA graphs "
                 "(mode='reduce-overhead')")  # fmt: skip
+    if category == "collective_wait" and lead.get("waiting_for"):
+        late = lead["waiting_for"]
+        return (f"the device waits in collectives ({what}) for {late}, which arrives last: find what {late} does "
+                "before the collective that the others do not (its own findings, the rank comparison), balance the "
+                "work across ranks, overlap communication with compute")  # fmt: skip
     if category == "collective_wait":
         return (f"the device waits on collectives ({what}): look for a straggler rank (see the rank findings), "
                 "overlap communication with compute")  # fmt: skip

@@ -24,6 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.blame import PeerSplit
 from ..analysis.blame_peers import split_waits
 from ..analysis.breakdown import StepBreakdown
 from ..analysis.bundle import Analyses
@@ -36,6 +37,7 @@ from ..analysis.recorded import HostSigns, RecordingResult
 from ..analysis.step_device import StepDeviceResult
 from ..analysis.steps import Step, StepSegmentation
 from ..diagnose import conclude, judge, unmet_need
+from ..diagnose.device import with_late_peer
 from ..diagnose.registry import JOB_RULES, judged_rules
 from ..diagnose.rule import Context, NotJudged
 from ..errors import TraceError
@@ -101,8 +103,10 @@ def join_summaries(
         analyses.rank_comparison = compare_ranks(job, steps, analyses.comm, profiles=profiles)  # type: ignore[arg-type]
     analyses.results["rank_locations"] = {s.info.rank: s.locations for s in summaries if s.locations is not None}
     ctx = Context(analyses, capture)
-    findings = conclude(ctx, [(rule, _outcome(rule, ctx, summaries, offsets)) for rule in judged_rules()])
-    ranks = tuple(_rank_report(summary, analyses, shifts[summary.info.rank], offsets[summary.info.rank]) for summary in summaries)
+    peers = _late_peers(summaries, analyses, shifts, offsets)
+    findings = conclude(ctx, [(rule, _outcome(rule, ctx, summaries, offsets, peers)) for rule in judged_rules()])
+    ranks = tuple(_rank_report(summary, analyses, shifts[summary.info.rank], peers.get(summary.info.rank))
+                  for summary in summaries)  # fmt: skip
     return assemble_report(analyses, findings, ranks, capture), summaries
 
 
@@ -190,7 +194,23 @@ def _shifted_call(call: Collective, shift: float, offset: int) -> Collective:
     return dataclasses.replace(call, event=call.event + offset, start_us=call.start_us + shift, end_us=call.end_us + shift)
 
 
-def _outcome(rule, ctx: Context, summaries: list[RankSummary], offsets: dict[int, int]) -> list[Finding] | NotJudged:
+def _late_peers(summaries: list[RankSummary], analyses: Analyses, shifts: dict[int, float],
+                offsets: dict[int, int]) -> dict[int, tuple[PeerSplit, tuple[int, ...]]]:  # fmt: skip
+    """rank -> its collective wait split by the late peer (and its steps' numbers), once the ranks are compared."""
+    comparison = analyses.rank_comparison
+    if comparison is None:
+        return {}
+    split = {}
+    for summary in summaries:
+        if summary.collective_waits is not None and "blame" in summary.report.extra:
+            rank = summary.info.rank
+            waits = summary.collective_waits.shifted(shifts[rank], offsets[rank])
+            split[rank] = (split_waits(waits, comparison.arrivals_of(rank)), waits.step_numbers)
+    return split
+
+
+def _outcome(rule, ctx: Context, summaries: list[RankSummary], offsets: dict[int, int],
+             peers: dict[int, tuple[PeerSplit, tuple[int, ...]]]) -> list[Finding] | NotJudged:  # fmt: skip
     """A job-level rule judged here; a per-rank rule's outcomes of every rank merged, as one run would give them."""
     if rule.id in JOB_RULES:
         return judge(rule, ctx)
@@ -201,7 +221,8 @@ def _outcome(rule, ctx: Context, summaries: list[RankSummary], offsets: dict[int
     judged = [(summary, outcome) for summary, outcome in outcomes if not isinstance(outcome, NotJudged)]
     if not judged:
         return outcomes[0][1] if outcomes else []
-    findings = [_moved(finding, offsets[summary.info.rank]) for summary, outcome in judged for finding in outcome]
+    findings = [with_late_peer(_moved(finding, offsets[summary.info.rank]), peers.get(summary.info.rank, (None,))[0])
+                for summary, outcome in judged for finding in outcome]  # fmt: skip
     return _without_repeats(findings)
 
 
@@ -229,13 +250,13 @@ def _without_repeats(findings: list[Finding]) -> list[Finding]:
     return kept
 
 
-def _rank_report(summary: RankSummary, analyses: Analyses, shift: float, offset: int):
+def _rank_report(summary: RankSummary, analyses: Analyses, shift: float,
+                 peers: tuple[PeerSplit, tuple[int, ...]] | None):  # fmt: skip
     report = dataclasses.replace(summary.report, memory=memory_summary(summary.memory, shift_us=shift))
     comparison = analyses.rank_comparison
     if comparison is not None:
         report = dataclasses.replace(report, extra={**report.extra, "distributed": comparison.summary_of(summary.info.rank)})
-    if comparison is not None and summary.collective_waits is not None and "blame" in report.extra:  # by late peer
-        waits = summary.collective_waits.shifted(shift, offset)
-        split = split_waits(waits, comparison.arrivals_of(summary.info.rank)).to_dict(waits.step_numbers)
+    if peers is not None:  # the collective wait by late peer
+        split = peers[0].to_dict(peers[1])
         report = dataclasses.replace(report, extra={**report.extra, "blame": {**report.extra["blame"], "collective_wait_by_peer": split}})
     return report
