@@ -183,41 +183,41 @@ _OFF_THE_PATH = ("move it off the step's critical path (precompute it, do it in 
 def _cause_fix(lead: dict, small_steps: bool) -> str:
     """The fix for the cause that holds most of the idle time, naming it and its line."""
     where = f" at {lead['location']}" if lead.get("location") else ""
-    what = f"{_short(lead['label'])}{where}"
     category = lead["category"]
-    if category == "data_loading":
-        return "the device waits for the next batch: " + DATALOADER_FIX
-    if small_steps and (category == "launch_overhead" or lead["label"] == UNTRACED):
+    if small_steps and category != "data_loading" and (category == "launch_overhead" or lead["label"] == UNTRACED):
         return SMALL_STEP_FIX  # the fixed cost of each short step, not one piece of host work
     if category == "host_compute" and lead["label"] == UNTRACED:
         before = f" (up to {lead['location']})" if lead.get("location") else ""
         return f"the host runs Python that no recorded op covers{before} while the device waits: {_OFF_THE_PATH}"
-    if category == "host_compute":
-        return f"the host runs {what} while the device waits: {_OFF_THE_PATH}"
-    if category == "sync":
-        return (f"{what} drains the device's queue and the device then idles until the host launches again: "
-                "keep values on the device, read them every N steps, use non_blocking copies")  # fmt: skip
-    if category == "compile":
-        return (f"torch.compile compiles inside the measured steps ({what}): warm the compiled model up before "
-                "profiling, and avoid recompilations (torch._dynamo.mark_dynamic for varying shapes)")  # fmt: skip
-    if category == "one_time_init":
-        return (f"one-time set-up inside the recorded window ({what}): profile after warm-up steps "
-                "(schedule(wait=1, warmup=2, active=N)); it is not a steady-state cost")  # fmt: skip
-    if category == "launch_overhead":
-        return ("the host cannot launch fast enough: fewer, bigger kernels (torch.compile), CUDA graphs "
-                "(mode='reduce-overhead')")  # fmt: skip
     if category == "collective_wait" and lead.get("waiting_for"):
-        late = lead["waiting_for"]
-        return (f"the device waits in collectives ({what}) for {late}, which arrives last: find what {late} does "
-                "before the collective that the others do not (its own findings, the rank comparison), balance the "
-                "work across ranks, overlap communication with compute")  # fmt: skip
-    if category == "collective_wait":
-        return (f"the device waits on collectives ({what}): look for a straggler rank (see the rank findings), "
-                "overlap communication with compute")  # fmt: skip
-    if category == "other_stream":
-        return (f"work queued in time waits on another stream or an event ({what}): check the dependencies between "
-                "streams (wait_stream, events) and overlap the work they wait for")  # fmt: skip
-    return "the trace does not link the idle time to its cause (no correlation between launches and device work)"
+        category = "collective_wait_for_peer"
+    template = _CAUSE_FIXES.get(category, _UNLINKED_FIX)
+    return template.format(what=f"{_short(lead['label'])}{where}", late=lead.get("waiting_for"))
+
+
+DATALOADER_FIX = "DataLoader(num_workers=4 or more, pin_memory=True, persistent_workers=True, prefetch_factor=2)"
+
+# the fix per cause category: {what} is the largest contributor and its line, {late} the peer rank waited for
+_CAUSE_FIXES = {
+    "data_loading": "the device waits for the next batch: " + DATALOADER_FIX,
+    "host_compute": "the host runs {what} while the device waits: " + _OFF_THE_PATH,
+    "sync": "{what} drains the device's queue and the device then idles until the host launches again: keep values "
+    "on the device, read them every N steps, use non_blocking copies",
+    "compile": "torch.compile compiles inside the measured steps ({what}): warm the compiled model up before "
+    "profiling, and avoid recompilations (torch._dynamo.mark_dynamic for varying shapes)",
+    "one_time_init": "one-time set-up inside the recorded window ({what}): profile after warm-up steps "
+    "(schedule(wait=1, warmup=2, active=N)); it is not a steady-state cost",
+    "launch_overhead": "the host cannot launch fast enough: fewer, bigger kernels (torch.compile), CUDA graphs "
+    "(mode='reduce-overhead')",
+    "collective_wait": "the device waits on collectives ({what}): look for a straggler rank (see the rank findings), "
+    "overlap communication with compute",
+    "collective_wait_for_peer": "the device waits in collectives ({what}) for {late}, which arrives last: find what "
+    "{late} does before the collective that the others do not (its own findings, the rank comparison), balance the "
+    "work across ranks, overlap communication with compute",
+    "other_stream": "work queued in time waits on another stream or an event ({what}): check the dependencies "
+    "between streams (wait_stream, events) and overlap the work they wait for",
+}
+_UNLINKED_FIX = "the trace does not link the idle time to its cause (no correlation between launches and device work)"
 
 
 SMALL_STEP_FIX = (
@@ -225,7 +225,6 @@ SMALL_STEP_FIX = (
     "as a CUDA graph (torch.compile(model, mode='reduce-overhead') or torch.cuda.graphs), use larger batches, "
     "and move host-side ops (logging, .item(), per-sample Python) out of the step"
 )
-DATALOADER_FIX = "DataLoader(num_workers=4 or more, pin_memory=True, persistent_workers=True, prefetch_factor=2)"
 
 
 def _idle_in_dataloader_pct(ctx: Context, rank: int, idle_ms: float) -> float:
