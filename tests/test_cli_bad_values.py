@@ -89,7 +89,24 @@ def test_fail_if_slower_takes_a_finite_percentage(report_json: Path, capsys, val
 @pytest.mark.parametrize("argv", [["run", "--nproc", "0", "x.py"], ["run", "--nproc", "-2", "x.py"],
                                   ["commbench", "--nproc", "0"], ["commbench", "--iters", "0"], ["demo", "--steps", "0"]])  # fmt: skip
 def test_counts_must_be_positive(capsys, argv) -> None:
-    assert "must be 1 or more" in _usage_error(capsys, *argv)
+    assert "a count must be 1 or more" in _usage_error(capsys, *argv)
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["analyze", "--workers", "five", "t.json"], "expected a count, got 'five'"),
+    (["analyze", "--rank", "-1", "t.json"], "a rank number must be 0 or more, got -1"),
+    (["analyze", "--rank", "r0", "t.json"], "expected a rank number, got 'r0'"),
+])  # fmt: skip
+def test_counts_and_ranks_say_what_they_expected(capsys, argv, words) -> None:
+    """One factory (cli._int_at_least) for both, each with its floor and its words."""
+    err = _usage_error(capsys, *argv)
+    assert words in err and "Traceback" not in err
+
+
+def test_rank_zero_is_a_rank() -> None:
+    from skalpel.cli import _RANK
+
+    assert _RANK("0") == 0
 
 
 def test_empty_path_is_an_error_not_the_current_folder(report_json: Path, capsys) -> None:

@@ -11,7 +11,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from . import __version__, env
 from .errors import SkalpelError
@@ -58,7 +58,7 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
         "--commbench", metavar="FILE", help="a `skalpel commbench --json` result: compare achieved bus bandwidth with it"
     )
     parser.add_argument(
-        "--workers", type=_positive_int, metavar="N",
+        "--workers", type=_COUNT, metavar="N",
         help="processes that reduce the rank files of a job, one rank each at a time, or that decode and analyse "
         "one large trace file together (default: the cores this process may use, for one file those idle now; "
         "1: all in this process)",
@@ -70,7 +70,7 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
         "put it after the PATHs",
     )  # fmt: skip
     parser.add_argument(
-        "--rank", type=_rank_number, action="append", default=[], metavar="R",
+        "--rank", type=_RANK, action="append", default=[], metavar="R",
         help="in a job of more than 8 ranks, also show rank R's panel (repeatable; the outliers and one rank of "
         "each group of ranks alike are shown anyway)",
     )  # fmt: skip
@@ -130,12 +130,12 @@ def _add_commbench(commands: argparse._SubParsersAction) -> None:
         "time each collective over a range of message sizes; print algorithm and bus bandwidth (nccl-tests "
         "definitions). Feed the --json result to `skalpel analyze --commbench FILE` to compare a run with it.",
     )
-    parser.add_argument("--nproc", type=_positive_int, default=2, metavar="N", help="processes (ranks) to spawn (2)")
+    parser.add_argument("--nproc", type=_COUNT, default=2, metavar="N", help="processes (ranks) to spawn (2)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl with N GPUs, else gloo")
     parser.add_argument("--min-bytes", default=None, metavar="SIZE", help="smallest message, e.g. 1K (1K)")
     parser.add_argument("--max-bytes", default=None, metavar="SIZE", help="largest message (4M on CPU, 64M on GPU)")
     parser.add_argument("--ops", default=None, metavar="LIST", help="comma-separated collectives (all five)")
-    parser.add_argument("--iters", type=_positive_int, default=10, metavar="N", help="calls timed per measurement (10)")
+    parser.add_argument("--iters", type=_COUNT, default=10, metavar="N", help="calls timed per measurement (10)")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE")
     parser.set_defaults(handler=_cmd_commbench)
 
@@ -218,7 +218,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, run as python -m would")
     add_capture_options(parser)
     parser.add_argument(
-        "--nproc", type=_positive_int, default=1, metavar="N",
+        "--nproc", type=_COUNT, default=1, metavar="N",
         help="run N ranks on this machine through torch.distributed.run (torchrun) and merge their traces "
         "into one report (1); under your own torchrun, leave it out: every rank profiles itself",
     )  # fmt: skip
@@ -246,7 +246,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     )
     add_capture_options(parser, repeat=2)
     # 24: two windows of 8 steps, then the un-profiled steps the profiler overhead is measured against
-    parser.add_argument("--steps", type=_positive_int, default=24, help="training steps the demo runs (24)")
+    parser.add_argument("--steps", type=_COUNT, default=24, help="training steps the demo runs (24)")
     parser.set_defaults(handler=_cmd_demo)
 
 
@@ -330,24 +330,24 @@ _COMMANDS = {  # in the order `skalpel --help` lists them
 }
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
-    return value
+def _int_at_least(floor: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of ``floor`` or more, else a one-line usage error naming ``what`` it is."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < floor:
+            raise argparse.ArgumentTypeError(f"{what} must be {floor} or more, got {value}")
+        return value
+
+    parse.__name__ = what  # argparse's own messages name the type
+    return parse
 
 
-def _rank_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a rank number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a rank is 0 or more, got {value}")
-    return value
+_COUNT = _int_at_least(1, "a count")
+_RANK = _int_at_least(0, "a rank number")
 
 
 def _percent(text: str) -> float:
