@@ -164,6 +164,8 @@ class _Capture:
         if old.started:
             old.discard()
         self.own = ProfileRun(old.settings, out=old.folder, name=old.name, auto=True)
+        self.own.notes.extend(old.notes)  # the run's notes so far (the malloc threshold held...) still hold
+        self.own.said.update(old.said)
         note = self.detector.takeovers[-1].note()
         self.own.said.add(note)  # the run's notes list it again at the end: for the report, not for stderr
         _say(note)
