@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from skalpel.analysis.bundle import run_analyses
@@ -106,15 +107,20 @@ def test_explain_blame_says_how_the_wait_is_split_by_peer(capsys):
     assert "transfer" in capsys.readouterr().out
 
 
-def test_on_the_real_8_rank_dlrm_set_no_peer_is_invented():
-    """NCCL on V100s: the device's collective wait there is idle before a queued collective kernel starts, inside
-    no matched collective: no peer rank is blamed, and each step's split adds up to its collective wait."""
+def test_on_the_real_8_rank_dlrm_set_the_host_side_wait_names_the_last_rank():
+    """NCCL on V100s: the device's collective wait there is idle while the host is inside the collective's op
+    (record_param_comms), outside the kernel that times the collective. Placed in the collective whose op holds it,
+    ranks 0-6 wait mostly for rank 7 (the last at every all_to_all); rank 7 itself waited for no peer (arriving)."""
     result = _blame(corpus("extra/facebookresearch__param/et_replay/tests/inputs/dlrm_kineto_extracted"))
     assert len(result.ranks) == 8
-    for blamed in result.ranks.values():
-        assert blamed.by_category_ms["collective_wait"] > 0
-        assert set(blamed.peers.total_ms) == {"unmatched"}
-        assert [(item.collective, item.location) for item in blamed.peers.top] == [(None, None)]
+    for rank, blamed in result.ranks.items():
+        total = blamed.by_category_ms["collective_wait"]
+        assert total > 0
+        assert blamed.peers.total_ms.get("unmatched", 0.0) < 0.1 * total  # all of it unmatched before
+        assert blamed.peers.mostly == ("arriving" if rank == 7 else "rank 7")
+        assert "rank 7" not in blamed.peers.total_ms if rank == 7 else True  # never waiting for itself
+        top = blamed.peers.top[0]
+        assert top.collective.startswith("ncclKernel_") and top.part == blamed.peers.mostly
 
 
 def test_a_job_reduced_rank_by_rank_splits_the_wait_by_peer_on_the_join(tmp_path):
@@ -198,3 +204,81 @@ def test_gpu_idle_blames_no_peer_when_the_ranks_arrive_together(tmp_path):
     assert finding.evidence["culprits"][0]["category"] == "collective_wait"
     assert not any("waiting_for" in culprit for culprit in finding.evidence["culprits"])
     assert report.ranks[0].extra["blame"]["collective_wait_by_peer"]["mostly"] == "transfer"
+
+
+def _nccl_job(tmp_path: Path, *, late_rank: int, late_ms: float = 6.0, ranks: int = 3) -> Path:
+    """NCCL ranks, 4 steps of 40 ms: host work (``late_rank`` ``late_ms`` more) with a short kernel, then the
+    all_reduce's op (record_param_comms) holds the host 200 us before it launches the NCCL kernel, which starts on
+    arrival and ends 3 ms after the last rank's: the device idles inside the op, outside the kernel."""
+    folder = tmp_path / "nccl_job"
+    folder.mkdir()
+    late_us = late_ms * 1000.0
+    for rank in range(ranks):
+        builder = TraceBuilder()
+        builder.header = {"distributedInfo": {"rank": rank, "world_size": ranks, "backend": "nccl"}, "host_name": "node0"}
+        for number in range(4):
+            start = number * STEP
+            builder.step(number + 1, start, STEP - 1)
+            host_us = 2000.0 + (late_us if rank == late_rank else 0.0) + 7.0 * rank  # ties kept apart
+            mm = builder.host("aten::mm", start + 10, host_us)
+            builder.launch(start + 20, 10, work_ts=start + 40, work_dur=500, external=mm)
+            op_at = start + 10 + host_us
+            comm = builder.host("record_param_comms", op_at, 230,
+                                **{"Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20,
+                                   "dtype": "Float", "Group size": ranks})  # fmt: skip
+            end = start + 10 + 2000.0 + late_us + 14.0 * ranks + 240 + TRANSFER_US
+            builder.launch(op_at + 200, 10, work_ts=op_at + 240, work_dur=end - op_at - 240, external=comm,
+                           kernel="ncclDevKernel_AllReduce_Sum_f32_RING_LL")  # fmt: skip
+            add = builder.host("aten::add", end + 10, 100)
+            builder.launch(end + 20, 10, work_ts=end + 40, work_dur=500, external=add)
+        builder.write(folder / f"trace-rank{rank}.json")
+    return folder
+
+
+def test_nccl_host_side_wait_is_placed_in_its_collective_and_names_the_late_rank(tmp_path):
+    """Before, the 200 us a step inside record_param_comms were 'unmatched': in no kernel-timed collective."""
+    result = _blame(_nccl_job(tmp_path, late_rank=2))
+    for rank in (0, 1):
+        blamed = result.ranks[rank]
+        peers = blamed.peers  # the device idles from the op's start to the kernel's (230 us), all before rank 2 came
+        assert blamed.by_category_ms["collective_wait"] == pytest.approx(4 * 0.23, abs=0.01)
+        assert peers.total_ms == pytest.approx({"rank 2": blamed.by_category_ms["collective_wait"]})
+        assert peers.top[0].collective == "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    late = result.ranks[2].peers  # its own op before its own arrival: no peer to wait for
+    assert late.mostly == "arriving" and not any(part.startswith("rank") for part in late.total_ms)
+
+
+
+def test_nccl_host_side_wait_is_placed_alike_on_a_job_reduced_rank_by_rank(tmp_path):
+    from skalpel.api import analyze
+
+    report = analyze(_nccl_job(tmp_path, late_rank=2), workers=1)
+    for rank in (0, 1):
+        split = report.ranks[rank].extra["blame"]["collective_wait_by_peer"]
+        assert split["mostly"] == "rank 2" and set(split["ms_per_step"]) == {"rank 2"}
+        assert split["top"][0]["collective"] == "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    assert report.ranks[2].extra["blame"]["collective_wait_by_peer"]["mostly"] == "arriving"
+
+
+def test_a_sync_after_the_collective_is_its_host_side():
+    """cudaStreamSynchronize after nccl:all_reduce, while its kernel still runs: an instant in it belongs to that
+    collective; one in a sync once the kernel ended, or before the launch, to none."""
+    import tempfile
+
+    from skalpel.analysis.blame_peers import _host_side_owners
+    from skalpel.analysis.comm import analyze_comm
+    from skalpel.analysis.steps import segment_steps
+
+    builder = TraceBuilder()
+    builder.header = {"distributedInfo": {"rank": 0, "world_size": 2, "backend": "nccl"}}
+    builder.step(1, 0, 20_000)
+    comm = builder.host("nccl:all_reduce", 100, 50, **{"In msg nelems": 1 << 20, "dtype": "Float", "Group size": 2})
+    builder.launch(110, 10, work_ts=3000, work_dur=5000, external=comm, kernel="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    builder.runtime("cudaStreamSynchronize", 200, 7900)  # waits for the all_reduce (ends at 8000)
+    builder.runtime("cudaStreamSynchronize", 9000, 500)  # after it ended: waits for something else
+    with tempfile.TemporaryDirectory() as folder:
+        trace = load(builder.write(Path(folder) / "trace.json"))
+    calls = analyze_comm(trace, segment_steps(trace)).for_rank(0).collectives
+    kernel = next(call.event for call in calls if call.on_device)
+    owners = _host_side_owners(trace, 0, calls, np.array([120.0, 1000.0, 7000.0, 9200.0, 50.0]))
+    assert owners.tolist() == [kernel, kernel, kernel, -1, -1]

@@ -74,8 +74,10 @@ CATEGORY_WORDS = {
 }
 PEER_WORDS = (
     "with several ranks compared, a rank's collective_wait is split by the peer that arrived last at each collective "
-    "(\"rank N\": the time before it arrived), \"transfer\" (after the last arrival) and \"unmatched\" (in no "
-    "collective matched across ranks); the terminal says whom it waited for mostly"
+    "(\"rank N\": the time before it arrived), \"transfer\" (after the last arrival), \"arriving\" (the host side "
+    "of a collective this rank itself reached last, before it did; on NCCL the host's wait in the collective's op or "
+    "a sync after it counts as the collective's) and \"unmatched\" (in no collective matched across ranks); the "
+    "terminal says whom it waited for mostly"
 )
 UNTRACED = "host code between recorded ops"
 UNLINKED = "device work the trace links to no cause"
@@ -107,7 +109,7 @@ class PeerWait:
     after the last arrival, or time in no collective matched across ranks)."""
 
     peer: int | None
-    part: str  # "rank N", "transfer" or "unmatched"
+    part: str  # "rank N", "transfer", "arriving" or "unmatched"
     collective: str | None  # the collective's name in the trace; None for unmatched time
     location: str | None  # the user's line of the collective (None without Python stacks)
     ms: float  # summed over the steps
@@ -118,7 +120,7 @@ class PeerSplit:
     """A rank's collective-wait time split by the peer it waited for: ``by_step_ms[i]`` sums to step i's
     collective wait; the part before a collective's last arrival is that rank's, the rest is the transfer."""
 
-    by_step_ms: tuple[dict[str, float], ...]  # per step: "rank N" / "transfer" / "unmatched" -> ms
+    by_step_ms: tuple[dict[str, float], ...]  # per step: "rank N" / "transfer" / "arriving" / "unmatched" -> ms
     total_ms: dict[str, float]
     top: tuple[PeerWait, ...]  # most time first
 

@@ -3,9 +3,13 @@
 With several ranks compared (``ranks.compare_ranks``), each piece of a rank's idle time that blame charged to
 ``collective_wait`` is placed in the rank's matched collective that holds it. Until the last rank reached that
 collective (on this rank's aligned clock), the rank was waiting for that peer: "rank N"; after it, the data was
-moving: "transfer". A piece in no matched collective (an unmatched call, or the device idle before a queued
-collective kernel started) is "unmatched". Per step the parts add up to the step's collective wait.
-One rank alone has no peers: its blame is left as it is.
+moving: "transfer". On NCCL the collective is timed by its kernel, and the host's wait falls outside it: a piece
+there is placed in the collective whose host side holds it, the host op that launched the kernel
+(``record_param_comms``, ``c10d::allreduce_``, ``nccl:all_reduce``) or a ``cuda*Synchronize`` that starts while
+the collective launched before it on that thread is still running; where this rank itself arrived last, the
+host side before its arrival waited for no peer: "arriving". A piece in neither (an unmatched call, or
+the device idle before a queued collective kernel started) is "unmatched". Per step the parts add up to the
+step's collective wait. One rank alone has no peers: its blame is left as it is.
 """
 
 from __future__ import annotations
@@ -16,12 +20,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace.kinds import Kind
 from ..trace.model import Trace
+from . import numeric
 from .blame import BlameResult, PeerSplit, PeerWait, RankBlame
 from .ranks import RankComparison
+from .syncs import SYNC_CALLS
 
 TRANSFER = "transfer"
 UNMATCHED = "unmatched"
+ARRIVING = "arriving"  # the host side of a collective this rank itself reached last: no peer to wait for
 _TOP = 8
 
 
@@ -33,11 +41,14 @@ class CollectiveWaits:
     spans: tuple[tuple[int, float, float], ...]  # (step position, start, end)
     step_numbers: tuple[int, ...]
     described: dict[int, tuple[str, str | None]]  # collective event -> its name and user line
+    host_side: tuple[int, ...] = ()  # per span: the collective whose host side (launching op, sync) holds it, or -1
 
     def shifted(self, shift_us: float, event_offset: int) -> CollectiveWaits:
         """On the job's clock and event numbering (``job.join``)."""
         spans = tuple((step, low + shift_us, high + shift_us) for step, low, high in self.spans)
-        return CollectiveWaits(spans, self.step_numbers, {event + event_offset: text for event, text in self.described.items()})
+        described = {event + event_offset: text for event, text in self.described.items()}
+        host_side = tuple(event + event_offset if event >= 0 else -1 for event in self.host_side)
+        return CollectiveWaits(spans, self.step_numbers, described, host_side)
 
 
 def with_late_peers(trace: Trace, result: BlameResult, comparison: RankComparison | None) -> BlameResult:
@@ -59,14 +70,62 @@ def collective_waits(trace: Trace, blamed: RankBlame, collectives) -> Collective
     calls = sorted(collectives, key=lambda call: call.start_us)
     starts = np.array([call.start_us for call in calls])
     found = [_holding(calls, starts, (low + high) / 2) for _, low, high in blamed.collective_spans]
-    holding = {calls[index].event for index in found if index >= 0}
+    outside = [position for position, index in enumerate(found) if index < 0]
+    host_side = [-1] * len(found)
+    if outside:  # NCCL: the host's wait is outside the kernel that times the collective
+        spans = blamed.collective_spans
+        owners = _host_side_owners(trace, blamed.rank, calls, np.array([(spans[i][1] + spans[i][2]) / 2 for i in outside]))
+        for position, owner in zip(outside, owners):
+            host_side[position] = int(owner)
+    holding = {calls[index].event for index in found if index >= 0} | {event for event in host_side if event >= 0}
     described = {}
     if holding:
         from ..trace.stacks import Locator  # only when there is something to locate
 
         locator = Locator(trace)
         described = {event: (trace.names[trace.name[event]], locator.location_of(event)) for event in sorted(holding)}
-    return CollectiveWaits(blamed.collective_spans, tuple(step.number for step in blamed.steps), described)
+    return CollectiveWaits(blamed.collective_spans, tuple(step.number for step in blamed.steps), described,
+                           tuple(host_side))  # fmt: skip
+
+
+def _host_side_owners(trace: Trace, rank: int, calls, instants: np.ndarray) -> np.ndarray:
+    """For each instant, the event of the device-timed collective whose host side holds it, else -1: the
+    outermost collective host op (``Kind.COMM_OP``) around the kernel's launch call, or a ``cuda*Synchronize``
+    on that thread that starts after the launch and before the kernel ends (it waits for the collective)."""
+    lows, highs, owners = [], [], []
+    launched = [(call, int(trace.launcher[call.event])) for call in calls if call.on_device]
+    launched = [(call, launch) for call, launch in launched if launch >= 0]
+    if not launched:
+        return np.full(len(instants), -1, dtype=np.int64)
+    on_rank = trace.rank == rank
+    ops = np.flatnonzero(on_rank & (trace.kind == Kind.COMM_OP))
+    syncs = np.flatnonzero(on_rank & numeric.isin(trace.name, _sync_names(trace)))
+    ends = trace.ts + trace.dur
+    for call, launch in launched:
+        at, tid = trace.ts[launch], trace.tid[launch]
+        around = ops[(trace.tid[ops] == tid) & (trace.ts[ops] <= at) & (ends[ops] >= ends[launch])]
+        if len(around):
+            outer = around[np.argmin(trace.ts[around])]
+            lows.append(trace.ts[outer]), highs.append(ends[outer]), owners.append(call.event)
+        waiting = syncs[(trace.tid[syncs] == tid) & (trace.ts[syncs] >= at) & (trace.ts[syncs] < call.end_us)]
+        for sync in waiting:
+            lows.append(trace.ts[sync]), highs.append(ends[sync]), owners.append(call.event)
+    order = np.argsort(np.array(lows), kind="stable")
+    lows_sorted, highs_sorted = np.array(lows)[order], np.array(highs)[order]
+    owners_sorted = np.array(owners, dtype=np.int64)[order]
+    found = np.full(len(instants), -1, dtype=np.int64)
+    for position, instant in enumerate(instants):  # the latest started range holding it
+        last = int(np.searchsorted(lows_sorted, instant, side="right")) - 1
+        for index in range(last, -1, -1):
+            if highs_sorted[index] > instant:
+                found[position] = owners_sorted[index]
+                break
+    return found
+
+
+def _sync_names(trace: Trace) -> list[int]:
+    """Name ids of the runtime calls that block the host until the device catches up (``syncs.SYNC_CALLS``)."""
+    return [index for index, name in enumerate(trace.names) if name in SYNC_CALLS]
 
 
 def split_waits(waits: CollectiveWaits, arrivals) -> PeerSplit:
@@ -76,14 +135,18 @@ def split_waits(waits: CollectiveWaits, arrivals) -> PeerSplit:
     starts = np.array([call.start_us for call in calls])
     by_step: list[dict[str, float]] = [defaultdict(float) for _ in waits.step_numbers]
     by_cause: dict[tuple[str, int | None, int], float] = defaultdict(float)  # (part, peer, collective event) -> ms
-    for step, low, high in waits.spans:
+    by_event = {call.event: index for index, call in enumerate(calls)}
+    for position, (step, low, high) in enumerate(waits.spans):
         index = _holding(calls, starts, (low + high) / 2)
+        if index < 0 and waits.host_side:  # the host's wait for a kernel-timed collective
+            index = by_event.get(waits.host_side[position], -1)
         if index < 0:
             parts = [(UNMATCHED, None, -1, high - low)]
         else:
             call, latest, last = arrivals[index]
             waiting = min(max(latest - low, 0.0), high - low)  # before the last arrival: waiting for it
-            parts = [(f"rank {last}", last, call.event, waiting), (TRANSFER, None, call.event, high - low - waiting)]
+            before = (ARRIVING, None) if last == call.rank else (f"rank {last}", last)  # the last: on its own way
+            parts = [(*before, call.event, waiting), (TRANSFER, None, call.event, high - low - waiting)]
         for part, peer, event, amount in parts:
             if amount > 0:
                 by_step[step][part] += amount / 1000.0
