@@ -114,9 +114,9 @@ def _host_side_owners(trace: Trace, rank: int, calls, instants: np.ndarray) -> n
     lows_sorted, highs_sorted = np.array(lows)[order], np.array(highs)[order]
     owners_sorted = np.array(owners, dtype=np.int64)[order]
     found = np.full(len(instants), -1, dtype=np.int64)
-    for position, instant in enumerate(instants):  # the latest started range holding it
+    for position, instant in enumerate(instants):  # the latest started range holding it (a few looked back at)
         last = int(np.searchsorted(lows_sorted, instant, side="right")) - 1
-        for index in range(last, -1, -1):
+        for index in range(last, max(last - 8, -1), -1):
             if highs_sorted[index] > instant:
                 found[position] = owners_sorted[index]
                 break
