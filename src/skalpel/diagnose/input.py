@@ -35,6 +35,7 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
             "share_pct": share,
             "ms_per_step": ms,
             "step_ms": rank.median_step_ms,
+            "mean_step_ms": rank.avg_step_ms,
             "steps": len(rank.step_ms),
             "worst_step_wait_ms": max(rank.per_step_ms.get("dataloader", (0.0,))),
             "iterator": ", ".join(iterators),
@@ -87,7 +88,7 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
         return LoaderPlan(worker_advice(cpu, device=device) + "; " + _CHEAP_ITEMS, {})
     compute = max(step_ms - wait_ms, 1e-3)
     cheap_speedup = step_ms / compute
-    cheap = f"{_CHEAP_ITEMS}: the fetch is {wait_ms:.1f} ms of the {step_ms:.1f} ms step, up to {cheap_speedup:.1f}x"
+    cheap = f"{_CHEAP_ITEMS}: the fetch is {wait_ms:.1f} ms of the {step_ms:.1f} ms mean step, up to {cheap_speedup:.1f}x"
     evidence: dict = {"compute_ms_per_step": compute, "cheap_items_speedup_up_to": cheap_speedup}
     threads = int(cpu.get("intra_op_threads") or 1)
     workers_now = int(cpu.get("loader_workers") or 0)
@@ -156,7 +157,7 @@ DATALOADER_BOUND = Rule(
     id="dataloader_bound",
     family="input",
     severity="warning",
-    title="The step waits for data {share_pct:.0f}% of the time ({ms_per_step:.1f} ms of a {step_ms:.1f} ms step)",
+    title="The step waits for data {share_pct:.0f}% of the time ({ms_per_step:.1f} ms of the {mean_step_ms:.1f} ms mean step)",
     thresholds=thresholds.DATALOADER_BOUND,
     check=_check_dataloader,
     fix="DataLoader(num_workers=N, one per usable core, at most 4; pin_memory=True, "
@@ -167,7 +168,8 @@ DATALOADER_BOUND = Rule(
         "that no device work hides, as the PyTorch Profiler TensorBoard plugin's DataLoader category counts it.",
         why="While the loop waits for data the device and the host compute nothing. That time is pure loss, "
         "and it grows with a faster model or device.",
-        evidence="`share_pct` of the mean step and `ms_per_step` (both from the step-time breakdown), the step time, "
+        evidence="`share_pct` of the mean step and `ms_per_step` (both from the step-time breakdown), the median and mean "
+        "step times (`step_ms`, `mean_step_ms`: the title quotes the mean, so that its figures agree), "
         "what it was judged over (`judged_over`: the marked steps, or the whole window from the first to the last "
         "host op when the trace has no ProfilerStep markers), "
         "the worst step's wait, and the DataLoader iterator type (`_SingleProcessDataLoaderIter` means num_workers=0). "
