@@ -60,7 +60,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     clock = time.process_time if args.clock == "process" else time.perf_counter
-    print(f"{'step':>8} {'bare':>10} {'watched':>10} {'overhead':>9}  (median of {args.rounds} rounds, {args.clock} clock)")
+    print(f"{'step':>8} {'bare':>10} {'watched':>10} {'overhead':>9} {'per step':>9}  (median of {args.rounds} rounds, "
+          f"{args.clock} clock)")  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         for step_ms, steps in STEPS.items():
             bare, watched = [], []
@@ -69,7 +70,8 @@ def main() -> None:
                 with skalpel.watch(out=Path(folder) / f"{step_ms:g}-{number}", capture=False):
                     watched.append(statistics.median(loop(step_ms, steps, clock)))
             one, two = statistics.median(bare), statistics.median(watched)
-            print(f"{step_ms:>6g}ms {one * 1e3:>8.3f}ms {two * 1e3:>8.3f}ms {(two / one - 1) * 100:>+8.2f}%")
+            print(f"{step_ms:>6g}ms {one * 1e3:>8.3f}ms {two * 1e3:>8.3f}ms {(two / one - 1) * 100:>+8.2f}% "
+                  f"{(two - one) * 1e6:>+6.0f} us")  # fmt: skip
 
 
 if __name__ == "__main__":

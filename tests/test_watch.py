@@ -274,8 +274,10 @@ def test_the_live_line_shows_on_a_terminal_only(tmp_path: Path) -> None:
     assert "skalpel watch: step " not in piped.stderr and "watched 399 steps" in piped.stderr
 
 
-# Two ranks of DDP on gloo; rank 1 does twice the CPU work a step, and rank 0 waits for it in every all-reduce.
+# Two ranks of DDP on gloo; rank 1 does three times the CPU work a step (the argument: its ms), and rank 0 waits
+# for it in every all-reduce.
 SLOW_RANK = """
+import sys
 import time
 
 import torch
@@ -293,23 +295,43 @@ for step in range(300):
     loss.backward()
     optimizer.step()
     began = time.thread_time()
-    while time.thread_time() - began < (0.006 if rank == 1 else 0.002):
+    while time.thread_time() - began < (float(sys.argv[1]) / 1e3 if rank == 1 else 0.002):
         torch.mm(a, a)
 dist.destroy_process_group()
 """
 
 
-def test_under_torchrun_each_rank_records_its_steps_and_show_names_the_slow_rank(tmp_path: Path) -> None:
+def _torchrun_job(tmp_path: Path, slow_ms: str) -> tuple[Path, subprocess.CompletedProcess]:
     script = _script(tmp_path, SLOW_RANK)
     out = tmp_path / "job"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "skalpel",
-                "watch", "--out", str(out), str(script)]  # fmt: skip
+                "watch", "--out", str(out), str(script), slow_ms]  # fmt: skip
     done = subprocess.run(torchrun, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
+    return out, done
+
+
+def test_under_torchrun_each_rank_records_its_steps_and_the_slow_rank_is_named_online_and_by_show(tmp_path: Path) -> None:
+    out, done = _torchrun_job(tmp_path, "6")
     for rank in (0, 1):  # 300 iterations: boundaries at the zero_grad of iterations 1-299, so 298 whole steps
         assert _rows(out / f"rank{rank}" / "watch.sqlite", "SELECT count(*) FROM steps")[0][0] == 298
     assert "under torchrun each rank records its steps, without captures" in done.stderr
+    # judged while the job ran, by the slow rank reading the other's store: in its own store, naming it
+    slow = _rows(out / "rank1" / "watch.sqlite", "SELECT kind, message FROM anomalies WHERE kind = 'slow_rank'")
+    assert len(slow) == 1 and slow[0][1].startswith("rank1 falls behind: "), (slow, done.stderr)
+    assert _rows(out / "rank0" / "watch.sqlite", "SELECT count(*) FROM anomalies WHERE kind = 'slow_rank'")[0][0] == 0
+    assert "slow_rank: rank1 falls behind" in done.stderr
     shown = subprocess.run([sys.executable, "-m", "skalpel", "watch", "--show", str(out)], capture_output=True,
                            text=True, timeout=120)  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert "ranks: rank1 falls behind" in shown.stdout, shown.stdout
+    assert "slow_rank: rank1 falls behind" in shown.stdout, shown.stdout  # rank1's anomaly, under its timeline
+
+
+def test_a_balanced_torchrun_job_names_no_slow_rank(tmp_path: Path) -> None:
+    out, done = _torchrun_job(tmp_path, "2")
+    for rank in (0, 1):
+        store = out / f"rank{rank}" / "watch.sqlite"
+        assert _rows(store, "SELECT count(*) FROM steps")[0][0] == 298
+        assert _rows(store, "SELECT count(*) FROM anomalies WHERE kind = 'slow_rank'")[0][0] == 0, done.stderr
+    assert "slow_rank" not in done.stderr

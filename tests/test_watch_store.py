@@ -7,14 +7,17 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from skalpel.errors import SkalpelError
 from skalpel.watch.detect import Detector
+from skalpel.watch.probe import RunQueueClock
 from skalpel.watch.store import STORE, Store, open_run
 
 
 def _row(step: int) -> tuple:
-    return (step, step * 0.01, 0.01, 0.0, 0.01, 0.0, 300 * 2**20, None, None, 0)
+    """What the training thread appends: (step, start, end, loader_s, profiled), on the perf_counter clock."""
+    return (step, time.perf_counter() + step * 0.01, time.perf_counter() + (step + 1) * 0.01, 0.0, 0)
 
 
 def _store(folder: Path) -> Store:
@@ -25,7 +28,7 @@ def test_rows_are_readable_while_the_store_is_open_and_all_there_after_close(tmp
     store = _store(tmp_path)
     store.start()
     for step in range(1, 1001):
-        store.step(_row(step))
+        store.step(*_row(step))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # a reader meanwhile (WAL): the committed batches
         count = open_run(tmp_path).execute("SELECT count(*) FROM steps").fetchone()[0]
@@ -51,11 +54,11 @@ def test_a_second_store_in_the_same_folder_is_refused_in_one_line(tmp_path: Path
 def test_a_store_that_fails_mid_run_says_it_once_and_takes_rows_on(tmp_path: Path, capsys) -> None:
     store = _store(tmp_path)
     store.start()
-    store.step(_row(1))
+    store.step(*_row(1))
     time.sleep(0.7)  # flushed
     store._db.close()  # what a full disk or a removed file looks like to the writer: every write fails
     for step in range(2, 200):
-        store.step(_row(step))
+        store.step(*_row(step))
     store.close()
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("skalpel")]
     assert len(said) == 1 and "cannot write the watch file" in said[0] and "the script runs on" in said[0]
@@ -67,3 +70,26 @@ def test_a_store_that_fails_mid_run_says_it_once_and_takes_rows_on(tmp_path: Pat
 def test_show_of_a_folder_without_a_store_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(SkalpelError, match="no watched run at"):
         open_run(tmp_path)
+
+
+def test_the_writer_fills_each_steps_cpu_time_core_wait_and_memory_from_its_own_readings(tmp_path: Path) -> None:
+    """The training thread appends clock times only; the counters come from the writer's readings around them."""
+    store = _store(tmp_path)
+    store.start()
+    work, clock = torch.randn(64, 64), RunQueueClock()
+    burnt, last, waited = 0.0, time.perf_counter(), clock.read()
+    for step in range(1, 21):
+        began = time.thread_time()
+        while time.thread_time() - began < 0.005:  # 5 ms of this thread's CPU a step
+            torch.mm(work, work)
+        burnt += time.thread_time() - began
+        now = time.perf_counter()
+        ended = clock.read()
+        store.step(step, last, now, 0.0, runq=(waited, ended))
+        last, waited = now, ended
+    store.close()
+    rows = open_run(tmp_path).execute("SELECT cpu_s, runq_s, rss, cuda_allocated FROM steps ORDER BY step").fetchall()
+    assert len(rows) == 20
+    assert all(cpu >= 0 and runq is not None and runq >= 0 and rss > 2**20 and cuda is None for cpu, runq, rss, cuda in rows)
+    # the process's CPU time, spread over the steps between readings: at least what this thread burnt in them
+    assert sum(row[0] for row in rows) >= 0.5 * burnt

@@ -242,5 +242,9 @@ DATALOADER_STALL = Threshold(
     300.0, "of the median step spent waiting for one batch", 50.0, "ms", params=(("min_steps", 3),)
 )
 # A rank of a torchrun job whose CPU time per step is above the other ranks' median: the others wait for
-# it in every collective (judged by `skalpel watch --show` over the ranks' stores).
-SLOW_RANK = Threshold(25.0, "more CPU time per step than the other ranks' median", 0.5, "ms/step")
+# it in every collective. Judged online by each rank's writer every every_s seconds over the last window of
+# steps (at least min_steps on each rank), and by `skalpel watch --show` over the ranks' stores.
+SLOW_RANK = Threshold(
+    25.0, "more CPU time per step than the other ranks' median", 0.5, "ms/step",
+    params=(("min_steps", 50), ("every_s", 2.0)),
+)  # fmt: skip

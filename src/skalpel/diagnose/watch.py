@@ -78,9 +78,11 @@ DATALOADER_STALL = _kind(
 SLOW_RANK = _kind(
     "slow_rank", "A rank of the job falls behind the others", thresholds.SLOW_RANK,
     "profile that rank (skalpel run under torchrun): more work than the others (an uneven shard), a slower core",
-    what="Under torchrun each rank records its own steps; `skalpel watch --show JOB` compares the ranks' median "
-    "CPU time per step, and names the rank above the others' median by the share and the floor. Step times "
-    "cannot tell: the others wait for the slow rank in every collective, so their steps last as long as its own.",
+    what="Under torchrun each rank records its own steps; with --out JOB, each rank's writer reads the other "
+    "ranks' stores every every_s seconds and compares the ranks' median CPU time per step over the last window "
+    "(min_steps at least on each): the rank above the others' median by the share and the floor records the "
+    "anomaly in its own store. `skalpel watch --show JOB` names it over the whole run. Step times cannot tell: "
+    "the others wait for the slow rank in every collective, so their steps last as long as its own.",
     why="Every rank runs at the pace of the slowest: one slow rank costs the whole job its extra time.",
     false_positives="Rank 0 doing extra work on purpose (logging, checkpoints, evaluation); slowness on the "
     "device (a GPU kernel) shows in no CPU time.",

@@ -21,7 +21,8 @@ MIB = 2**20
 MAD_SCALE = 1.4826  # the MAD of a normal distribution times this is its standard deviation
 EVERY = 8  # steps between the judgements over a window (medians of hundreds of steps: too dear for each step)
 REFRESH = 32  # steps between refreshes of the window's median and MAD (what spikes and shifts are judged against)
-KINDS = ("step_spike", "level_shift", "slow_drift", "memory_creep", "dataloader_stall")  # diagnose/watch.py documents them
+# diagnose/watch.py documents them; slow_rank is judged across the ranks of a job (ranks.py)
+KINDS = ("step_spike", "level_shift", "slow_drift", "memory_creep", "dataloader_stall", "slow_rank")
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 Steps are found as ``skalpel run`` finds them (``capture/steps.StepDetector``: the optimizer,
 DataLoader, backward and module hooks, or ``skalpel.step()``). At each boundary the training
-thread reads the clock and a few counters (``probe.py``) and puts one row on the store's
-queue; nothing else happens there unless a capture is asked for. The store's writer thread
-judges each step (``detect.py``); when an anomaly fires (and its kind has not been captured
+thread reads the clock and its core-wait clock and appends them to the store's deque; nothing
+else happens there unless a capture is asked for. The store's writer thread reads the counters (``probe.py``)
+and judges each step (``detect.py``); when an anomaly fires (and its kind has not been captured
 within the cooldown), the next boundary starts a ``ProfileRun`` with ``skalpel run``'s
 settings in ``capture-<step>-<kind>/`` beside the store, drives it for its steps, analyses it
 on the training thread (a pause of a few seconds, left out of the step rows) and links the
@@ -31,7 +31,8 @@ from ..capture.steps import ALL_SIGNALS, LABELS, StepDetector
 from ..errors import SkalpelError
 from .detect import Anomaly, Detector
 from .live import LiveLine, line
-from .probe import Probe, device_memory_limit, host_memory_limit
+from .probe import RunQueueClock, host_memory_limit
+from .ranks import Peers
 from .store import STORE, Store
 
 DEFAULT_COOLDOWN_S = 600.0
@@ -53,20 +54,20 @@ class Watcher:
         self.capture_on = capture
         self.settings = settings or CaptureSettings()
         self.detector = StepDetector(self._boundary, only=step_on)
-        self.probe = Probe()
         self.thread = threading.get_ident()
         # RSS until the script puts memory on a CUDA device (never initialised here: no context of ours)
         self.anomaly_detector = Detector(memory_limit=host_memory_limit(), memory_source="RSS")
-        self._on_device = False
         self.store = Store(folder, self.anomaly_detector, self._on_anomaly)
+        self._append = self.store.steps.append
         self.steps = 0
         self.anomalies: list[tuple[Anomaly, int]] = []
         self.captures: list[Path] = []
         self._started = time.perf_counter()
         self._last: float | None = None
-        self._last_reading = None
+        self.runq = RunQueueClock()
+        self._last_runq: bytes | None = None
         self._loader_s = 0.0  # DataLoader wait of the step under way
-        self._profiled = False  # the step under way is part of a capture
+        self._profiled = 0  # 1: the step under way is part of a capture
         # captures asked for by the writer thread, one per kind, taken in turn at the boundaries (one at a time)
         self._requested: list[tuple[Anomaly, int]] = []
         self._captured_at: dict[str, float] = {}  # kind -> when its last capture was asked for
@@ -78,7 +79,7 @@ class Watcher:
     # -- installing ---------------------------------------------------------------------------
     def install(self) -> None:
         self.thread = threading.get_ident()
-        self.store.start()
+        self.store.start(origin=self._started)
         self.store.meta(script=self.script, started=time.strftime("%Y-%m-%dT%H:%M:%S"), status="running",
                         memory_source=self.anomaly_detector.memory_source,
                         memory_limit=self.anomaly_detector.memory_limit, cooldown_s=self.cooldown_s)  # fmt: skip
@@ -121,34 +122,27 @@ class Watcher:
 
     # -- each step ----------------------------------------------------------------------------
     def _boundary(self) -> None:
+        """Each step's whole cost on the training thread: two clock reads and an append (the detector called this
+        from the script's own process: it tests that)."""
         now = time.perf_counter()
-        if threading.get_ident() != self.thread or not signals.is_owner():
+        if threading.get_ident() != self.thread:
             return
-        reading = self.probe.read()
-        last = self._last_reading
-        if self._last is not None and last is not None and self.store.failed is None:
+        runq = self.runq.read()
+        if self._last is not None:
             self.steps += 1
-            runq = None if reading.runq_s is None or last.runq_s is None else reading.runq_s - last.runq_s
-            if reading.cuda_allocated is not None and not self._on_device:
-                self._on_device = True
-                limit = device_memory_limit()
-                self.store.device_memory(limit)
-                self.store.meta(memory_source="CUDA allocated", memory_limit=limit)
-            self.store.step((self.steps, now - self._started, now - self._last, self._loader_s,
-                             reading.cpu_s - last.cpu_s, runq, reading.rss, reading.cuda_allocated,
-                             reading.cuda_reserved, int(self._profiled)))  # fmt: skip
-        elif self._last is not None:
-            self.steps += 1
+            if self.store.failed is None:
+                self._append((self.steps, self._last, now, self._loader_s, self._profiled, self._last_runq, runq))
+        if self.store.want_device:  # once: the writer saw CUDA initialised, and reads memory on this device
+            self.store.cuda_device(sys.modules["torch"].cuda.current_device())
         if self._capture is not None or self._requested:
             self._drive_capture()
-            reading = self.probe.read()  # the capture's own work stays out of the next step
-            now = time.perf_counter()
-        self._last, self._last_reading, self._loader_s = now, reading, 0.0
+            now, runq = time.perf_counter(), self.runq.read()  # the capture's own work stays out of the next step
+        self._last, self._last_runq, self._loader_s = now, runq, 0.0
 
     def start_clock(self) -> None:
         """Time the first iteration from now (``skalpel.watch()``: the block starts the loop; a script run by
         ``skalpel watch`` is timed from its first boundary, after its imports and set-up)."""
-        self._last, self._last_reading = time.perf_counter(), self.probe.read()
+        self._last, self._last_runq = time.perf_counter(), self.runq.read()
 
     def step(self) -> None:
         """Mark the end of one iteration (a script that marks its own steps)."""
@@ -179,7 +173,7 @@ class Watcher:
             if run.baseline_complete:
                 self._finish_capture()
         except Exception as error:  # noqa: BLE001 - a capture that fails must not stop the training
-            self._capture, self._profiled = None, False
+            self._capture, self._profiled = None, 0
             _say(f"the capture failed ({type(error).__name__}: {error}); the run goes on")
 
     def _start_capture(self, anomaly: Anomaly, anomaly_id: int) -> None:
@@ -189,12 +183,12 @@ class Watcher:
         run.step_signal = LABELS.get(self.detector.signal or "")
         run.start()
         self._capture = (run, anomaly, anomaly_id)
-        self._profiled = True
+        self._profiled = 1
 
     def _finish_capture(self) -> None:
         assert self._capture is not None
         run, anomaly, anomaly_id = self._capture
-        self._capture, self._profiled = None, False
+        self._capture, self._profiled = None, 0
         try:
             run.finish()
             summary = capture_summary(run.report())
@@ -222,7 +216,7 @@ class Watcher:
         self.store.meta(status="ended", ended=time.strftime("%Y-%m-%dT%H:%M:%S"), steps=self.steps,
                         exit_status=exit_status)  # fmt: skip
         self.store.close()
-        self.probe.close()
+        self.runq.close()
 
     def why_no_step(self) -> str | None:
         """One line when the script never stepped; None when it did."""
@@ -266,10 +260,15 @@ def open_watcher(out: str | Path | None, name: str, *, script: str, **options: A
             _say(f"rank {job.rank}: under torchrun each rank records its steps, without captures")
     try:
         folder = runfolder.prepare(Path(out)) if out is not None else runfolder.prepare_new(runfolder.default_folder(name))
-        return Watcher(folder, script=script, **options)
+        watcher = Watcher(folder, script=script, **options)
     except SkalpelError as error:
         _say(f"{error}; the script runs unwatched")
         return None
+    if job is not None:
+        watcher.store.meta(job=job.run_id, rank=job.rank)
+        if out is not None:  # JOB/rankN: the other ranks' stores are its siblings, judged with this one's
+            watcher.store.peers = Peers(folder, job.rank, job.run_id)
+    return watcher
 
 
 class WatchHandle:

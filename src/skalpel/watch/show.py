@@ -14,8 +14,8 @@ import statistics
 from pathlib import Path
 
 from ..capture.runfolder import DEFAULT_PARENT
-from ..diagnose import thresholds as limits
 from ..errors import SkalpelError
+from . import ranks
 from .store import STORE, open_run, read_meta
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -111,12 +111,10 @@ def slowest_rank(folders: list[Path]) -> str:
             medians[folder.name] = statistics.median(cpu)
     if len(medians) < 2:
         return ""
-    slowest = max(medians, key=medians.__getitem__)
-    others = statistics.median(value for name, value in medians.items() if name != slowest)
-    if medians[slowest] < others * (1 + limits.SLOW_RANK.share_pct / 100) or medians[slowest] - others < limits.SLOW_RANK.floor / 1e3:
+    verdict = ranks.judge(medians)
+    if verdict is None:
         return f"ranks: no rank falls behind (CPU time a step: {', '.join(f'{n} {_ms(v)}' for n, v in medians.items())})\n"
-    return (f"ranks: {slowest} falls behind: {_ms(medians[slowest])} of CPU time a step against {_ms(others)} on the "
-            f"others ({medians[slowest] / others:.2f}x); the others wait for it in every collective\n")
+    return f"ranks: {ranks.message(*verdict)}\n"
 
 
 # -- skalpel history ---------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """The watch file: one SQLite database per run (``watch.sqlite`` in the run folder), one row per step.
 
-The training thread only puts a tuple on a queue at each step; a writer thread takes them
-every ``POLL_S``, judges them and inserts them in batches and commits every ``FLUSH_S`` seconds (or ``BATCH`` rows), in WAL mode, so
+The training thread only appends (step, start, end, DataLoader wait, profiled, its core-wait clock
+at the start and end) to a deque at each step; a writer thread takes them every ``POLL_S``, reads
+the process's counters once for all of them (``probe.py``: CPU time and memory, interpolated over
+the steps), judges them and
+inserts them in batches and commits every ``FLUSH_S`` seconds (or ``BATCH`` rows), in WAL mode, so
 the file is readable while the run goes on and a SIGKILL loses at most the batch not yet
 committed. The writer thread also feeds the anomaly detector (``detect.py``): its work stays
 off the training loop. A lock file keeps a second watcher out of a folder in use. A store that
@@ -17,11 +20,14 @@ import sqlite3
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import SkalpelError
 from .detect import Anomaly, Detector, Sample
+from .probe import Counters, RunQueueClock, Timeline, cuda_in_use, device_memory_limit
+from .ranks import Peers
 
 STORE = "watch.sqlite"
 LOCK = ".watch.lock"
@@ -58,25 +64,43 @@ class Store:
             raise SkalpelError(f"cannot create the watch file {self.path}: {error}") from None
         self.detector = detector
         self.on_anomaly = on_anomaly
-        self.queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()  # all but the steps
+        # (step, start, end, loader_s, profiled, runq at start, runq at end) per step: all the training thread does
+        self.steps: deque[tuple[Any, ...]] = deque()
+        self.want_device = False  # the script initialised CUDA: the training thread is asked for its device
         self.failed: str | None = None  # why the store stopped being written
         self.on_flush: Callable[[], None] | None = None  # after each flush, on the writer thread (the live line)
         self.last_row: tuple[Any, ...] | None = None
         self.steps_written = 0
         self._pending: list[tuple[Any, ...]] = []
+        self.origin = time.perf_counter()  # what end_s counts from (the watcher sets its own start)
+        self.counters: Counters | None = None
+        self.timeline = Timeline()
+        self._last_end: tuple[float, tuple[Any, ...]] | None = None  # the last step's end, and the counters there
+        self.peers: Peers | None = None  # the other ranks of a torchrun job (ranks.py), judged with this one
+        self._cpu: deque[float] = deque(maxlen=detector.window)  # CPU time of the last judged steps, for peers
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._write, name="skalpel-watch-writer", daemon=True)
 
-    def start(self) -> None:
+    def start(self, *, origin: float | None = None) -> None:
+        """Start the writer thread."""
+        if origin is not None:
+            self.origin = origin
+        self.counters = Counters()
+        self.timeline.add(self.counters.read())  # before the first step starts: every step lies between readings
         self._thread.start()
 
     # -- from the training thread -------------------------------------------------------------
-    def step(self, row: tuple[Any, ...]) -> None:
-        self.queue.put(("step", row))
+    def step(self, step: int, start: float, end: float, loader_s: float, profiled: int = 0,
+             runq: tuple[bytes | None, bytes | None] = (None, None)) -> None:  # fmt: skip
+        """One step: its start and end on ``time.perf_counter()``, ``RunQueueClock.read()`` at both (the watcher
+        appends to ``steps`` itself)."""
+        self.steps.append((step, start, end, loader_s, profiled, *runq))
 
-    def device_memory(self, limit: int | None) -> None:
-        """From the first step with CUDA memory on: judge that rather than RSS."""
-        self.queue.put(("device", limit))
+    def cuda_device(self, device: int) -> None:
+        """The training thread's CUDA device (asked for with ``want_device``): memory is judged there from now on."""
+        self.want_device = False
+        self.queue.put(("device", device))
 
     def meta(self, **values: Any) -> None:
         self.queue.put(("meta", values))
@@ -94,6 +118,10 @@ class Store:
             self._db.close()
         except sqlite3.Error:
             pass
+        if self.counters is not None:
+            self.counters.close()
+        if self.peers is not None:
+            self.peers.close()
         try:
             os.close(self._lock)
         except OSError:
@@ -117,23 +145,65 @@ class Store:
                     stopping = True
                     break
                 self._handle(item)
+            self._take_steps()  # after the stop item: every step appended before it
+            if self.peers is not None and (stopping or self.peers.due()):
+                self._judge_ranks()
             if stopping or len(self._pending) >= BATCH or time.monotonic() - flushed >= FLUSH_S:
                 self._flush()
                 flushed = time.monotonic()
                 if self.on_flush is not None and not stopping:
                     self.on_flush()
 
+    def _take_steps(self) -> None:
+        """The steps appended since the last poll, with the counters read once for all of them."""
+        steps = self.steps
+        taken = [steps.popleft() for _ in range(len(steps))]  # popleft: safe against the training thread's append
+        assert self.counters is not None
+        self.timeline.add(self.counters.read())  # after the steps were taken: each ended before this reading
+        for step in taken:
+            self._step(*step)
+        if taken:
+            self.timeline.forget_before(taken[-1][2])
+        if self.counters.cuda_device is None and not self.want_device and cuda_in_use():
+            self.want_device = True
+
+    def _step(self, step: int, start: float, end: float, loader_s: float, profiled: int, runq_start: bytes | None,
+              runq_end: bytes | None) -> None:  # fmt: skip
+        if self._last_end is not None and self._last_end[0] == start:
+            before = self._last_end[1]
+        else:
+            before = self.timeline.at(start)
+        after = self.timeline.at(end)
+        self._last_end = (end, after)
+        waited, since = RunQueueClock.seconds(runq_end), RunQueueClock.seconds(runq_start)
+        runq = None if waited is None or since is None else max(waited - since, 0.0)
+        row = (step, end - self.origin, end - start, loader_s, max(after[0] - before[0], 0.0), runq, after[1],
+               after[2], after[3], profiled)  # fmt: skip
+        self._pending.append(row)
+        self.last_row = row
+        if not profiled and step > self.detector.warmup:
+            self._cpu.append(row[4])
+        sample = Sample(step=step, end_s=row[1], wall_s=row[2], loader_s=loader_s,
+                        memory=row[7] if row[7] is not None else row[6], runq_s=runq, judged=not profiled)  # fmt: skip
+        for anomaly in self.detector.feed(sample):
+            self.on_anomaly(anomaly, self._anomaly(anomaly, row[1]))
+
+    def _judge_ranks(self) -> None:
+        assert self.peers is not None
+        try:
+            anomaly = self.peers.check(list(self._cpu), self.last_row[0] if self.last_row else 0)
+        except (sqlite3.Error, OSError):  # another rank's file mid-replacement: judged at the next check
+            return
+        if anomaly is not None:
+            self.on_anomaly(anomaly, self._anomaly(anomaly, self.last_row[1] if self.last_row else 0.0))
+
     def _handle(self, item: tuple[Any, ...]) -> None:
-        if item[0] == "step":
-            row = item[1]
-            self._pending.append(row)
-            self.last_row = row
-            sample = Sample(step=row[0], end_s=row[1], wall_s=row[2], loader_s=row[3],
-                            memory=row[7] if row[7] is not None else row[6], runq_s=row[5], judged=not row[9])  # fmt: skip
-            for anomaly in self.detector.feed(sample):
-                self.on_anomaly(anomaly, self._anomaly(anomaly, row[1]))
-        elif item[0] == "device":
-            self.detector.use_device_memory(item[1])
+        if item[0] == "device":
+            assert self.counters is not None
+            self.counters.cuda_device = item[1]
+            limit = device_memory_limit(item[1])
+            self.detector.use_device_memory(limit)
+            self._handle(("meta", {"memory_source": "CUDA allocated", "memory_limit": limit}))
         elif item[0] == "meta":
             self._execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                           [(key, None if value is None else str(value)) for key, value in item[1].items()])  # fmt: skip
