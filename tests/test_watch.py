@@ -335,3 +335,85 @@ def test_a_balanced_torchrun_job_names_no_slow_rank(tmp_path: Path) -> None:
         assert _rows(store, "SELECT count(*) FROM steps")[0][0] == 298
         assert _rows(store, "SELECT count(*) FROM anomalies WHERE kind = 'slow_rank'")[0][0] == 0, done.stderr
     assert "slow_rank" not in done.stderr
+
+
+# Planted CPU work in each phase of a step: 2 ms in the forward, 5 ms in backward (a custom autograd Function),
+# 3 ms in optimizer.step() (an SGD that does more); then 40 inference steps with neither backward nor optimizer.
+PHASES = """
+import time
+
+import torch
+
+
+def burn(ms):
+    began = time.thread_time()
+    while time.thread_time() - began < ms / 1e3:
+        pass
+
+
+class SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        burn(2)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        burn(5)
+        return grad * 2
+
+
+class SlowSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        burn(3)
+        return super().step(closure)
+
+
+import skalpel
+
+model = torch.nn.Linear(8, 1)
+optimizer = SlowSGD(model.parameters(), lr=0.01)
+with skalpel.watch(out="train", capture=False):
+    for _ in range(40):
+        optimizer.zero_grad()
+        SlowBackward.apply(model(torch.ones(8))).sum().backward()
+        optimizer.step()
+with skalpel.watch(out="infer", capture=False) as watched:
+    for _ in range(40):
+        with torch.no_grad():
+            SlowBackward.apply(model(torch.ones(8)))
+        watched.step()
+"""
+
+
+def test_each_step_is_split_into_forward_backward_and_optimizer_time_and_show_prints_the_split(tmp_path: Path) -> None:
+    script = _script(tmp_path, PHASES)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = _rows(tmp_path / "train" / "watch.sqlite", "SELECT forward_s, backward_s, optimizer_s, wall_s FROM steps")
+    assert len(rows) == 39
+    # each phase lasted at least the CPU time burnt in it (a busy machine only makes it longer)
+    for forward, backward, optimizer, wall in rows:
+        assert forward >= 0.002 and backward >= 0.005 and optimizer >= 0.003, (forward, backward, optimizer)
+        assert abs(forward + backward + optimizer - wall) < 1e-6  # no DataLoader here: the step, whole
+    inference = _rows(tmp_path / "infer" / "watch.sqlite", "SELECT forward_s, backward_s, optimizer_s FROM steps")
+    assert len(inference) == 40 and all(row[1] == 0 and row[2] == 0 and row[0] >= 0.002 for row in inference)
+    shown = subprocess.run([sys.executable, "-m", "skalpel", "watch", "--show", str(tmp_path / "train")],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0 and "time split: forward " in shown.stdout and " backward " in shown.stdout, shown
+
+
+def test_show_reads_a_store_written_before_the_phase_columns(tmp_path: Path) -> None:
+    columns = ("step", "end_s", "wall_s", "loader_s", "cpu_s", "runq_s", "rss", "cuda_allocated", "cuda_reserved",
+               "profiled")  # fmt: skip
+    with sqlite3.connect(tmp_path / "watch.sqlite") as db:
+        db.executescript(f"""CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+            CREATE TABLE steps (step INTEGER PRIMARY KEY, {", ".join(f"{name} REAL" for name in columns[1:])});
+            CREATE TABLE anomalies (id INTEGER PRIMARY KEY, step INTEGER, kind TEXT, message TEXT, value REAL,
+                baseline REAL, at_s REAL, capture TEXT, summary TEXT);""")
+        db.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       [(step, step * 0.01, 0.01, 0.0, 0.01, 0.0, 2**28, None, None, 0) for step in range(1, 101)])
+    shown = subprocess.run([sys.executable, "-m", "skalpel", "watch", "--show", str(tmp_path)], capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "100 steps" in shown.stdout and "time split" not in shown.stdout

@@ -55,7 +55,9 @@ def test_a_store_that_fails_mid_run_says_it_once_and_takes_rows_on(tmp_path: Pat
     store = _store(tmp_path)
     store.start()
     store.step(*_row(1))
-    time.sleep(0.7)  # flushed
+    deadline = time.monotonic() + 30
+    while store.steps_written == 0 and time.monotonic() < deadline:  # flushed
+        time.sleep(0.05)
     store._db.close()  # what a full disk or a removed file looks like to the writer: every write fails
     for step in range(2, 200):
         store.step(*_row(step))

@@ -61,13 +61,13 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
         own.said.add(held)  # with the report, not as the run goes
     with guard, filtered_stderr():  # until the trace is written and analysed
         with capture.installed(), as_main(target, code_path):
-            status, error = _run_script(target, code_path, guard)
+            status, error = run_script(target, code_path, guard)
         if not signals.is_owner():  # a child the script forked came back here
             return RunResult(status, None, error=error, forked_child=True)
         return conclude(capture, guard, target, status, error, folder, removable=not reused)
 
 
-def _run_script(target: Target, code_path: Path, guard: signals.Guard) -> tuple[int, BaseException | None]:
+def run_script(target: Target, code_path: Path, guard: signals.Guard) -> tuple[int, BaseException | None]:
     """Run the script to its end; its exit status and its own exception, if any."""
     try:
         try:

@@ -31,6 +31,7 @@ from ..capture.steps import ALL_SIGNALS, LABELS, StepDetector
 from ..errors import SkalpelError
 from .detect import Anomaly, Detector
 from .live import LiveLine, line
+from .phases import Phases
 from .probe import RunQueueClock, host_memory_limit
 from .ranks import Peers
 from .store import STORE, Store
@@ -67,6 +68,7 @@ class Watcher:
         self.runq = RunQueueClock()
         self._last_runq: bytes | None = None
         self._loader_s = 0.0  # DataLoader wait of the step under way
+        self.phases = Phases()  # its backward and optimizer time
         self._profiled = 0  # 1: the step under way is part of a capture
         # captures asked for by the writer thread, one per kind, taken in turn at the boundaries (one at a time)
         self._requested: list[tuple[Anomaly, int]] = []
@@ -84,6 +86,7 @@ class Watcher:
                         memory_source=self.anomaly_detector.memory_source,
                         memory_limit=self.anomaly_detector.memory_limit, cooldown_s=self.cooldown_s)  # fmt: skip
         self._time_loader()  # beneath the detector's own wrapper: the boundary comes first, then the wait
+        self.phases.install()  # beneath it too
         self.detector.install()
         self.live.start()
 
@@ -119,6 +122,7 @@ class Watcher:
         if self._restore is not None:
             dataloader._BaseDataLoaderIter.__next__ = self._restore
             self._restore = None
+        self.phases.uninstall()
 
     # -- each step ----------------------------------------------------------------------------
     def _boundary(self) -> None:
@@ -127,22 +131,25 @@ class Watcher:
         now = time.perf_counter()
         if threading.get_ident() != self.thread:
             return
-        runq = self.runq.read()
+        runq, phases = self.runq.read(), self.phases
         if self._last is not None:
             self.steps += 1
             if self.store.failed is None:
-                self._append((self.steps, self._last, now, self._loader_s, self._profiled, self._last_runq, runq))
+                self._append((self.steps, self._last, now, self._loader_s, self._profiled, self._last_runq, runq,
+                              phases.backward_s, phases.optimizer_s))  # fmt: skip
         if self.store.want_device:  # once: the writer saw CUDA initialised, and reads memory on this device
             self.store.cuda_device(sys.modules["torch"].cuda.current_device())
         if self._capture is not None or self._requested:
             self._drive_capture()
             now, runq = time.perf_counter(), self.runq.read()  # the capture's own work stays out of the next step
         self._last, self._last_runq, self._loader_s = now, runq, 0.0
+        phases.backward_s = phases.optimizer_s = 0.0
 
     def start_clock(self) -> None:
         """Time the first iteration from now (``skalpel.watch()``: the block starts the loop; a script run by
         ``skalpel watch`` is timed from its first boundary, after its imports and set-up)."""
         self._last, self._last_runq = time.perf_counter(), self.runq.read()
+        self.phases.backward_s = self.phases.optimizer_s = 0.0
 
     def step(self) -> None:
         """Mark the end of one iteration (a script that marks its own steps)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..capture import signals
 from ..capture.kineto_noise import filtered_stderr
-from ..capture.runner import _run_script
+from ..capture.runner import run_script
 from ..capture.settings import CaptureSettings
 from ..capture.target import Target, as_main, check_target
 from .recorder import Watcher, open_watcher
@@ -35,7 +35,7 @@ def watch_script(target: Target, *, out: Path | None = None, name: str | None = 
         if watcher is not None:
             watcher.install()
         with as_main(target, code_path):
-            status, error = _run_script(target, code_path, guard)  # the script's own error is caught there
+            status, error = run_script(target, code_path, guard)  # the script's own error is caught there
         if not signals.is_owner():  # a child the script forked came back here
             return status
         if watcher is not None:

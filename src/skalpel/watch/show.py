@@ -16,7 +16,7 @@ from pathlib import Path
 from ..capture.runfolder import DEFAULT_PARENT
 from ..errors import SkalpelError
 from . import ranks
-from .store import STORE, open_run, read_meta
+from .store import PHASE_COLUMNS, STORE, has_columns, open_run, read_meta
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 WIDTH = 60
@@ -31,7 +31,9 @@ def show_run(path: str | Path, *, width: int = WIDTH) -> str:
     db = open_run(path)
     try:
         meta = read_meta(db)
-        rows = db.execute("SELECT step, wall_s, loader_s, rss, cuda_allocated, profiled FROM steps ORDER BY step").fetchall()
+        phases = ", " + ", ".join(PHASE_COLUMNS) if has_columns(db, *PHASE_COLUMNS) else ""  # an older store: none
+        rows = db.execute(f"SELECT step, wall_s, loader_s, rss, cuda_allocated, profiled{phases} FROM steps "
+                          "ORDER BY step").fetchall()  # fmt: skip
         anomalies = db.execute("SELECT step, kind, message, capture, summary FROM anomalies ORDER BY step").fetchall()
     finally:
         db.close()
@@ -47,6 +49,8 @@ def show_run(path: str | Path, *, width: int = WIDTH) -> str:
     lines.append(f"{len(rows)} steps (steps {rows[0]['step']}-{rows[-1]['step']}); step time "
                  + ", ".join(f"p{p} {_ms(_percentile(walls, p))}" for p in PERCENTILES)
                  + f"; DataLoader wait {loader * 100:.1f}% of the time")  # fmt: skip
+    if phases:
+        lines += _split([row for row in rows if not row["profiled"]])
     steps = [row["step"] for row in rows]
     lines += _timeline("step time", steps, [row["wall_s"] * 1e3 for row in rows], "ms", width)
     memory_key = "cuda_allocated" if rows[-1]["cuda_allocated"] is not None else "rss"
@@ -65,6 +69,19 @@ def show_run(path: str | Path, *, width: int = WIDTH) -> str:
         if anomaly["capture"]:
             lines.append(f"    capture: {folder / anomaly['capture']} ({anomaly['summary']})")
     return "\n".join(lines) + "\n"
+
+
+def _split(rows: list[sqlite3.Row]) -> list[str]:
+    """Where the step time went: forward (the rest), backward, the optimizer, the DataLoader; un-profiled steps."""
+    timed = [row for row in rows if row["forward_s"] is not None]
+    total = sum(row["wall_s"] for row in timed)
+    if not timed or total <= 0:
+        return []
+    parts = [(name, sum(row[column] for row in timed) / total) for name, column in
+             (("forward", "forward_s"), ("backward", "backward_s"), ("optimizer", "optimizer_s"),
+              ("DataLoader", "loader_s"))]  # fmt: skip
+    return ["time split: " + " · ".join(f"{name} {share * 100:.1f}%" for name, share in parts)
+            + " (forward: the rest of the step, the forward pass and whatever else the loop does)"]  # fmt: skip
 
 
 def _timeline(label: str, steps: list[int], values: list[float], unit: str, width: int) -> list[str]:

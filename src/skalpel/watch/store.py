@@ -32,10 +32,12 @@ from .ranks import Peers
 STORE = "watch.sqlite"
 LOCK = ".watch.lock"
 FLUSH_S = 0.5
-POLL_S = 0.05  # how often the writer takes the queued rows and judges them
+POLL_S = 0.2  # how often the writer takes the steps, reads the counters and judges them (each wake-up costs CPU)
 BATCH = 512
+# forward_s, backward_s, optimizer_s came later (a store written before has none: readers ask has_columns)
 STEP_COLUMNS = ("step", "end_s", "wall_s", "loader_s", "cpu_s", "runq_s", "rss", "cuda_allocated", "cuda_reserved",
-                "profiled")  # fmt: skip
+                "profiled", "forward_s", "backward_s", "optimizer_s")  # fmt: skip
+PHASE_COLUMNS = ("forward_s", "backward_s", "optimizer_s")
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS steps (step INTEGER PRIMARY KEY, {", ".join(f"{name} REAL" for name in STEP_COLUMNS[1:])});
@@ -65,7 +67,8 @@ class Store:
         self.detector = detector
         self.on_anomaly = on_anomaly
         self.queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()  # all but the steps
-        # (step, start, end, loader_s, profiled, runq at start, runq at end) per step: all the training thread does
+        # (step, start, end, loader_s, profiled, runq at start, runq at end, backward_s, optimizer_s) per step: all
+        # the training thread does
         self.steps: deque[tuple[Any, ...]] = deque()
         self.want_device = False  # the script initialised CUDA: the training thread is asked for its device
         self.failed: str | None = None  # why the store stopped being written
@@ -92,10 +95,11 @@ class Store:
 
     # -- from the training thread -------------------------------------------------------------
     def step(self, step: int, start: float, end: float, loader_s: float, profiled: int = 0,
-             runq: tuple[bytes | None, bytes | None] = (None, None)) -> None:  # fmt: skip
-        """One step: its start and end on ``time.perf_counter()``, ``RunQueueClock.read()`` at both (the watcher
-        appends to ``steps`` itself)."""
-        self.steps.append((step, start, end, loader_s, profiled, *runq))
+             runq: tuple[bytes | None, bytes | None] = (None, None), backward_s: float | None = None,
+             optimizer_s: float | None = None) -> None:  # fmt: skip
+        """One step: its start and end on ``time.perf_counter()``, ``RunQueueClock.read()`` at both, its backward
+        and optimizer time (the watcher appends to ``steps`` itself)."""
+        self.steps.append((step, start, end, loader_s, profiled, *runq, backward_s, optimizer_s))
 
     def cuda_device(self, device: int) -> None:
         """The training thread's CUDA device (asked for with ``want_device``): memory is judged there from now on."""
@@ -168,7 +172,7 @@ class Store:
             self.want_device = True
 
     def _step(self, step: int, start: float, end: float, loader_s: float, profiled: int, runq_start: bytes | None,
-              runq_end: bytes | None) -> None:  # fmt: skip
+              runq_end: bytes | None, backward_s: float | None, optimizer_s: float | None) -> None:  # fmt: skip
         if self._last_end is not None and self._last_end[0] == start:
             before = self._last_end[1]
         else:
@@ -177,8 +181,11 @@ class Store:
         self._last_end = (end, after)
         waited, since = RunQueueClock.seconds(runq_end), RunQueueClock.seconds(runq_start)
         runq = None if waited is None or since is None else max(waited - since, 0.0)
+        # forward: the rest of the step (the forward pass, and whatever else the loop does)
+        forward = None if backward_s is None or optimizer_s is None else max(end - start - loader_s - backward_s -
+                                                                            optimizer_s, 0.0)  # fmt: skip
         row = (step, end - self.origin, end - start, loader_s, max(after[0] - before[0], 0.0), runq, after[1],
-               after[2], after[3], profiled)  # fmt: skip
+               after[2], after[3], profiled, forward, backward_s, optimizer_s)  # fmt: skip
         self._pending.append(row)
         self.last_row = row
         if not profiled and step > self.detector.warmup:
@@ -278,6 +285,12 @@ def open_run(path: str | Path) -> sqlite3.Connection:
         raise SkalpelError(f"cannot read {store}: {error}") from None
     db.row_factory = sqlite3.Row
     return db
+
+
+def has_columns(db: sqlite3.Connection, *names: str) -> bool:
+    """Whether the run's steps table has these columns (a store written by an older skalpel may not)."""
+    present = {row[1] for row in db.execute("PRAGMA table_info(steps)")}
+    return all(name in present for name in names)
 
 
 def read_meta(db: sqlite3.Connection) -> dict[str, str]:
