@@ -8,7 +8,11 @@ the per-step probe, the store's writer thread and the anomaly judge: everything 
 capture, which a quiet loop never takes). Each block's figure is its median step; the
 result is the median over rounds, watched against bare. The clock is the process's CPU time
 (every thread: the writer's work counts), since on a shared, loaded machine wall time mostly
-measures the other processes; ``--clock wall`` measures wall time instead.
+measures the other processes; ``--clock wall`` measures wall time instead. ``--clock thread``
+is the training thread's CPU time alone (the steps' cost, not the writer's). ``writer`` is the CPU
+time of the process's other threads (the store's writer) during a watched block, per step: it
+goes by the wall clock (a poll every 200 ms), so a loaded machine, where each step lasts longer,
+charges more of it to each step.
 
     .venv/bin/python benchmarks/watch_overhead.py [--rounds 5] [--clock process]
 
@@ -18,6 +22,7 @@ Target: within 1% on 10 ms steps, 3% on 1 ms steps.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -56,22 +61,25 @@ def loop(step_ms: float, steps: int, clock) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="bare and watched blocks per step length (5)")
-    parser.add_argument("--clock", choices=("process", "wall"), default="process", help="process CPU time or wall time")
+    parser.add_argument("--clock", choices=("process", "thread", "wall"), default="process",
+                        help="process CPU time, the training thread's CPU time, or wall time")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
-    clock = time.process_time if args.clock == "process" else time.perf_counter
-    print(f"{'step':>8} {'bare':>10} {'watched':>10} {'overhead':>9} {'per step':>9}  (median of {args.rounds} rounds, "
-          f"{args.clock} clock)")  # fmt: skip
+    clock = {"process": time.process_time, "thread": time.thread_time, "wall": time.perf_counter}[args.clock]
+    print(f"{'step':>8} {'bare':>10} {'watched':>10} {'overhead':>9} {'per step':>9} {'writer':>9}  (median of "
+          f"{args.rounds} rounds, {args.clock} clock; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         for step_ms, steps in STEPS.items():
-            bare, watched = [], []
+            bare, watched, writer = [], [], []
             for number in range(args.rounds):
                 bare.append(statistics.median(loop(step_ms, steps, clock)))
                 with skalpel.watch(out=Path(folder) / f"{step_ms:g}-{number}", capture=False):
+                    others = time.process_time() - time.thread_time()  # every thread but this one: the writer
                     watched.append(statistics.median(loop(step_ms, steps, clock)))
+                    writer.append((time.process_time() - time.thread_time() - others) / steps)
             one, two = statistics.median(bare), statistics.median(watched)
             print(f"{step_ms:>6g}ms {one * 1e3:>8.3f}ms {two * 1e3:>8.3f}ms {(two / one - 1) * 100:>+8.2f}% "
-                  f"{(two - one) * 1e6:>+6.0f} us")  # fmt: skip
+                  f"{(two - one) * 1e6:>+6.0f} us {statistics.median(writer) * 1e6:>6.0f} us")  # fmt: skip
 
 
 if __name__ == "__main__":
