@@ -1,7 +1,8 @@
 """`skalpel watch --show RUN --html FILE`: a watched run's timelines as one page, from stores written the real way.
 
-The stores are written through the watch file's own writer (``watch/store.py``) with the real
-detector judging the rows, or by a real ``skalpel watch`` run; the page is opened in headless Chromium.
+The stores are written through the watch file's own step path (``watch/store.py``, its writer's poll
+driven from the test with planted memory counters) with the real detector judging the rows, or by a real
+``skalpel watch`` run; the page is opened in headless Chromium.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-import time
 from html import escape
 from pathlib import Path
 from urllib.parse import unquote
@@ -20,7 +20,8 @@ import pytest
 
 from skalpel.cli import main
 from skalpel.watch.detect import Anomaly, Detector, Sample
-from skalpel.watch.store import STORE, Store, open_run
+from skalpel.watch.probe import Reading
+from skalpel.watch.store import BATCH, STORE, Store, open_run
 from skalpel.watch.timeline_html import COLUMNS, LEFT, PLOT_H, render_run, write_run_html
 from tests.report_fixtures import DomSummary, chromium, console_messages, needs_browser
 
@@ -44,32 +45,52 @@ class Planted(Detector):
         return found
 
 
+class PlantedCounters:
+    """The process's counters as the test plants them: a read returns the reading set last (at a step's end)."""
+
+    cuda_device = None
+
+    def __init__(self, reading: Reading) -> None:
+        self.reading = reading
+
+    def read(self) -> Reading:
+        return self.reading
+
+    def close(self) -> None:
+        pass
+
+
 def _record(folder: Path, steps: int, *, spike: int | None = None, leak_from: int | None = None, script: str = "train.py",
             plant: dict[int, tuple[str, str]] | None = None, capture: tuple[str, str] | None = None,
             profiled: range = range(0), cuda_from: int | None = None) -> list[tuple[int, str]]:  # fmt: skip
-    """Write a run of ``steps`` 10 ms steps through the store's writer: a 300 ms step at ``spike``, RSS growing
-    1 MiB a step from ``leak_from``, CUDA memory from ``cuda_from``; each anomaly gets ``capture`` (folder, summary) when given. Returns the
-    anomalies the detector found (step, kind)."""
+    """Write a run of ``steps`` 10 ms steps through the store's own step path, its writer's poll driven from the
+    test thread after each step (so that the planted counters are read at each step's end): a 300 ms step at
+    ``spike``, RSS growing 1 MiB a step from ``leak_from``, CUDA memory from ``cuda_from``; each anomaly gets
+    ``capture`` (folder, summary) when given. Returns the anomalies the detector found (step, kind)."""
     folder.mkdir(parents=True, exist_ok=True)
     found: list[tuple[int, str, int]] = []
     store = Store(folder, Planted(plant or {}), lambda anomaly, anomaly_id: found.append((anomaly.step, anomaly.kind, anomaly_id)))
-    store.start()
-    store.meta(script=script, status="running", started="2026-12-04T01:00:00")
+    counters = PlantedCounters(Reading(0.0, 0.0, 300 * MIB, None, None))
+    store.counters, store.origin = counters, 0.0
+    store.timeline.add(counters.read())
+    store._handle(("meta", {"script": script, "status": "running", "started": "2026-12-04T01:00:00"}))
     rng = random.Random(7)
     end = 0.0
     for step in range(1, steps + 1):
         wall = 0.010 + rng.random() * 0.0004 + (0.3 if step == spike else 0.0)
-        end += wall
+        begin, end = end, end + wall
         rss = 300 * MIB + (step - leak_from) * MIB if leak_from is not None and step >= leak_from else 300 * MIB
         cuda = 2**30 + step * 4096 if cuda_from is not None and step >= cuda_from else None
-        store.step((step, end, wall, 0.0, wall, 0.0, rss, cuda, cuda, int(step in profiled)))
-    if capture:  # as the recorder does: once the capture is analysed, from the training thread
-        deadline = time.monotonic() + 120
-        while store.steps_written < steps and time.monotonic() < deadline:
-            time.sleep(0.02)
+        counters.reading = Reading(end, end, rss, cuda, cuda)
+        store.step(step, begin, end, 0.0, int(step in profiled))
+        store._take_steps()  # the writer's poll
+        if step % BATCH == 0:
+            store._flush()
+    store._flush()
+    if capture:  # as the recorder does: once the capture is analysed
         for _, _, anomaly_id in found:
-            store.capture(anomaly_id, *capture)
-    store.meta(status="ended", exit_status=0)
+            store._handle(("capture", anomaly_id, *capture))
+    store._handle(("meta", {"status": "ended", "exit_status": 0}))
     store.close()
     return [(step, kind) for step, kind, _ in found]
 
