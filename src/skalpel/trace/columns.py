@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import mmap
-from operator import attrgetter
 
 import numpy as np
 import orjson
@@ -27,7 +26,6 @@ _MOVES_BYTES = np.array([Kind.MEMCPY, Kind.MEMSET], np.int8)
 _FLOW_CATEGORIES = ("ac2g", "async")
 # Every phase of the Trace Event Format (and its legacy async ones); skalpel reads X, i/I and f.
 _PHASES = frozenset("BEXiICbnestfPONDMRcSTpF()")
-_PHASE = attrgetter("ph")
 COLUMNS = ("ts", "dur", "kind", "name", "pid", "tid", "device", "stream", "correlation", "external_id",
            "stack", "shapes", "nbytes")  # fmt: skip
 MEMORY_COLUMNS = ("ts", "nbytes", "total_allocated", "total_reserved", "device_type", "device_id", "tid")
@@ -47,20 +45,40 @@ class Interner(dict):
 
 
 class _KindCache(dict):
-    """(category id << 32 | name id) -> Kind value, classifying each pair once."""
+    """(category id << 32 | name id) -> Kind value, classifying each pair once.
+
+    Most names come with one category throughout a trace, so each name id also notes the
+    first category it came with and that pair's kind: a batch's kinds are then two array
+    look-ups, and only a name seen in another category goes through the dict.
+    """
 
     def __init__(self, names: list[str], categories: list) -> None:
         super().__init__()
         self.names, self.categories = names, categories
+        self.category_of_name = np.zeros(0, np.int64)  # -1: not seen yet
+        self.kind_of_name = np.zeros(0, np.int8)
 
     def __missing__(self, key: int) -> int:
         kind = self[key] = int(classify(self.categories[key >> 32], self.names[key & 0xFFFFFFFF], "X"))
         return kind
 
     def of(self, category_ids: list[int], name_ids: np.ndarray) -> np.ndarray:
-        keys = (np.array(category_ids, np.int64) << 32) | name_ids
-        unique, inverse = np.unique(keys, return_inverse=True)
-        return np.array([self[key] for key in unique.tolist()], np.int8)[inverse]
+        categories = np.array(category_ids, np.int64)
+        if len(name_ids) and int(name_ids.max()) >= len(self.kind_of_name):
+            grown = max(2 * len(self.kind_of_name), int(name_ids.max()) + 1, 1024)
+            self.category_of_name = np.concatenate([self.category_of_name, np.full(grown - len(self.category_of_name), -1)])
+            self.kind_of_name = np.concatenate([self.kind_of_name, np.zeros(grown - len(self.kind_of_name), np.int8)])
+        kinds = self.kind_of_name[name_ids]
+        others = np.flatnonzero(self.category_of_name[name_ids] != categories)
+        if len(others):
+            keys = (categories[others] << 32) | name_ids[others]
+            unique, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+            found = np.array([self[key] for key in unique.tolist()], np.int8)
+            kinds[others] = found[inverse]
+            new = self.category_of_name[name_ids[others][first]] < 0  # names met for the first time: note them
+            self.category_of_name[name_ids[others][first][new]] = categories[others][first][new]
+            self.kind_of_name[name_ids[others][first][new]] = found[new]
+        return kinds
 
 
 class _ShapeIds(dict):
@@ -110,22 +128,30 @@ class ColumnBuilder:
 
     def add(self, events: list[Event]) -> None:
         self.seen += len(events)
-        phases = list(map(_PHASE, events))  # at C speed
-        unphased = phases.count(None)
+        phases = [e.ph for e in events]  # a comprehension reads a struct's field faster than map(attrgetter)
+        present = set(phases)  # tiny: the filters below run only for the phases a batch has
+        unphased = phases.count(None) if None in present else 0
         self.unphased += unphased
         self.phased = self.phased or unphased < len(events)
-        for phase in set(phases) - _PHASES:  # counted at C speed: the set of phases is tiny
+        for phase in present - _PHASES:  # counted at C speed
             if phase is not None:
                 self.unknown_phases[phase] = self.unknown_phases.get(phase, 0) + phases.count(phase)
-        self._add_ranges([e for e in events if e.ph == "X" and e.cat != "Trace"])  # Trace: the profiler's own spans
-        memory = [e for e in events if e.name == "[memory]" and e.ph in ("i", "I")]
-        if memory:
-            self._add_memory(memory)
-        flows = [e for e in events if e.ph == "f" and e.cat in _FLOW_CATEGORIES]
-        if flows:
-            self._add_flow_ends(flows)
+        if "X" in present:
+            self._add_ranges(events if len(present) == 1 else [e for e in events if e.ph == "X"])
+        if "i" in present or "I" in present:
+            memory = [e for e in events if e.name == "[memory]" and e.ph in ("i", "I")]
+            if memory:
+                self._add_memory(memory)
+        if "f" in present:
+            flows = [e for e in events if e.ph == "f" and e.cat in _FLOW_CATEGORIES]
+            if flows:
+                self._add_flow_ends(flows)
 
     def _add_ranges(self, events: list[Event]) -> None:
+        cats = [e.cat for e in events]
+        if "Trace" in cats:  # the profiler's own spans
+            events = [e for e in events if e.cat != "Trace"]
+            cats = [e.cat for e in events]
         ts = _floats([e.ts for e in events])
         dur = _floats([e.dur for e in events])
         names = [e.name for e in events]
@@ -134,12 +160,11 @@ class ColumnBuilder:
             valid &= np.array([name is not None for name in names], bool)
             self.skipped += len(events) - int(valid.sum())
             events = [e for e, ok in zip(events, valid.tolist()) if ok]
-            ts, dur, names = ts[valid], dur[valid], [e.name for e in events]
+            ts, dur, names, cats = ts[valid], dur[valid], [e.name for e in events], [e.cat for e in events]
         if not events:
             return
         interner, categories = self.interner, self._categories
         name = np.fromiter([interner[text] for text in names], np.int32, len(names))
-        cats = [e.cat for e in events]
         if None in cats:  # no category: maybe the pre-Kineto exporter's, which put it in the pid
             cats = [legacy_category(e.cat, e.pid) for e in events]
         kind = self._kinds.of([categories[cat] for cat in cats], name)
@@ -171,7 +196,7 @@ class ColumnBuilder:
         columns = {
             "ts": ts, "dur": dur, "kind": kind, "name": name, "pid": pid, "tid": tid, "device": device, "stream": stream,
             "correlation": correlation, "external_id": external,
-            "stack": np.fromiter([interner[a.stack] if a.stack else -1 for a in args], np.int32, len(args)),
+            "stack": self._stack_ids([a.stack for a in args]),
             "shapes": np.fromiter([shapes[bytes(a.dims)] if a.dims else -1 for a in args], np.int32, len(args)),
             "nbytes": nbytes,
         }  # fmt: skip
@@ -211,6 +236,12 @@ class ColumnBuilder:
         keep = np.isfinite(ts) & (ids != 0)
         pid, tid = self._ids([e.pid for e in events]), self._ids([e.tid for e in events])
         self._flow_parts.append((pid[keep], tid[keep], ts[keep], ids[keep]))
+
+    def _stack_ids(self, stacks: list) -> np.ndarray:
+        """Call stacks as name ids, -1 where none (most traces have none at all)."""
+        if stacks.count(None) == len(stacks):
+            return np.full(len(stacks), -1, np.int32)
+        return np.fromiter([self.interner[text] if text else -1 for text in stacks], np.int32, len(stacks))
 
     def _ids(self, values: list) -> np.ndarray:
         """Pids and tids: integers, numeric strings, or labels such as 'stream 7' or 'Spans'."""

@@ -121,7 +121,7 @@ def decode_memory_args(raws: list[Raw]) -> list[MemoryArgs]:
 
 
 def _decode_all(raws, batch_decoder, one_decoder, struct, from_dict) -> list:
-    joined = b"[" + b",".join([raw if raw else b"{}" for raw in raws]) + b"]"
+    joined = b"[" + b",".join(raws if all(raws) else [raw if raw else b"{}" for raw in raws]) + b"]"
     try:
         return batch_decoder.decode(joined)
     except msgspec.MsgspecError:

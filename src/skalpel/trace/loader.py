@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import ast
 import errno
+import gc
 import re
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -194,7 +196,8 @@ class _Outcome:
 
 def _parse_file(path: Path, report: Callable[[float], None], split: Split = ONE_PROCESS) -> FileColumns:
     builder = ColumnBuilder()
-    outcome, size, gzip_truncated = _read_text(path, builder, report, split)
+    with _collector_paused():
+        outcome, size, gzip_truncated = _read_text(path, builder, report, split)
     report(1.0)
     truncated = outcome.truncated or gzip_truncated
     warnings = _warnings(path, builder, outcome, truncated, size)
@@ -212,6 +215,19 @@ def _parse_file(path: Path, report: Callable[[float], None], split: Split = ONE_
         warnings.append(f"{path.name}: {far}")
     info = _rank_info(path, outcome.header, truncated, len(columns["ts"]))
     return FileColumns(path, info, builder.names, columns, memory, builder.extra, warnings)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Decoding makes and drops millions of lists and structs but no reference cycles: the cyclic garbage
+    collector, run every few hundred of them, would only walk the heap (some 15% of the builder's time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _read_text(
