@@ -81,11 +81,12 @@ class RankComparison:
         """Each matched collective (2+ ranks) of one rank: (its call, the last rank's start on this rank's clock,
         the rank that arrived last), in order."""
         shared = self._shared
-        if shared is None:
+        if shared is None or rank not in shared.members:
             return []
-        offset = shared.offsets.get(rank, 0.0)
-        groups, latest, last = shared.groups, shared.latest, shared.last_rank
-        return [(groups[index][rank], latest[index] + offset, last[index]) for index in shared.matched.get(rank, ())]
+        groups, indices = shared.matched_of(rank)
+        calls, offset = shared.calls[rank].calls, shared.offsets.get(rank, 0.0)
+        latest, last = (shared.latest[groups] + offset).tolist(), shared.last_rank[groups].tolist()
+        return [(calls[index], start, late) for index, start, late in zip(indices.tolist(), latest, last)]
 
     @cached_property
     def _by_rank(self) -> dict[int, RankTiming]:
@@ -119,23 +120,23 @@ def compare_ranks(
     ``profiles`` (rank -> ``time_profile``) are given when the ranks were reduced one by one
     (``skalpel.job.join``); ``trace`` then only needs ``ranks`` and ``rank_ids``.
     """
-    by_rank = {item.rank: list(item.collectives) for item in comm.ranks}
+    by_rank = {item.rank: item.collectives for item in comm.ranks}
     rank_ids = trace.rank_ids
     reference = rank_ids[0]
     hosts = {info.rank: info.host for info in trace.ranks}
-    groups = _match(by_rank, reference)
-    offsets = _offsets(groups, reference, hosts)
-    waits, last = _waits(groups, offsets)
-    shared = _Shared(groups, offsets, waits, last, hosts, reference)
+    calls = {rank: _Calls(items) for rank, items in by_rank.items()}
+    groups = _match(calls, reference)
+    offsets = _offsets(groups, calls, hosts)
+    shared = _Shared(groups, calls, offsets, hosts)
     timings = tuple(_timing(steps, comm, rank, shared) for rank in rank_ids)
-    usable = [g for g in groups if len(g) >= 2]
+    matched = int(shared.matched.sum())
     warnings = consistency_warnings(trace, steps, {t.rank: (t.matched_collectives, len(by_rank[t.rank])) for t in timings})
     return RankComparison(
         reference_rank=reference,
         ranks=timings,
-        matched_groups=len(usable),
+        matched_groups=matched,
         aligned=all(t.clock != "raw" for t in timings),
-        straggler=_straggler(trace, steps, comm, timings, len(usable), profiles) if len(timings) >= 2 else None,
+        straggler=_straggler(trace, steps, comm, timings, matched, profiles) if len(timings) >= 2 else None,
         warnings=warnings,
         _shared=shared,
     )
@@ -144,194 +145,206 @@ def compare_ranks(
 _UNEVEN = frozenset({"all_to_all", "send_recv", "gather", "scatter"})  # sizes legitimately differ across ranks
 
 
-def _match(by_rank: dict[int, list[Collective]], reference: int) -> list[dict[int, Collective]]:
-    """Groups of matching collectives: {rank: collective}, keyed on the reference rank's ones."""
-    groups: dict[tuple[str, int], dict[int, Collective]] = {}
-    for kind in sorted({c.type for calls in by_rank.values() for c in calls}):
-        ref_calls = [c for c in by_rank.get(reference, []) if c.type == kind]
-        for position, call in enumerate(ref_calls):
-            groups[(kind, position)] = {reference: call}
-        ref_keys = [c.nbytes for c in ref_calls]
-        for rank, calls in by_rank.items():
-            if rank == reference:
+class _Calls:
+    """One rank's collectives as arrays (in time order): the comparison works on whole ranks at numpy speed,
+    not call by call (a 1 GB rank has some 50,000 collectives, a job 1,000 ranks)."""
+
+    __slots__ = ("calls", "start", "end", "nbytes", "group_size", "types", "type_codes", "of_type")
+
+    def __init__(self, calls: tuple[Collective, ...]) -> None:
+        self.calls = calls
+        self.start = np.array([c.start_us for c in calls], np.float64)
+        self.end = np.array([c.end_us for c in calls], np.float64)
+        self.nbytes = np.array([c.nbytes for c in calls], np.int64)
+        self.group_size = np.array([c.group_size for c in calls], np.int64)
+        names = [c.type for c in calls]
+        self.types = sorted(set(names))
+        code_of = {kind: code for code, kind in enumerate(self.types)}
+        self.type_codes = np.array([code_of[kind] for kind in names], np.int64)
+        self.of_type = {kind: np.flatnonzero(self.type_codes == code) for kind, code in code_of.items()}
+
+
+@dataclass
+class _Groups:
+    """Matching collectives of every rank. A group is one of the reference rank's calls: groups are numbered
+    type by type (sorted), in the reference's order; each rank's members pair group numbers with its calls."""
+
+    reference: int
+    count: int
+    synchronising: np.ndarray  # per group: of a type that ends at nearly one true time on every rank
+    ref_start: np.ndarray  # per group: the reference's call
+    ref_end: np.ndarray
+    members: dict[int, tuple[np.ndarray, np.ndarray]]  # rank -> (group numbers, increasing; its call indices)
+
+
+def _match(calls: dict[int, _Calls], reference: int) -> _Groups:
+    """Each rank's collectives matched to the reference rank's, type by type."""
+    empty = _Calls(())
+    ref = calls.get(reference, empty)
+    kinds = sorted({kind for rank_calls in calls.values() for kind in rank_calls.types})
+    bases, count = {}, 0
+    for kind in kinds:
+        bases[kind] = count
+        count += len(ref.of_type.get(kind, ()))
+    ref_order = np.concatenate([ref.of_type.get(kind, np.zeros(0, np.int64)) for kind in kinds] or [np.zeros(0, np.int64)])
+    synchronising = np.concatenate([np.full(len(ref.of_type.get(kind, ())), kind in SYNCHRONISING) for kind in kinds] or [np.zeros(0, bool)])
+    members: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for rank in [reference] + [rank for rank in calls if rank != reference]:  # the reference first: ties go to it
+        mine, found_groups, found_calls = calls.get(rank, empty), [], []
+        for kind, indices in mine.of_type.items():
+            ref_indices = ref.of_type.get(kind)
+            if ref_indices is None:
                 continue
-            mine = [c for c in calls if c.type == kind]
-            for position, other in _pairs(kind, ref_keys, mine):
-                groups[(kind, position)][rank] = other
-    return list(groups.values())
+            if rank == reference:
+                positions = chosen = np.arange(len(indices))
+            else:
+                positions, chosen = _pairs(kind, ref.nbytes[ref_indices], mine.nbytes[indices])
+            found_groups.append(bases[kind] + positions)
+            found_calls.append(indices[chosen])
+        if found_groups:
+            groups, indices = np.concatenate(found_groups), np.concatenate(found_calls)  # types in order: increasing
+            if len(groups):
+                members[rank] = (groups, indices)
+    return _Groups(reference, count, synchronising.astype(bool), ref.start[ref_order], ref.end[ref_order], members)
 
 
-def _pairs(kind: str, ref_keys: list[int], mine: list[Collective]) -> list[tuple[int, Collective]]:
-    """(reference position, collective): in order when sizes may differ per rank, else on equal sizes.
+def _pairs(kind: str, ref_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(reference positions, own positions) of the paired calls of one type: in order when sizes may differ
+    per rank, else on equal sizes.
 
     difflib costs the product of the lengths on sizes that repeat (every step's all_reduce of one
     bucket), so the common head and tail are paired first, in order, and only what lies between
     goes to it: a rank that recorded the reference's sequence costs its length (a job's usual case).
     """
-    if kind in _UNEVEN and len(mine) == len(ref_keys):
-        return list(enumerate(mine))  # uneven all_to_all splits: each rank moves its own byte count
-    keys = [c.nbytes for c in mine]
-    if keys == ref_keys:
-        return list(enumerate(mine))
-    head = 0
-    while head < len(keys) and head < len(ref_keys) and keys[head] == ref_keys[head]:
-        head += 1
-    tail = 0
-    while tail < len(keys) - head and tail < len(ref_keys) - head and keys[-1 - tail] == ref_keys[-1 - tail]:
-        tail += 1
+    if len(keys) == len(ref_keys) and (kind in _UNEVEN or np.array_equal(keys, ref_keys)):
+        every = np.arange(len(keys))  # uneven all_to_all splits: each rank moves its own byte count
+        return every, every
+    shorter = min(len(keys), len(ref_keys))
+    differ = np.flatnonzero(keys[:shorter] != ref_keys[:shorter])
+    head = int(differ[0]) if len(differ) else shorter
+    rest = shorter - head
+    differ = np.flatnonzero(keys[len(keys) - rest :][::-1] != ref_keys[len(ref_keys) - rest :][::-1])
+    tail = int(differ[0]) if len(differ) else rest
     import difflib  # here: a one-rank analysis never needs it (1-2 ms of `skalpel analyze`'s start)
 
-    matcher = difflib.SequenceMatcher(None, ref_keys[head : len(ref_keys) - tail], keys[head : len(keys) - tail], autojunk=False)
-    middle = [
-        (head + block.a + step, mine[head + block.b + step]) for block in matcher.get_matching_blocks() for step in range(block.size)
-    ]
-    end = [(len(ref_keys) - tail + step, mine[len(keys) - tail + step]) for step in range(tail)]
-    return [(position, mine[position]) for position in range(head)] + middle + end
+    matcher = difflib.SequenceMatcher(
+        None, ref_keys[head : len(ref_keys) - tail].tolist(), keys[head : len(keys) - tail].tolist(), autojunk=False
+    )
+    blocks = [block for block in matcher.get_matching_blocks() if block.size]
+    ref_positions = [np.arange(head)] + [head + block.a + np.arange(block.size) for block in blocks]
+    own_positions = [np.arange(head)] + [head + block.b + np.arange(block.size) for block in blocks]
+    ref_positions.append(np.arange(len(ref_keys) - tail, len(ref_keys)))
+    own_positions.append(np.arange(len(keys) - tail, len(keys)))
+    return np.concatenate(ref_positions), np.concatenate(own_positions)
 
 
-def _offsets(groups: list[dict[int, Collective]], reference: int, hosts: dict[int, str | None]) -> dict[int, float]:
+def _offsets(groups: _Groups, calls: dict[int, _Calls], hosts: dict[int, str | None]) -> dict[int, float]:
     """Clock offset of each rank against the reference, pooled over the ranks of one host.
 
     Ranks on the reference's host share its clock (offset 0). For other hosts: the median
     difference of matched collective ends, kept inside what causality allows (no rank
     finishes a collective before every rank has started it).
     """
+    reference = groups.reference
     pools: dict[object, list[int]] = defaultdict(list)
-    for rank in {rank for group in groups for rank in group}:
+    for rank in groups.members:
         host = hosts.get(rank)
         pools[host if host is not None else ("rank", rank)].append(rank)
-    pool_of = {rank: key for key, ranks in pools.items() for rank in ranks}
     reference_host = hosts.get(reference)
-    estimated = {
-        key for key, ranks in pools.items()
-        if reference not in ranks and not (reference_host is not None and hosts.get(ranks[0]) == reference_host)
-    }  # fmt: skip
-    bounds = _Bounds.over(groups, reference, {rank: pool_of[rank] for rank in pool_of if pool_of[rank] in estimated})
     offsets: dict[int, float] = {}
     for key, ranks in pools.items():
-        value = bounds[key].estimate() if key in bounds else (None if key in estimated else 0.0)
+        if reference in ranks or (reference_host is not None and hosts.get(ranks[0]) == reference_host):
+            offsets.update({rank: 0.0 for rank in ranks})
+            continue
+        value = _pool_offset(groups, calls, ranks)
         if value is not None:
             offsets.update({rank: value for rank in ranks})
     return offsets
 
 
-class _Bounds:
-    """One pool's differences of matched collective ends against the reference, and what causality allows."""
-
-    def __init__(self) -> None:
-        self.diffs: list[float] = []
-        self.low, self.high = -np.inf, np.inf
-
-    @classmethod
-    def over(cls, groups: list[dict[int, Collective]], reference: int, pool_of: dict[int, object]) -> dict[object, _Bounds]:
-        """Every estimated pool's bounds, in one pass over the groups: O(ranks x collectives)."""
-        found: dict[object, _Bounds] = {}
-        for group in groups:
-            ref = group[reference]
-            if ref.type not in SYNCHRONISING:
-                continue
-            for rank, call in group.items():
-                key = pool_of.get(rank)
-                if key is None:
-                    continue
-                bounds = found.get(key) or found.setdefault(key, cls())
-                bounds.diffs.append(call.end_us - ref.end_us)
-                low, high = call.start_us - ref.end_us, call.end_us - ref.start_us
-                if low > bounds.low:  # max() and min() as comparisons: this runs ranks x collectives times
-                    bounds.low = low
-                if high < bounds.high:
-                    bounds.high = high
-        return found
-
-    def estimate(self) -> float:
-        value = numeric.median(self.diffs)
-        return float(np.clip(value, self.low, self.high)) if self.low <= self.high else value
-
-
-def _waits(groups: list[dict[int, Collective]], offsets: dict[int, float]) -> tuple[dict[int, float], dict[int, int]]:
-    """Total wait (us) and count of last arrivals per rank, on aligned clocks."""
-    wait: dict[int, float] = defaultdict(float)
-    last: dict[int, int] = defaultdict(int)
-    for group in groups:
-        if len(group) < 2:
+def _pool_offset(groups: _Groups, calls: dict[int, _Calls], ranks: list[int]) -> float | None:
+    """The median difference of one pool's synchronising collective ends against the reference's, kept within
+    causality; None when the pool has no synchronising collective matched."""
+    diffs, low, high = [], -np.inf, np.inf
+    for rank in ranks:
+        members, indices = groups.members[rank]
+        synchronising = groups.synchronising[members]
+        if not synchronising.any():
             continue
-        starts = {rank: call.start_us - offsets.get(rank, 0.0) for rank, call in group.items()}
-        latest = max(starts.values())
-        for rank, call in group.items():  # min(max(latest - start, 0), duration), as comparisons: ranks x collectives
-            gap = latest - starts[rank]
-            if 0.0 > gap:
-                gap = 0.0
-            duration = call.end_us - call.start_us
-            if duration < gap:
-                gap = duration
-            wait[rank] += gap
-        last[max(starts, key=starts.get)] += 1
-    return wait, last
+        members, indices = members[synchronising], indices[synchronising]
+        start, end = calls[rank].start[indices], calls[rank].end[indices]
+        diffs.append(end - groups.ref_end[members])
+        low = max(low, float((start - groups.ref_end[members]).max()))
+        high = min(high, float((end - groups.ref_start[members]).min()))
+    if not diffs:
+        return None
+    value = numeric.median(np.concatenate(diffs))
+    return float(np.clip(value, low, high)) if low <= high else value
 
 
-@dataclass
 class _Shared:
-    """What every rank's timing reads of the job, worked out once: per rank, only its own groups are visited."""
+    """What every rank's timing reads of the job, worked out once for all groups: their sizes, the last
+    aligned start and the rank that arrived last; per rank, only its own groups are read."""
 
-    groups: list[dict[int, Collective]]
-    offsets: dict[int, float]
-    waits: dict[int, float]
-    last: dict[int, int]
-    hosts: dict[int, str | None]
-    reference: int
-    factors: dict[tuple[str, int], float] = field(default_factory=dict)  # busbw factor by (type, group size)
+    def __init__(self, groups: _Groups, calls: dict[int, _Calls], offsets: dict[int, float], hosts: dict[int, str | None]) -> None:
+        self.members, self.calls, self.offsets, self.hosts, self.reference = groups.members, calls, offsets, hosts, groups.reference
+        sizes = np.zeros(groups.count, np.int64)
+        latest = np.full(groups.count, -np.inf)
+        last_rank = np.full(groups.count, -1, np.int64)
+        for rank, (members, indices) in groups.members.items():  # the reference first: the first of equal starts is last
+            sizes[members] += 1
+            starts = calls[rank].start[indices] - offsets.get(rank, 0.0)
+            later = starts > latest[members]
+            latest[members[later]] = starts[later]
+            last_rank[members[later]] = rank
+        self.matched = sizes >= 2  # groups of 2+ ranks: the others are not compared
+        self.latest = np.where(self.matched, latest, np.nan)
+        self.last_rank = np.where(self.matched, last_rank, -1)
+        ranks, counts = np.unique(self.last_rank[self.matched], return_counts=True)
+        self.last = dict(zip(ranks.tolist(), counts.tolist()))
+        self._matched_of: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    @cached_property
-    def latest(self) -> list[float]:
-        """Each group's last aligned start (matched groups of 2+ ranks; NaN for the others)."""
-        offsets = self.offsets
-        return [
-            max(call.start_us - offsets.get(rank, 0.0) for rank, call in group.items()) if len(group) >= 2 else np.nan
-            for group in self.groups
-        ]
-
-    @cached_property
-    def last_rank(self) -> list[int]:
-        """Each group's last rank to arrive on the aligned clocks (matched groups of 2+ ranks; -1 for the others)."""
-        offsets = self.offsets
-        return [
-            max(group, key=lambda rank: group[rank].start_us - offsets.get(rank, 0.0)) if len(group) >= 2 else -1
-            for group in self.groups
-        ]
-
-    @cached_property
-    def matched(self) -> dict[int, list[int]]:
-        """rank -> the indices of the matched groups (2+ ranks) it takes part in, in order."""
-        found: dict[int, list[int]] = defaultdict(list)
-        for index, group in enumerate(self.groups):
-            if len(group) >= 2:
-                for rank in group:
-                    found[rank].append(index)
+    def matched_of(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rank's matched groups (2+ ranks), in order, and its calls in them."""
+        found = self._matched_of.get(rank)
+        if found is None:
+            members, indices = self.members[rank]
+            keep = self.matched[members]
+            found = self._matched_of[rank] = (members[keep], indices[keep])
         return found
+
+    def wait_us(self, rank: int) -> float:
+        """Time the rank waited in collectives for later ranks: from its start to the last start, at most the call."""
+        if rank not in self.members:
+            return 0.0
+        members, indices = self.matched_of(rank)
+        calls = self.calls[rank]
+        start = calls.start[indices] - self.offsets.get(rank, 0.0)
+        gap = np.minimum(np.maximum(self.latest[members] - start, 0.0), calls.end[indices] - calls.start[indices])
+        return float(gap.sum())
 
 
 def _transfer_busbw(shared: _Shared, rank: int) -> dict[str, float]:
     """Bus bandwidth by type over the time after the last rank arrived: the transfer, not the wait."""
-    moved: dict[str, float] = defaultdict(float)
-    spent: dict[str, float] = defaultdict(float)
-    offset = shared.offsets.get(rank, 0.0)
-    groups, latest, factors = shared.groups, shared.latest, shared.factors
-    for index in shared.matched.get(rank, ()):
-        call = groups[index][rank]
-        if call.nbytes <= 0:
-            continue
-        start = latest[index] + offset
-        if call.start_us > start:
-            start = call.start_us
-        transfer = call.end_us - start
-        if transfer > 0:
-            key = (call.type, call.group_size)
-            factor = factors.get(key)
-            if factor is None:
-                factor = factors[key] = busbw_factor(call.type, call.group_size)
-            moved[call.type] += call.nbytes * factor
-            spent[call.type] += transfer
-    return {kind: moved[kind] / spent[kind] / 1e3 for kind in moved}
+    if rank not in shared.members:
+        return {}
+    members, indices = shared.matched_of(rank)
+    calls = shared.calls[rank]
+    start = np.maximum(shared.latest[members] + shared.offsets.get(rank, 0.0), calls.start[indices])
+    transfer = calls.end[indices] - start
+    nbytes = calls.nbytes[indices]
+    keep = (nbytes > 0) & (transfer > 0)
+    if not keep.any():
+        return {}
+    codes, sizes, transfer, nbytes = calls.type_codes[indices][keep], calls.group_size[indices][keep], transfer[keep], nbytes[keep]
+    sizes = np.clip(sizes, 1, 2**31)  # busbw_factor counts a size under 1 as 1
+    pairs, inverse = np.unique((codes << 32) + sizes, return_inverse=True)  # (type, group size): a few of them
+    factors = [busbw_factor(calls.types[pair >> 32], pair & 0xFFFFFFFF) for pair in pairs.tolist()]
+    factor = np.array(factors, np.float64)[inverse.reshape(-1)]
+    moved = np.bincount(codes, nbytes * factor, len(calls.types))
+    spent = np.bincount(codes, transfer, len(calls.types))
+    present, first = np.unique(codes, return_index=True)
+    return {calls.types[code]: moved[code] / spent[code] / 1e3 for code in present[np.argsort(first)].tolist()}
 
 
 def _timing(steps: StepSegmentation, comm: CommAnalysis, rank: int, shared: _Shared) -> RankTiming:
@@ -339,7 +352,7 @@ def _timing(steps: StepSegmentation, comm: CommAnalysis, rank: int, shared: _Sha
     count = max(len(own), 1)
     step_ms = numeric.median([s.duration_ms for s in own]) if own else 0.0
     rank_comm = comm.for_rank(rank)
-    wait_ms = shared.waits.get(rank, 0.0) / count / 1000.0
+    wait_ms = shared.wait_us(rank) / count / 1000.0
     return RankTiming(
         rank=rank,
         steps=len(own),
@@ -349,7 +362,7 @@ def _timing(steps: StepSegmentation, comm: CommAnalysis, rank: int, shared: _Sha
         busy_ms_per_step=max(step_ms - wait_ms, 0.0),
         clock_offset_us=shared.offsets.get(rank, 0.0),
         clock=_clock_source(shared, rank),
-        matched_collectives=len(shared.matched.get(rank, ())),
+        matched_collectives=len(shared.matched_of(rank)[0]) if rank in shared.members else 0,
         last_arrivals=shared.last.get(rank, 0),
         transfer_busbw_gbps=_transfer_busbw(shared, rank),
     )
