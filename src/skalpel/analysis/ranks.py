@@ -337,14 +337,20 @@ def _transfer_busbw(shared: _Shared, rank: int) -> dict[str, float]:
     if not keep.any():
         return {}
     codes, sizes, transfer, nbytes = calls.type_codes[indices][keep], calls.group_size[indices][keep], transfer[keep], nbytes[keep]
-    sizes = np.clip(sizes, 1, 2**31)  # busbw_factor counts a size under 1 as 1
-    pairs, inverse = np.unique((codes << 32) + sizes, return_inverse=True)  # (type, group size): a few of them
-    factors = [busbw_factor(calls.types[pair >> 32], pair & 0xFFFFFFFF) for pair in pairs.tolist()]
-    factor = np.array(factors, np.float64)[inverse.reshape(-1)]
-    moved = np.bincount(codes, nbytes * factor, len(calls.types))
+    present = list(dict.fromkeys(codes.tolist()))  # types in the order of their first call
+    factor = np.empty(len(codes))
+    for code in present:  # a few types, each mostly of one group size
+        chosen = codes == code
+        group_sizes = sizes[chosen]
+        if group_sizes.min() == group_sizes.max():
+            factor[chosen] = busbw_factor(calls.types[code], int(group_sizes[0]))
+        else:
+            distinct, inverse = np.unique(group_sizes, return_inverse=True)
+            factors = np.array([busbw_factor(calls.types[code], size) for size in distinct.tolist()])
+            factor[chosen] = factors[inverse.reshape(-1)]
+    moved = np.bincount(codes, nbytes * factor, len(calls.types))  # summed in call order
     spent = np.bincount(codes, transfer, len(calls.types))
-    present, first = np.unique(codes, return_index=True)
-    return {calls.types[code]: moved[code] / spent[code] / 1e3 for code in present[np.argsort(first)].tolist()}
+    return {calls.types[code]: moved[code] / spent[code] / 1e3 for code in present}
 
 
 def _timing(steps: StepSegmentation, comm: CommAnalysis, rank: int, shared: _Shared) -> RankTiming:
