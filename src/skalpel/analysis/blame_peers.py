@@ -68,8 +68,7 @@ def with_late_peers(trace: Trace, result: BlameResult, comparison: RankCompariso
 def collective_waits(trace: Trace, blamed: RankBlame, collectives) -> CollectiveWaits:
     """The rank's collective-wait pieces, with the name and line of each of its ``collectives`` that holds one."""
     calls = sorted(collectives, key=lambda call: call.start_us)
-    starts = np.array([call.start_us for call in calls])
-    found = [_holding(calls, starts, (low + high) / 2) for _, low, high in blamed.collective_spans]
+    found = _holding(calls, np.array([(low + high) / 2 for _, low, high in blamed.collective_spans], np.float64)).tolist()
     outside = [position for position, index in enumerate(found) if index < 0]
     host_side = [-1] * len(found)
     if outside:  # NCCL: the host's wait is outside the kernel that times the collective
@@ -132,12 +131,11 @@ def split_waits(waits: CollectiveWaits, arrivals) -> PeerSplit:
     """Each piece split at the last arrival of the matched collective holding it (``RankComparison.arrivals_of``)."""
     arrivals = sorted(arrivals, key=lambda item: item[0].start_us)
     calls = [call for call, _, _ in arrivals]
-    starts = np.array([call.start_us for call in calls])
+    holding = _holding(calls, np.array([(low + high) / 2 for _, low, high in waits.spans], np.float64)).tolist()
     by_step: list[dict[str, float]] = [defaultdict(float) for _ in waits.step_numbers]
     by_cause: dict[tuple[str, int | None, int], float] = defaultdict(float)  # (part, peer, collective event) -> ms
     by_event = {call.event: index for index, call in enumerate(calls)}
-    for position, (step, low, high) in enumerate(waits.spans):
-        index = _holding(calls, starts, (low + high) / 2)
+    for position, ((step, low, high), index) in enumerate(zip(waits.spans, holding)):
         if index < 0 and waits.host_side:  # the host's wait for a kernel-timed collective
             index = by_event.get(waits.host_side[position], -1)
         if index < 0:
@@ -158,14 +156,25 @@ def split_waits(waits: CollectiveWaits, arrivals) -> PeerSplit:
     return PeerSplit(tuple(dict(split) for split in by_step), dict(total), _top(waits.described, by_cause))
 
 
-def _holding(calls, starts: np.ndarray, instant: float) -> int:
-    """The index of the call (sorted by start) holding an instant, the latest started when calls overlap (a few
-    looked back at); -1 for none."""
-    position = int(np.searchsorted(starts, instant, side="right")) - 1
-    for index in range(position, max(position - 4, -1), -1):
-        if calls[index].start_us <= instant < calls[index].end_us:
-            return index
-    return -1
+def _holding(calls, instants: np.ndarray) -> np.ndarray:
+    """For each instant, the index of the call (sorted by start) holding it, the latest started when calls overlap
+    (a few looked back at); -1 for none. All instants at once: a rank has one per collective wait, 10,000s of them."""
+    starts = np.array([call.start_us for call in calls], np.float64)
+    ends = np.array([call.end_us for call in calls], np.float64)
+    found = np.full(len(instants), -1, np.int64)
+    if not calls:
+        return found
+    position = np.searchsorted(starts, instants, side="right") - 1
+    for back in range(_LOOK_BACK):  # the latest started first: the first call that holds the instant wins
+        index = position - back
+        open_ = (found < 0) & (index >= 0)
+        safe = np.where(open_, index, 0)
+        held = open_ & (starts[safe] <= instants) & (instants < ends[safe])
+        found[held] = index[held]
+    return found
+
+
+_LOOK_BACK = 4
 
 
 def _top(described: dict[int, tuple[str, str | None]], by_cause) -> tuple[PeerWait, ...]:
