@@ -414,6 +414,7 @@ def test_list_and_bad_arguments_answer_in_one_line(capsys: pytest.CaptureFixture
     for argv, words in ((["tune", "--try", "warp_drive", "train.py"], "unknown candidate 'warp_drive'"),
                         (["tune", "--budget", "-5", "train.py"], "--budget must be a positive number"),
                         (["tune", "--steps", "0", "train.py"], "--steps must be at least 1"),
+                        (["tune", "--extra-runs", "-1", "train.py"], "--extra-runs must be at least 0"),
                         (["tune"], "give a script to tune")):  # fmt: skip
         assert main(argv) == 2
         err = capsys.readouterr().err

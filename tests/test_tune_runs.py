@@ -210,10 +210,11 @@ def starved(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def four_workers(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
-    """One session on a host-bound loop whose 4 workers fight its threads: fewer workers, the split, compile."""
+    """One session on a host-bound loop whose 4 workers fight its threads: fewer workers, the split, compile; its
+    tests read what was tried, not verdicts, so no candidate gets more runs (``--extra-runs 0``)."""
     folder = tmp_path_factory.mktemp("four_workers")
     script, out = _script(folder, FOUR_WORKERS), folder / "tune.json"
-    done = _tune("--no-profile", "--repeats", "1", "--warmup", "2", "--steps", "5", "--budget", "120",
+    done = _tune("--no-profile", "--repeats", "1", "--extra-runs", "0", "--warmup", "2", "--steps", "5", "--budget", "120",
                  "--json", str(out), str(script), cwd=folder, env=INDUCTOR_CACHE)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done, _validated(out)
@@ -274,6 +275,11 @@ def test_four_workers_on_few_cores_try_fewer_workers_and_a_split_with_threads(fo
     assert split["fix"]["threads"] >= 1 and split["fix"]["dataloader"]["num_workers"] >= 1
     assert "now 4 workers" in fewer["change"][0]["edit"]
     assert "num_workers" not in by_name  # 4 workers: none more on these cores, and the words say 4, not 2
+    # --extra-runs 0: one run each, an undecided candidate said so instead of run again
+    assert all(c["runs"] == 1 and c["extra_runs"] == 0 for c in result["candidates"]), result["candidates"]
+    assert "one more run" not in done.stderr
+    for candidate in [c for c in result["candidates"] if c["undecided"]]:
+        assert f"{candidate['name']}: its interval straddles the line: no_gain until more runs" in " ".join(result["notes"])
     _assert_recommended_from_the_final_verdicts(result)
     best = max((c for c in result["candidates"] if c["verdict"] == "faster"), key=lambda c: c["speedup"], default=None)
     if best is not None and best["name"] in ("fewer_workers", "workers_threads"):
@@ -302,7 +308,7 @@ def test_a_candidate_that_crashes_is_error_and_the_others_still_run(tmp_path: Pa
     script = _script(tmp_path, SPAWN_LAMBDA)
     out = tmp_path / "tune.json"
     done = _tune("--no-profile", "--try", "num_workers", "--try", "foreach_optimizer", "--skip", "compile",
-                 "--skip", "threads", "--repeats", "1",
+                 "--skip", "threads", "--repeats", "1", "--extra-runs", "0",
                  "--budget", "50", "--warmup", "1", "--steps", "4", "--json", str(out), str(script), "--steps", "8", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr  # the script got its --steps: the baseline ran
     result = _validated(out)

@@ -32,6 +32,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--warmup", type=int, default=3, metavar="N", help="steps run before timing, per run (3)")
     parser.add_argument("--steps", type=int, default=10, metavar="N", help="steps timed per run (10)")
     parser.add_argument("--repeats", type=int, default=2, metavar="N", help="runs per candidate (2)")
+    parser.add_argument("--extra-runs", type=int, default=3, metavar="N",
+                        help="more runs, at most, for a candidate whose interval straddles the line (3; 0: none)")  # fmt: skip
     parser.add_argument("--from", dest="findings_from", metavar="PATH",
                         help="take the findings from this run folder, report.json or trace instead of profiling")  # fmt: skip
     parser.add_argument("--no-profile", dest="profile", action="store_false",
@@ -53,7 +55,8 @@ def check(args: argparse.Namespace) -> None:
         raise SkalpelError(f"unknown candidate {unknown[0]!r}; skalpel tune --list shows them: {', '.join(BY_NAME)}")
     if not 0 < args.budget < float("inf"):
         raise SkalpelError(f"--budget must be a positive number of seconds, not {args.budget}")
-    for name, value, low in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0)):
+    for name, value, low in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
+                             ("--extra-runs", args.extra_runs, 0)):  # fmt: skip
         if value < low:
             raise SkalpelError(f"{name} must be at least {low}, not {value}")
     if not args.target and args.findings_from:
@@ -95,6 +98,7 @@ def execute(args: argparse.Namespace) -> int:
 
     files = requested(TUNE_RENDERERS, json=args.json, html=args.html, out=args.out)  # a bad --out fails before the runs
     options = TuneOptions(window=Window(args.warmup, args.steps), repeats=args.repeats, budget_s=args.budget,
+                          extra_runs=args.extra_runs,
                           forced=tuple(dict.fromkeys(args.forced)), skipped=tuple(dict.fromkeys(args.skipped)),
                           findings_from=args.findings_from,
                           profile=args.profile)  # fmt: skip

@@ -9,7 +9,7 @@
    fails makes its candidate ``error`` and the others go on; a first run clearly slower ends its
    candidate early.
 4. Undecided candidates (their interval straddles the line, ``stats.compare``) get more rounds,
-   each with its baseline run, up to ``MAX_EXTRA_RUNS`` and within the budget; tune says so.
+   each with its baseline run, up to ``--extra-runs`` (``MAX_EXTRA_RUNS``) and within the budget; tune says so.
 5. The winners (``faster``) combined in one more candidate, measured the same way.
 6. Recommended: the winners measured together, when that is at least as fast as the best alone;
    else the best one alone. Nothing that was not measured ``faster`` is ever recommended.
@@ -43,6 +43,7 @@ MAX_EXTRA_RUNS = 3  # more runs for a candidate whose interval straddles the lin
 class TuneOptions:
     window: Window = field(default_factory=Window)
     repeats: int = 2  # runs per candidate
+    extra_runs: int = MAX_EXTRA_RUNS  # at most this many more runs for an undecided candidate (0: none)
     budget_s: float = 300.0
     forced: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()  # --skip: left out whatever the findings
@@ -210,7 +211,7 @@ class _Session:
 
     def _settle_undecided(self) -> None:
         """More runs, each round with its baseline run, for the candidates whose interval straddles the line."""
-        for _ in range(MAX_EXTRA_RUNS):
+        for _ in range(self.options.extra_runs):
             undecided = [entry for entry in self.result.candidates
                          if entry.undecided and entry.verdict == "no_gain" and not entry.stopped_early]  # fmt: skip
             if not undecided:
