@@ -374,7 +374,7 @@ torch.manual_seed(0)
 torch.set_num_threads(1)
 cell, head = torch.nn.LSTMCell(4, 8), torch.nn.Linear(8, 1)
 optimizer = torch.optim.LBFGS(list(cell.parameters()) + list(head.parameters()), lr=0.1, max_iter=2)
-x = torch.randn(2, 300, 4)  # about 9 MiB the profiler holds a step: the 16 MiB budget trips in step 2 or 3 of 5
+x = torch.randn(2, 300, 4)  # about 17 MiB the profiler holds a step: the 24 MiB budget trips in step 2 of 5
 for step in range(10):
     def closure():
         optimizer.zero_grad()
@@ -393,11 +393,13 @@ def test_a_recording_past_its_memory_budget_stops_early_and_keeps_what_it_has(tm
     script = tmp_path / "many_ops.py"
     script.write_text(textwrap.dedent(MANY_OPS))
     out = tmp_path / "run"
+    # Above one step's records, so the window is not recorded again without memory profiling first (that path:
+    # test_capture_partial_step); the recording stops inside its second step.
     result = _skalpel("--out", str(out), "--warmup", "1", "--active", "5", str(script), cwd=tmp_path,
-                      env=dict(os.environ, SKALPEL_RECORD_BUDGET_MB="16"))  # fmt: skip
+                      env=dict(os.environ, SKALPEL_RECORD_BUDGET_MB="24"))  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "script done 9" in result.stdout  # the script ran on to its end, un-profiled
-    assert "recording stopped early" in result.stderr and "(budget 16 MiB, $SKALPEL_RECORD_BUDGET_MB)" in result.stderr
+    assert "recording stopped early" in result.stderr and "(budget 24 MiB, $SKALPEL_RECORD_BUDGET_MB)" in result.stderr
     report = Report.from_json((out / "report.json").read_bytes())
     assert any("recording stopped early" in warning for warning in report.warnings)
     assert report.steps.count >= 1 and (out / "trace-rank0.json.gz").is_file()
