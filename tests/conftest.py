@@ -71,6 +71,22 @@ def uncompressed_copy(tmp_path: Path, name: str, keep: float = 1.0) -> Path:
     return target
 
 
+# ---- real runs shared by the tests that read them ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """One real ``skalpel demo`` with its defaults (24 steps, two windows): (the finished process, its run folder),
+    run once for the tests of several files that read its report and pages."""
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("demo") / "demo"
+    done = subprocess.run([sys.executable, "-m", "skalpel", "demo", "--out", str(folder)], capture_output=True,
+                          text=True, timeout=600, cwd=folder.parent)  # fmt: skip
+    return done, folder
+
+
 # ---- negative controls that run on a busy machine instead of skipping -------------------------------------------
 
 

@@ -109,10 +109,10 @@ def test_script_that_raises_keeps_trace_summary_and_exit_status(tmp_path: Path) 
     assert Report.from_json((out / "report.json").read_bytes()).capture.exit_status == 1
 
 
-def test_demo_shows_data_loading_as_the_largest_share(tmp_path: Path) -> None:
-    result = _skalpel("demo", "--out", str(tmp_path / "demo"), cwd=tmp_path)
+def test_demo_shows_data_loading_as_the_largest_share(demo_run) -> None:
+    result, folder = demo_run  # `skalpel demo` with its defaults (conftest; the browser test reads its page)
     assert result.returncode == 0, result.stderr
-    report = Report.from_json((tmp_path / "demo" / "report.json").read_bytes())
+    report = Report.from_json((folder / "report.json").read_bytes())
     assert report.capture is not None and report.capture.repeats == 2
     assert len(report.capture.window_medians_ms) == 2 and report.capture.noise_pct is not None
     breakdown = report.ranks[0].step_breakdown_pct

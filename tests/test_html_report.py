@@ -8,8 +8,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from html import escape, unescape
 from importlib import resources
 from pathlib import Path
@@ -256,11 +254,9 @@ def test_browser_opens_a_real_trace_report_verdict_first(tmp_path: Path) -> None
 
 @needs_browser
 @pytest.mark.slow
-def test_browser_opens_the_demo_run_folder_report(tmp_path: Path) -> None:
+def test_browser_opens_the_demo_run_folder_report(demo_run, tmp_path: Path) -> None:
     """`skalpel demo` writes report.html into its run folder; the data-loading verdict comes first."""
-    folder = tmp_path / "demo"
-    done = subprocess.run([sys.executable, "-m", "skalpel", "demo", "--out", str(folder), "--repeat", "1"],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)  # fmt: skip
+    done, folder = demo_run  # one demo run, shared with test_capture_run (conftest)
     assert done.returncode == 0, done.stderr[-2000:]
     document = json.loads((folder / "report.json").read_text())
     jsonschema.Draft202012Validator(json.loads(resources.files("skalpel.result").joinpath("report.schema.json").read_text())).validate(document)
