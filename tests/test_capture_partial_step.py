@@ -24,7 +24,11 @@ from skalpel.result.report import Report
 
 pytestmark = pytest.mark.slow
 
-TIME_STEPS = 600  # about 10 MiB the profiler holds a step: the 16 MiB budget trips in the 2nd of 4, never the 1st
+# About 17 MiB the profiler holds a step with memory profiling: the 24 MiB budget trips in the 2nd of 4, never the 1st
+# (at 16 MiB a rank's 1st step could cross it, so the window was recorded again without memory profiling, then
+# without stacks, and the script could end before the lighter window reached the budget: no "stopped early").
+TIME_STEPS = 600
+BUDGET_MB = "24"
 LSTM_STEPS = """
 import torch
 {imports}from torch import nn
@@ -78,7 +82,7 @@ def test_a_step_allocating_a_gigabyte_does_not_cut_the_recording(tmp_path: Path)
 def test_the_step_cut_by_the_memory_budget_is_left_out(tmp_path: Path) -> None:
     script = tmp_path / "big_step.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB="16", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB=BUDGET_MB, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     command = [sys.executable, "-m", "skalpel", "run", "--warmup", "1", "--active", "4", "--out", str(tmp_path / "run"),
                str(script)]  # fmt: skip
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
@@ -105,7 +109,7 @@ def test_under_nproc_each_rank_says_it_once(tmp_path: Path) -> None:
     """Each rank printed the paragraph as it happened and again as it ended: now once per rank."""
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
-    env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB="16", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+    env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB=BUDGET_MB, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                SKALPEL_RANK_WAIT_S="120")  # fmt: skip
     command = [sys.executable, "-m", "skalpel", "run", "--nproc", "2", "--warmup", "1", "--active", "4",
                "--out", str(tmp_path / "run"), str(script)]  # fmt: skip
