@@ -24,7 +24,7 @@ from skalpel.report import html
 from skalpel.report.terminal import render_text
 from skalpel.report.terminal_job import sparkline
 from skalpel.result.diff import diff_reports
-from skalpel.result.report import Report, rank_ranges
+from skalpel.result.report import AcrossRanks, Report, rank_ranges
 from skalpel.trace.loader import load
 
 from .conftest import corpus
@@ -132,6 +132,22 @@ def test_corpus_jobs_keep_their_findings_merged(name: str) -> None:
         if len(severities) > 1:
             assert finding.severity == min(severities, key=["critical", "warning", "info"].index)
             assert all(f"{severity} on " in finding.across.describe() for severity in severities)
+
+
+def test_a_scattered_severity_list_is_cut_to_a_count_and_its_first_ranks():
+    # ranks 2, 6, 7 of every 8 critical, the rest warning (as the 256-rank DLRM job): 96 and 160 ranks in 64 and
+    # 96 ranges, which took 12 lines of an 80-column terminal
+    per_rank = tuple({"rank": rank, "severity": "critical" if rank % 8 in (2, 6, 7) else "warning"} for rank in range(256))
+    across = AcrossRanks(ranks="0-255", count=256, of=256, key="idle_pct", min=34.8, median=58.2, max=78.7,
+                         worst=(2, 6), per_rank=per_rank)  # fmt: skip
+    text = across.describe()
+    assert "critical on 96 ranks (2, 6-7, 10, 14-15, 18, 22-23, 26, …)" in text
+    assert "warning on 160 ranks (0-1, 3-5, 8-9, 11-13, 16-17, 19-21, …)" in text
+    assert len(text) < 250
+    few = AcrossRanks(ranks="0-3", count=4, of=4, per_rank=per_rank[:4]).describe()
+    assert few == "on 4 of 4 ranks (0-3); critical on 2, warning on 0-1, 3"  # short lists stay whole
+    assert "critical on 2-254 every 4" in AcrossRanks(ranks="0-255", count=256, of=256, per_rank=tuple(
+        {"rank": rank, "severity": "critical" if rank % 4 == 2 else "warning"} for rank in range(256))).describe()
 
 
 def _thousand_ranks(report: Report) -> Report:

@@ -64,7 +64,7 @@ class AcrossRanks:
         for item in self.per_rank:
             severities.setdefault(str(item.get("severity")), []).append(int(item.get("rank", -1)))
         if len(severities) > 1:  # the finding is as severe as its worst rank: say where it is less so
-            text += "; " + ", ".join(f"{severity} on {rank_ranges(ranks)}" for severity, ranks in
+            text += "; " + ", ".join(f"{severity} on {_ranks_briefly(ranks)}" for severity, ranks in
                                      sorted(severities.items(), key=lambda item: _SEVERITY_ORDER.get(item[0], 9)))  # fmt: skip
         if self.differs:
             text += f"; {self.differs}"
@@ -72,6 +72,15 @@ class AcrossRanks:
 
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+_RANKS_WIDTH = 40  # a longer rank list (every 4th rank of 256 is 90 ranges) is cut: per_rank has every rank
+
+
+def _ranks_briefly(ranks: list[int]) -> str:
+    """'2, 6-7, 10' or, past ``_RANKS_WIDTH`` characters, '96 ranks (2, 6-7, 10, 14-15, …)'."""
+    text = rank_ranges(ranks)
+    if len(text) <= _RANKS_WIDTH:
+        return text
+    return f"{len(ranks)} ranks ({text[:_RANKS_WIDTH].rsplit(', ', 1)[0]}, …)"
 
 
 def _short(value: float | None) -> str:
