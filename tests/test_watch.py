@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from skalpel.diagnose.thresholds import WATCH_WINDOW_STEPS
+from tests.conftest import skip
 
 pytestmark = pytest.mark.slow
 
@@ -189,6 +190,27 @@ def test_a_folder_that_cannot_be_written_is_one_line_and_the_script_runs_unwatch
     lines = [line for line in done.stderr.splitlines() if line.startswith("skalpel")]
     assert len(lines) == 1 and "the script runs unwatched" in lines[0] and "cannot write" in lines[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_full_disk_is_one_line_the_script_runs_on_and_the_steps_before_it_stay_readable(tmp_path: Path) -> None:
+    disk = tmp_path / "disk"  # a real full disk: a 128 KiB tmpfs, which the watch file outgrows in a few dozen steps
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        skip(f"a small tmpfs cannot be mounted here (needs root): {mounted.stderr.strip()}")
+    try:
+        script = _script(tmp_path)
+        done = _watch("--out", str(disk / "run"), str(script), "--steps", "3000", "--step-ms", "0.2", cwd=tmp_path)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        full = [line for line in done.stderr.splitlines() if "cannot write the watch file" in line]
+        assert len(full) == 1 and "the script runs on" in full[0], done.stderr
+        recorded = _rows(disk / "run" / "watch.sqlite", "SELECT step FROM steps ORDER BY step")
+        assert recorded and [step for (step,) in recorded] == list(range(1, len(recorded) + 1))  # every step up to it
+        (summary,) = [line for line in done.stderr.splitlines() if "watched" in line and "steps" in line]
+        assert f"only the first {len(recorded)} recorded" in summary, summary  # not "watched 2999 steps" alone
+        assert len(recorded) < 2900  # the disk did fill up
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
 
 
 def test_two_runs_at_once_in_one_folder_the_second_says_so_and_runs_on(tmp_path: Path) -> None:

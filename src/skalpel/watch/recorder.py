@@ -240,7 +240,9 @@ class Watcher:
     def summary(self) -> str:
         kinds = ", ".join(f"{anomaly.kind} at step {anomaly.step}" for anomaly, _ in self.anomalies)
         found = f"{len(self.anomalies)} anomal{'y' if len(self.anomalies) == 1 else 'ies'}" + (f" ({kinds})" if kinds else "")
-        return f"watched {self.steps} steps: {found}, {len(self.captures)} capture(s); {self.folder / STORE}"
+        lost = "" if self.store.failed is None else (
+            f" (only the first {self.store.steps_written} recorded: the watch file could not be written after them)")
+        return f"watched {self.steps} steps{lost}: {found}, {len(self.captures)} capture(s); {self.folder / STORE}"
 
 
 def capture_summary(report: Any) -> str:
