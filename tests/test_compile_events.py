@@ -12,6 +12,7 @@ from skalpel.job.build import build_report
 from skalpel.trace.loader import load
 
 from .conftest import corpus
+from .tracebuilder import TraceBuilder
 
 
 def _compile(relative: str):
@@ -113,3 +114,30 @@ def test_compiled_region_groups_its_triton_kernels():
     assert row.region == "0/0" and row.calls == 1
     assert row.kernels == 12 and row.triton_kernels == 4 and row.device_ms > row.host_ms > 0
     assert row.function is None  # no compile log in a trace from elsewhere: the region cannot be named
+
+
+def _region_trace(tmp_path, *, launch_first: bool, unlinked: bool):
+    """A compiled region that launches one Triton kernel of 30 us; optionally a device copy no launch call links to."""
+    builder = TraceBuilder()
+    if launch_first:  # the file's first event: index 0 of the loaded trace
+        builder.launch(100, 5, work_ts=110, work_dur=30, kernel="triton_poi_fused_add_0")
+    if unlinked:  # a device event of its own duration (70 us) with no launch call: not the region's work
+        builder.events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0,
+                               "tid": 7, "ts": 60, "dur": 70, "args": {"device": 0, "stream": 7}})  # fmt: skip
+    builder.host("Torch-Compiled Region: 0/0", 100, 50)
+    if not launch_first:
+        builder.launch(100, 5, work_ts=110, work_dur=30, kernel="triton_poi_fused_add_0")
+    builder.step(1, 90, 100)
+    return load([builder.write(tmp_path / "region.json")])
+
+
+@pytest.mark.parametrize("launch_first, unlinked", [(True, False), (False, True), (True, True)])
+def test_compiled_region_counts_only_the_kernels_it_launched(tmp_path, launch_first: bool, unlinked: bool):
+    """The region's device time is its Triton kernel's 30 us, whether the launch is the trace's first event or a
+    device copy no launch call links to comes first."""
+    from skalpel.analysis.compiled_regions import compiled_regions
+
+    trace = _region_trace(tmp_path, launch_first=launch_first, unlinked=unlinked)
+    (row,) = compiled_regions(trace, trace.rank_ids[0])
+    assert (row.kernels, row.triton_kernels) == (1, 1)
+    assert row.device_ms == pytest.approx(0.030)
