@@ -349,3 +349,23 @@ def test_communication_findings_quote_the_median_step(tmp_path):
     for rule_id in ("communication_bound", "low_comm_overlap"):
         assert found[rule_id].evidence["step_ms"] == pytest.approx(30.0, abs=0.01), rule_id
         assert "median step 30.0 ms" in found[rule_id].title
+
+
+@pytest.mark.parametrize("launch_us, described", [(120.0, True), (150.0, True), (151.0, False)])
+def test_a_comm_kernel_takes_its_size_from_the_op_open_at_its_launch(tmp_path: Path, launch_us: float, described: bool):
+    """An nccl:all_reduce op of 100-150 us with 1,000 floats launches its kernel: at 120 us, or at 150 us exactly (an
+    op is open at its last microsecond), the kernel's size is the op's 4,000 bytes; launched at 151 us, no op is
+    open and the size is unknown (0)."""
+    from skalpel.analysis.collectives import find_collectives
+    from tests.tracebuilder import TraceBuilder
+
+    builder = TraceBuilder()
+    builder.step(1, 0, 1000)
+    builder.host("nccl:all_reduce", 100, 50, **{"In msg nelems": 1000, "Out msg nelems": 1000, "dtype": "Float",
+                                                 "Group size": 2})  # fmt: skip
+    builder.launch(launch_us, 4, work_ts=200, work_dur=40, kernel="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    trace = load(builder.write(tmp_path / "rank.json"))
+    (collective,) = find_collectives(trace, trace.rank_ids[0])
+    assert collective.type == "all_reduce" and collective.on_device
+    assert collective.nbytes == (4000 if described else 0)
+    assert collective.group_size == (2 if described else 1)
