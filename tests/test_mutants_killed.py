@@ -1,0 +1,47 @@
+"""Inputs that kill the mutants benchmarks/mutation_score.py found alive, for modules without a test file of their own.
+
+Each test names the line it guards and asserts the value that line produces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skalpel.analysis.step_device import RankStepDevice, device_in_steps
+from skalpel.analysis.steps import segment_steps
+from skalpel.trace.loader import load
+from tests.tracebuilder import TraceBuilder
+
+
+def test_step_device_shares_of_two_unequal_steps(tmp_path: Path) -> None:
+    """Two 10 ms steps, the device busy 2 ms in the first and 9 ms in the second: idle 80% and 10% of each,
+    45% of both together (step_device.py idle_ms, idle_pct_by_step, idle_pct, steps_idle_at_least)."""
+    builder = TraceBuilder()
+    builder.step(1, 0, 10_000)
+    builder.launch(100, 5, work_ts=1000, work_dur=2000)
+    builder.step(2, 10_000, 10_000)
+    builder.launch(10_100, 5, work_ts=10_500, work_dur=9000)
+    trace = load(builder.write(tmp_path / "rank.json"))
+    rank = device_in_steps(trace, segment_steps(trace)).for_rank(trace.rank_ids[0])
+    assert rank.step_ms == pytest.approx((10.0, 10.0)) and rank.busy_ms == pytest.approx((2.0, 9.0))
+    assert rank.mean_step_ms == pytest.approx(10.0)
+    assert rank.idle_ms == pytest.approx((8.0, 1.0))
+    assert rank.idle_pct_by_step == pytest.approx((80.0, 10.0))
+    assert rank.idle_pct == pytest.approx(45.0) and rank.busy_pct == pytest.approx(55.0)
+    assert rank.idle_ms_per_step == pytest.approx(4.5)
+    assert rank.steps_idle_at_least(50.0) == pytest.approx(50.0)
+    assert rank.steps_idle_at_least(80.0) == pytest.approx(50.0)  # a share reaching the bar counts
+    assert rank.steps_idle_at_least(5.0) == pytest.approx(100.0)
+
+
+def test_step_device_shares_of_zero_length_steps_are_zero() -> None:
+    """A step of 0 ms has no idle share (not a division by zero); neither have no steps at all."""
+    rank = RankStepDevice(rank=0, step_ms=(0.0, 10.0), busy_ms=(0.0, 5.0))
+    assert rank.idle_pct_by_step == pytest.approx((0.0, 50.0))
+    assert rank.idle_pct == pytest.approx(50.0)
+    empty = RankStepDevice(rank=0, step_ms=(0.0,), busy_ms=(0.0,))
+    assert (empty.idle_pct, empty.busy_pct, empty.idle_pct_by_step) == (0.0, 0.0, (0.0,))
+    none = RankStepDevice(rank=0, step_ms=(), busy_ms=())
+    assert (none.idle_pct, none.busy_pct, none.idle_ms_per_step, none.steps_idle_at_least(1.0)) == (0.0, 0.0, 0.0, 0.0)
