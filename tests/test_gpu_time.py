@@ -193,6 +193,8 @@ def test_launch_delays_match_raw_json():
     assert result.delay_p99_us == pytest.approx(float(np.percentile(delays, 99)))
     assert result.kernels == len(kernels)
     assert result.tiny_kernels == tiny
+    assert 0 < tiny < len(kernels) and result.tiny_kernel_pct == pytest.approx(100.0 * tiny / len(kernels))
+    assert result.to_dict()["tiny_kernel_pct"] == result.tiny_kernel_pct
     assert result.kernels_per_step == pytest.approx(len(kernels) / result.steps, rel=0.05)
 
 
