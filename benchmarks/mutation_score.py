@@ -112,12 +112,13 @@ PACKAGE_TESTS = {
 
 
 def tests_for(module: str) -> list[str]:
-    """Test files that name the module (its import path or ``from ..package import name``), else its package's."""
+    """Test files that name the module (its import path or ``from ..package import name``) or are named after it
+    (``tests/test_blame_peers.py`` tests ``blame_peers.py`` through ``run_analyses``), else its package's."""
     stem = Path(module).stem
     package = Path(module).parent.name
     pattern = re.compile(rf"\b{package}\.{stem}\b|from skalpel\.{package} import[^\n]*\b{stem}\b|\b{stem}\b\.")
     named = sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").glob("test_*.py")
-                   if pattern.search(path.read_text()))  # fmt: skip
+                   if path.stem == f"test_{stem}" or pattern.search(path.read_text()))  # fmt: skip
     return named or list(PACKAGE_TESTS.get(package, ()))
 
 

@@ -45,3 +45,19 @@ def test_step_device_shares_of_zero_length_steps_are_zero() -> None:
     assert (empty.idle_pct, empty.busy_pct, empty.idle_pct_by_step) == (0.0, 0.0, (0.0,))
     none = RankStepDevice(rank=0, step_ms=(), busy_ms=())
     assert (none.idle_pct, none.busy_pct, none.idle_ms_per_step, none.steps_idle_at_least(1.0)) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_the_analyses_bundle_carries_the_memory_curve(tmp_path: Path) -> None:
+    """run_analyses fills in the memory analysis (bundle.py): a 1 MiB then a 2 MiB allocation, then a free, peak at 3 MiB."""
+    from skalpel.analysis.bundle import run_analyses
+
+    builder = TraceBuilder()
+    builder.step(1, 0, 1000)
+    builder.launch(100, 5, work_ts=200, work_dur=300)
+    builder.memory(150, 2**20, 2**20)
+    builder.memory(250, 2 * 2**20, 3 * 2**20)
+    builder.memory(600, -(2**20), 2 * 2**20)
+    trace = load(builder.write(tmp_path / "rank.json"))
+    analyses = run_analyses(trace)
+    main = analyses.memory.main_device(trace.rank_ids[0])
+    assert main.peak_bytes == 3 * 2**20
