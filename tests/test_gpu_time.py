@@ -280,3 +280,22 @@ def test_gpu_annotations_with_a_stream_are_not_device_work():
     windowed = gpu_time(trace, options=HTA_WINDOW).for_rank(0)
     launched_before = (trace.launcher[device] >= 0) & (trace.ts[np.maximum(trace.launcher[device], 0)] < last_host_start)
     assert windowed.events == int(launched_before.sum()) < len(device)
+
+
+def test_launch_delays_and_tiny_kernels_of_a_small_trace(tmp_path):
+    """Four kernels launched by 5 us calls, starting 10, 20, 30 and 40 us after their launch; three run 2 us (shorter
+    than their launch call: tiny), one 100 us."""
+    from tests.tracebuilder import TraceBuilder
+
+    builder = TraceBuilder()
+    builder.step(1, 0, 1000)
+    for number, (delay, work) in enumerate([(10, 2), (20, 2), (30, 100), (40, 2)]):
+        start = 100 + 200 * number
+        builder.launch(start, 5, work_ts=start + delay, work_dur=work)
+    trace = load(builder.write(tmp_path / "rank.json"))
+    result = launches(trace, segment_steps(trace)).for_rank(trace.rank_ids[0])
+    assert (result.launched, result.kernels, result.tiny_kernels) == (4, 4, 3)
+    assert result.tiny_kernel_pct == pytest.approx(75.0) and result.to_dict()["tiny_kernel_pct"] == pytest.approx(75.0)
+    assert (result.delay_median_us, result.delay_max_us) == (pytest.approx(25.0), pytest.approx(40.0))
+    assert result.delay_p90_us == pytest.approx(float(np.percentile([10, 20, 30, 40], 90)))
+    assert result.kernels_per_step == pytest.approx(4.0)
