@@ -282,3 +282,12 @@ def test_a_sync_after_the_collective_is_its_host_side():
     kernel = next(call.event for call in calls if call.on_device)
     owners = _host_side_owners(trace, 0, calls, np.array([120.0, 1000.0, 7000.0, 9200.0, 50.0]))
     assert owners.tolist() == [kernel, kernel, kernel, -1, -1]
+
+def test_collective_waits_move_onto_the_jobs_clock_and_event_numbers() -> None:
+    """A rank reduced on its own keeps its waits for the join, which shifts their times and renumbers their events."""
+    from skalpel.analysis.blame_peers import CollectiveWaits
+
+    waits = CollectiveWaits(((0, 10.0, 20.0),), (1,), {5: ("nccl:all_reduce", "train.py:3")})
+    moved = waits.shifted(100.0, 1000)
+    assert moved.spans == ((0, 110.0, 120.0),) and moved.step_numbers == (1,)
+    assert moved.described == {1005: ("nccl:all_reduce", "train.py:3")}

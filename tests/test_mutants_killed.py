@@ -61,3 +61,21 @@ def test_the_analyses_bundle_carries_the_memory_curve(tmp_path: Path) -> None:
     analyses = run_analyses(trace)
     main = analyses.memory.main_device(trace.rank_ids[0])
     assert main.peak_bytes == 3 * 2**20
+
+
+def test_a_rank_without_device_work_has_no_step_device_share(tmp_path: Path) -> None:
+    """Two ranks with steps, only rank 0 with device work: rank 1's share is None, not a step 100% idle (step_device.py
+    `no device events or no steps`)."""
+    for rank in (0, 1):
+        builder = TraceBuilder()
+        builder.header = {"distributedInfo": {"rank": rank, "world_size": 2, "backend": "nccl"}, "host_name": "node0"}
+        builder.step(1, 0, 1000)
+        builder.host("aten::add", 10, 100)
+        if rank == 0:
+            builder.launch(20, 5, work_ts=40, work_dur=500)
+        builder.write(tmp_path / f"trace-rank{rank}.json")
+    trace = load(tmp_path)
+    result = device_in_steps(trace, segment_steps(trace))
+    assert sorted(result.ranks) == [0, 1]
+    assert result.for_rank(0).busy_ms == pytest.approx((0.5,))
+    assert result.for_rank(1) is None
