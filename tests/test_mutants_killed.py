@@ -79,3 +79,16 @@ def test_a_rank_without_device_work_has_no_step_device_share(tmp_path: Path) -> 
     assert sorted(result.ranks) == [0, 1]
     assert result.for_rank(0).busy_ms == pytest.approx((0.5,))
     assert result.for_rank(1) is None
+
+
+@pytest.mark.parametrize("second_marker, noted", [((2000, 0), False), ((500, 200), True)])
+def test_a_zero_length_step_marker_is_not_an_overlap(tmp_path: Path, second_marker, noted: bool) -> None:
+    """A zero-length ProfilerStep marker between two steps overlaps nothing (steps.py `_tiling` keeps it, so no marker note);
+    a marker inside another step is one the notes count."""
+    builder = TraceBuilder()
+    builder.step(1, 0, 1000)
+    builder.step(2, *second_marker)
+    builder.step(3, 3000, 1000)
+    trace = load(builder.write(tmp_path / "rank.json"))
+    notes = segment_steps(trace).notes
+    assert bool(notes) == noted, notes
