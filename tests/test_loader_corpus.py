@@ -54,3 +54,18 @@ def test_two_rank_folder_loads_both_ranks() -> None:
     trace = load(corpus("hta/trace_filter"))
     assert trace.rank_ids == [0, 1]
     assert trace.ranks[0].world_size == 128
+
+
+def test_flops_counts_stay_on_their_own_op(tmp_path) -> None:
+    """with_flops writes a count on some ops: each loaded op keeps its own count, wherever it is in the file."""
+    from tests.tracebuilder import TraceBuilder
+
+    builder = TraceBuilder()
+    builder.step(1, 0, 1000)
+    for number in range(5):
+        builder.host("aten::add", 10 + 100 * number, 50)
+        builder.host("aten::mm", 60 + 100 * number, 30, flops=1000 * (number + 1))
+    trace = load(builder.write(tmp_path / "rank.json"))
+    ops = sorted((i for i in range(len(trace)) if trace.kind[i] == Kind.CPU_OP), key=lambda i: trace.ts[i])  # file order
+    counts = [(trace.name_of(i), trace.args_of(i).get("flops")) for i in ops]
+    assert counts == [item for number in range(5) for item in (("aten::add", None), ("aten::mm", 1000.0 * (number + 1)))]
