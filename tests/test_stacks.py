@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from skalpel.trace.line_samples import HEADER_KEY
 from skalpel.trace.loader import load
 from skalpel.trace.stacks import NO_STACKS, Locator, format_location, is_user_file, parse_frame
 
@@ -76,3 +77,21 @@ def test_no_stacks_says_how_to_get_them(tmp_path):
     trace = _trace(tmp_path, [_x("aten::mm", "cpu_op", 0, 10)])
     assert Locator(trace).locations([0]) == (NO_STACKS,)
     assert "with_stack=True" in NO_STACKS
+
+
+def test_line_samples_name_the_statement_that_ran(tmp_path):
+    """A skalpel capture's line samples (header ``skalpel_line_samples``) put the op at line 23 of train_step, where the
+    samples inside it were taken, instead of its def line 20."""
+    samples = {"anchor_step": 3, "anchor_us": 5000.0, "interval_us": 50,
+               "samples": [[5000.0 + t, [["train.py", 20, "train_step", 23], ["train.py", 10, "<module>", 11]]]
+                           for t in (210, 250, 290)]}  # fmt: skip
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({HEADER_KEY: samples, "traceEvents": [
+        _x("ProfilerStep#3", "user_annotation", 0, 1000),
+        _x("train.py(10): <module>", "python_function", 0, 1000),
+        _x("train.py(20): train_step", "python_function", 100, 800),
+        _x("aten::mm", "cpu_op", 200, 100),
+    ]}))  # fmt: skip
+    trace = load(path)
+    ops = [index for index in range(len(trace)) if trace.name_of(index) == "aten::mm"]
+    assert Locator(trace).locations(ops) == ("train.py:23 in train_step",)
