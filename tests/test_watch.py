@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import closing
 from pathlib import Path
 
 import orjson
@@ -88,7 +89,7 @@ def _script(tmp_path: Path, source: str = PLANTED, name: str = "train.py") -> Pa
 
 
 def _rows(db_path: Path, sql: str) -> list[tuple]:
-    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
+    with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:  # closed: `with` alone only commits
         return db.execute(sql).fetchall()
 
 
@@ -210,7 +211,8 @@ def test_a_full_disk_is_one_line_the_script_runs_on_and_the_steps_before_it_stay
         assert f"only the first {len(recorded)} recorded" in summary, summary  # not "watched 2999 steps" alone
         assert len(recorded) < 2900  # the disk did fill up
     finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
+        if subprocess.run(["umount", str(disk)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(disk)], capture_output=True)  # detached once nothing holds it
 
 
 def test_two_runs_at_once_in_one_folder_the_second_says_so_and_runs_on(tmp_path: Path) -> None:
