@@ -60,7 +60,7 @@ def test_a_script_that_runs_on_is_told_how_to_end_it(tmp_path: Path) -> None:
         assert len(said) == 1, "".join(lines)[-2000:]
         assert "--stop-after-capture" in said[0] and "3 step(s) are recorded" in said[0]
         process.send_signal(signal.SIGINT)
-        out, _ = process.communicate(timeout=120)
+        out, _ = process.communicate(timeout=300)  # the analysis after Ctrl-C took over 120 s once at load ~12
     finally:
         if process.poll() is None:
             process.kill()

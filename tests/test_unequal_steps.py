@@ -154,5 +154,8 @@ def test_a_real_runs_partial_last_batch_is_named(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = Report.from_json((tmp_path / "run" / "report.json").read_bytes())
     (note,) = [warning for warning in report.warnings if "partial batch" in warning]
-    assert note.startswith("step #") and "takes" in note and "ms less than a step" in note
+    assert note.startswith("step #") and "input shapes no other step ran" in note
+    # a smaller batch usually takes less than a step, but its time follows the machine's load (4.0 ms against a
+    # 3.9 ms median under two busy loops): the note says which, and the shapes, not the time, name it
+    assert ("ms less than a step" in note) != ("ms more than a step" in note), note
     assert report.steps.count == 7  # the 8 recorded, less the partial one
