@@ -11,6 +11,7 @@ a derandomised Hypothesis profile, so that a red run can be run again to the sam
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,13 @@ DESIGN = SHARED / "DESIGN.md"
 ALLOWLIST = Path(__file__).resolve().parent / "skip_allowlist.txt"
 STRICT = os.environ.get("SKALPEL_CI") == "1"
 """Under CI a skip not on the allow-list fails the test."""
+
+# A suite started in the background of a non-interactive shell (`./dev test &` in a script) inherits SIGINT
+# ignored, and passes that on to every process it starts: Python then installs no KeyboardInterrupt handler,
+# and the tests that press Ctrl-C on a real `skalpel run` or `tune` wait for a signal nobody hears. The
+# suite's own processes get the interactive default back (a handler is reset to "default" across exec).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 try:  # the test extra has Hypothesis; conftest must not need it
     from hypothesis import settings as _hypothesis_settings
