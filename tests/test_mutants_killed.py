@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from skalpel.analysis.step_device import RankStepDevice, device_in_steps
@@ -92,3 +93,29 @@ def test_a_zero_length_step_marker_is_not_an_overlap(tmp_path: Path, second_mark
     trace = load(builder.write(tmp_path / "rank.json"))
     notes = segment_steps(trace).notes
     assert bool(notes) == noted, notes
+
+
+def test_line_samples_take_the_innermost_frame_of_the_function_asked_for() -> None:
+    """line_samples.py:46: a sample counts the innermost frame with the function's name, in a file of the path's
+    base name, defined at or before the line asked for (the profiler may name the function by its def line);
+    a same-named function of another file, or one defined after that line (a nested one), is passed over; in a recursion only the innermost call counts."""
+    from skalpel.trace.line_samples import LineSamples
+
+    inner_later = ("/src/train.py", 40, "step", 44)  # a nested `step` defined after line 30: not the one asked for
+    other_file = ("/lib/other.py", 10, "step", 12)  # the same name in another file
+    asked = ("/work/train.py", 30, "step", 33)  # same base name, defined exactly at the line asked for
+    outer = ("/work/train.py", 5, "main", 60)
+    samples = LineSamples(
+        anchor_step=1,
+        times_us=np.array([100.0, 200.0, 300.0, 400.0]),
+        stacks=(
+            (inner_later, other_file, asked, outer),
+            (("/work/train.py", 30, "step", 31), asked, outer),  # recursion: the innermost call's line
+            (other_file, outer),  # no frame of the function asked for
+            (asked,),  # after the window
+        ),
+        interval_us=100.0,
+    )
+    assert samples.lines_of("train.py", 30, "step", 50.0, 350.0) == [33, 31]
+    assert samples.lines_of("train.py", 29, "step", 50.0, 350.0) == []  # defined after the line asked for
+    assert samples.lines_of("train.py", 60, "main", 50.0, 350.0) == [60, 60, 60]
