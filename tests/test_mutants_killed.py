@@ -98,7 +98,8 @@ def test_a_zero_length_step_marker_is_not_an_overlap(tmp_path: Path, second_mark
 def test_line_samples_take_the_innermost_frame_of_the_function_asked_for() -> None:
     """line_samples.py:46: a sample counts the innermost frame with the function's name, in a file of the path's
     base name, defined at or before the line asked for (the profiler may name the function by its def line);
-    a same-named function of another file, or one defined after that line (a nested one), is passed over; in a recursion only the innermost call counts."""
+    a same-named function of another file, or one defined after that line (a nested one), is passed over; in a
+    recursion only the innermost call counts."""
     from skalpel.trace.line_samples import LineSamples
 
     inner_later = ("/src/train.py", 40, "step", 44)  # a nested `step` defined after line 30: not the one asked for
