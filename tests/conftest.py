@@ -6,12 +6,20 @@ pyproject.toml) and the run ends with the list of skips. Under CI (``SKALPEL_CI=
 ``.ci/run``) a skip whose reason is not on the reviewed allow-list ``tests/skip_allowlist.txt``
 fails the test instead, whatever raised it: a green CI means that everything ran. CI also loads
 a derandomised Hypothesis profile, so that a red run can be run again to the same result.
+
+``./dev test`` runs the suite on two pytest-xdist workers, a file's tests on one worker (``--dist loadfile``:
+a module fixture's real runs happen once). The skips are judged where the test ran and listed by the
+process that prints the summary; a real run several files read (``demo_run``) is made once per test run,
+whichever worker asks first.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -82,26 +90,54 @@ def uncompressed_copy(tmp_path: Path, name: str, keep: float = 1.0) -> Path:
 # ---- real runs shared by the tests that read them ------------------------------------------------------------------
 
 
+def _run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temporary folder of this whole test run: under xdist the workers' common parent, else the base."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextmanager
+def _locked(path: Path):
+    """Hold an exclusive lock on the file ``path`` (created if missing): one worker at a time."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     """One real ``skalpel demo`` with its defaults (24 steps, two windows): (the finished process, its run folder),
-    run once for the tests of several files that read its report and pages."""
+    run once per test run for the tests of several files that read its report and pages: under xdist the first
+    worker to ask runs it while the others wait on its lock, then read what it left."""
     import subprocess
     import sys
 
-    folder = tmp_path_factory.mktemp("demo") / "demo"
-    done = subprocess.run([sys.executable, "-m", "skalpel", "demo", "--out", str(folder)], capture_output=True,
-                          text=True, timeout=600, cwd=folder.parent)  # fmt: skip
-    return done, folder
+    root = _run_root(tmp_path_factory)
+    folder, record = root / "demo-run" / "demo", root / "demo-run" / "done.json"
+    with _locked(root / "demo-run.lock"):
+        if not record.exists():
+            folder.parent.mkdir(exist_ok=True)
+            done = subprocess.run([sys.executable, "-m", "skalpel", "demo", "--out", str(folder)], capture_output=True,
+                                  text=True, timeout=600, cwd=folder.parent)  # fmt: skip
+            fields = {"args": done.args, "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+            record.write_text(json.dumps(fields))
+    return subprocess.CompletedProcess(**json.loads(record.read_text())), folder
 
 
 # ---- negative controls that run on a busy machine instead of skipping -------------------------------------------
 
 
 def pinned(env: dict[str, str] | None = None) -> dict:
-    """``subprocess`` keyword arguments that run a child on one core (the last this process may use) with one
-    thread (``OMP_NUM_THREADS=1``): a real-run negative control asks the machine for no more than it has."""
-    core = max(os.sched_getaffinity(0))
+    """``subprocess`` keyword arguments that run a child on one core with one thread (``OMP_NUM_THREADS=1``):
+    a real-run negative control asks the machine for no more than it has. The core is the last this process may
+    use, counted from the end by the xdist worker's number (gw0 the last, gw1 the one before): two workers'
+    controls do not share one core while the other has none."""
+    cores = sorted(os.sched_getaffinity(0))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    core = cores[-1 - int(worker) % len(cores)] if worker.isdigit() else cores[-1]
     return {
         "preexec_fn": lambda: os.sched_setaffinity(0, {core}),
         "env": {**(env if env is not None else os.environ), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
@@ -137,18 +173,28 @@ def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     return reason.removeprefix("Skipped: ")
 
 
-_SKIPS: list[tuple[str, str, bool]] = []  # (test id, reason, on the allow-list)
+_SKIPS: dict[str, tuple[str, bool]] = {}  # test id -> (reason, on the allow-list), in the order seen
 
 
 def _judge_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Where the test ran: mark a skip on its report (``skalpel_skip``, which xdist carries to the controller with
+    the report) and, under CI, turn one not on the allow-list into a failure."""
     if not report.skipped or hasattr(report, "wasxfail"):  # an expected failure is not a skip
         return
     reason = _skip_reason(report)
     allowed = any(reason.startswith(entry) for entry in allowed_skips())
-    _SKIPS.append((report.nodeid, reason, allowed))
+    report.skalpel_skip = (reason, allowed)
     if STRICT and not allowed:
         report.outcome = "failed"
         report.longrepr = f"{reason} (skipped under SKALPEL_CI=1: CI runs every test not on {ALLOWLIST.name})"
+
+
+def _note_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Where the summary is printed (the controller under xdist, which sees every worker's reports): list it."""
+    judged = getattr(report, "skalpel_skip", None)
+    if judged is not None:
+        reason, allowed = judged
+        _SKIPS.setdefault(report.nodeid, (reason, allowed))  # each xdist worker collects, and reports, a module
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -163,10 +209,18 @@ def pytest_make_collect_report(collector):
     _judge_skip(outcome.get_result())
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _note_skip(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _note_skip(report)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if not _SKIPS:
         return
     terminalreporter.section(f"skips ({len(_SKIPS)})")
-    for nodeid, reason, allowed in _SKIPS:
+    for nodeid, (reason, allowed) in _SKIPS.items():
         mark = "allowed" if allowed else ("FAILED in CI" if STRICT else "not on the CI allow-list")
         terminalreporter.write_line(f"{nodeid}: {reason} [{mark}]")

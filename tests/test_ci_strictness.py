@@ -59,7 +59,7 @@ def test_ci_runs_hypothesis_derandomised():
 '''
 
 
-def _pytest(tmp_path: Path, strict: bool) -> subprocess.CompletedProcess:
+def _pytest(tmp_path: Path, strict: bool, *options: str) -> subprocess.CompletedProcess:
     probe = tmp_path / "test_probe.py"
     probe.write_text(PROBE)
     # CI and TF_BUILD: Hypothesis loads its own derandomised profile where it sees them; the probe decides
@@ -68,7 +68,7 @@ def _pytest(tmp_path: Path, strict: bool) -> subprocess.CompletedProcess:
     if strict:
         env["SKALPEL_CI"] = "1"
     command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "tests.conftest",
-               "--rootdir", str(tmp_path), str(probe)]  # fmt: skip
+               "--rootdir", str(tmp_path), *options, str(probe)]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
 
 
@@ -106,3 +106,20 @@ def test_every_skip_goes_through_conftest() -> None:
              for number, line in enumerate(path.read_text().splitlines(), 1)
              if direct.search(line) and not line.lstrip().startswith(("#", '"', "'"))]  # fmt: skip
     assert found == [], found
+
+
+@pytest.mark.slow  # starts pytest with two xdist workers in a subprocess
+def test_under_xdist_the_skips_are_listed_once_and_ci_still_fails_on_them(tmp_path: Path) -> None:
+    """``./dev test`` runs on xdist workers: the skips are judged in the worker that ran the test, and the
+    controller, which prints the summary, lists each one once and ends red under SKALPEL_CI=1."""
+    workers = ("-n", "2", "--dist", "load")  # load: the probe's tests spread over both workers
+    local = _pytest(tmp_path, False, *workers)
+    assert local.returncode == 0 and "2 passed, 5 skipped" in local.stdout, local.stdout
+    summary = local.stdout[local.stdout.index("skips (5)"):]
+    assert summary.count("[allowed]") == 1 and summary.count("[not on the CI allow-list]") == 4, summary
+
+    strict = _pytest(tmp_path, True, *workers)
+    assert strict.returncode == 1 and "3 failed, 2 passed, 1 skipped, 1 error" in strict.stdout, strict.stdout
+    assert "skips (5)" in strict.stdout, strict.stdout
+    assert strict.stdout.count("[FAILED in CI]") == 4 and strict.stdout.count("[allowed]") == 1, strict.stdout
+    assert "bringing up nodes" in strict.stdout, strict.stdout  # xdist ran it
