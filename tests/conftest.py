@@ -127,6 +127,18 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     return subprocess.CompletedProcess(**json.loads(record.read_text())), folder
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under xdist, the files with the most slow tests first (stable: a file keeps its order): with ``--dist
+    loadfile --no-loadscope-reorder`` (``./dev test``) the long files start at once and the quick ones fill the
+    workers' last minutes, instead of a lone torchrun file running at the end on one worker."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow: dict[Path, int] = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[item.path])
+
+
 # ---- negative controls that run on a busy machine instead of skipping -------------------------------------------
 
 

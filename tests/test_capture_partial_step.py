@@ -100,8 +100,12 @@ def test_the_step_cut_by_the_memory_budget_is_left_out(tmp_path: Path) -> None:
         assert not report.steps.marked
     else:
         assert report.steps.marked and report.steps.count == whole  # nor in the median and cv
+        # one call per time step, whole steps only: in the trace, and in the op table where the op made its top rows
+        # (by self time, which load reorders among the cell's dozen ops of the same count)
+        cells = [event for event in trace["traceEvents"] if event.get("name") == "aten::lstm_cell"]
+        assert len(cells) == TIME_STEPS * whole
         rows = {row.name: row for row in report.ranks[0].top_ops}
-        assert rows["aten::lstm_cell"].calls == TIME_STEPS * whole  # one call per time step, whole steps only
+        assert "aten::lstm_cell" not in rows or rows["aten::lstm_cell"].calls == TIME_STEPS * whole
     assert "step cut" in done.stderr and done.stderr.count("recording stopped early") == 1
 
 
