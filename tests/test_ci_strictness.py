@@ -91,6 +91,9 @@ def test_skips_pass_locally_and_fail_under_ci_unless_allowed(tmp_path: Path) -> 
     assert strict.stdout.count("[FAILED in CI]") == 4 and strict.stdout.count("[allowed]") == 1
     assert not list((REPO / "tests").glob("test_probe*"))
 
+    ran = _pytest(tmp_path, True, "-k", "test_runs")  # no skip: the section says so
+    assert ran.returncode == 0 and "skips (0)" in ran.stdout and "no test skipped" in ran.stdout, ran.stdout
+
 
 def test_the_allow_list_is_short_and_every_entry_says_why() -> None:
     entries = allowed_skips()
