@@ -299,7 +299,8 @@ def test_the_live_line_shows_on_a_terminal_only(tmp_path: Path) -> None:
 
 
 # Two ranks of DDP on gloo; rank 1 does three times the CPU work a step (the argument: its ms), and rank 0 waits
-# for it in every all-reduce.
+# for it in every all-reduce. The planted work (8 ms a step on rank 0) dwarfs a step's own, about 1 ms of DDP and
+# gloo whose CPU time load inflates on either rank (at 2 ms, 0.75 ms of it made a balanced rank 1.25x under xdist).
 SLOW_RANK = """
 import sys
 import time
@@ -319,7 +320,7 @@ for step in range(300):
     loss.backward()
     optimizer.step()
     began = time.thread_time()
-    while time.thread_time() - began < (float(sys.argv[1]) / 1e3 if rank == 1 else 0.002):
+    while time.thread_time() - began < (float(sys.argv[1]) / 1e3 if rank == 1 else 0.008):
         torch.mm(a, a)
 dist.destroy_process_group()
 """
@@ -336,7 +337,7 @@ def _torchrun_job(tmp_path: Path, slow_ms: str) -> tuple[Path, subprocess.Comple
 
 
 def test_under_torchrun_each_rank_records_its_steps_and_the_slow_rank_is_named_online_and_by_show(tmp_path: Path) -> None:
-    out, done = _torchrun_job(tmp_path, "6")
+    out, done = _torchrun_job(tmp_path, "24")
     for rank in (0, 1):  # 300 iterations: boundaries at the zero_grad of iterations 1-299, so 298 whole steps
         assert _rows(out / f"rank{rank}" / "watch.sqlite", "SELECT count(*) FROM steps")[0][0] == 298
     assert "under torchrun each rank records its steps, without captures" in done.stderr
@@ -353,7 +354,7 @@ def test_under_torchrun_each_rank_records_its_steps_and_the_slow_rank_is_named_o
 
 
 def test_a_balanced_torchrun_job_names_no_slow_rank(tmp_path: Path) -> None:
-    out, done = _torchrun_job(tmp_path, "2")
+    out, done = _torchrun_job(tmp_path, "8")
     for rank in (0, 1):
         store = out / f"rank{rank}" / "watch.sqlite"
         assert _rows(store, "SELECT count(*) FROM steps")[0][0] == 298
