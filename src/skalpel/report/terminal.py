@@ -19,13 +19,13 @@ from ..display import cut_name, for_terminal, plain
 from ..result.report import Finding, RankReport, Report, sorted_findings
 from .evidence import evidence_text, mfu_text
 from .terminal_comm import comm_line, ranks_table
-from .terminal_job import detailed_ranks, job_panel, summarised
+from .terminal_job import brief_panel, detailed_ranks, job_panel, summarised
 
 NOT_JUDGED = "not_judged"
 SEVERITY_STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 TOP_OPS = 10
 SIDE_BY_SIDE = 8  # outlier ranks of a large job in the ranks-side-by-side table
-BRIEF_OPS = 3  # a job of many ranks: the panels of its outliers and representatives are a few lines
+BRIEF_EVIDENCE = 120  # characters of a finding's evidence in a job of many ranks (about two lines)
 
 
 def print_report(report: Report, *, console: Console | None = None, ranks: tuple[int, ...] = (),
@@ -91,17 +91,32 @@ def _verdict(report: Report, *, brief: bool = False) -> Panel:
     # Rules that could not judge this trace are one dim line each, after the answer.
     judged = [finding for finding in findings if finding.id != NOT_JUDGED]
     notes = [finding for finding in findings if finding.id == NOT_JUDGED]
-    parts: list = [_finding_text(finding, brief=brief) for finding in judged]
+    # A job of many ranks: where several findings point to the same place (or to no stack at all), it is said once.
+    shared = _shared_locations(judged) if brief else set()
+    parts: list = [_finding_text(finding, brief=brief, said=shared) for finding in judged]
     if not judged:
         parts.append(Text("No findings were produced for this trace."))
+    for locations in shared:
+        ids = [finding.id for finding in judged if tuple(finding.locations[:3]) == locations]
+        which = "all findings" if len(ids) == sum(1 for finding in judged if finding.locations) else ", ".join(ids)
+        parts.append(Text(f"where ({which}): {', '.join(locations)}"))
     parts.extend(Text(finding.title, style="dim") for finding in notes)  # the title says "Not judged (why): ids"
     title = "verdict" if serious else "verdict: no bottleneck found"
     return Panel(Group(*parts), title=title, title_align="left")
 
 
-def _finding_text(finding: Finding, *, brief: bool = False) -> Text:
+def _shared_locations(findings: list[Finding]) -> set[tuple[str, ...]]:
+    seen: dict[tuple[str, ...], int] = {}
+    for finding in findings:
+        if finding.locations:
+            seen[tuple(finding.locations[:3])] = seen.get(tuple(finding.locations[:3]), 0) + 1
+    return {locations for locations, count in seen.items() if count > 1}
+
+
+def _finding_text(finding: Finding, *, brief: bool = False, said: set[tuple[str, ...]] = frozenset()) -> Text:
     """A finding; ``brief`` (a job of many ranks): one on several ranks says where and how it spreads, without
-    its worst rank's whole evidence (report.json keeps every rank's)."""
+    its worst rank's whole evidence (report.json keeps every rank's), and evidence by rank is left to the job
+    summary; locations in ``said`` are said once after the findings."""
     text = Text()
     text.append(f"{finding.severity.upper():8}", style=SEVERITY_STYLES.get(finding.severity, ""))
     text.append(f" {finding.title}", style="bold")
@@ -110,13 +125,31 @@ def _finding_text(finding: Finding, *, brief: bool = False) -> Text:
     if across is not None:
         worst = f" (the title is rank {across.worst[0]}'s)" if across.count > 1 and across.worst else ""
         text.append(f"         ranks: {across.describe()}{worst}\n")
-    if finding.evidence and not (brief and across is not None and across.count > 1):
-        text.append(f"         evidence: {evidence_text(finding.evidence)}\n")
-    if finding.locations:
+    evidence = finding.evidence
+    if brief:
+        evidence = {key: value for key, value in evidence.items() if not key.endswith("_by_rank")}
+    if evidence and not (brief and across is not None and across.count > 1):
+        text.append(f"         evidence: {_evidence(evidence, BRIEF_EVIDENCE if brief else None)}\n")
+    if finding.locations and tuple(finding.locations[:3]) not in said:
         text.append(f"         where: {', '.join(finding.locations[:3])}\n")
     if finding.fix:
         text.append(f"         fix: {finding.fix}\n")
     return text
+
+
+def _evidence(evidence: dict, limit: int | None) -> str:
+    """The evidence in words; past ``limit`` characters, the items that fit and '…' (report.json has them all)."""
+    whole = evidence_text(evidence)
+    if limit is None or len(whole) <= limit:
+        return whole
+    items: list[str] = []
+    first = {"rank": evidence["rank"]} if "rank" in evidence else {}  # whose figures they are, never cut
+    for key, value in {**first, **evidence}.items():
+        item = evidence_text({key: value})
+        if items and sum(len(kept) + 2 for kept in items) + len(item) > limit:
+            break
+        items.append(item)
+    return ", ".join(items) + ", … (report.json)"
 
 
 def _steps(report: Report) -> Text:
@@ -135,7 +168,7 @@ def _steps(report: Report) -> Text:
 def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Panel:
     """A rank's figures and tables; ``brief`` (a job of many ranks): its figures, and its top ops on one line."""
     if brief:
-        return _brief_panel(report, rank)
+        return brief_panel(report, rank)
     parts: list = []
     if rank.step_breakdown_pct:
         parts.append(_breakdown_line(rank))
@@ -201,31 +234,6 @@ def _breakdown_line(rank: RankReport) -> Text:
     if rank.data_wait_ms_per_step is not None:
         text.append(f"  (waiting for data {rank.data_wait_ms_per_step:.2f} ms/step)")
     return text
-
-
-def _brief_panel(report: Report, rank: RankReport) -> Panel:
-    parts: list = []
-    if rank.step_breakdown_pct:
-        parts.append(_breakdown_line(rank))
-    in_steps = rank.extra.get("step_device")
-    if in_steps and in_steps.get("marked"):
-        parts.append(Text(f"GPU in marked steps: busy {in_steps['busy_pct']:.1f}%, idle {in_steps['idle_pct']:.1f}% "
-                          f"({in_steps['idle_ms_per_step']:.2f} ms/step)"))  # fmt: skip
-    elif rank.gpu is not None:
-        parts.append(Text(f"GPU: idle {rank.gpu.idle_pct:.1f}%, compute {rank.gpu.compute_pct:.1f}%"))
-    comm = rank.extra.get("comm")
-    if comm:
-        kinds = ", ".join(f"{row['type']} {row['ms_per_step']:.2f}" for row in comm.get("by_type", ())[:3])
-        parts.append(Text(f"communication: {comm['share_pct']:.1f}% of the step, {comm['comm_ms_per_step']:.2f} ms/step "
-                          f"({kinds} ms/step)"))  # fmt: skip
-    if rank.top_ops:
-        which = "self device" if report.has_device else "self CPU"
-        ops = ", ".join(f"{cut_name(row.name, 48)} {row.device_ms if report.has_device else row.self_ms:.2f}"
-                        for row in rank.top_ops[:BRIEF_OPS])  # fmt: skip
-        parts.append(Text(f"top ops ({which} ms): {ops}"))
-    if not parts:
-        parts.append(Text("no per-rank analyses available"))
-    return Panel(Group(*parts), title=f"rank {rank.rank}", title_align="left")
 
 
 def _ops_table(rank: RankReport, *, device: bool, rows: int = TOP_OPS) -> Table:

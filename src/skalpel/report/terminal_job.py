@@ -14,13 +14,18 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ..result.report import JobSummary, MetricSpread, Report
+from ..analysis import numeric
+from ..display import cut_name
+from ..result.report import JobSummary, MetricSpread, RankReport, Report
+from ..trace.kinds import Kind, classify
 
 SUMMARY_RANKS = 8  # more ranks than this: the job summary, and panels for a few ranks only
 BLOCKS = " ▁▂▃▄▅▆▇█"
 RANGES_CHARS = 60  # ranks written as ranges, cut to this on a line (the JSON has them all)
 GROUP_LINES = 6
 OUTLIER_LINES = 8
+BRIEF_SHARES = 0.5  # a brief panel's step shares from this many percent
+BRIEF_OPS = 3
 
 
 def summarised(report: Report) -> bool:
@@ -153,3 +158,50 @@ def _groups(job: JobSummary) -> Group:
             lines.append(Text(f"  {len(group.members)} more ranks ({cut(group.ranks)}) like none of the "
                               f"{len(alike)} groups: no group for them (too many kinds of ranks)"))  # fmt: skip
     return Group(*lines)
+
+
+def brief_panel(report: Report, rank: RankReport) -> Panel:
+    """A shown rank of a large job in three lines, each cut to the width rather than wrapped: where its step goes,
+    its collectives, data wait and idle time, its top ops besides the collectives (those are the line above). Its title says
+    why it is shown: an outlier, or the rank a group of ranks alike is shown by."""
+    parts: list[Text] = []
+    if rank.step_breakdown_pct:
+        shares = sorted(rank.step_breakdown_pct.items(), key=lambda item: -item[1])
+        step = f"step {numeric.median(rank.step_ms):.2f} ms: " if rank.step_ms else "step: "
+        parts.append(_line(step + ", ".join(f"{name} {value:.0f}%" for name, value in shares if value >= BRIEF_SHARES)))
+    waits = []
+    comm = rank.extra.get("comm")
+    if comm and comm.get("by_type"):
+        waits.append("collectives ms/step: " + ", ".join(f"{row['type']} {row['ms_per_step']:.2f}"
+                                                        for row in comm["by_type"][:3]))  # fmt: skip
+    if rank.data_wait_ms_per_step:
+        waits.append(f"data wait {rank.data_wait_ms_per_step:.2f} ms/step")
+    in_steps = rank.extra.get("step_device")
+    if in_steps and in_steps.get("marked"):
+        waits.append(f"GPU idle {in_steps['idle_pct']:.1f}% ({in_steps['idle_ms_per_step']:.2f} ms/step)")
+    elif rank.gpu is not None:
+        waits.append(f"GPU idle {rank.gpu.idle_pct:.1f}%, compute {rank.gpu.compute_pct:.1f}%")
+    if waits:
+        parts.append(_line("; ".join(waits)))
+    ops = [row for row in rank.top_ops if classify("cpu_op", row.name, "X") is not Kind.COMM_OP][:BRIEF_OPS]
+    if ops:
+        device = report.has_device
+        parts.append(_line(f"other top ops ({'self device' if device else 'self CPU'} ms): " + ", ".join(
+            f"{cut_name(row.name, 32)} {row.device_ms if device else row.self_ms:.2f}" for row in ops)))  # fmt: skip
+    if not parts:
+        parts.append(Text("no per-rank analyses available"))
+    return Panel(Group(*parts), title=f"rank {rank.rank}{_why_shown(report.job, rank.rank)}", title_align="left")
+
+
+def _line(text: str) -> Text:
+    return Text(text, no_wrap=True, overflow="ellipsis")
+
+
+def _why_shown(job: JobSummary | None, number: int) -> str:
+    """' (outlier)', ' (shows 32 ranks: 0-248 every 8)' or nothing (a rank asked for)."""
+    if job is None:
+        return ""
+    if number in job.outliers:
+        return " (outlier)"
+    group = next((group for group in job.groups if group.alike and group.representative == number), None)
+    return f" (shows {len(group.members)} ranks: {cut(group.ranks, 30)})" if group is not None else ""
