@@ -91,7 +91,8 @@ def test_planted_terminal_report_leads_with_the_summary(planted_report: Report) 
     assert text.index("verdict") < text.index("job: 24 ranks") < text.index("rank 0 ")
     panels = [line for line in text.splitlines() if line.startswith("╭─ rank ")]
     assert [line.split()[2] for line in panels] == ["0", "5", "12", "17"]
-    assert "rank 5: communication" in text and "rank 17: step time" in text
+    assert "rank 5: comm 0.99 ms (median 6.99)" in text and "rank 17: step 22.15 ms (median 16.15)" in text
+    assert "─ rank 5 (outlier) " in text and "─ rank 12 (shows 11 ranks: 12-16, 18-23) " in text
     assert "on 11 of 24 ranks (12-16, 18-23)" in text
     every = render_text(planted_report, width=100)
     assert len(every.splitlines()) < 120
@@ -236,3 +237,49 @@ def _with_job(job, ranks) -> Report:
     from skalpel.result.report import Source, StepStats
 
     return Report(source=Source(paths=()), steps=StepStats(40, 10.0, 10.0, 0.0), ranks=tuple(ranks), job=job)
+
+
+SCREEN_LINES = 100  # the whole terminal report of a job of many ranks, at 80 columns
+
+
+@pytest.fixture(scope="module")
+def dlrm_256() -> Report:
+    """The corpus's 8-rank DLRM job as 256 ranks (rank r a copy of rank r % 8, as benchmarks/many_ranks.py builds
+    it), each rank's findings merged across the 256 as a job's are; rank 77's steps planted three times as long."""
+    import dataclasses
+
+    from skalpel.job.across import across_ranks
+    from skalpel.job.summary import job_summary
+
+    trace = load(corpus(DLRM))
+    raw = diagnose(run_analyses(trace))
+    eight = build_report(trace)
+    ranks = []
+    for number in range(256):
+        rank = dataclasses.replace(eight.ranks[number % 8], rank=number)
+        if number == 77:
+            rank = dataclasses.replace(rank, step_ms=tuple(3.0 * step for step in rank.step_ms))
+        ranks.append(rank)
+    findings = [finding for finding in raw if finding.rank is None]
+    findings += [dataclasses.replace(finding, rank=number) for number in range(256) for finding in raw
+                 if finding.rank == number % 8]  # fmt: skip
+    return dataclasses.replace(eight, ranks=tuple(ranks), job=job_summary(ranks),
+                               findings=across_ranks(tuple(findings), tuple(ranks)))  # fmt: skip
+
+
+def test_a_256_rank_job_fits_a_screen_and_names_its_outlier_and_groups(dlrm_256: Report) -> None:
+    job = dlrm_256.job
+    assert job is not None and job.outliers == (77,)
+    text = render_text(dlrm_256, width=80)
+    lines = text.splitlines()
+    assert len(lines) <= SCREEN_LINES, f"{len(lines)} lines:\n{text}"
+    assert len(render_text(dlrm_256).splitlines()) <= SCREEN_LINES  # and in a 100-column summary.txt
+    assert text.index("verdict") < text.index("job: 256 ranks") < text.index("─ rank 77 ")
+    assert "on 256 of 256 ranks (0-255)" in text  # a finding across ranks, its ranks as a range
+    assert "rank 77: step " in text and "─ rank 77 (outlier" in text  # the outlier: its line and its panel
+    for group in ("2-254 every 4", "0-248 every 8", "7-255 every 8"):  # the groups, as ranges
+        assert f"  {group} " in text
+    panels = [int(line.split()[2]) for line in lines if line.startswith("╭─ rank ")]
+    assert panels == sorted(job.shown)  # one panel an outlier and a group, no other
+    assert all(len(line) <= 80 for line in lines)
+    assert text.count("no Python stacks in this trace") <= 1  # a location every finding shares, said once

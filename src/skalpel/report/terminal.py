@@ -19,7 +19,7 @@ from ..display import cut_name, for_terminal, plain
 from ..result.report import Finding, RankReport, Report, sorted_findings
 from .evidence import evidence_text, mfu_text
 from .terminal_comm import comm_line, ranks_table
-from .terminal_job import brief_panel, detailed_ranks, job_panel, summarised
+from .terminal_job import alike_line, brief_panel, detailed_ranks, job_panel, summarised
 
 NOT_JUDGED = "not_judged"
 SEVERITY_STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -66,7 +66,7 @@ class _Discard:
 def render(report: Report, *, ranks: tuple[int, ...] = (), all_ranks: bool = False) -> list:
     report = for_terminal(report)  # names from the trace: control characters escaped, lengths bounded
     many = summarised(report)
-    parts: list = [_verdict(report, brief=many), _steps(report)]
+    parts: list = [_verdict(report, brief=many), _steps(report, many=many)]
     if many:
         parts.append(job_panel(report, ranks))
     detailed = set(detailed_ranks(report, ranks, all_ranks))
@@ -78,6 +78,9 @@ def render(report: Report, *, ranks: tuple[int, ...] = (), all_ranks: bool = Fal
     for rank in report.ranks:
         if rank.rank in detailed:
             parts.append(_rank_panel(report, rank, brief=many and not all_ranks))
+    alike = alike_line(report, ranks) if many and not all_ranks else None
+    if alike is not None:
+        parts.append(alike)
     if report.capture is not None:
         parts.append(_capture(report))
     if report.warnings:
@@ -116,7 +119,7 @@ def _shared_locations(findings: list[Finding]) -> set[tuple[str, ...]]:
 def _finding_text(finding: Finding, *, brief: bool = False, said: set[tuple[str, ...]] = frozenset()) -> Text:
     """A finding; ``brief`` (a job of many ranks): one on several ranks says where and how it spreads, without
     its worst rank's whole evidence (report.json keeps every rank's), and evidence by rank is left to the job
-    summary; locations in ``said`` are said once after the findings."""
+    summary, and an info finding's fix to ``skalpel explain``; locations in ``said`` are said once after the findings."""
     text = Text()
     text.append(f"{finding.severity.upper():8}", style=SEVERITY_STYLES.get(finding.severity, ""))
     text.append(f" {finding.title}", style="bold")
@@ -132,7 +135,9 @@ def _finding_text(finding: Finding, *, brief: bool = False, said: set[tuple[str,
         text.append(f"         evidence: {_evidence(evidence, BRIEF_EVIDENCE if brief else None)}\n")
     if finding.locations and tuple(finding.locations[:3]) not in said:
         text.append(f"         where: {', '.join(finding.locations[:3])}\n")
-    if finding.fix:
+    if finding.fix and brief and finding.severity == "info":  # a job's screen: a minor finding's fix is a command away
+        text.append(f"         fix: skalpel explain {finding.id}\n")
+    elif finding.fix:
         text.append(f"         fix: {finding.fix}\n")
     return text
 
@@ -152,14 +157,16 @@ def _evidence(evidence: dict, limit: int | None) -> str:
     return ", ".join(items) + ", … (report.json)"
 
 
-def _steps(report: Report) -> Text:
+def _steps(report: Report, *, many: bool = False) -> Text:
     steps = report.steps
     what = "steps" if steps.marked else "pseudo-steps (no ProfilerStep markers)"
     source = report.source
     line = (
         f"{steps.count} {what}: median {steps.median_ms:.2f} ms, p90 {steps.p90_ms:.2f} ms, "
-        f"cv {steps.cv:.2f}  |  device: {source.device}  |  ranks: {len(report.ranks)}"
+        f"cv {steps.cv:.2f}  |  device: {source.device}"
     )
+    if not many:  # a job of many ranks: its panel's title says how many
+        line += f"  |  ranks: {len(report.ranks)}"
     if source.torch_version:
         line += f"  |  torch {source.torch_version}"
     return Text(line)

@@ -26,11 +26,12 @@ def ranks_table(report: Report) -> Table | None:
         kept = ordered[: MAX_RANK_ROWS // 2] + ordered[-(MAX_RANK_ROWS // 2):]
         hidden = len(rows) - len(kept)
         rows = sorted(kept, key=lambda row: row[0])
-    table = Table(title="ranks side by side (other hosts' clocks aligned on collective ends)", title_justify="left")
-    for header in ("rank", "step ms", "comm ms/step", "wait ms/step", "busy ms/step", "clock offset us", "last to arrive"):
+    table = Table(title="ranks side by side (ms per step; other hosts' clocks aligned on collective ends)",
+                  title_justify="left")  # fmt: skip
+    for header in ("rank", "step ms", "comm", "wait", "busy", "clock offset us", "last to arrive"):
         table.add_column(header, justify="right")
     for number, figures in rows:
-        mark = " <- others wait for it" if figures.get("straggler_candidate") and figures["last_arrivals"] else ""
+        mark = " <- others wait" if figures.get("straggler_candidate") and figures["last_arrivals"] else ""
         table.add_row(
             str(number), f"{figures['step_ms']:.2f}", f"{figures['comm_ms_per_step']:.2f}",
             f"{figures['wait_ms_per_step']:.2f}", f"{figures['busy_ms_per_step']:.2f}",
