@@ -283,3 +283,21 @@ def test_a_256_rank_job_fits_a_screen_and_names_its_outlier_and_groups(dlrm_256:
     assert panels == sorted(job.shown)  # one panel an outlier and a group, no other
     assert all(len(line) <= 80 for line in lines)
     assert text.count("no Python stacks in this trace") <= 1  # a location every finding shares, said once
+
+
+def test_outliers_alike_an_outlier_above_are_one_line_not_a_panel_each(planted_report: Report) -> None:
+    """The planted job as 1,000 ranks: 83 outliers, in two groups of copies of the straggler and the slow link."""
+    from skalpel.report.terminal import render, text_console
+
+    report = _thousand_ranks(planted_report)
+    text = render_text(report, width=80)
+    panels = [int(line.split()[2]) for line in text.splitlines() if line.startswith("╭─ rank ")]
+    assert panels == [0, 5, 12, 17]  # a group's first outlier keeps its panel
+    assert "ranks 29, 53, 77: alike rank 5; ranks 41, 65, 89: alike rank 17" in " ".join(text.split())
+    assert "rank 29: comm 0.99 ms (median 6.99)" in text  # the folded ranks keep their outlier lines
+    assert len(text.splitlines()) <= SCREEN_LINES
+    console = text_console(80)
+    for part in render(report, ranks=(29,)):
+        console.print(part)
+    asked = console.export_text()
+    assert "─ rank 29 (outlier" in asked and "ranks 53, 77: alike rank 5;" in " ".join(asked.split())  # asked for

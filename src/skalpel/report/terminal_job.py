@@ -4,7 +4,9 @@ It reads ``Report.job`` (``job/summary.py`` computes it), so a report read back 
 renders the same. Each figure of the ranks: percentiles, a one-line histogram from its least
 to its largest value, and its outlier ranks; then the groups of ranks alike, each by its
 representative. Jobs of more ranks than ``SUMMARY_RANKS`` show it, and their per-rank panels
-only for the outliers and the representatives (and the ranks asked for).
+only for the outliers and the representatives (and the ranks asked for), two lines each cut to
+the width; outliers of one group after its first are one line. The whole report of a job of
+hundreds of ranks fits about 100 lines of an 80-column terminal (tests/test_job_summary.py).
 """
 
 from __future__ import annotations
@@ -66,11 +68,12 @@ def alike_outliers(report: Report, asked: tuple[int, ...] = ()) -> dict[int, lis
 
 
 def alike_line(report: Report, asked: tuple[int, ...] = ()) -> Text | None:
-    """'ranks 29, 53, 77: alike rank 5, in one group; ...' for the outliers without a panel of their own."""
+    """'ranks 29, 53, 77: alike rank 5; ...' for the outliers without a panel of their own."""
     folded = alike_outliers(report, asked)
     if not folded:
         return None
-    said = "; ".join(f"ranks {cut(rank_ranges(ranks))}: alike rank {first}" for first, ranks in sorted(folded.items()))
+    said = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {cut(rank_ranges(ranks))}: alike rank {first}"
+                     for first, ranks in sorted(folded.items()))  # fmt: skip
     return Text(f"outliers alike an outlier above (one group), without a panel: {said} (--rank R shows one)",
                 style="dim")  # fmt: skip
 
