@@ -119,7 +119,8 @@ def _shared_locations(findings: list[Finding]) -> set[tuple[str, ...]]:
 def _finding_text(finding: Finding, *, brief: bool = False, said: set[tuple[str, ...]] = frozenset()) -> Text:
     """A finding; ``brief`` (a job of many ranks): one on several ranks says where and how it spreads, without
     its worst rank's whole evidence (report.json keeps every rank's), and evidence by rank is left to the job
-    summary, and an info finding's fix to ``skalpel explain``; locations in ``said`` are said once after the findings."""
+    summary, and an info finding's fix to ``skalpel explain``; locations in ``said`` are said once after the
+    findings."""
     text = Text()
     text.append(f"{finding.severity.upper():8}", style=SEVERITY_STYLES.get(finding.severity, ""))
     text.append(f" {finding.title}", style="bold")

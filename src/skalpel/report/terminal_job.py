@@ -103,8 +103,9 @@ def job_panel(report: Report, asked: tuple[int, ...] = ()) -> Panel:
     if absent:
         parts.append(Text(f"--rank {', '.join(map(str, absent))}: not a rank of this job", style="yellow"))
     # Which ranks have a panel below, in the bottom border: a line saved
-    return Panel(Group(*parts), title=f"job: {job.ranks} ranks", title_align="left",
-                 subtitle=f"panels below: ranks {cut(shown, 30)}; --rank R or --all-ranks for more", subtitle_align="left")
+    below = f"panels below: ranks {cut(shown, 30)}; --rank R or --all-ranks for more"
+    return Panel(Group(*parts), title=f"job: {job.ranks} ranks", title_align="left", subtitle=below,
+                 subtitle_align="left")  # fmt: skip
 
 
 def _value(metric: MetricSpread, value: float) -> str:
@@ -167,12 +168,14 @@ def _collectives(job: JobSummary) -> Table:
     table.add_column("busbw GB/s p10/p50/p90", no_wrap=True)
     table.add_column("slowest", no_wrap=True, overflow="ellipsis")
     for row in job.collectives[:COLLECTIVE_LINES]:
-        prefix, whole = ("transfer_busbw_gbps", "") if row.transfer_busbw_gbps_p50 is not None else ("busbw_gbps", " (whole)")
+        transfer = row.transfer_busbw_gbps_p50 is not None
+        prefix, whole = ("transfer_busbw_gbps", "") if transfer else ("busbw_gbps", " (whole)")
         low, mid, high = (getattr(row, f"{prefix}_{p}") for p in ("p10", "p50", "p90"))
         bandwidth = f"{low:.3g}/{mid:.3g}/{high:.3g}{whole}" if mid is not None else "-"
         name = row.type if row.ranks == job.ranks else f"{row.type} ({row.ranks} ranks)"
-        table.add_row(f"  {name}", f"{row.calls_per_step:g}", f"{row.ms_per_step_p50:.2f}", f"{row.ms_per_step_p90:.2f}",
-                      bandwidth, ", ".join(str(rank) for rank in row.slowest) or "-")  # fmt: skip
+        slowest = ", ".join(str(rank) for rank in row.slowest) or "-"
+        table.add_row(f"  {name}", f"{row.calls_per_step:g}", f"{row.ms_per_step_p50:.2f}",
+                      f"{row.ms_per_step_p90:.2f}", bandwidth, slowest)  # fmt: skip
     return table
 
 
@@ -180,8 +183,8 @@ def _groups(job: JobSummary) -> Group:
     """One line per group of ranks alike: its ranks, size, representative and the representative's figures."""
     alike = [group for group in job.groups if group.alike]
     table = Table(box=None, pad_edge=False, show_edge=False, padding=(0, 1))
-    table.add_column(f"{len(alike)} group{'s' if len(alike) != 1 else ''} alike", no_wrap=True, overflow="ellipsis",
-                     max_width=26)  # fmt: skip
+    groups = f"{len(alike)} group{'s' if len(alike) != 1 else ''} of ranks alike"
+    table.add_column(groups, no_wrap=True, overflow="ellipsis", max_width=26)
     for header in ["n", "like"] + [_SHORT.get(metric.name, metric.label) for metric in job.metrics]:
         table.add_column(header, justify="right", no_wrap=True, min_width=len(header))
     for group in alike[:GROUP_LINES]:
