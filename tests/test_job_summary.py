@@ -103,6 +103,7 @@ def test_rank_options_show_more_panels(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["analyze", str(tmp_path), "--workers", "1", "--rank", "7", "--rank", "99"]) == 0
     out = capsys.readouterr().out
     assert "─ rank 7 " in out and "─ rank 3 " not in out and "--rank 99: not a rank of this job" in out
+    assert out.count("top ops by self device time") == 1  # the rank asked for: its whole panel, the others brief
     assert main(["analyze", str(tmp_path), "--workers", "1", "--all-ranks"]) == 0
     out = capsys.readouterr().out
     assert all(f"─ rank {rank} " in out for rank in range(12))
@@ -300,4 +301,5 @@ def test_outliers_alike_an_outlier_above_are_one_line_not_a_panel_each(planted_r
     for part in render(report, ranks=(29,)):
         console.print(part)
     asked = console.export_text()
-    assert "─ rank 29 (outlier" in asked and "ranks 53, 77: alike rank 5;" in " ".join(asked.split())  # asked for
+    assert "ranks 53, 77: alike rank 5;" in " ".join(asked.split())
+    assert "╭─ rank 29 ─" in asked and asked.count("top ops by self device time") == 1  # asked for: its whole panel

@@ -30,8 +30,8 @@ BRIEF_EVIDENCE = 120  # characters of a finding's evidence in a job of many rank
 
 def print_report(report: Report, *, console: Console | None = None, ranks: tuple[int, ...] = (),
                  all_ranks: bool = False) -> None:  # fmt: skip
-    """Print the report; in a job of many ranks ``ranks`` get a panel besides the outliers and representatives,
-    and ``all_ranks`` gives every rank one."""
+    """Print the report; in a job of many ranks ``ranks`` get a whole panel besides the outliers' and
+    representatives' brief ones, and ``all_ranks`` gives every rank a whole one."""
     console = console or Console()
     for renderable in render(report, ranks=ranks, all_ranks=all_ranks):
         console.print(renderable)
@@ -77,7 +77,7 @@ def render(report: Report, *, ranks: tuple[int, ...] = (), all_ranks: bool = Fal
         parts.append(table)
     for rank in report.ranks:
         if rank.rank in detailed:
-            parts.append(_rank_panel(report, rank, brief=many and not all_ranks))
+            parts.append(_rank_panel(report, rank, brief=many and not all_ranks and rank.rank not in ranks))
     alike = alike_line(report, ranks) if many and not all_ranks else None
     if alike is not None:
         parts.append(alike)
