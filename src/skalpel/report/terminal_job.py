@@ -103,7 +103,8 @@ def job_panel(report: Report, asked: tuple[int, ...] = ()) -> Panel:
     if absent:
         parts.append(Text(f"--rank {', '.join(map(str, absent))}: not a rank of this job", style="yellow"))
     # Which ranks have a panel below, in the bottom border: a line saved
-    below = f"panels below: ranks {cut(shown, 30)}; --rank R or --all-ranks for more"
+    below = f"panels below: ranks {cut(shown, 30)}; --rank R or --all-ranks for more" if shown else \
+        "--rank R or --all-ranks for ranks' panels"  # fmt: skip
     return Panel(Group(*parts), title=f"job: {job.ranks} ranks", title_align="left", subtitle=below,
                  subtitle_align="left")  # fmt: skip
 
