@@ -291,3 +291,71 @@ def test_collective_waits_move_onto_the_jobs_clock_and_event_numbers() -> None:
     moved = waits.shifted(100.0, 1000)
     assert moved.spans == ((0, 110.0, 120.0),) and moved.step_numbers == (1,)
     assert moved.described == {1005: ("nccl:all_reduce", "train.py:3")}
+
+
+def _host_side_owners_one_by_one(trace, rank, calls, instants):
+    """The rule as first written, a scan of the rank's ops and syncs for each collective: the reference."""
+    from skalpel.analysis.blame_peers import _sync_names
+    from skalpel.trace.kinds import Kind
+
+    ranges = []
+    ops = np.flatnonzero((trace.rank == rank) & (trace.kind == Kind.COMM_OP))
+    syncs = np.flatnonzero((trace.rank == rank) & np.isin(trace.name, _sync_names(trace)))
+    ends = trace.ts + trace.dur
+    for call in calls:
+        launch = int(trace.launcher[call.event]) if call.on_device else -1
+        if launch < 0:
+            continue
+        at, tid = trace.ts[launch], trace.tid[launch]
+        around = ops[(trace.tid[ops] == tid) & (trace.ts[ops] <= at) & (ends[ops] >= ends[launch])]
+        if len(around):
+            outer = around[np.argmin(trace.ts[around])]
+            ranges.append((trace.ts[outer], ends[outer], call.event))
+        for sync in syncs[(trace.tid[syncs] == tid) & (trace.ts[syncs] >= at) & (trace.ts[syncs] < call.end_us)]:
+            ranges.append((trace.ts[sync], ends[sync], call.event))
+    ranges.sort(key=lambda item: item[0])  # stable: equal starts stay in the order found
+    found = []
+    for instant in instants:
+        starts = [low for low, _, _ in ranges]
+        last = int(np.searchsorted(starts, instant, side="right")) - 1
+        held = [owner for low, high, owner in ranges[max(last - 7, 0): last + 1][::-1] if high > instant]
+        found.append(held[0] if held else -1)
+    return found
+
+
+def test_host_side_owners_of_hundreds_of_collectives_on_two_threads_match_a_scan_of_each(tmp_path):
+    """Nested and overlapping collective ops, syncs on the launching thread and on another one, starts that tie:
+    every instant gets the owner the one-by-one scan gives (the rule at scale: thread by thread, all at once)."""
+    from skalpel.analysis.blame_peers import _host_side_owners
+    from skalpel.analysis.comm import analyze_comm
+    from skalpel.analysis.steps import segment_steps
+
+    random = np.random.default_rng(7)
+    builder = TraceBuilder()
+    builder.header = {"distributedInfo": {"rank": 0, "world_size": 2, "backend": "nccl"}}
+    builder.step(1, 0, 400_000)
+    at = 100.0
+    for number in range(300):
+        first = len(builder.events)
+        outer = builder.host("record_param_comms", at, 300, **{"Collective name": "allreduce", "Group size": 2,
+                                                                "In msg nelems": 1024, "dtype": "Float"})  # fmt: skip
+        launch_at = at + float(random.choice([0, 40, 320]))  # at the op's start, inside it, after it (no op around)
+        if number % 3:
+            builder.host("nccl:all_reduce", float(random.choice([at, launch_at])), 250, **{"Group size": 2})
+        kernel_at, kernel_us = launch_at + float(random.integers(20, 400)), float(random.integers(50, 900))
+        builder.launch(launch_at, 10, work_ts=kernel_at, work_dur=kernel_us, external=outer,
+                       kernel="ncclDevKernel_AllReduce_Sum_f32_RING_LL")  # fmt: skip
+        for _ in range(int(random.integers(0, 4))):  # from the launch, inside the op, at the kernel's end, later
+            start = float(random.choice([launch_at, at + 60, at + 200, kernel_at + kernel_us, at + 700]))
+            builder.runtime("cudaStreamSynchronize", start, float(random.choice([20, 100, 300])))
+        if number % 5 == 0:  # this collective's host side on another thread
+            for event in builder.events[first:]:
+                if event["pid"] == HOST:
+                    event["tid"] = HOST + 1
+        at += float(random.integers(200, 1200))
+    trace = load(builder.write(tmp_path / "trace.json"))
+    calls = sorted(analyze_comm(trace, segment_steps(trace)).for_rank(0).collectives, key=lambda call: call.start_us)
+    instants = np.sort(np.concatenate([random.uniform(0, at + 1000, 3000), trace.ts + 1, trace.ts + trace.dur - 1]))
+    expected = _host_side_owners_one_by_one(trace, 0, calls, instants)
+    assert sum(owner >= 0 for owner in expected) > 500  # most instants hit an op or a sync
+    assert _host_side_owners(trace, 0, calls, instants).tolist() == expected

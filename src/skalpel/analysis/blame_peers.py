@@ -90,36 +90,60 @@ def collective_waits(trace: Trace, blamed: RankBlame, collectives) -> Collective
 def _host_side_owners(trace: Trace, rank: int, calls, instants: np.ndarray) -> np.ndarray:
     """For each instant, the event of the device-timed collective whose host side holds it, else -1: the
     outermost collective host op (``Kind.COMM_OP``) around the kernel's launch call, or a ``cuda*Synchronize``
-    on that thread that starts after the launch and before the kernel ends (it waits for the collective)."""
-    lows, highs, owners = [], [], []
-    launched = [(call, int(trace.launcher[call.event])) for call in calls if call.on_device]
-    launched = [(call, launch) for call, launch in launched if launch >= 0]
+    on that thread that starts after the launch and before the kernel ends (it waits for the collective).
+
+    Thread by thread and all launches at once (sorted starts, searched): a rank of 1 GB has 50,000 collectives,
+    and a scan of its ops for each of them grew with their square."""
+    found = np.full(len(instants), -1, dtype=np.int64)
+    launched = [(call.event, int(trace.launcher[call.event]), call.end_us) for call in calls if call.on_device]
+    launched = [item for item in launched if item[1] >= 0]
     if not launched:
-        return np.full(len(instants), -1, dtype=np.int64)
+        return found
+    owner = np.array([event for event, _, _ in launched], np.int64)
+    launch = np.array([launch for _, launch, _ in launched], np.int64)
+    call_end = np.array([end for _, _, end in launched], np.float64)
+    ends = trace.ts + trace.dur
+    at, thread, launch_end = trace.ts[launch], trace.tid[launch], ends[launch]
     on_rank = trace.rank == rank
     ops = np.flatnonzero(on_rank & (trace.kind == Kind.COMM_OP))
     syncs = np.flatnonzero(on_rank & numeric.isin(trace.name, _sync_names(trace)))
-    ends = trace.ts + trace.dur
-    for call, launch in launched:
-        at, tid = trace.ts[launch], trace.tid[launch]
-        around = ops[(trace.tid[ops] == tid) & (trace.ts[ops] <= at) & (ends[ops] >= ends[launch])]
-        if len(around):
-            outer = around[np.argmin(trace.ts[around])]
-            lows.append(trace.ts[outer]), highs.append(ends[outer]), owners.append(call.event)
-        waiting = syncs[(trace.tid[syncs] == tid) & (trace.ts[syncs] >= at) & (trace.ts[syncs] < call.end_us)]
-        for sync in waiting:
-            lows.append(trace.ts[sync]), highs.append(ends[sync]), owners.append(call.event)
-    order = np.argsort(np.array(lows), kind="stable")
-    lows_sorted, highs_sorted = np.array(lows)[order], np.array(highs)[order]
-    owners_sorted = np.array(owners, dtype=np.int64)[order]
-    found = np.full(len(instants), -1, dtype=np.int64)
-    for position, instant in enumerate(instants):  # the latest started range holding it (a few looked back at)
-        last = int(np.searchsorted(lows_sorted, instant, side="right")) - 1
-        for index in range(last, max(last - 8, -1), -1):
-            if highs_sorted[index] > instant:
-                found[position] = owners_sorted[index]
-                break
+    pieces = []  # (launch's position, order within it, event of the op or sync): the ranges in the order found
+    for tid in np.unique(thread).tolist():
+        mine = np.flatnonzero(thread == tid)
+        around = _by_start(trace, ops[trace.tid[ops] == tid])
+        if len(around):  # the first op (by start) that started by the launch and ends after it: the outermost
+            reach = np.maximum.accumulate(ends[around])
+            started = np.searchsorted(trace.ts[around], at[mine], side="right")
+            first = np.searchsorted(reach, launch_end[mine], side="left")
+            hit = first < started
+            pieces.append((mine[hit], np.zeros(int(hit.sum()), np.int64), around[first[hit]]))
+        waiting = _by_start(trace, syncs[trace.tid[syncs] == tid])
+        if len(waiting):  # the syncs starting from the launch until the kernel ends
+            low = np.searchsorted(trace.ts[waiting], at[mine], side="left")
+            high = np.maximum(np.searchsorted(trace.ts[waiting], call_end[mine], side="left"), low)
+            counts = high - low
+            within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            pieces.append((np.repeat(mine, counts), 1 + within, waiting[np.repeat(low, counts) + within]))
+    if not pieces:
+        return found
+    position, order, event = (np.concatenate(part) for part in zip(*pieces))
+    event = event[np.lexsort((order, position))]  # the order the ranges were found in: it settles equal starts
+    owners = owner[position[np.lexsort((order, position))]]
+    by_start = np.argsort(trace.ts[event], kind="stable")
+    lows, highs, owners = trace.ts[event][by_start], ends[event][by_start], owners[by_start]
+    last = np.searchsorted(lows, instants, side="right") - 1
+    for back in range(8):  # the latest started range holding it (a few looked back at)
+        index = last - back
+        open_ = (found < 0) & (index >= 0)
+        safe = np.where(open_, index, 0)
+        held = open_ & (highs[safe] > instants)
+        found[held] = owners[safe[held]]
     return found
+
+
+def _by_start(trace: Trace, events: np.ndarray) -> np.ndarray:
+    """``events`` (in event order) sorted by start time, ties kept in event order."""
+    return events[np.argsort(trace.ts[events], kind="stable")]
 
 
 def _sync_names(trace: Trace) -> list[int]:
