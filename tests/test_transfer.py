@@ -1,0 +1,51 @@
+"""A rank's summary on its way to the driver (``job.transfer``): its collectives and wait spans travel as columns
+and arrive equal to what the worker had, field by field and type by type."""
+
+from __future__ import annotations
+
+import pickle
+
+from skalpel.analysis.blame_peers import CollectiveWaits
+from skalpel.job.rank import RankSummary, SummaryRequest, summarize_rank
+from skalpel.job.transfer import PackedCollectives, PackedWaits
+
+from .conftest import corpus
+
+DLRM = "extra/facebookresearch__param/et_replay/tests/inputs/dlrm_kineto_extracted"
+
+
+def _summary_of_a_real_rank() -> RankSummary:
+    path = sorted(corpus(DLRM).glob("*.json*"))[3]
+    summary = summarize_rank(SummaryRequest(path, job_ranks=8))
+    assert isinstance(summary, RankSummary)
+    return summary
+
+
+def test_a_real_ranks_collectives_and_waits_arrive_equal_and_of_the_same_types():
+    summary = _summary_of_a_real_rank()
+    rank = summary.info.rank
+    calls = summary.comm.for_rank(rank).collectives
+    assert len(calls) >= 8 and summary.collective_waits is not None and len(summary.collective_waits.spans) >= 8
+    sent = summary.__getstate__()
+    assert isinstance(sent["comm"].for_rank(rank).collectives, PackedCollectives)  # columns, not objects
+    assert isinstance(sent["collective_waits"], PackedWaits)
+    arrived = pickle.loads(pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL))
+    assert arrived.comm == summary.comm and arrived.comm.for_rank(rank).collectives == calls
+    assert [tuple(map(type, vars_of(call))) for call in arrived.comm.for_rank(rank).collectives] == [
+        tuple(map(type, vars_of(call))) for call in calls]  # fmt: skip
+    assert arrived.collective_waits == summary.collective_waits
+    assert arrived.report == summary.report and arrived.steps == summary.steps and arrived.info == summary.info
+
+
+def vars_of(call) -> tuple:
+    return tuple(getattr(call, name) for name in call.__slots__)
+
+
+def test_a_rank_without_collectives_or_waits_arrives_as_it_was():
+    summary = _summary_of_a_real_rank()
+    summary.collective_waits = CollectiveWaits((), (), {}, ())
+    arrived = pickle.loads(pickle.dumps(summary))
+    assert arrived.collective_waits == summary.collective_waits
+    summary.comm, summary.collective_waits = None, None
+    arrived = pickle.loads(pickle.dumps(summary))
+    assert arrived.comm is None and arrived.collective_waits is None
