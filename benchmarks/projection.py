@@ -7,20 +7,23 @@ Measured here, each in a fresh process pinned to one core (``sched_setaffinity``
 
 - one rank as a worker reduces it (``job.rank.summarize_rank``: load, analyses, the rank's
   rules): seconds (wall and CPU), peak RSS, MB/s, and the size of the summary it sends back
-  (pickled). On a shared machine the wall time includes waiting for the core; the projection
+  (pickled) and the CPU time of unpickling it (as the driver does). On a shared machine the wall
+  time includes waiting for the core; the projection
   is printed from both (a cluster's worker has its core to itself: the CPU figure);
 - the whole ``skalpel analyze FILE --json OUT`` process of that file (interpreter start to exit),
   unless --no-analyze;
+- the driver's join (``job.join.join_summaries``) of a small job, unless --join-s;
 - Ray: the start of a local instance, and a task's round trip (submit, run, fetch a result of the
   summary's size) one after another, the median over --ray-tasks tasks.
 
 The rank is the synthetic trace of ``load_speed.py`` (HTA's df_index_resolver replicated to
 --size-mb, in a temporary folder, deleted after). The projection for --ranks ranks of that size
-on --cores cores: Ray's start + ceil(ranks / cores) waves x (rank seconds + Ray's round trip) +
-the driver's join of the summaries (--join-s; by default its rank comparison, which grows as ranks x
-collectives a rank: timed on 64 in-memory ranks with as many collectives as the measured rank has,
-and scaled). Per-worker memory is the rank's peak RSS; the driver holds every summary (ranks x
-summary size). Targets (issue 25): under 5
+on --cores cores: Ray's start + the longer of ceil(ranks / cores) waves x (rank seconds + Ray's round
+trip) and the driver's unpickling of every summary as it arrives (ranks x the measured rank's
+summary's unpickle) + the driver's join of the summaries (--join-s; by default
+``job.join.join_summaries`` timed on a job of --join-ranks synthetic ranks of --join-mb, per collective, and
+scaled to ranks x the measured rank's collectives). Per-worker memory is the rank's peak RSS; the driver
+holds every summary (ranks x summary size). Targets (issue 25): under 5
 minutes and under 2 GB per worker.
 """
 
@@ -30,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -51,11 +55,30 @@ from pathlib import Path
 from skalpel.job.rank import SummaryRequest, summarize_rank
 imported, cpu = time.perf_counter(), time.process_time()
 summary = summarize_rank(SummaryRequest(Path(sys.argv[1]), int(sys.argv[2])))
-done = time.perf_counter()
-print("RANK " + json.dumps({"seconds": done - imported, "import_s": imported - started, "cpu_s": time.process_time() - cpu,
+done, cpu_s = time.perf_counter(), time.process_time() - cpu
+blob = pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)
+unpickle = time.process_time()
+pickle.loads(blob)  # what the driver does with each rank's summary as it arrives
+print("RANK " + json.dumps({"seconds": done - imported, "import_s": imported - started, "cpu_s": cpu_s,
       "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "failed": type(summary).__name__ != "RankSummary",
-      "summary_bytes": len(pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)),
+      "summary_bytes": len(blob), "unpickle_s": time.process_time() - unpickle,
       "collectives": len(summary.comm.for_rank(summary.info.rank).collectives) if summary.comm else 0}), flush=True)
+"""
+
+_JOIN_CHILD = """
+import json, pickle, sys, time
+from pathlib import Path
+from skalpel.job.join import join_summaries
+from skalpel.job.rank import SummaryRequest, summarize_rank
+paths = [Path(path) for path in sys.argv[1:]]
+blobs = [pickle.dumps(summarize_rank(SummaryRequest(path, len(paths))), protocol=pickle.HIGHEST_PROTOCOL) for path in paths]
+started = time.process_time()
+summaries = [pickle.loads(blob) for blob in blobs]
+received = time.process_time()
+collectives = sum(len(s.comm.for_rank(s.info.rank).collectives) for s in summaries if s.comm)
+report, kept = join_summaries(summaries)
+print("JOIN " + json.dumps({"ranks": len(kept), "collectives": collectives, "unpickle_s": received - started,
+      "join_s": time.process_time() - received}), flush=True)
 """
 
 _RAY_CHILD = """
@@ -114,7 +137,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=1000, help="ranks of the projected job (1000)")
     parser.add_argument("--cores", type=int, default=64, help="cores of the projected cluster (64)")
     parser.add_argument("--join-s", type=float, default=None, help="the driver's join of --ranks summaries, seconds; "
-                        "default: its rank comparison, estimated from the rank's collectives")  # fmt: skip
+                        "default: measured on --join-ranks ranks of --join-mb and scaled by collectives")  # fmt: skip
+    parser.add_argument("--join-ranks", type=int, default=8, help="ranks of the job whose join is timed (8)")
+    parser.add_argument("--join-mb", type=int, default=64, help="size of each of those ranks (64)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of the rank (1; the median is used)")
     parser.add_argument("--ray-tasks", type=int, default=50, help="Ray round trips timed (50)")
     parser.add_argument("--no-analyze", action="store_true", help="do not time the whole `skalpel analyze` process")
@@ -134,10 +159,12 @@ def main() -> None:
         runs = [_run([sys.executable, "-c", _RANK_CHILD, str(path), str(args.ranks)], "RANK") for _ in range(args.repeats)]
         if any("error" in run for run in runs):
             sys.exit(f"the rank failed: {next(run['error'] for run in runs if 'error' in run)}")
-        rank = {key: statistics.median(run[key] for run in runs) for key in ("seconds", "cpu_s", "import_s", "rss_mib", "summary_bytes", "collectives")}
+        rank = {key: statistics.median(run[key] for run in runs)
+                for key in ("seconds", "cpu_s", "import_s", "rss_mib", "summary_bytes", "unpickle_s", "collectives")}  # fmt: skip
         print(f"  worker (summarize_rank): {rank['seconds']:.2f} s ({rank['cpu_s']:.2f} s CPU) + {rank['import_s']:.2f} s "
               f"imports, {size / 1e6 / rank['seconds']:.1f} MB/s ({size / 1e6 / rank['cpu_s']:.1f} MB/s of CPU), peak RSS {rank['rss_mib']:,.0f} MiB "
-              f"({rank['rss_mib'] * 2**20 / size:.2f}x the file), summary {rank['summary_bytes'] / 1024:,.0f} KiB", flush=True)  # fmt: skip
+              f"({rank['rss_mib'] * 2**20 / size:.2f}x the file), summary {rank['summary_bytes'] / 1024:,.0f} KiB "
+              f"({rank['collectives']:,} collectives; the driver unpickles it in {1000 * rank['unpickle_s']:.0f} ms)", flush=True)  # fmt: skip
         if not args.no_analyze:
             whole = _analyze(path)
             if "error" in whole:
@@ -155,26 +182,45 @@ def main() -> None:
                 print(f"  Ray: local start {ray['init_s']:.2f} s; a task's round trip with a {rank['summary_bytes'] / 1024:,.0f} KiB "
                       f"result {1000 * ray['task_s']:.1f} ms (p90 {1000 * ray['task_p90_s']:.1f} ms)", flush=True)  # fmt: skip
         if args.join_s is None:
-            args.join_s = _comparison_s(args.ranks, int(rank["collectives"]))
+            args.join_s = _join_s(args, folder, int(rank["collectives"]))
         _project(args, size, rank, ray)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _comparison_s(ranks: int, collectives: int) -> float:
-    """The driver's rank comparison of ``ranks`` ranks of ``collectives`` each, from its cost per collective on a
-    job of 64 such ranks built in memory (``tests/rankjob.py``): the part of the join that grows with the ranks' size."""
-    sys.path.insert(0, str(HERE.parent))
-    from skalpel.analysis.ranks import compare_ranks
-    from tests.rankjob import Plan, build_job
+def _join_s(args, folder: Path, collectives: int) -> float:
+    """The driver's join of ``args.ranks`` ranks of ``collectives`` each (``job.join.join_summaries``: the clock
+    alignment, rank comparison, waits by peer, findings), from its CPU time per collective on a job of
+    --join-ranks ranks of --join-mb (copies of one synthetic rank, each with its own rank in the header),
+    reduced and joined in one process pinned to one core: it grows with the ranks' collectives."""
+    source = folder / "join.json"
+    made = _run_child("generate", DF_INDEX, {"LOAD_SPEED_TARGET": str(source), "LOAD_SPEED_BYTES": str(args.join_mb << 20)})
+    if "error" in made:
+        sys.exit(f"could not build the job to join: {made['error']}")
+    paths = _rank_copies(source, args.join_ranks)
+    joined = _run([sys.executable, "-c", _JOIN_CHILD, *map(str, paths)], "JOIN")
+    for path in paths:
+        path.unlink()
+    if "error" in joined:
+        sys.exit(f"the join failed: {joined['error']}")
+    per_call = joined["join_s"] / max(joined["collectives"], 1)
+    print(f"  the driver's join: {joined['join_s']:.2f} s CPU for {joined['ranks']} ranks of {joined['collectives'] // joined['ranks']:,} "
+          f"collectives ({1e6 * per_call:.1f} us a collective, after {1000 * joined['unpickle_s'] / joined['ranks']:.0f} ms a rank "
+          f"unpickling); {args.ranks:,} ranks x {collectives:,} collectives: {per_call * args.ranks * collectives:.0f} s", flush=True)  # fmt: skip
+    return per_call * args.ranks * collectives
 
-    job = build_job(Plan(64, steps=max(1, math.ceil(collectives / 3))))
-    started = time.process_time()
-    compare_ranks(job.trace, job.steps, job.comm, profiles=job.profiles)
-    per_call = (time.process_time() - started) / sum(len(rank.collectives) for rank in job.comm.ranks)
-    print(f"  the driver's rank comparison: {1e6 * per_call:.1f} us a collective (64 in-memory ranks of {collectives:,}); "
-          f"{ranks:,} ranks x {collectives:,} collectives: {per_call * ranks * collectives:.0f} s", flush=True)  # fmt: skip
-    return per_call * ranks * collectives
+
+def _rank_copies(source: Path, count: int) -> list[Path]:
+    """``count`` copies of the rank file ``source``, ranks 0 to count - 1 (in the header, and in the file names)."""
+    data = source.read_bytes()
+    head = data[: data.index(b'"traceEvents"')]
+    paths = []
+    for rank in range(count):
+        stated = b'"distributedInfo": {"backend": "nccl", "rank": %d, "world_size": %d}' % (rank, count)
+        header = re.sub(rb'"distributedInfo":\s*\{[^}]*\}', stated, head)
+        paths.append(source.with_name(f"rank{rank}.json"))
+        paths[-1].write_bytes(header + data[len(head):])
+    return paths
 
 
 def _project(args, size: int, rank: dict, ray: dict) -> None:
@@ -186,13 +232,14 @@ def _project_from(args, size: int, rank: dict, ray: dict, label: str, rank_s: fl
     waves = math.ceil(args.ranks / args.cores)
     per_wave = rank_s + rank["import_s"] / waves + ray["task_s"]  # a Ray worker imports once, not per task
     join = args.join_s or 0.0
-    wall = ray["init_s"] + waves * per_wave + join
+    receive = args.ranks * rank["unpickle_s"]  # the driver unpickles each summary as it arrives, beside the workers
+    wall = ray["init_s"] + max(waves * per_wave, receive) + join
     total_tb = args.ranks * size / 1e12
     print(f"\nprojection from the rank's {label}: {args.ranks:,} ranks x {size / 2**20:,.0f} MiB ({total_tb:.2f} TB) on {args.cores} cores: "
           f"{waves} waves of {per_wave:.1f} s")  # fmt: skip
-    print(f"  wall time {wall:.0f} s ({wall / 60:.1f} min; target under {TARGET_S / 60:.0f} min): "
-          f"Ray start {ray['init_s']:.1f} s + {waves} x {per_wave:.1f} s + join {join:.1f} s"
-          + " (the rank comparison, estimated; --join-s to give a measured join)")  # fmt: skip
+    print(f"  wall time {wall:.0f} s ({wall / 60:.1f} min; target under {TARGET_S / 60:.0f} min): Ray start {ray['init_s']:.1f} s "
+          f"+ the longer of the workers' {waves} x {per_wave:.1f} s and the driver's receiving {args.ranks:,} x "
+          f"{rank['unpickle_s']:.2f} s = {receive:.0f} s, + join {join:.1f} s")  # fmt: skip
     print(f"  per worker: peak RSS {rank['rss_mib']:,.0f} MiB (target under {TARGET_WORKER_MIB:,.0f} MiB); "
           f"driver: {args.ranks:,} summaries of {rank['summary_bytes'] / 1024:,.0f} KiB = "
           f"{args.ranks * rank['summary_bytes'] / 2**20:,.0f} MiB pickled")  # fmt: skip
