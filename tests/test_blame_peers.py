@@ -359,3 +359,60 @@ def test_host_side_owners_of_hundreds_of_collectives_on_two_threads_match_a_scan
     expected = _host_side_owners_one_by_one(trace, 0, calls, instants)
     assert sum(owner >= 0 for owner in expected) > 500  # most instants hit an op or a sync
     assert _host_side_owners(trace, 0, calls, instants).tolist() == expected
+
+
+def _split_one_by_one(waits, arrivals):
+    """split_waits as first written, a loop over the pieces: the reference for the sums and their order."""
+    from collections import defaultdict
+
+    from skalpel.analysis.blame_peers import _holding
+
+    arrivals = sorted(arrivals, key=lambda item: item[0].start_us)
+    calls = [call for call, _, _ in arrivals]
+    holding = _holding(calls, np.array([(low + high) / 2 for _, low, high in waits.spans], np.float64)).tolist()
+    by_step = [defaultdict(float) for _ in waits.step_numbers]
+    by_cause = defaultdict(float)
+    by_event = {call.event: index for index, call in enumerate(calls)}
+    for position, ((step, low, high), index) in enumerate(zip(waits.spans, holding)):
+        if index < 0 and waits.host_side:
+            index = by_event.get(waits.host_side[position], -1)
+        if index < 0:
+            parts = [("unmatched", None, -1, high - low)]
+        else:
+            call, latest, last = arrivals[index]
+            waiting = min(max(latest - low, 0.0), high - low)
+            before = ("arriving", None) if last == call.rank else (f"rank {last}", last)
+            parts = [(*before, call.event, waiting), ("transfer", None, call.event, high - low - waiting)]
+        for part, peer, event, amount in parts:
+            if amount > 0:
+                by_step[step][part] += amount / 1000.0
+                by_cause[(part, peer, event)] += amount / 1000.0
+    return [dict(split) for split in by_step], dict(by_cause)
+
+
+def test_split_waits_of_thousands_of_pieces_sums_as_a_loop_over_them_would():
+    """Pieces in collectives, in their host sides, in none; peers late, the rank itself last: every step's parts and
+    the largest causes equal, to the last bit and in the same order, what the loop over the pieces gave."""
+    from skalpel.analysis.blame_peers import CollectiveWaits, _top, split_waits
+    from skalpel.analysis.collectives import Collective
+
+    random = np.random.default_rng(3)
+    calls, arrivals, at = [], [], 0.0
+    for number in range(400):
+        call = Collective(rank=2, type="all_reduce", event=10 * number, start_us=at, end_us=at + 300.0, nbytes=1024,
+                          group_size=4, on_device=True, tid=7)  # fmt: skip
+        calls.append(call)
+        arrivals.append((call, at + float(random.uniform(-50, 350)), int(random.choice([0, 1, 2, 3]))))
+        at += float(random.choice([310.0, 500.0]))
+    spans, host_side = [], []
+    for _ in range(5000):
+        low = float(random.uniform(-100, at + 100))
+        spans.append((int(random.integers(0, 6)), low, low + float(random.choice([0.0, 3.5, 40.25, 700.0]))))
+        host_side.append(int(random.choice([-1, 10 * int(random.integers(0, 400)), 7])))  # 7: no collective's event
+    waits = CollectiveWaits(tuple(spans), (1, 2, 3, 4, 5, 6), {call.event: ("nccl:all_reduce", None) for call in calls},
+                            tuple(host_side))  # fmt: skip
+    by_step, by_cause = _split_one_by_one(waits, arrivals)
+    split = split_waits(waits, arrivals)
+    assert [list(step.items()) for step in split.by_step_ms] == [list(step.items()) for step in by_step]
+    assert {"unmatched", "transfer", "arriving", "rank 0"} <= set(split.total_ms)
+    assert split.top == _top(waits.described, by_cause)
