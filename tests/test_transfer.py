@@ -49,3 +49,17 @@ def test_a_rank_without_collectives_or_waits_arrives_as_it_was():
     summary.comm, summary.collective_waits = None, None
     arrived = pickle.loads(pickle.dumps(summary))
     assert arrived.comm is None and arrived.collective_waits is None
+
+
+def test_collectives_moved_onto_the_jobs_clock_equal_those_a_constructor_makes():
+    import dataclasses
+
+    from skalpel.job.transfer import shifted_collectives
+
+    summary = _summary_of_a_real_rank()
+    calls = summary.comm.for_rank(summary.info.rank).collectives
+    moved = shifted_collectives(calls, 1234.5678, 10**6)
+    expected = tuple(dataclasses.replace(call, event=call.event + 10**6, start_us=call.start_us + 1234.5678,
+                                         end_us=call.end_us + 1234.5678) for call in calls)  # fmt: skip
+    assert moved == expected and moved != calls
+    assert [tuple(map(type, vars_of(call))) for call in moved] == [tuple(map(type, vars_of(call))) for call in expected]
