@@ -57,8 +57,10 @@ imported, cpu = time.perf_counter(), time.process_time()
 summary = summarize_rank(SummaryRequest(Path(sys.argv[1]), int(sys.argv[2])))
 done, cpu_s = time.perf_counter(), time.process_time() - cpu
 blob = pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)
+from skalpel.trace.loader import collector_paused
 unpickle = time.process_time()
-pickle.loads(blob)  # what the driver does with each rank's summary as it arrives
+with collector_paused():  # as the driver receives each rank's summary (job.pool)
+    pickle.loads(blob)
 print("RANK " + json.dumps({"seconds": done - imported, "import_s": imported - started, "cpu_s": cpu_s,
       "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "failed": type(summary).__name__ != "RankSummary",
       "summary_bytes": len(blob), "unpickle_s": time.process_time() - unpickle,
@@ -72,8 +74,10 @@ from skalpel.job.join import join_summaries
 from skalpel.job.rank import SummaryRequest, summarize_rank
 paths = [Path(path) for path in sys.argv[1:]]
 blobs = [pickle.dumps(summarize_rank(SummaryRequest(path, len(paths))), protocol=pickle.HIGHEST_PROTOCOL) for path in paths]
+from skalpel.trace.loader import collector_paused
 started = time.process_time()
-summaries = [pickle.loads(blob) for blob in blobs]
+with collector_paused():  # as the driver receives them (job.pool)
+    summaries = [pickle.loads(blob) for blob in blobs]
 received = time.process_time()
 collectives = sum(len(s.comm.for_rank(s.info.rank).collectives) for s in summaries if s.comm)
 report, kept = join_summaries(summaries)

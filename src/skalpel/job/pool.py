@@ -22,6 +22,7 @@ from typing import Callable
 
 from ..cores import affinity_cores
 from ..errors import SkalpelError
+from ..trace.loader import collector_paused
 from .rank import RankFailure, RankSummary, SummaryRequest, summarize_rank
 
 RankProgressCallback = Callable[[int, float], None]
@@ -94,6 +95,10 @@ class _Pool:
         self.queue = self.context.Queue() if on_progress else None
 
     def run(self) -> list[Result]:
+        with collector_paused():  # receiving the summaries: see trace.loader.collector_paused
+            return self._run()
+
+    def _run(self) -> list[Result]:
         results: dict[int, Result] = {}
         died = self._round(list(range(len(self.requests))), self.workers, results)
         for index in died:  # alone, so that a rank that kills its worker cannot take another one with it
@@ -176,6 +181,13 @@ def summarize_on_ray(
     refs = {remote.remote(task, request): index for index, request in enumerate(requests)}
     results: dict[int, Result] = {}
     pending = list(refs)
+    with collector_paused():  # receiving the summaries: see trace.loader.collector_paused
+        _receive(ray, refs, pending, requests, results, on_progress)
+    return [results[index] for index in range(len(requests))]
+
+
+def _receive(ray, refs: dict, pending: list, requests: list[SummaryRequest], results: dict[int, Result],
+             on_progress: RankProgressCallback | None) -> None:  # fmt: skip
     while pending:
         done, pending = ray.wait(pending, num_returns=1, timeout=None)
         for ref in done:
@@ -188,7 +200,6 @@ def summarize_on_ray(
                 results[index] = RankFailure(request.path, f"{request.path}: the Ray task died twice ({reason})", attempts=2)
             if on_progress:
                 on_progress(index, 1.0)
-    return [results[index] for index in range(len(requests))]
 
 
 def _ray_task(task: Task, request: SummaryRequest) -> Result:
