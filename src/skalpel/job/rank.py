@@ -36,7 +36,7 @@ from ..diagnose.registry import JOB_RULES, judged_rules
 from ..diagnose.rule import Context, NotJudged
 from ..errors import TraceError
 from ..result.report import Finding, RankReport
-from ..trace.loader import load_one
+from ..trace.loader import collector_paused, load_one
 from ..trace.model import RankInfo
 from .build import rank_report
 from .transfer import packed_comm, packed_waits, unpacked_comm, unpacked_waits
@@ -95,7 +95,15 @@ class SummaryRequest:
 def summarize_rank(
     request: SummaryRequest, on_fraction: Callable[[float], None] | None = None
 ) -> RankSummary | RankFailure:
-    """Load one rank file and reduce it; a file that cannot be read becomes a ``RankFailure``."""
+    """Load one rank file and reduce it; a file that cannot be read becomes a ``RankFailure``.
+
+    The cyclic garbage collector waits meanwhile: the analyses of a large rank make 100,000s of objects (its
+    collectives, its wait spans) and no cycles, and each of its passes walks them all (some 9% of a rank's time)."""
+    with collector_paused():
+        return _summarize(request, on_fraction)
+
+
+def _summarize(request: SummaryRequest, on_fraction: Callable[[float], None] | None) -> RankSummary | RankFailure:
     try:
         trace = load_one(request.path, on_fraction=on_fraction, job_ranks=request.job_ranks)
     except TraceError as error:
