@@ -416,3 +416,11 @@ def test_split_waits_of_thousands_of_pieces_sums_as_a_loop_over_them_would():
     assert [list(step.items()) for step in split.by_step_ms] == [list(step.items()) for step in by_step]
     assert {"unmatched", "transfer", "arriving", "rank 0"} <= set(split.total_ms)
     assert split.top == _top(waits.described, by_cause)
+    import dataclasses
+
+    shift, offset = 12345.678, 10**6  # the join's: split as it moves them, equal to splitting the moved pieces
+    moved = [(dataclasses.replace(call, event=call.event + offset, start_us=call.start_us + shift, end_us=call.end_us + shift),
+              latest + shift, last) for call, latest, last in arrivals]  # fmt: skip
+    expected = split_waits(waits.shifted(shift, offset), moved)
+    assert split_waits(waits, moved, shift_us=shift, event_offset=offset) == expected
+    assert expected.top[0].collective == "nccl:all_reduce" and expected != split

@@ -151,21 +151,26 @@ def _sync_names(trace: Trace) -> list[int]:
     return [index for index, name in enumerate(trace.names) if name in SYNC_CALLS]
 
 
-def split_waits(waits: CollectiveWaits, arrivals) -> PeerSplit:
+def split_waits(waits: CollectiveWaits, arrivals, *, shift_us: float = 0.0, event_offset: int = 0) -> PeerSplit:
     """Each piece split at the last arrival of the matched collective holding it (``RankComparison.arrivals_of``).
 
     All pieces at once (a 1 GB rank has some 300,000, the driver of a job every rank's): each piece gives one part
     before the last arrival and one after, summed by step and by cause with ``bincount``, which adds in the
-    pieces' order, as a loop over them would."""
+    pieces' order, as a loop over them would. ``shift_us`` and ``event_offset``: the pieces as
+    ``waits.shifted(shift_us, event_offset)`` has them (the join's), without making them first."""
     arrivals = sorted(arrivals, key=lambda item: item[0].start_us)
     calls = [call for call, _, _ in arrivals]
     count = len(waits.spans)
     steps, lows, highs = (np.array(column, dtype) for column, dtype in
                           zip(zip(*waits.spans) if count else ((), (), ()), (np.int64, np.float64, np.float64)))  # fmt: skip
+    lows, highs = lows + shift_us, highs + shift_us  # the doubles ``shifted`` adds up
+    described = {event + event_offset: text for event, text in waits.described.items()} if event_offset else waits.described
     holding = _holding(calls, (lows + highs) / 2)
     if waits.host_side:  # the host's wait for a kernel-timed collective
         outside = np.flatnonzero(holding < 0)
-        holding[outside] = _index_of(np.array([call.event for call in calls], np.int64), np.asarray(waits.host_side)[outside])
+        host_side = np.asarray(waits.host_side, np.int64)[outside]
+        host_side = np.where(host_side >= 0, host_side + event_offset, -1)
+        holding[outside] = _index_of(np.array([call.event for call in calls], np.int64), host_side)
     length = highs - lows
     latest = np.array([latest for _, latest, _ in arrivals] or [0.0], np.float64)[np.maximum(holding, 0)]
     waiting = np.minimum(np.maximum(latest - lows, 0.0), length)
@@ -192,7 +197,7 @@ def split_waits(waits: CollectiveWaits, arrivals) -> PeerSplit:
     for split in by_step:
         for name, value in split.items():
             total[name] += value
-    return PeerSplit(tuple(by_step), dict(total), _top(waits.described, by_cause))
+    return PeerSplit(tuple(by_step), dict(total), _top(described, by_cause))
 
 
 _ARRIVING_CODE, _TRANSFER_CODE, _UNMATCHED_CODE = -1, -2, -3  # parts that are not a peer rank (>= 0)

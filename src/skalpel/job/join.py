@@ -211,8 +211,9 @@ def _late_peers(summaries: list[RankSummary], analyses: Analyses, shifts: dict[i
     for summary in summaries:
         if summary.collective_waits is not None and "blame" in summary.report.extra:
             rank = summary.info.rank
-            waits = summary.collective_waits.shifted(shifts[rank], offsets[rank])
-            split[rank] = (split_waits(waits, comparison.arrivals_of(rank)), waits.step_numbers)
+            waits = summary.collective_waits  # moved onto the job's clock as it is split
+            split[rank] = (split_waits(waits, comparison.arrivals_of(rank), shift_us=shifts[rank], event_offset=offsets[rank]),
+                           waits.step_numbers)  # fmt: skip
     return split
 
 
