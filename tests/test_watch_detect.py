@@ -8,7 +8,7 @@ import pytest
 
 from skalpel.cli import main
 from skalpel.diagnose.thresholds import WATCH_WINDOW_STEPS
-from skalpel.watch.detect import KINDS, Detector, Sample
+from skalpel.watching.detect import KINDS, Detector, Sample
 
 MIB = 2**20
 

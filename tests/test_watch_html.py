@@ -1,6 +1,6 @@
 """`skalpel watch --show RUN --html FILE`: a watched run's timelines as one page, from stores written the real way.
 
-The stores are written through the watch file's own step path (``watch/store.py``, its writer's poll
+The stores are written through the watch file's own step path (``watching/store.py``, its writer's poll
 driven from the test with planted memory counters) with the real detector judging the rows, or by a real
 ``skalpel watch`` run; the page is opened in headless Chromium.
 """
@@ -19,10 +19,10 @@ from urllib.parse import unquote
 import pytest
 
 from skalpel.cli import main
-from skalpel.watch.detect import Anomaly, Detector, Sample
-from skalpel.watch.probe import Reading
-from skalpel.watch.store import BATCH, STORE, Store, open_run
-from skalpel.watch.timeline_html import COLUMNS, LEFT, PLOT_H, render_run, write_run_html
+from skalpel.watching.detect import Anomaly, Detector, Sample
+from skalpel.watching.probe import Reading
+from skalpel.watching.store import BATCH, STORE, Store, open_run
+from skalpel.watching.timeline_html import COLUMNS, LEFT, PLOT_H, render_run, write_run_html
 from tests.report_fixtures import DomSummary, chromium, console_messages, needs_browser
 
 MIB = 2**20

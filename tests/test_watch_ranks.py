@@ -1,13 +1,13 @@
-"""slow_rank judged by one rank's writer over the other ranks' stores of the same job (watch/ranks.py)."""
+"""slow_rank judged by one rank's writer over the other ranks' stores of the same job (watching/ranks.py)."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
-from skalpel.watch import ranks
-from skalpel.watch.ranks import Peers
-from skalpel.watch.store import _INSERT, _SCHEMA, STORE
+from skalpel.watching import ranks
+from skalpel.watching.ranks import Peers
+from skalpel.watching.store import _INSERT, _SCHEMA, STORE
 
 
 def _rank_store(job: Path, rank: int, cpu_ms: float, *, run_id: str = "job-1", steps: int = 300) -> list[float]:

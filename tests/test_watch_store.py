@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from skalpel.errors import SkalpelError
-from skalpel.watch.detect import Detector
-from skalpel.watch.probe import RunQueueClock
-from skalpel.watch.store import STORE, Store, open_run
+from skalpel.watching.detect import Detector
+from skalpel.watching.probe import RunQueueClock
+from skalpel.watching.store import STORE, Store, open_run
 
 
 def _row(step: int) -> tuple:
@@ -95,3 +95,14 @@ def test_the_writer_fills_each_steps_cpu_time_core_wait_and_memory_from_its_own_
     assert all(cpu >= 0 and runq is not None and runq >= 0 and rss > 2**20 and cuda is None for cpu, runq, rss, cuda in rows)
     # the process's CPU time, spread over the steps between readings: at least what this thread burnt in them
     assert sum(row[0] for row in rows) >= 0.5 * burnt
+
+
+def test_skalpel_watch_is_the_context_manager_and_the_package_is_watching() -> None:
+    import importlib
+
+    import skalpel
+    from skalpel.watching import recorder
+
+    importlib.import_module("skalpel.watching.store")  # importing the package sets skalpel.watching, never .watch
+    assert skalpel.watch is recorder.watch and callable(skalpel.watch)
+    assert not hasattr(importlib.import_module("skalpel.watching"), "__call__")

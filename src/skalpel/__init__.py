@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .api import analyze
     from .capture.session import profile
     from .result.report import Report
-    from .watch.recorder import watch  # the package skalpel.watch, called, is this
+    from .watching.recorder import watch
 
 
 def __getattr__(name: str) -> Any:
@@ -34,10 +34,10 @@ def __getattr__(name: str) -> Any:
         from .result.report import Report
 
         return Report
-    if name == "watch":  # the package, callable: skalpel.watch() is recorder.watch() (see watch/__init__.py)
-        import importlib
+    if name == "watch":  # the context manager; the package is skalpel.watching (no module named watch)
+        from .watching.recorder import watch
 
-        return importlib.import_module(".watch", __name__)
+        return watch
     if name == "step":
         from .capture.steps import mark_step
 

@@ -306,13 +306,13 @@ def _add_tune(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_watch(commands: argparse._SubParsersAction) -> None:
-    from .watch.command import add_parser  # the handler lives there
+    from .watching.command import add_parser  # the handler lives there
 
     add_parser(commands)
 
 
 def _add_history(commands: argparse._SubParsersAction) -> None:
-    from .watch.command import add_history_parser
+    from .watching.command import add_history_parser
 
     add_history_parser(commands)
 

@@ -212,7 +212,7 @@ TUNE_WARMUP_RATIO = 1.5
 TUNE_STEADY_MIN_STEPS = 3
 TUNE_STEADY_TREND_PCT = 20.0
 
-# === skalpel watch: anomalies judged online over a whole run (watch/detect.py) =================
+# === skalpel watch: anomalies judged online over a whole run (watching/detect.py) =================
 # Not findings of a trace: per step, over a rolling window of un-profiled steps, with robust
 # statistics (median, and the MAD scaled by 1.4826 to a standard deviation). Step-time kinds judge
 # the step less its DataLoader wait (a stall is dataloader_stall's, not a slower step). No judgement

@@ -1,6 +1,6 @@
 """The anomalies ``skalpel watch`` judges online, documented for ``skalpel explain <kind>``.
 
-They are no findings of a trace: ``watch/detect.py`` judges them step by step over a whole
+They are no findings of a trace: ``watching/detect.py`` judges them step by step over a whole
 run, so they are not in ``registry.RULES`` (``skalpel analyze`` never runs them). Declared as
 ``Rule`` values all the same, so that ``skalpel explain`` prints them the way it prints a finding.
 """
