@@ -298,9 +298,10 @@ def test_the_live_line_shows_on_a_terminal_only(tmp_path: Path) -> None:
     assert "skalpel watch: step " not in piped.stderr and "watched 399 steps" in piped.stderr
 
 
-# Two ranks of DDP on gloo; rank 1 does three times the CPU work a step (the argument: its ms), and rank 0 waits
-# for it in every all-reduce. The planted work (8 ms a step on rank 0) dwarfs a step's own, about 1 ms of DDP and
-# gloo whose CPU time load inflates on either rank (at 2 ms, 0.75 ms of it made a balanced rank 1.25x under xdist).
+# Two ranks of DDP on gloo; rank 1 does more CPU work a step (the first argument: its ms), and rank 0 waits for
+# it in every all-reduce. The planted work (8 ms a step on rank 0) dwarfs a step's own, about 1 ms of DDP and gloo
+# whose CPU time load inflates on either rank (at 2 ms, 0.75 ms of it made a balanced rank 1.25x under xdist).
+# The second argument: the iterations (300).
 SLOW_RANK = """
 import sys
 import time
@@ -314,7 +315,7 @@ torch.set_num_threads(1)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 a = torch.randn(64, 64)
-for step in range(300):
+for step in range(int(sys.argv[2]) if len(sys.argv) > 2 else 300):
     loss = model(torch.ones(8)).sum()
     optimizer.zero_grad()
     loss.backward()
@@ -326,26 +327,42 @@ dist.destroy_process_group()
 """
 
 
-def _torchrun_job(tmp_path: Path, slow_ms: str) -> tuple[Path, subprocess.CompletedProcess]:
+def _torchrun_job(tmp_path: Path, slow_ms: str, *script_args: str) -> tuple[Path, subprocess.CompletedProcess]:
     script = _script(tmp_path, SLOW_RANK)
     out = tmp_path / "job"
+    # --standalone: torchrun's rendezvous on a free port of its own
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "skalpel",
-                "watch", "--out", str(out), str(script), slow_ms]  # fmt: skip
+                "watch", "--out", str(out), str(script), slow_ms, *script_args]  # fmt: skip
     done = subprocess.run(torchrun, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     return out, done
 
 
-def test_under_torchrun_each_rank_records_its_steps_and_the_slow_rank_is_named_online_and_by_show(tmp_path: Path) -> None:
-    out, done = _torchrun_job(tmp_path, "24")
-    for rank in (0, 1):  # 300 iterations: boundaries at the zero_grad of iterations 1-299, so 298 whole steps
-        assert _rows(out / f"rank{rank}" / "watch.sqlite", "SELECT count(*) FROM steps")[0][0] == 298
-    assert "under torchrun each rank records its steps, without captures" in done.stderr
+def test_under_torchrun_the_slow_rank_is_named_online_captured_on_every_rank_and_by_show(tmp_path: Path) -> None:
+    out, done = _torchrun_job(tmp_path, "24", "1000")
+    for rank in (0, 1):  # 1000 iterations: boundaries at the zero_grad of iterations 1-999, so 998 whole steps
+        assert _rows(out / f"rank{rank}" / "watch.sqlite", "SELECT count(*) FROM steps")[0][0] == 998
     # judged while the job ran, by the slow rank reading the other's store: in its own store, naming it
-    slow = _rows(out / "rank1" / "watch.sqlite", "SELECT kind, message FROM anomalies WHERE kind = 'slow_rank'")
+    slow = _rows(out / "rank1" / "watch.sqlite",
+                 "SELECT kind, message, capture, summary FROM anomalies WHERE kind = 'slow_rank'")  # fmt: skip
     assert len(slow) == 1 and slow[0][1].startswith("rank1 falls behind: "), (slow, done.stderr)
     assert _rows(out / "rank0" / "watch.sqlite", "SELECT count(*) FROM anomalies WHERE kind = 'slow_rank'")[0][0] == 0
     assert "slow_rank: rank1 falls behind" in done.stderr
+    # one capture of the job: both ranks profiled the same steps, each wrote its trace, one report covers both
+    (capture,) = [folder for folder in out.glob("capture-*") if folder.name.endswith("-slow_rank")]
+    assert sorted(path.name for path in capture.glob("trace-rank*.json.gz")) == ["trace-rank0.json.gz",
+                                                                                 "trace-rank1.json.gz"]  # fmt: skip
+    profiled = [[step for (step,) in _rows(out / f"rank{rank}" / "watch.sqlite",
+                                           "SELECT step FROM steps WHERE profiled = 1 ORDER BY step")]
+                for rank in (0, 1)]  # fmt: skip
+    assert profiled[0] and profiled[0] == profiled[1], profiled
+    assert profiled[0][0] > int(capture.name.split("-")[1])  # after the anomaly, from a step both ranks knew of
+    report = orjson.loads((capture / "report.json").read_bytes())
+    assert [rank["rank"] for rank in report["ranks"]] == [0, 1]
+    (straggler,) = [finding for finding in report["findings"] if finding["id"] == "straggler_rank"]
+    assert straggler["rank"] == 1 and straggler["severity"] != "info", straggler
+    assert slow[0][2] == f"../{capture.name}" and "straggler_rank" in slow[0][3], slow  # linked to the anomaly
+    assert [line for line in done.stderr.splitlines() if "every rank captures steps" in line], done.stderr
     shown = subprocess.run([sys.executable, "-m", "skalpel", "watch", "--show", str(out)], capture_output=True,
                            text=True, timeout=120)  # fmt: skip
     assert shown.returncode == 0, shown.stderr
@@ -360,6 +377,7 @@ def test_a_balanced_torchrun_job_names_no_slow_rank(tmp_path: Path) -> None:
         assert _rows(store, "SELECT count(*) FROM steps")[0][0] == 298
         assert _rows(store, "SELECT count(*) FROM anomalies WHERE kind = 'slow_rank'")[0][0] == 0, done.stderr
     assert "slow_rank" not in done.stderr
+    assert not [folder for folder in out.glob("capture-*") if folder.name.endswith("-slow_rank")]
 
 
 # Planted CPU work in each phase of a step: 2 ms in the forward, 5 ms in backward (a custom autograd Function),

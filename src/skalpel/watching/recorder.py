@@ -9,6 +9,8 @@ within the cooldown), the next boundary starts a ``ProfileRun`` with ``skalpel r
 settings in ``capture-<step>-<kind>/`` beside the store, drives it for its steps, analyses it
 on the training thread (a pause of a few seconds, left out of the step rows) and links the
 report to the anomaly. The capture's steps are stored flagged ``profiled`` and never judged.
+Under torchrun with ``--out JOB`` every rank captures the same steps and the job's report is
+written once, off every rank's training thread (``jobcapture.py``, ``collect.py``).
 
 ``skalpel.watch()`` wraps a loop in a script; ``skalpel watch SCRIPT`` (``runner.py``) runs one.
 """
@@ -16,6 +18,7 @@ report to the anomaly. The capture's steps are stored flagged ``profiled`` and n
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import sys
 import threading
 import time
@@ -24,12 +27,16 @@ from typing import Any, Iterator
 
 from torch.utils.data import dataloader
 
+from .. import env
 from ..capture import distributed, runfolder, signals
 from ..capture.session import ProfileRun
 from ..capture.settings import CaptureSettings
 from ..capture.steps import ALL_SIGNALS, LABELS, StepDetector
 from ..errors import SkalpelError
+from .collect import capture_summary
 from .detect import Anomaly, Detector
+from .jobcapture import Request, Requests, start_collector, write_marker
+from .jobcapture import summary as job_summary
 from .live import LiveLine, line
 from .phases import Phases
 from .probe import RunQueueClock, host_memory_limit
@@ -70,13 +77,19 @@ class Watcher:
         self._loader_s = 0.0  # DataLoader wait of the step under way
         self.phases = Phases()  # its backward and optimizer time
         self._profiled = 0  # 1: the step under way is part of a capture
-        # captures asked for by the writer thread, one per kind, taken in turn at the boundaries (one at a time)
-        self._requested: list[tuple[Anomaly, int]] = []
+        # captures asked for by the writer thread, one per kind, taken in turn at the boundaries (one at a time);
+        # under torchrun each names the first step (jobcapture.Request), and the anomaly is the asking rank's only
+        self._requested: list[tuple[Anomaly | None, int | None, Request | None]] = []
         self._captured_at: dict[str, float] = {}  # kind -> when its last capture was asked for
-        self._capture: tuple[ProfileRun, Anomaly, int] | None = None
+        self._capture: tuple[ProfileRun, Anomaly | None, int | None, Request | None] | None = None
+        self.requests: Requests | None = None  # under torchrun with --out: the job's capture requests
+        self.rank = 0
+        self._asked: dict[int, tuple[Anomaly, int]] = {}  # request number -> this rank's anomaly that asked for it
+        self._collecting: list[tuple[Any, Request, int]] = []  # (collector process, request, anomaly id)
+        self._collecting_lock = threading.Lock()  # the writer links what ended, close() waits for the rest
         self._restore: Any = None
         self.live = LiveLine()
-        self.store.on_flush = self._show_live
+        self.store.on_flush = self._after_flush
 
     # -- installing ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -107,8 +120,22 @@ class Watcher:
         dataloader._BaseDataLoaderIter.__next__ = __next__
         self._restore = original
 
+    def _after_flush(self) -> None:
+        """On the writer thread, after each flush: the job's new capture requests, the reports written, the live
+        line."""
+        if self.requests is not None:
+            self._requested.extend((*self._asked.get(request.number, (None, None)), request)
+                                   for request in self.requests.take())  # fmt: skip
+            with self._collecting_lock:  # close() takes the rest
+                done = [entry for entry in self._collecting if entry[0].poll() is not None]
+                for entry in done:
+                    self._collecting.remove(entry)
+            for _, request, anomaly_id in done:
+                self._link_job_capture(request, anomaly_id)
+        self._show_live()
+
     def _show_live(self) -> None:
-        """On the writer thread, after each flush: the live line (a terminal only)."""
+        """The live line (a terminal only)."""
         row = self.store.last_row
         if row is None:
             return
@@ -162,39 +189,119 @@ class Watcher:
         _say(f"step {anomaly.step}: {anomaly.kind}: {anomaly.message}")
         if not self.capture_on:
             return
+        if self.requests is not None:  # every rank captures, from a step far enough ahead for all to know it
+            request = self.requests.ask(kind=anomaly.kind, anomaly_step=anomaly.step, current_step=self.steps,
+                                        median_step_s=self.store.recent_step_s(),
+                                        cooldown_s=self.cooldown_s)  # fmt: skip
+            if request is not None:
+                self._asked[request.number] = (anomaly, anomaly_id)
+                _say(f"rank {self.rank}: every rank captures steps {request.first_step}-{request.last_step} "
+                     f"({anomaly.kind})")  # fmt: skip
+            return
         last = self._captured_at.get(anomaly.kind)
         if last is not None and time.monotonic() - last < self.cooldown_s:
             return
         self._captured_at[anomaly.kind] = time.monotonic()
-        self._requested.append((anomaly, anomaly_id))  # after the capture under way, if any
+        self._requested.append((anomaly, anomaly_id, None))  # after the capture under way, if any
 
     def _drive_capture(self) -> None:
+        request = None
         try:
             if self._capture is None:
-                anomaly, anomaly_id = self._requested.pop(0)
-                self._start_capture(anomaly, anomaly_id)
+                anomaly, anomaly_id, request = self._requested[0]
+                if request is not None and self.steps + 1 < request.first_step:
+                    return  # a capture of the job starts at its step, on every rank
+                self._requested.pop(0)
+                if request is not None and self.steps + 1 > request.first_step:
+                    self._job_part_done(request, None, f"read the request after step {request.first_step} had begun")
+                    return
+                self._start_capture(anomaly, anomaly_id, request)
                 return
-            run = self._capture[0]
+            run, request = self._capture[0], self._capture[3]
             run.step()
             run.loader_workers = self.detector.loader_workers  # for the capture's CPU facts, as skalpel run tells
             if run.baseline_complete:
-                self._finish_capture()
+                if request is not None:
+                    self._finish_job_capture()
+                else:
+                    self._finish_capture()
         except Exception as error:  # noqa: BLE001 - a capture that fails must not stop the training
-            self._capture, self._profiled = None, 0
+            failed, self._capture, self._profiled = self._capture, None, 0
             _say(f"the capture failed ({type(error).__name__}: {error}); the run goes on")
+            if request is not None:
+                self._job_part_done(request, failed[0] if failed is not None else None,
+                                    f"the capture failed ({type(error).__name__}: {error})")  # fmt: skip
 
-    def _start_capture(self, anomaly: Anomaly, anomaly_id: int) -> None:
-        folder = self.folder / f"capture-{anomaly.step}-{anomaly.kind}"
-        run = ProfileRun(self.settings, out=folder, name=f"{Path(self.script).stem}-{anomaly.kind}", auto=True)
+    def _capture_folder(self, anomaly: Anomaly | None, request: Request | None) -> Path:
+        if request is not None:
+            assert self.requests is not None
+            return self.requests.folder / request.folder_name
+        assert anomaly is not None
+        return self.folder / f"capture-{anomaly.step}-{anomaly.kind}"
+
+    def _start_capture(self, anomaly: Anomaly | None, anomaly_id: int | None, request: Request | None) -> None:
+        folder = self._capture_folder(anomaly, request)
+        kind = request.kind if request is not None else anomaly.kind  # type: ignore[union-attr]
+        run = ProfileRun(self.settings, out=folder, name=f"{Path(self.script).stem}-{kind}", auto=True)
         run.script = self.script
         run.step_signal = LABELS.get(self.detector.signal or "")
         run.start()
-        self._capture = (run, anomaly, anomaly_id)
+        self._capture = (run, anomaly, anomaly_id, request)
         self._profiled = 1
+
+    def _finish_job_capture(self) -> None:
+        """This rank's part of a job's capture is over: its trace is written; the report is not this rank's to wait
+        for (the asking rank's collector writes it)."""
+        assert self._capture is not None
+        run, request = self._capture[0], self._capture[3]
+        assert request is not None
+        self._capture, self._profiled = None, 0
+        run.stop()
+        self._job_part_done(request, run, None)
+
+    def _job_part_done(self, request: Request, run: ProfileRun | None, note: str | None) -> None:
+        """The marker of this rank's part (its trace, or why it has none); the asking rank starts the collector."""
+        assert self.requests is not None
+        folder = self.requests.folder / request.folder_name
+        trace = capture = None
+        if run is not None:
+            if run.export_error is not None:
+                note = note or str(run.export_error)
+            elif run.trace_paths:
+                trace, capture = run.trace_paths[0].name, run.capture_info()
+            else:
+                note = note or f"no step was recorded ({run.steps_done} step(s) of the capture ran)"
+        try:
+            write_marker(folder, self.rank, trace=trace, capture=capture, note=note)
+        except OSError as error:
+            _say(f"rank {self.rank}: cannot write its part of the capture in {folder}: {error}")
+        if trace is not None:
+            self.captures.append(folder)
+        if request.rank != self.rank:
+            return
+        collector = start_collector(folder, self.requests.world_size)
+        if collector is None:
+            _say(f"rank {self.rank}: cannot start the job capture's report in {folder}")
+            return
+        anomaly_id = self._asked.get(request.number, (None, -1))[1]
+        with self._collecting_lock:
+            self._collecting.append((collector, request, anomaly_id))
+        _say(f"rank {self.rank}: captured steps {request.first_step}-{request.last_step} ({request.kind}); the job's "
+             f"report is written in {folder} once every rank's trace is there")  # fmt: skip
+
+    def _link_job_capture(self, request: Request, anomaly_id: int) -> None:
+        """The collector ended: its report (or why there is none) is linked to the anomaly that asked for it."""
+        assert self.requests is not None
+        folder = self.requests.folder / request.folder_name
+        line = job_summary(folder) or "no report: the report's process ended without a word"
+        self.store.capture(anomaly_id, f"../{folder.name}", line)
+        _say(f"rank {self.rank}: the job's capture after step {request.anomaly_step} ({request.kind}): {line} "
+             f"-> {folder}")  # fmt: skip
 
     def _finish_capture(self) -> None:
         assert self._capture is not None
-        run, anomaly, anomaly_id = self._capture
+        run, anomaly, anomaly_id, _ = self._capture
+        assert anomaly is not None and anomaly_id is not None
         self._capture, self._profiled = None, 0
         try:
             run.finish()
@@ -212,18 +319,50 @@ class Watcher:
         """Stop watching: a capture under way is analysed with what it holds; everything queued is written."""
         self.uninstall()
         if self._capture is not None:
-            run = self._capture[0]
+            run, request = self._capture[0], self._capture[3]
             try:
                 run.stop()
-                if run.trace_paths:
+                if request is not None:
+                    self._finish_job_capture()
+                elif run.trace_paths:
                     self._finish_capture()
             except Exception as error:  # noqa: BLE001
                 _say(f"the capture under way at the end failed ({type(error).__name__}: {error})")
             self._capture = None
+        self._close_job_captures()
         self.store.meta(status="ended", ended=time.strftime("%Y-%m-%dT%H:%M:%S"), steps=self.steps,
                         exit_status=exit_status)  # fmt: skip
         self.store.close()
         self.runq.close()
+
+    def _close_job_captures(self) -> None:
+        """At the end: a request whose steps never came is said so (no rank reached them); the job's reports being
+        written are waited for and linked (the collector waits at most $SKALPEL_RANK_WAIT_S for the ranks)."""
+        if self.requests is None:
+            return
+        pending = [entry for entry in self._requested if entry[2] is not None]
+        self._requested = []
+        pending += [(*self._asked.get(request.number, (None, None)), request) for request in self.requests.take()]
+        for _, anomaly_id, request in pending:
+            assert request is not None
+            note = f"the run ended at step {self.steps}, before the capture's first step {request.first_step}"
+            if request.rank == self.rank and anomaly_id is not None:
+                self.store.capture(anomaly_id, None, f"no capture: {note}")
+            else:
+                try:
+                    write_marker(self.requests.folder / request.folder_name, self.rank, trace=None, note=note)
+                except OSError:
+                    pass
+        with self._collecting_lock:
+            collecting, self._collecting = self._collecting, []
+        for collector, request, anomaly_id in collecting:
+            try:
+                collector.wait(timeout=env.number(env.RANK_WAIT_S) + 300)
+            except subprocess.TimeoutExpired:
+                _say(f"rank {self.rank}: the job's report is still being written (pid {collector.pid}) in "
+                     f"{self.requests.folder / request.folder_name}")  # fmt: skip
+                continue
+            self._link_job_capture(request, anomaly_id)
 
     def why_no_step(self) -> str | None:
         """One line when the script never stepped; None when it did."""
@@ -245,14 +384,6 @@ class Watcher:
         return f"watched {self.steps} steps{lost}: {found}, {len(self.captures)} capture(s); {self.folder / STORE}"
 
 
-def capture_summary(report: Any) -> str:
-    """The capture's answer in one line: its findings, most severe first."""
-    findings = [finding for finding in report.findings if finding.id not in ("not_judged",)]
-    if not findings:
-        return "no finding"
-    return "; ".join(f"{finding.id}: {finding.title}" for finding in findings[:3])
-
-
 def _say(message: str) -> None:
     print(f"skalpel watch: {message}", file=sys.stderr, flush=True)
 
@@ -262,11 +393,11 @@ def open_watcher(out: str | Path | None, name: str, *, script: str, **options: A
     job = distributed.job()
     if job is not None:  # each rank records and judges its own steps, in a folder of its own
         out, name = (Path(out) / f"rank{job.rank}" if out is not None else None), f"{name}-rank{job.rank}"
-        if options.get("capture", True):
-            # A capture of a job is every rank's same steps (rank 0 waits for their traces): one rank's
-            # anomaly would leave it waiting.
+        if options.get("capture", True) and out is None:
+            # A capture of a job is every rank's same steps: the ranks meet in the job's folder (--out).
             options["capture"] = False
-            _say(f"rank {job.rank}: under torchrun each rank records its steps, without captures")
+            _say(f"rank {job.rank}: under torchrun without --out each rank records its steps, without captures "
+                 f"(--out JOB: the ranks capture together)")  # fmt: skip
     try:
         folder = runfolder.prepare(Path(out)) if out is not None else runfolder.prepare_new(runfolder.default_folder(name))
         watcher = Watcher(folder, script=script, **options)
@@ -277,6 +408,11 @@ def open_watcher(out: str | Path | None, name: str, *, script: str, **options: A
         watcher.store.meta(job=job.run_id, rank=job.rank)
         if out is not None:  # JOB/rankN: the other ranks' stores are its siblings, judged with this one's
             watcher.store.peers = Peers(folder, job.rank, job.run_id)
+            watcher.rank = job.rank
+            if watcher.capture_on:
+                settings = watcher.settings
+                span = settings.total_steps + max(settings.active, 5) + 3  # its steps, the baseline, a few spare
+                watcher.requests = Requests(folder.parent, job.rank, job.world_size, span=span)
     return watcher
 
 

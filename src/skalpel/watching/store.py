@@ -17,6 +17,7 @@ import fcntl
 import os
 import queue
 import sqlite3
+import statistics
 import sys
 import threading
 import time
@@ -82,6 +83,7 @@ class Store:
         self._last_end: tuple[float, tuple[Any, ...]] | None = None  # the last step's end, and the counters there
         self.peers: Peers | None = None  # the other ranks of a torchrun job (ranks.py), judged with this one
         self._cpu: deque[float] = deque(maxlen=detector.window)  # CPU time of the last judged steps, for peers
+        self._wall: deque[float] = deque(maxlen=64)  # the last steps' wall time, judged or not (recent_step_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._write, name="skalpel-watch-writer", daemon=True)
 
@@ -109,7 +111,7 @@ class Store:
     def meta(self, **values: Any) -> None:
         self.queue.put(("meta", values))
 
-    def capture(self, anomaly_id: int, path: str, summary: str) -> None:
+    def capture(self, anomaly_id: int, path: str | None, summary: str) -> None:
         self.queue.put(("capture", anomaly_id, path, summary))
 
     def close(self) -> None:
@@ -188,12 +190,17 @@ class Store:
                after[2], after[3], profiled, forward, backward_s, optimizer_s)  # fmt: skip
         self._pending.append(row)
         self.last_row = row
+        self._wall.append(row[2])
         if not profiled and step > self.detector.warmup:
             self._cpu.append(row[4])
         sample = Sample(step=step, end_s=row[1], wall_s=row[2], loader_s=loader_s,
                         memory=row[7] if row[7] is not None else row[6], runq_s=runq, judged=not profiled)  # fmt: skip
         for anomaly in self.detector.feed(sample):
             self.on_anomaly(anomaly, self._anomaly(anomaly, row[1]))
+
+    def recent_step_s(self) -> float | None:
+        """The median wall time of the last steps taken (on the writer thread; before the detector's window fills)."""
+        return statistics.median(self._wall) if self._wall else None
 
     def _judge_ranks(self) -> None:
         assert self.peers is not None
