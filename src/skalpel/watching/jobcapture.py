@@ -78,6 +78,7 @@ class Requests:
             cooldown_s: float) -> Request | None:  # fmt: skip
         """Write a request for a capture of the job; None when one of this kind was asked within the cooldown (by
         any rank) or the folder cannot be written."""
+        taken = 0  # the last number found taken (by another rank's request, or a file that is none)
         for _ in range(100):  # another rank may take each number first: then after its request
             self.read()
             now = time.time()
@@ -87,7 +88,7 @@ class Requests:
             first = current_step + self.lead_steps(median_step_s)
             if last is not None:
                 first = max(first, last.last_step + 1)
-            number = (max(self.requests) if self.requests else 0) + 1
+            number = max([taken, *self.requests]) + 1
             request = Request(number, first, first + self.span - 1, kind, anomaly_step, self.rank, now)
             aside = self.folder / f".{_PREFIX}{number}-rank{self.rank}.tmp"
             try:
@@ -95,6 +96,7 @@ class Requests:
                 os.link(aside, self.folder / f"{_PREFIX}{number}.json")  # fails when another rank took the number
                 return request
             except FileExistsError:
+                taken = number
                 continue
             except OSError:
                 return None
