@@ -77,7 +77,8 @@ DATALOADER_STALL = _kind(
 
 SLOW_RANK = _kind(
     "slow_rank", "A rank of the job falls behind the others", thresholds.SLOW_RANK,
-    "profile that rank (skalpel run under torchrun): more work than the others (an uneven shard), a slower core",
+    "read the job's capture (JOB/capture-<step>-slow_rank/: every rank's same steps, one report, its "
+    "straggler_rank finding): more work than the others (an uneven shard), a slower core",
     what="Under torchrun each rank records its own steps; with --out JOB, each rank's writer reads the other "
     "ranks' stores every every_s seconds and compares the ranks' median CPU time per step over the last window "
     "(min_steps at least on each): the rank above the others' median by the share and the floor records the "
