@@ -263,6 +263,8 @@ def test_skalpel_watch_in_a_script_and_history_lists_and_compares_the_runs(tmp_p
         assert "watched 120 steps: 0 anomalies" in done.stderr
         # the block starts the loop: step 1 runs from it to the first watched.step()
         assert len(_rows(runs / name / "watch.sqlite", "SELECT step FROM steps")) == 120
+        # no CUDA here: no device time, and CUDA never touched (an Event cannot even be made on this machine)
+        assert _rows(runs / name / "watch.sqlite", "SELECT count(*) FROM steps WHERE device_s IS NOT NULL") == [(0,)]
     listed = subprocess.run([sys.executable, "-m", "skalpel", "history", "--dir", str(runs)], capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     assert listed.returncode == 0, listed.stderr

@@ -2,8 +2,8 @@
 
 Steps are found as ``skalpel run`` finds them (``capture/steps.StepDetector``: the optimizer,
 DataLoader, backward and module hooks, or ``skalpel.step()``). At each boundary the training
-thread reads the clock and its core-wait clock and appends them to the store's deque; nothing
-else happens there unless a capture is asked for. The store's writer thread reads the counters (``probe.py``)
+thread reads the clock and its core-wait clock and appends them to the store's deque (on CUDA,
+with an event recorded: ``devicetime.py``); nothing else happens there unless a capture is asked for. The store's writer thread reads the counters (``probe.py``)
 and judges each step (``detect.py``); when an anomaly fires (and its kind has not been captured
 within the cooldown), the next boundary starts a ``ProfileRun`` with ``skalpel run``'s
 settings in ``capture-<step>-<kind>/`` beside the store, drives it for its steps, analyses it
@@ -35,6 +35,7 @@ from ..capture.steps import ALL_SIGNALS, LABELS, StepDetector
 from ..errors import SkalpelError
 from .collect import capture_summary
 from .detect import Anomaly, Detector
+from .devicetime import DeviceTimes
 from .jobcapture import Request, Requests, start_collector, write_marker
 from .jobcapture import summary as job_summary
 from .live import LiveLine, line
@@ -77,6 +78,7 @@ class Watcher:
         self._loader_s = 0.0  # DataLoader wait of the step under way
         self.phases = Phases()  # its backward and optimizer time
         self._profiled = 0  # 1: the step under way is part of a capture
+        self.device_times: DeviceTimes | None = None  # CUDA events at the boundaries, once the script uses CUDA
         # captures asked for by the writer thread, one per kind, taken in turn at the boundaries (one at a time);
         # under torchrun each names the first step (jobcapture.Request), and the anomaly is the asking rank's only
         self._requested: list[tuple[Anomaly | None, int | None, Request | None]] = []
@@ -153,24 +155,40 @@ class Watcher:
 
     # -- each step ----------------------------------------------------------------------------
     def _boundary(self) -> None:
-        """Each step's whole cost on the training thread: two clock reads and an append (the detector called this
-        from the script's own process: it tests that)."""
+        """Each step's whole cost on the training thread: two clock reads and an append, and on CUDA an event
+        recorded (the detector called this from the script's own process: it tests that)."""
         now = time.perf_counter()
         if threading.get_ident() != self.thread:
             return
-        runq, phases = self.runq.read(), self.phases
+        runq, phases, device = self.runq.read(), self.phases, self.device_times
+        event = None
+        if device is not None:
+            try:
+                event = device.record()
+            except Exception as error:  # noqa: BLE001 - no device time from here on; the run goes on
+                self.device_times = None
+                _say(f"device time per step stops here ({type(error).__name__}: {error})")
         if self._last is not None:
             self.steps += 1
             if self.store.failed is None:
                 self._append((self.steps, self._last, now, self._loader_s, self._profiled, self._last_runq, runq,
-                              phases.backward_s, phases.optimizer_s))  # fmt: skip
+                              phases.backward_s, phases.optimizer_s, event))  # fmt: skip
         if self.store.want_device:  # once: the writer saw CUDA initialised, and reads memory on this device
-            self.store.cuda_device(sys.modules["torch"].cuda.current_device())
+            self._use_device()
         if self._capture is not None or self._requested:
             self._drive_capture()
             now, runq = time.perf_counter(), self.runq.read()  # the capture's own work stays out of the next step
         self._last, self._last_runq, self._loader_s = now, runq, 0.0
         phases.backward_s = phases.optimizer_s = 0.0
+
+    def _use_device(self) -> None:
+        """The script initialised CUDA (the writer saw it): memory is read on this thread's device, and each step's
+        device time is timed with CUDA events from the next boundary on."""
+        cuda = sys.modules["torch"].cuda
+        self.store.cuda_device(cuda.current_device())
+        times = DeviceTimes(cuda)
+        self.store.device_times = times  # before the first event reaches the writer
+        self.device_times = times
 
     def start_clock(self) -> None:
         """Time the first iteration from now (``skalpel.watch()``: the block starts the loop; a script run by

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from ..errors import SkalpelError
 from .detect import Anomaly, Detector, Sample
+from .devicetime import DeviceTimes
 from .probe import Counters, RunQueueClock, Timeline, cuda_in_use, device_memory_limit
 from .ranks import Peers
 
@@ -35,9 +36,10 @@ LOCK = ".watch.lock"
 FLUSH_S = 0.5
 POLL_S = 0.2  # how often the writer takes the steps, reads the counters and judges them (each wake-up costs CPU)
 BATCH = 512
-# forward_s, backward_s, optimizer_s came later (a store written before has none: readers ask has_columns)
+# forward_s, backward_s, optimizer_s and device_s came later (a store written before has none: readers ask
+# has_columns)
 STEP_COLUMNS = ("step", "end_s", "wall_s", "loader_s", "cpu_s", "runq_s", "rss", "cuda_allocated", "cuda_reserved",
-                "profiled", "forward_s", "backward_s", "optimizer_s")  # fmt: skip
+                "profiled", "forward_s", "backward_s", "optimizer_s", "device_s")  # fmt: skip
 PHASE_COLUMNS = ("forward_s", "backward_s", "optimizer_s")
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -46,6 +48,7 @@ CREATE TABLE IF NOT EXISTS anomalies (id INTEGER PRIMARY KEY, step INTEGER, kind
     baseline REAL, at_s REAL, capture TEXT, summary TEXT);
 """
 _INSERT = f"INSERT OR REPLACE INTO steps VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
+_DEVICE_TIME = "UPDATE steps SET device_s = ? WHERE step = ?"  # read back after the row (devicetime.py)
 
 
 class Store:
@@ -68,8 +71,8 @@ class Store:
         self.detector = detector
         self.on_anomaly = on_anomaly
         self.queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()  # all but the steps
-        # (step, start, end, loader_s, profiled, runq at start, runq at end, backward_s, optimizer_s) per step: all
-        # the training thread does
+        # (step, start, end, loader_s, profiled, runq at start, runq at end, backward_s, optimizer_s, CUDA event or
+        # None) per step: all the training thread does
         self.steps: deque[tuple[Any, ...]] = deque()
         self.want_device = False  # the script initialised CUDA: the training thread is asked for its device
         self.failed: str | None = None  # why the store stopped being written
@@ -84,6 +87,8 @@ class Store:
         self.peers: Peers | None = None  # the other ranks of a torchrun job (ranks.py), judged with this one
         self._cpu: deque[float] = deque(maxlen=detector.window)  # CPU time of the last judged steps, for peers
         self._wall: deque[float] = deque(maxlen=64)  # the last steps' wall time, judged or not (recent_step_s)
+        self.device_times: DeviceTimes | None = None  # set by the watcher once the script uses CUDA
+        self._device_updates: list[tuple[float | None, int]] = []  # (device_s, step) read back, to write
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._write, name="skalpel-watch-writer", daemon=True)
 
@@ -98,10 +103,10 @@ class Store:
     # -- from the training thread -------------------------------------------------------------
     def step(self, step: int, start: float, end: float, loader_s: float, profiled: int = 0,
              runq: tuple[bytes | None, bytes | None] = (None, None), backward_s: float | None = None,
-             optimizer_s: float | None = None) -> None:  # fmt: skip
+             optimizer_s: float | None = None, device_event: Any = None) -> None:  # fmt: skip
         """One step: its start and end on ``time.perf_counter()``, ``RunQueueClock.read()`` at both, its backward
-        and optimizer time (the watcher appends to ``steps`` itself)."""
-        self.steps.append((step, start, end, loader_s, profiled, *runq, backward_s, optimizer_s))
+        and optimizer time, the CUDA event at its end (the watcher appends to ``steps`` itself)."""
+        self.steps.append((step, start, end, loader_s, profiled, *runq, backward_s, optimizer_s, device_event))
 
     def cuda_device(self, device: int) -> None:
         """The training thread's CUDA device (asked for with ``want_device``): memory is judged there from now on."""
@@ -170,11 +175,16 @@ class Store:
             self._step(*step)
         if taken:
             self.timeline.forget_before(taken[-1][2])
+        if self.device_times is not None:
+            self._device_updates += self.device_times.ready()
         if self.counters.cuda_device is None and not self.want_device and cuda_in_use():
             self.want_device = True
 
     def _step(self, step: int, start: float, end: float, loader_s: float, profiled: int, runq_start: bytes | None,
-              runq_end: bytes | None, backward_s: float | None, optimizer_s: float | None) -> None:  # fmt: skip
+              runq_end: bytes | None, backward_s: float | None, optimizer_s: float | None,
+              device_event: Any = None) -> None:  # fmt: skip
+        if self.device_times is not None:
+            self.device_times.add(step, device_event)
         if self._last_end is not None and self._last_end[0] == start:
             before = self._last_end[1]
         else:
@@ -187,7 +197,7 @@ class Store:
         forward = None if backward_s is None or optimizer_s is None else max(end - start - loader_s - backward_s -
                                                                             optimizer_s, 0.0)  # fmt: skip
         row = (step, end - self.origin, end - start, loader_s, max(after[0] - before[0], 0.0), runq, after[1],
-               after[2], after[3], profiled, forward, backward_s, optimizer_s)  # fmt: skip
+               after[2], after[3], profiled, forward, backward_s, optimizer_s, None)  # fmt: skip
         self._pending.append(row)
         self.last_row = row
         self._wall.append(row[2])
@@ -244,6 +254,9 @@ class Store:
             self._execute(_INSERT, rows)
             if self.failed is None:
                 self.steps_written += len(rows)
+        updates, self._device_updates = self._device_updates, []
+        if updates:  # after the rows they are about
+            self._execute(_DEVICE_TIME, updates)
 
     def _execute(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         if self.failed is not None:
