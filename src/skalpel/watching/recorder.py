@@ -89,6 +89,7 @@ class Watcher:
         self._asked: dict[int, tuple[Anomaly, int]] = {}  # request number -> this rank's anomaly that asked for it
         self._collecting: list[tuple[Any, Request, int]] = []  # (collector process, request, anomaly id)
         self._collecting_lock = threading.Lock()  # the writer links what ended, close() waits for the rest
+        self._closing = False
         self._restore: Any = None
         self.live = LiveLine()
         self.store.on_flush = self._after_flush
@@ -125,7 +126,7 @@ class Watcher:
     def _after_flush(self) -> None:
         """On the writer thread, after each flush: the job's new capture requests, the reports written, the live
         line."""
-        if self.requests is not None:
+        if self.requests is not None and not self._closing:  # closing: close() takes the last requests itself
             self._requested.extend((*self._asked.get(request.number, (None, None)), request)
                                    for request in self.requests.take())  # fmt: skip
             with self._collecting_lock:  # close() takes the rest
@@ -358,6 +359,7 @@ class Watcher:
         written are waited for and linked (the collector waits at most $SKALPEL_RANK_WAIT_S for the ranks)."""
         if self.requests is None:
             return
+        self._closing = True
         pending = [entry for entry in self._requested if entry[2] is not None]
         self._requested = []
         pending += [(*self._asked.get(request.number, (None, None)), request) for request in self.requests.take()]
