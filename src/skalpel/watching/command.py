@@ -21,7 +21,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         description="Run SCRIPT (or -m MODULE) unchanged, as `skalpel run` does, and record every step (time, "
         "DataLoader wait, memory, CPU time) into watch.sqlite in a run folder, without the profiler. Anomalies "
         "(step-time spikes, level shifts, slow drift, memory creep, DataLoader stalls) are judged as the run goes; "
-        "each triggers a torch.profiler capture of the next steps, analysed into a report beside the store. "
+        "each triggers a torch.profiler capture of the next steps, analysed into a report beside the store "
+        "(under torchrun with --out JOB: the same steps on every rank, one report of the job). "
         "`skalpel watch --show RUN` prints a run's timeline. Options go before SCRIPT.",
     )
     parser.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, run as python -m would")

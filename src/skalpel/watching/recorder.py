@@ -3,8 +3,9 @@
 Steps are found as ``skalpel run`` finds them (``capture/steps.StepDetector``: the optimizer,
 DataLoader, backward and module hooks, or ``skalpel.step()``). At each boundary the training
 thread reads the clock and its core-wait clock and appends them to the store's deque (on CUDA,
-with an event recorded: ``devicetime.py``); nothing else happens there unless a capture is asked for. The store's writer thread reads the counters (``probe.py``)
-and judges each step (``detect.py``); when an anomaly fires (and its kind has not been captured
+with an event recorded: ``devicetime.py``); nothing else happens there unless a capture is asked
+for. The store's writer thread reads the counters (``probe.py``) and judges each step
+(``detect.py``); when an anomaly fires (and its kind has not been captured
 within the cooldown), the next boundary starts a ``ProfileRun`` with ``skalpel run``'s
 settings in ``capture-<step>-<kind>/`` beside the store, drives it for its steps, analyses it
 on the training thread (a pause of a few seconds, left out of the step rows) and links the
