@@ -18,6 +18,7 @@ import torch
 
 from skalpel.watching.detect import Detector
 from skalpel.watching.devicetime import DeviceTimes
+from skalpel.watching.show import show_run
 from skalpel.watching.store import STORE, Store
 
 
@@ -125,6 +126,8 @@ def test_the_store_writes_each_steps_device_time_into_its_row_later(tmp_path: Pa
         store.close()  # what the device has not passed stays unread: nobody waits for it
     rows = _rows(tmp_path / STORE)
     assert rows[1] is None and rows[21] is None and rows[20] is not None
+    shown = show_run(tmp_path)
+    assert "device time p10 4.00 ms, p50 4.00 ms, p90 4.00 ms, p99 4.00 ms (CUDA events, 19 steps)" in shown, shown
 
 
 def test_on_a_machine_without_cuda_the_boundary_says_one_line_and_records_on(tmp_path: Path, capsys) -> None:

@@ -32,7 +32,8 @@ def show_run(path: str | Path, *, width: int = WIDTH) -> str:
     try:
         meta = read_meta(db)
         phases = ", " + ", ".join(PHASE_COLUMNS) if has_columns(db, *PHASE_COLUMNS) else ""  # an older store: none
-        rows = db.execute(f"SELECT step, wall_s, loader_s, rss, cuda_allocated, profiled{phases} FROM steps "
+        device = ", device_s" if has_columns(db, "device_s") else ""
+        rows = db.execute(f"SELECT step, wall_s, loader_s, rss, cuda_allocated, profiled{phases}{device} FROM steps "
                           "ORDER BY step").fetchall()  # fmt: skip
         anomalies = db.execute("SELECT step, kind, message, capture, summary FROM anomalies ORDER BY step").fetchall()
     finally:
@@ -49,6 +50,10 @@ def show_run(path: str | Path, *, width: int = WIDTH) -> str:
     lines.append(f"{len(rows)} steps (steps {rows[0]['step']}-{rows[-1]['step']}); step time "
                  + ", ".join(f"p{p} {_ms(_percentile(walls, p))}" for p in PERCENTILES)
                  + f"; DataLoader wait {loader * 100:.1f}% of the time")  # fmt: skip
+    on_device = [row["device_s"] for row in rows if not row["profiled"] and row["device_s"] is not None] if device else []
+    if on_device:  # CUDA events, read back late: the steps the device had finished
+        lines.append("device time " + ", ".join(f"p{p} {_ms(_percentile(on_device, p))}" for p in PERCENTILES)
+                     + f" (CUDA events, {len(on_device)} steps)")  # fmt: skip
     if phases:
         lines += _split([row for row in rows if not row["profiled"]])
     steps = [row["step"] for row in rows]
