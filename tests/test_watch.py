@@ -370,6 +370,7 @@ def test_under_torchrun_the_slow_rank_is_named_online_captured_on_every_rank_and
     assert shown.returncode == 0, shown.stderr
     assert "ranks: rank1 falls behind" in shown.stdout, shown.stdout
     assert "slow_rank: rank1 falls behind" in shown.stdout, shown.stdout  # rank1's anomaly, under its timeline
+    assert f"capture: {capture} (straggler_rank: Rank 1" in shown.stdout, shown.stdout  # the job's, not rank1's
 
 
 def test_a_balanced_torchrun_job_names_no_slow_rank(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ Readable while the run goes on (the store is in WAL mode). No torch here.
 from __future__ import annotations
 
 import math
+import os
 import sqlite3
 import statistics
 from pathlib import Path
@@ -72,7 +73,8 @@ def show_run(path: str | Path, *, width: int = WIDTH) -> str:
     for anomaly in anomalies:
         lines.append(f"  step {anomaly['step']}: {anomaly['kind']}: {anomaly['message']}")
         if anomaly["capture"]:
-            lines.append(f"    capture: {folder / anomaly['capture']} ({anomaly['summary']})")
+            where = os.path.normpath(folder / anomaly["capture"])  # a job's capture: rankN/../capture-... is JOB's
+            lines.append(f"    capture: {where} ({anomaly['summary']})")
     return "\n".join(lines) + "\n"
 
 
