@@ -207,7 +207,7 @@ def test_a_store_with_other_columns_reads_those_it_has(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _record(run, 300, plant={200: ("step_spike", "spiked")}, profiled=range(100, 110))
     with sqlite3.connect(run / STORE) as db:  # a newer store gained a column, an older one lacked two
-        db.execute("ALTER TABLE steps ADD COLUMN device_s REAL")
+        db.execute("ALTER TABLE steps ADD COLUMN energy_j REAL")
         db.execute("ALTER TABLE anomalies DROP COLUMN capture")
         db.execute("ALTER TABLE anomalies DROP COLUMN summary")
     page = render_run(run, page_dir=tmp_path)
