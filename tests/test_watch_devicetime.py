@@ -147,3 +147,26 @@ def test_on_a_machine_without_cuda_the_boundary_says_one_line_and_records_on(tmp
     said = [line for line in capsys.readouterr().err.splitlines() if "device time" in line]
     assert len(said) == 1 and said[0].startswith("skalpel watch: device time per step stops here (RuntimeError")
     assert set(_rows(tmp_path / STORE).values()) == {None} and len(_rows(tmp_path / STORE)) == 3
+
+
+def test_the_watchers_boundary_records_one_event_a_step_and_the_rows_get_their_device_time(tmp_path: Path) -> None:
+    from skalpel.watching.recorder import Watcher
+
+    device = FakeDevice()
+    watcher = Watcher(tmp_path, script="train.py")
+    watcher.store.start()
+    try:
+        watcher.start_clock()
+        times = DeviceTimes(device)  # what _use_device sets up once the script uses CUDA, with this fake device
+        watcher.store.device_times = watcher.device_times = times
+        for _ in range(30):
+            watcher._boundary()
+        assert len(device.recorded) == 30 and times.created <= 30  # one event a boundary, nothing else on the device
+        device.finish(30)
+        _wait_for(lambda: _rows(tmp_path / STORE).get(30) is not None)
+    finally:
+        watcher.store.close()
+        watcher.runq.close()
+    rows = _rows(tmp_path / STORE)
+    # step 1 ends at the first event, which no earlier one starts: steps 2-30 are timed, 4 ms each on this device
+    assert rows[1] is None and all(abs(rows[step] - 0.004) < 1e-9 for step in range(2, 31))
