@@ -246,11 +246,10 @@ class Watcher:
                 else:
                     self._finish_capture()
         except Exception as error:  # noqa: BLE001 - a capture that fails must not stop the training
-            failed, self._capture, self._profiled = self._capture, None, 0
+            self._capture, self._profiled = None, 0
             _say(f"the capture failed ({type(error).__name__}: {error}); the run goes on")
-            if request is not None:
-                self._job_part_done(request, failed[0] if failed is not None else None,
-                                    f"the capture failed ({type(error).__name__}: {error})")  # fmt: skip
+            if request is not None:  # the other ranks' report says why this rank's trace is missing
+                self._job_part_done(request, None, f"the capture failed ({type(error).__name__}: {error})")
 
     def _capture_folder(self, anomaly: Anomaly | None, request: Request | None) -> Path:
         if request is not None:
