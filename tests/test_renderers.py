@@ -31,6 +31,7 @@ from .report_fixtures import (
     HOSTILE,
     STORED_REPORTS,
     compiled_report,
+    full_report,
     one_finding_report,
     several_ranks_report,
     tiny_kineto,
@@ -161,3 +162,12 @@ def test_diff_out_and_a_bad_extension_fails_before_any_work(tmp_path: Path, caps
         assert main([command[0], "--out", str(tmp_path / "x.pdf"), *command[1:]]) == 2  # tune's options go first
         assert "cannot tell what to write to" in capsys.readouterr().err  # not "no such file": the lookup comes first
     assert not (tmp_path / "x.pdf").exists()
+
+
+def test_the_steps_line_of_a_job_says_its_count_pools_the_ranks() -> None:
+    """A job's step count is every rank's steps together: 3 ranks of 12 steps read "36 steps (12 on each of 3
+    ranks)", never "36 steps" (256 ranks of one step read as 256 steps next to "Only 1 profiled step")."""
+    text = named("text")().render(full_report(ranks=3, steps=12))
+    assert "36 steps (12 on each of 3 ranks): median 100.00 ms" in text
+    one = named("text")().render(full_report(ranks=1, steps=12))
+    assert "12 steps: median 100.00 ms" in one and "on each of" not in one

@@ -162,12 +162,17 @@ def _steps(report: Report, *, many: bool = False) -> Text:
     steps = report.steps
     what = "steps" if steps.marked else "pseudo-steps (no ProfilerStep markers)"
     source = report.source
+    ranks = len(report.ranks)
+    counted = f"{steps.count} {what}"
+    if ranks > 1:  # the count pools every rank's steps: say so, or 256 ranks of one step read as 256 steps
+        each, unequal = divmod(steps.count, ranks)
+        counted = f"{counted} over {ranks} ranks" if unequal else f"{counted} ({each} on each of {ranks} ranks)"
     line = (
-        f"{steps.count} {what}: median {steps.median_ms:.2f} ms, p90 {steps.p90_ms:.2f} ms, "
+        f"{counted}: median {steps.median_ms:.2f} ms, p90 {steps.p90_ms:.2f} ms, "
         f"cv {steps.cv:.2f}  |  device: {source.device}"
     )
-    if not many:  # a job of many ranks: its panel's title says how many
-        line += f"  |  ranks: {len(report.ranks)}"
+    if not many and ranks == 1:
+        line += "  |  ranks: 1"
     if source.torch_version:
         line += f"  |  torch {source.torch_version}"
     return Text(line)
