@@ -194,14 +194,16 @@ def test_a_folder_that_cannot_be_written_is_one_line_and_the_script_runs_unwatch
 
 
 def test_a_full_disk_is_one_line_the_script_runs_on_and_the_steps_before_it_stay_readable(tmp_path: Path) -> None:
-    disk = tmp_path / "disk"  # a real full disk: a 128 KiB tmpfs, which the watch file outgrows in a few dozen steps
+    # a real full disk: a 128 KiB tmpfs, which the watch file outgrows in a few flushes. Steps of 2 ms keep each flush
+    # small (at 0.2 ms a loaded machine's first flush held ~1,000 rows and did not fit, so nothing was recorded)
+    disk = tmp_path / "disk"
     disk.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(disk)], capture_output=True, text=True)
     if mounted.returncode != 0:
         skip(f"a small tmpfs cannot be mounted here (needs root): {mounted.stderr.strip()}")
     try:
         script = _script(tmp_path)
-        done = _watch("--out", str(disk / "run"), str(script), "--steps", "3000", "--step-ms", "0.2", cwd=tmp_path)
+        done = _watch("--out", str(disk / "run"), str(script), "--steps", "3000", "--step-ms", "2", cwd=tmp_path)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         full = [line for line in done.stderr.splitlines() if "cannot write the watch file" in line]
         assert len(full) == 1 and "the script runs on" in full[0], done.stderr
@@ -362,7 +364,11 @@ def test_under_torchrun_the_slow_rank_is_named_online_captured_on_every_rank_and
     report = orjson.loads((capture / "report.json").read_bytes())
     assert [rank["rank"] for rank in report["ranks"]] == [0, 1]
     (straggler,) = [finding for finding in report["findings"] if finding["id"] == "straggler_rank"]
-    assert straggler["rank"] == 1 and straggler["severity"] != "info", straggler
+    if straggler["severity"] == "info":  # a loaded machine: the rule names the slower rank but blames the load
+        assert any(finding["id"] == "cpu_contention" for finding in report["findings"]), report["findings"]
+        assert straggler["evidence"]["slowest_rank"] == 1, straggler
+    else:
+        assert straggler["rank"] == 1, straggler
     assert slow[0][2] == f"../{capture.name}" and "straggler_rank" in slow[0][3], slow  # linked to the anomaly
     assert [line for line in done.stderr.splitlines() if "every rank captures steps" in line], done.stderr
     shown = subprocess.run([sys.executable, "-m", "skalpel", "watch", "--show", str(out)], capture_output=True,
