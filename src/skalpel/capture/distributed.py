@@ -173,15 +173,19 @@ def load_capture(folder: Path, rank: int = 0):
     """The CaptureInfo a rank saved (None when it saved none)."""
     import orjson
 
-    from ..result.report import CaptureInfo
-
     path = folder / _capture_file(rank)
     try:
-        data = orjson.loads(path.read_bytes())
-        data["window_medians_ms"] = tuple(data.get("window_medians_ms", ()))
-        return CaptureInfo(**data)
+        return capture_from_dict(orjson.loads(path.read_bytes()))
     except (OSError, orjson.JSONDecodeError, TypeError):
         return None
+
+
+def capture_from_dict(data: dict):
+    """A CaptureInfo saved as JSON (``dataclasses.asdict``): its window medians back to a tuple. A key it does not
+    have raises TypeError."""
+    from ..result.report import CaptureInfo
+
+    return CaptureInfo(**{**data, "window_medians_ms": tuple(data.get("window_medians_ms", ()))})
 
 
 def _capture_file(rank: int) -> str:

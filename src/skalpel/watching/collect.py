@@ -47,6 +47,7 @@ def collect(folder: Path, world_size: int, wait_s: float) -> str:
     if not traces:
         return "no report: no rank recorded the steps" + (f" ({'; '.join(notes)})" if notes else "")
     from ..capture import runfolder
+    from ..capture.distributed import capture_from_dict
     from ..capture.timing import with_noise_note
     from ..job.build import build_report
     from ..result.report import CaptureInfo
@@ -56,10 +57,9 @@ def collect(folder: Path, world_size: int, wait_s: float) -> str:
     trace.warnings.extend(notes)
     timing = next((marker["capture"] for _, marker in sorted(markers.items()) if marker.get("capture")), None)
     capture = None
-    if timing is not None:
-        timing["window_medians_ms"] = tuple(timing.get("window_medians_ms", ()))
-        capture = CaptureInfo(**{key: value for key, value in timing.items()
-                                 if key in {field.name for field in dataclasses.fields(CaptureInfo)}})  # fmt: skip
+    if timing is not None:  # only the fields CaptureInfo has
+        known = {field.name for field in dataclasses.fields(CaptureInfo)}
+        capture = capture_from_dict({key: value for key, value in timing.items() if key in known})
     report = with_noise_note(build_report(trace, capture=capture))
     runfolder.write_outputs(report, trace, folder, traces=traces)
     return capture_summary(report)
