@@ -363,12 +363,14 @@ def test_under_torchrun_the_slow_rank_is_named_online_captured_on_every_rank_and
     assert profiled[0][0] > int(capture.name.split("-")[1])  # after the anomaly, from a step both ranks knew of
     report = orjson.loads((capture / "report.json").read_bytes())
     assert [rank["rank"] for rank in report["ranks"]] == [0, 1]
-    (straggler,) = [finding for finding in report["findings"] if finding["id"] == "straggler_rank"]
-    if straggler["severity"] == "info":  # a loaded machine: the rule names the slower rank but blames the load
-        assert any(finding["id"] == "cpu_contention" for finding in report["findings"]), report["findings"]
-        assert straggler["evidence"]["slowest_rank"] == 1, straggler
-    else:
-        assert straggler["rank"] == 1, straggler
+    loaded = any(finding["id"] == "cpu_contention" for finding in report["findings"])
+    stragglers = [finding for finding in report["findings"] if finding["id"] == "straggler_rank"]
+    if not loaded:
+        (straggler,) = stragglers
+        assert straggler["rank"] == 1 and straggler["severity"] != "info", straggler
+    else:  # a loaded machine: straggler_rank may blame the load instead (its note names the slower rank)
+        assert all((finding["evidence"]["slowest_rank"] if finding["severity"] == "info" else finding["rank"]) == 1
+                   for finding in stragglers), stragglers  # fmt: skip
     assert slow[0][2] == f"../{capture.name}" and "straggler_rank" in slow[0][3], slow  # linked to the anomaly
     assert [line for line in done.stderr.splitlines() if "every rank captures steps" in line], done.stderr
     shown = subprocess.run([sys.executable, "-m", "skalpel", "watch", "--show", str(out)], capture_output=True,
