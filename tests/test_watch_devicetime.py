@@ -9,6 +9,7 @@ on a CUDA machine the same code records torch.cuda.Event (checked on an H200: be
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from contextlib import closing
@@ -20,6 +21,7 @@ from skalpel.watching.detect import Detector
 from skalpel.watching.devicetime import DeviceTimes
 from skalpel.watching.show import show_run
 from skalpel.watching.store import STORE, Store
+from skalpel.watching.timeline_html import render_run
 
 
 class FakeDevice:
@@ -128,6 +130,10 @@ def test_the_store_writes_each_steps_device_time_into_its_row_later(tmp_path: Pa
     assert rows[1] is None and rows[21] is None and rows[20] is not None
     shown = show_run(tmp_path)
     assert "device time p10 4.00 ms, p50 4.00 ms, p90 4.00 ms, p99 4.00 ms (CUDA events, 19 steps)" in shown, shown
+    page = render_run(tmp_path, page_dir=tmp_path)  # the HTML timeline: a device-time chart of the 19 steps read back
+    charts = re.findall(r'<svg class="chart".*?</svg>', page, flags=re.S)
+    assert ["step time" in charts[0], "device time (ms" in charts[1], "RSS" in charts[2]] == [True] * 3, charts
+    assert "4.00 ms" in charts[1] and "step 20" in charts[1] and "step 21" not in charts[1]
 
 
 def test_on_a_machine_without_cuda_the_boundary_says_one_line_and_records_on(tmp_path: Path, capsys) -> None:

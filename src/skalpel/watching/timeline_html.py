@@ -35,7 +35,7 @@ HOVER_TARGETS = 3200  # hover rectangles on the whole page; a job's many timelin
 MIN_SPAN = 0.01  # a linear memory axis spans at least 1% of its top: a flat line with noise of a few KiB stays flat
 LOG_RATIO = 4  # a range wider than this (a stall among steady steps) is drawn on a log scale, as --show does
 MARK = "#d62728"
-SERIES = {"step time": "#4e79a7", "memory": "#59a14f"}
+SERIES = {"step time": "#4e79a7", "device time": "#f28e2b", "memory": "#59a14f"}
 
 
 @dataclass
@@ -51,6 +51,7 @@ class Run:
     profiled: list[bool] = field(default_factory=list)
     memory_label: str = ""
     memory: list[tuple[int, float]] = field(default_factory=list)  # (step, bytes), steps that have it
+    device: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds on the device), steps read back
     anomalies: list[dict[str, object]] = field(default_factory=list)
 
 
@@ -92,7 +93,8 @@ def _read(path: Path, name: str) -> Run:
     try:
         meta = read_meta(db)
         have = _columns(db, "steps")
-        wanted = [column for column in ("step", "wall_s", "loader_s", "rss", "cuda_allocated", "profiled") if column in have]
+        wanted = [column for column in ("step", "wall_s", "loader_s", "rss", "cuda_allocated", "profiled", "device_s")
+                  if column in have]  # fmt: skip
         rows = db.execute(f"SELECT {', '.join(wanted)} FROM steps ORDER BY step").fetchall()
         have_anomaly = _columns(db, "anomalies")
         asked = [column for column in ("step", "kind", "message", "capture", "summary") if column in have_anomaly]
@@ -109,6 +111,8 @@ def _read(path: Path, name: str) -> Run:
     if key in wanted:
         run.memory_label = "CUDA allocated" if key == "cuda_allocated" else "RSS"
         run.memory = [(int(row["step"]), float(row[key])) for row in rows if row[key] is not None]
+    if "device_s" in wanted:  # CUDA events read back late: none without CUDA, or for steps still on the device
+        run.device = [(int(row["step"]), float(row["device_s"])) for row in rows if row["device_s"] is not None]
     return run
 
 
@@ -149,11 +153,12 @@ def _timelines(runs: list[Run]) -> str:
         return parts.section("timelines", "Timelines", parts.na("no step recorded yet"))
     first = min(run.steps[0] for run in with_steps)  # one step axis for every rank, so that they line up
     last = max(run.steps[-1] for run in with_steps)
-    charts = sum(1 + bool(run.memory) for run in with_steps)
+    charts = sum(1 + bool(run.device) + bool(run.memory) for run in with_steps)
     hover = max(COLUMNS // max(math.ceil(charts * COLUMNS / HOVER_TARGETS), 1), 50)
     body = ['<p class="note">The median of the steps in each pixel column, over a band from their minimum to their '
             "maximum; hover for a column's steps and values. A red mark is an anomaly at its step: hover for its "
-            "message, click for its capture. Grey: a capture's steps (profiled).</p>"]  # fmt: skip
+            "message, click for its capture. Grey: a capture's steps (profiled). On a CUDA machine, the device time: "
+            "each step's time on the GPU between CUDA events recorded at its boundaries.</p>"]  # fmt: skip
     for run in with_steps:
         if len(runs) > 1:
             body.append(f"<h3>{escape(run.name)}</h3>")
@@ -161,6 +166,10 @@ def _timelines(runs: list[Run]) -> str:
         body.append(timeline_svg(run.steps, ms, first=first, last=last, unit="ms", label=f"{run.name} step time".strip(),
                                  colour=SERIES["step time"], anomalies=run.anomalies, profiled=run.profiled,
                                  hover_columns=hover, step_time=True))  # fmt: skip
+        if run.device:
+            body.append(timeline_svg([step for step, _ in run.device], [seconds * 1e3 for _, seconds in run.device],
+                                     first=first, last=last, unit="ms", label=f"{run.name} device time".strip(),
+                                     colour=SERIES["device time"], anomalies=run.anomalies, hover_columns=hover))  # fmt: skip
         if run.memory:
             body.append(timeline_svg([step for step, _ in run.memory], [value / MIB for _, value in run.memory],
                                      first=first, last=last, unit="MiB", label=f"{run.name} {run.memory_label}".strip(),
