@@ -369,3 +369,31 @@ def test_a_comm_kernel_takes_its_size_from_the_op_open_at_its_launch(tmp_path: P
     assert collective.type == "all_reduce" and collective.on_device
     assert collective.nbytes == (4000 if described else 0)
     assert collective.group_size == (2 if described else 1)
+
+
+def test_job_wide_communication_findings_say_their_ranks_spread_and_worst():
+    """communication_bound and low_comm_overlap are judged at the job's median rank; like a finding merged across
+    ranks they also say on which ranks they hold (by the same thresholds), how their number spreads there and the
+    worst ranks. On the 8-rank DLRM step collectives take 14-61% of the ranks' steps."""
+    from skalpel.api import analyze
+    from skalpel.diagnose import thresholds
+    from skalpel.report.terminal import render_text
+    from skalpel.result.report import rank_ranges
+
+    report = analyze(corpus(DLRM))
+    found = {finding.id: finding for finding in report.findings}
+    bound = found["communication_bound"]
+    shares = {int(rank): share for rank, share in bound.evidence["share_pct_by_rank"].items()}
+    holds = sorted(rank for rank, share in shares.items() if share >= thresholds.COMMUNICATION_BOUND.share_pct)
+    across = bound.across
+    assert 1 < len(holds) < 8 and across.count == len(holds) and across.of == 8 and across.key == "share_pct"
+    assert across.ranks == rank_ranges(holds)
+    assert across.max == pytest.approx(max(shares.values()), abs=1e-3) and across.worst[0] == max(shares, key=shares.get)
+    assert across.min == pytest.approx(min(shares[rank] for rank in holds), abs=1e-3)
+    assert across.title_rank == bound.evidence["rank"] and bound.rank is None
+    overlap = found["low_comm_overlap"].across
+    assert overlap.key == "exposed_pct" and overlap.title_rank == found["low_comm_overlap"].evidence["rank"]
+    assert overlap.min <= found["low_comm_overlap"].evidence["exposed_pct"] <= overlap.max
+    text = render_text(report)
+    assert f"ranks: on {len(holds)} of 8 ranks ({rank_ranges(holds)}): share_pct min" in " ".join(text.split())
+    assert f"(the title is rank {bound.evidence['rank']}'s, the job's median rank)" in " ".join(text.split())

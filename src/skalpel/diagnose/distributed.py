@@ -9,6 +9,7 @@ also read as a slow network.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,7 @@ from ..analysis.collectives import SYNCHRONISING, collective_type
 from ..analysis.comm import CommAnalysis, RankComm, analyze_comm
 from ..analysis.ops import op_table
 from ..analysis.ranks import OUTSIDE_OPS, RankComparison, compare_ranks
-from ..result.report import Finding
+from ..result.report import AcrossRanks, Finding, rank_ranges
 from ..trace.kinds import Kind
 from . import thresholds
 from .rule import Context, Docs, NotJudged, Outcome, Rule
@@ -164,16 +165,13 @@ def _check_communication_bound(ctx: Context, rule: Rule) -> Outcome:
         "overlap_pct": typical.overlap_pct,
         "collectives": _types(typical),
         "rank": typical.rank,
-        "share_pct_by_rank": {r.rank: 100.0 * transfer[r.rank] / r.step_ms for r in ranks},
+        "share_pct_by_rank": {r.rank: 100.0 * transfer[r.rank] / r.step_ms for r in ranks},  # every rank's
     }
-    return [
-        rule.finding(
-            evidence,
-            locations=_issued_at(ctx, typical),
-            severity=rule.severity_for(share),
-            rank=typical.rank if len(ranks) == 1 else None,
-        )
-    ]
+    shares = {r.rank: 100.0 * transfer[r.rank] / r.step_ms for r in ranks}
+    holds = [r.rank for r in ranks if shares[r.rank] >= rule.thresholds.share_pct and transfer[r.rank] >= rule.thresholds.floor]
+    finding = rule.finding(evidence, locations=_issued_at(ctx, typical), severity=rule.severity_for(share),
+                           rank=typical.rank if len(ranks) == 1 else None)  # fmt: skip
+    return [_with_spread(ctx, finding, "share_pct", shares, holds, typical.rank)]
 
 
 def _check_low_overlap(ctx: Context, rule: Rule) -> Outcome:
@@ -202,7 +200,28 @@ def _check_low_overlap(ctx: Context, rule: Rule) -> Outcome:
         "collectives": _types(typical),
         "rank": typical.rank,
     }
-    return [rule.finding(evidence, locations=_issued_at(ctx, typical), rank=typical.rank if len(ranks) == 1 else None)]
+    finding = rule.finding(evidence, locations=_issued_at(ctx, typical), rank=typical.rank if len(ranks) == 1 else None)
+    shares = {r.rank: min(100.0 * exposed[r.rank] / transfer[r.rank], 100.0) for r in ranks if transfer[r.rank] > 0}
+    holds = [r.rank for r in ranks if r.rank in shares and shares[r.rank] >= limits.share_pct
+             and exposed[r.rank] >= limits.floor and not _one_small_bucket(r, rule)
+             and 100.0 * transfer[r.rank] / r.step_ms >= limits.param("min_comm_share_pct")]  # fmt: skip
+    return [_with_spread(ctx, finding, "exposed_pct", shares, holds, typical.rank)]
+
+
+def _with_spread(ctx: Context, finding: Finding, key: str, values: dict[int, float], holds: list[int],
+                 typical: int) -> Finding:  # fmt: skip
+    """A job-wide finding (judged at the job's median rank) with the ranks it holds on by the same thresholds, the
+    spread of ``key`` over them and the worst, as a finding merged across ranks says (``job/across.py``)."""
+    if len(values) < 2 or not holds:
+        return finding
+    spread = sorted(((values[rank], rank) for rank in holds), key=lambda item: (-item[0], item[1]))
+    low, high = spread[-1][0], spread[0][0]
+    across = AcrossRanks(
+        ranks=rank_ranges(sorted(holds)), count=len(holds), of=max(len(ctx.trace.rank_ids), len(values)), key=key,
+        min=round(low, 4), median=round(numeric.median([value for value, _ in spread]), 4), max=round(high, 4),
+        worst=tuple(rank for _, rank in spread[:3]) if high > low else (), title_rank=typical,
+    )  # fmt: skip
+    return dataclasses.replace(finding, across=across)
 
 
 def _one_small_bucket(rank: RankComm, rule: Rule) -> bool:

@@ -127,7 +127,10 @@ def _finding_text(finding: Finding, *, brief: bool = False, said: set[tuple[str,
     text.append(f"  [{finding.id}]\n", style="dim")
     across = finding.across
     if across is not None:
-        worst = f" (the title is rank {across.worst[0]}'s)" if across.count > 1 and across.worst else ""
+        if across.title_rank is not None:
+            worst = f" (the title is rank {across.title_rank}'s, the job's median rank)"
+        else:
+            worst = f" (the title is rank {across.worst[0]}'s)" if across.count > 1 and across.worst else ""
         text.append(f"         ranks: {across.describe()}{worst}\n")
     evidence = finding.evidence
     if brief:

@@ -52,6 +52,9 @@ class AcrossRanks:
     worst: tuple[int, ...] = ()  # largest key number first
     differs: str | None = None  # a finding on a few ranks: how those ranks differ from the rest
     per_rank: tuple[dict[str, Any], ...] = ()
+    # the rank whose figures the title and evidence are when not the worst: a job-wide finding judged at the job's
+    # median rank (communication_bound, low_comm_overlap); its per-rank figures are in its evidence
+    title_rank: int | None = None
 
     def describe(self) -> str:
         """'on 256 of 256 ranks (0-255): idle_pct min 43.2, median 78.7, max 79; worst 3, 11'."""
