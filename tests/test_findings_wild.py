@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from skalpel.api import analyze
-from tests.tracebuilder import TraceBuilder
+from tests.tracebuilder import TraceBuilder, cpu_rank
 
 LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
@@ -417,9 +417,7 @@ def _two_ranks(tmp_path: Path, late_rank_of_step, *, outside_ops: bool = False) 
     folder = tmp_path / "job"
     folder.mkdir()
     for rank in (0, 1):
-        builder = TraceBuilder()
-        builder.device_properties = []
-        builder.header = {"distributedInfo": {"rank": rank, "world_size": 2, "backend": "gloo"}, "host_name": "node0"}
+        builder = cpu_rank(rank)
         for number in range(6):
             start = number * STEP
             late = late_rank_of_step(number) == rank
@@ -428,8 +426,7 @@ def _two_ranks(tmp_path: Path, late_rank_of_step, *, outside_ops: bool = False) 
             mm_us = 24_000 if late and not outside_ops else 8_000
             builder.host("aten::mm", mm_start, mm_us)
             arrive = mm_start + mm_us
-            builder.host("gloo:all_reduce", arrive, start + 26_010 + 2_000 - arrive, tid=200,
-                         **{"In msg nelems": 1_000_000, "Out msg nelems": 1_000_000, "dtype": "Float", "Group size": 2})
+            builder.gloo_all_reduce(arrive, start + 26_010 + 2_000 - arrive)
         builder.write(folder / f"trace-rank{rank}.json")
     return folder
 

@@ -69,8 +69,21 @@ class TraceBuilder:
                             "Addr": 1 << 30, "Bytes": nbytes, "Total Allocated": total_allocated,
                             "Total Reserved": max(total_allocated, 1 << 30)}})  # fmt: skip
 
+    def gloo_all_reduce(self, ts: float, dur: float, *, group: int = 2, nelems: int = 1_000_000) -> int:
+        """An all_reduce of ``nelems`` floats (4 MB by default) on gloo's own thread."""
+        return self.host("gloo:all_reduce", ts, dur, tid=200, **{"In msg nelems": nelems, "Out msg nelems": nelems,
+                                                                  "dtype": "Float", "Group size": group})  # fmt: skip
+
     def write(self, path: Path) -> Path:
         document = {"schemaVersion": 1, "deviceProperties": self.device_properties, **self.header,
                     "traceEvents": self.events}  # fmt: skip
         path.write_text(json.dumps(document))
         return path
+
+
+def cpu_rank(rank: int, world_size: int = 2) -> TraceBuilder:
+    """One rank of a gloo job on CPUs, on host node0 with its peers (one clock: collective ends taken as recorded)."""
+    builder = TraceBuilder()
+    builder.device_properties = []
+    builder.header = {"distributedInfo": {"rank": rank, "world_size": world_size, "backend": "gloo"}, "host_name": "node0"}
+    return builder

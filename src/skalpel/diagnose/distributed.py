@@ -19,6 +19,7 @@ from ..analysis.collectives import SYNCHRONISING, collective_type
 from ..analysis.comm import CommAnalysis, RankComm, analyze_comm
 from ..analysis.ops import op_table
 from ..analysis.ranks import OUTSIDE_OPS, RankComparison, compare_ranks
+from ..analysis.rankwork import ExtraWork, WorkComparison, compare_work
 from ..result.report import AcrossRanks, Finding, rank_ranges
 from ..trace.kinds import Kind
 from . import thresholds
@@ -43,21 +44,26 @@ def _waits(ctx: Context) -> dict[int, float]:
     """
     if len(ctx.trace.ranks) < 2:
         return {}
-    comparison = _ranks(ctx)
-    straggler = comparison.straggler
-    min_last = thresholds.STRAGGLER_RANK.param("min_last_arrival_pct")
-    consistent = straggler is not None and straggler.last_arrival_pct >= min_last
-    if not consistent and not _machine_load(ctx):
+    if not _consistent_straggler(ctx) and not _machine_load(ctx):
         return {}
-    return {timing.rank: timing.wait_ms_per_step for timing in comparison.ranks}
+    return {timing.rank: timing.wait_ms_per_step for timing in _ranks(ctx).ranks}
+
+
+def _consistent_straggler(ctx: Context) -> bool:
+    """One rank arrives last at most collectives, or at half of them when it does more work than the others."""
+    straggler = _ranks(ctx).straggler
+    if straggler is None:
+        return False
+    least = "min_last_arrival_pct" if _extra_work(ctx) is None else "min_last_arrival_pct_extra_work"
+    return straggler.last_arrival_pct >= thresholds.STRAGGLER_RANK.param(least)
 
 
 def _machine_load(ctx: Context) -> bool:
     """The waits between ranks come from the shared machine's load, not from one rank's extra work.
 
-    All ranks on one host (one clock), identical work (every op called equally often on every
-    rank), and the slowest rank's extra time, if it has one, in host ops that every rank runs,
-    not in Python outside ops (extra work: a sleep, I/O, logging) and not in kernels (a slow
+    All ranks on one host (one clock), identical work (every op called equally often a step on
+    every rank, on the same inputs), and the slowest rank's extra time, if it has one, in host ops
+    that every rank runs, not in Python outside ops (extra work: a sleep, I/O, logging) and not in kernels (a slow
     device is a real straggler): the same work ran slower where the CPU load happened to fall,
     and which rank that is moves from run to run. The waits are then neither a straggler's
     nor the network's; straggler_rank says so in an info note that keeps the numbers.
@@ -67,21 +73,49 @@ def _machine_load(ctx: Context) -> bool:
     comparison = _ranks(ctx)
     if len(comparison.ranks) < 2 or any(timing.clock not in ("reference", "same host") for timing in comparison.ranks):
         return False
-    if not _identical_work(ctx):
+    work = _work(ctx)
+    if work is None or not work.matched:
         return False
     straggler = comparison.straggler
     top = straggler.excess[0] if straggler is not None and straggler.excess else None
     return top is None or (top.category != OUTSIDE_OPS and not top.category.startswith("kernel: "))
 
 
-def _identical_work(ctx: Context) -> bool:
-    """Every rank calls every op the same number of times per step."""
-    table = ctx.result("ops", lambda: op_table(ctx.trace))
-    calls = []
-    for rank_ops in table.ranks:
-        steps = max(len(ctx.steps.for_rank(rank_ops.rank)), 1)
-        calls.append({row.name: row.calls / steps for row in rank_ops.rows})
-    return len(calls) >= 2 and all(other == calls[0] for other in calls[1:])
+def _work(ctx: Context) -> WorkComparison | None:
+    """The slower rank's work (the straggler's, or the first rank's without one) against the other ranks'."""
+    comparison = _ranks(ctx)
+    if not comparison.ranks:
+        return None
+    rank = comparison.straggler.rank if comparison.straggler is not None else comparison.ranks[0].rank
+    ratio = thresholds.STRAGGLER_RANK.param("min_call_ratio")
+    return ctx.result("rank_work", lambda: compare_work(ctx.result("ops", lambda: op_table(ctx.trace)), ctx.steps, rank,
+                                                        min_call_ratio=ratio))  # fmt: skip
+
+
+def _extra_work(ctx: Context) -> ExtraWork | None:
+    """What the straggler runs more of than the others, when it costs a material part of the wait it imposes."""
+    straggler = _ranks(ctx).straggler
+    work = _work(ctx)
+    if straggler is None or work is None or not work.extra:
+        return None
+    top = work.extra[0]
+    least = thresholds.STRAGGLER_RANK.param("min_extra_work_pct") / 100.0 * straggler.imposed_wait_ms_per_step
+    return top if top.extra_ms_per_step > 0 and top.extra_ms_per_step >= least else None
+
+
+def _count(value: float) -> str:
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def _extra_work_words(rank: int, extra: ExtraWork) -> str:
+    """'rank 1 runs 3.0x the aten::mm calls a step: 96 vs 32' (or the others' inputs, or calls only it makes)."""
+    if extra.input_shapes is not None:
+        return (f"rank {rank} runs {extra.op} on inputs {extra.input_shapes}, the other ranks on {extra.others_input_shapes} "
+                f"({_count(extra.calls_per_step)} vs {_count(extra.others_calls_per_step)} calls a step)")  # fmt: skip
+    if extra.others_calls_per_step <= 0:
+        return f"rank {rank} runs {extra.op} {_count(extra.calls_per_step)} times a step, the other ranks never"
+    return (f"rank {rank} runs {extra.call_ratio:.1f}x the {extra.op} calls a step: {_count(extra.calls_per_step)} vs "
+            f"{_count(extra.others_calls_per_step)}")  # fmt: skip
 
 
 def _is_distributed_job(ctx: Context) -> bool:
@@ -262,16 +296,13 @@ def _check_straggler(ctx: Context, rule: Rule) -> Outcome:
     if straggler is None:
         return NotJudged("no collective matches across the ranks")
     limits = rule.thresholds
-    if _machine_load(ctx):
+    extra = _extra_work(ctx)  # more work than the others is the straggler's whatever the load
+    if extra is None and _machine_load(ctx):
         note = _load_note(ctx, rule, comparison)
         waited = note.evidence["wait_share_pct"] >= limits.share_pct and note.evidence["wait_ms_per_step"] >= limits.floor
         return [note] if waited else []
     share = 100.0 * straggler.imposed_wait_ms_per_step / straggler.step_ms if straggler.step_ms > 0 else 0.0
-    if (
-        share < limits.share_pct
-        or straggler.imposed_wait_ms_per_step < limits.floor
-        or straggler.last_arrival_pct < limits.param("min_last_arrival_pct")
-    ):
+    if share < limits.share_pct or straggler.imposed_wait_ms_per_step < limits.floor or not _consistent_straggler(ctx):
         return []
     top = straggler.excess[0] if straggler.excess else None
     evidence = {
@@ -292,7 +323,30 @@ def _check_straggler(ctx: Context, rule: Rule) -> Outcome:
     fix = rule.fix
     if top is not None:
         fix = f"rank {straggler.rank} spends {top.extra_ms_per_step:.1f} ms/step more in {top.category}: " + fix
-    return [rule.finding(evidence, locations=locations, severity=rule.severity_for(share), fix=fix, rank=straggler.rank)]
+    title = None
+    if extra is not None:
+        evidence.update(_extra_work_evidence(extra))
+        words = _extra_work_words(straggler.rank, extra)
+        title = (f"Rank {straggler.rank} is the straggler, from extra work: {words}; the other ranks wait "
+                 f"{straggler.others_wait_ms_per_step:.1f} ms/step for it in collectives ({share:.0f}% of the step); "
+                 f"collectives with the waits take up to {evidence['comm_share_max_pct']:.0f}% of the step")  # fmt: skip
+        fix = f"balance the work: {words}; " + fix
+    finding = rule.finding(evidence, locations=locations, severity=rule.severity_for(share), fix=fix, title=title,
+                           rank=straggler.rank)  # fmt: skip
+    return [finding]
+
+
+def _extra_work_evidence(extra: ExtraWork) -> dict:
+    evidence = {
+        "extra_work_op": extra.op,
+        "calls_per_step": extra.calls_per_step,
+        "others_calls_per_step": extra.others_calls_per_step,
+        "call_ratio": extra.call_ratio if extra.others_calls_per_step > 0 else None,
+        "extra_work_ms_per_step": extra.extra_ms_per_step,
+    }
+    if extra.input_shapes is not None:
+        evidence.update(input_shapes=extra.input_shapes, others_input_shapes=extra.others_input_shapes)
+    return evidence
 
 
 def _load_note(ctx: Context, rule: Rule, comparison: RankComparison) -> Finding:
@@ -442,16 +496,23 @@ STRAGGLER_RANK = Rule(
         what="Ranks on one host share its clock; other hosts' clocks are aligned on the ends of matching collectives "
         "(never trusted raw). Then, collective by collective, each rank's wait is the time from its start to the "
         "last rank's start. The straggler is the rank the others wait for: the least wait of its own, and the last "
-        "to arrive at most collectives (`min_last_arrival_pct`).",
+        "to arrive at most collectives (`min_last_arrival_pct`). Then the ranks' work is compared, op by op from the op "
+        "tables: calls a step and most frequent input shapes. A straggler that calls some op `min_call_ratio` times as "
+        "often as the median of the others (or on other inputs), where those calls cost `min_extra_work_pct` of the "
+        "wait it imposes or more, is a straggler from extra work whatever the machine's load: it need only arrive "
+        "last at `min_last_arrival_pct_extra_work` of the collectives.",
         why="A synchronous job runs at the speed of its slowest rank: every other rank idles for the difference, "
         "every step.",
         evidence="The straggler's `rank`, the other ranks' median wait per step and its own, the share of the step, "
         "how often it arrived last, every rank's wait, every rank's collective share with the waits (never hidden "
         "behind the verdict), and where its extra time goes (`extra_time_in`: a top-level "
-        f"op, a kernel, or {OUTSIDE_OPS}) against the median of the others.",
+        f"op, a kernel, or {OUTSIDE_OPS}) against the median of the others. A straggler from extra work also has "
+        "`extra_work_op`, its `calls_per_step` against `others_calls_per_step`, the `call_ratio`, what the extra calls "
+        "cost (`extra_work_ms_per_step`) and, when the calls match but the inputs do not, both `input_shapes`.",
         fix="Remove the extra work the straggler does (see `extra_time_in` and the location), balance the data, "
         "or replace the slow node.",
-        false_positives="Ranks on one machine that do identical work (every op called equally often) and differ only "
+        false_positives="Ranks on one machine that do identical work (every op called equally often a step, on the same "
+        "inputs) and differ only "
         "in how fast the same host ops ran are not blamed: who arrives last then follows the machine's CPU load and "
         "moves from run to run, so the rule writes an info note with the waits and the collectives' full share "
         "instead. Ranks that do different work by design (pipeline stages, a parameter server); traces "

@@ -159,7 +159,13 @@ STRAGGLER_RANK = Threshold(
     5.0,
     "ms/step",
     critical_share_pct=30.0,
-    params=(("min_last_arrival_pct", 75.0),),  # ... and it arrived last at 3 of 4 matched collectives or more
+    # ... and it arrived last at 3 of 4 matched collectives or more. A rank that does more work than the others
+    # (min_call_ratio times the calls a step of some op, or its calls on other inputs) whose extra calls cost at
+    # least min_extra_work_pct of the wait it imposes is the straggler whatever the machine's load, when it
+    # arrived last at half the collectives or more (min_last_arrival_pct_extra_work): a loaded CPU delays the
+    # other ranks now and then too, but cannot make a rank call an op more often.
+    params=(("min_last_arrival_pct", 75.0), ("min_call_ratio", 1.5), ("min_extra_work_pct", 25.0),
+            ("min_last_arrival_pct_extra_work", 50.0)),  # fmt: skip
 )
 
 # --- one-time work and the allocator (rules in coldstart.py and allocator.py) ---------------

@@ -1,0 +1,86 @@
+"""The ranks' work side by side: how often a step calls each op, and on what inputs.
+
+A rank that reaches the collectives late either does more (more calls of some op a step, or
+the same calls on larger inputs) or does the same slower (a loaded CPU, a slower device). The
+op tables (``analysis.ops``, carried in each rank's summary when a job is reduced rank by rank)
+tell which: calls a step are each op's calls over the rank's profiled steps, and its most
+frequent ``Input Dims`` stand for its inputs. A rank's extra work is what it calls more often
+than the median of the others, or on other inputs, with the time that costs at its own time a
+call (host self time, or device self time where that is larger).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import numeric
+from .ops import OpStats, OpTable
+from .steps import StepSegmentation
+
+
+@dataclass(frozen=True)
+class ExtraWork:
+    """An op one rank runs more of a step than the others: more calls, or the same calls on other inputs."""
+
+    op: str
+    calls_per_step: float
+    others_calls_per_step: float  # the median of the other ranks
+    extra_ms_per_step: float  # what the extra calls (or the other inputs) cost, at this rank's own time a call
+    input_shapes: str | None = None  # this rank's most frequent inputs, where they differ from the others'
+    others_input_shapes: str | None = None
+
+    @property
+    def call_ratio(self) -> float:
+        return self.calls_per_step / self.others_calls_per_step if self.others_calls_per_step > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class WorkComparison:
+    """One rank's work against the other ranks'."""
+
+    matched: bool  # every rank calls every op equally often a step, on the same most frequent inputs
+    extra: tuple[ExtraWork, ...]  # what this rank runs more of, most extra time first
+
+
+def compare_work(ops: OpTable | None, steps: StepSegmentation, rank: int, *, min_call_ratio: float) -> WorkComparison | None:
+    """``rank``'s work against the others'; None without op tables for it and another rank.
+
+    An op is extra work when ``rank`` calls it at least ``min_call_ratio`` times as often a step as the
+    median of the others (or only it calls it), or as often on other most frequent inputs and for longer.
+    """
+    if ops is None:
+        return None
+    per_step = {item.rank: _per_step(item.rows, max(len(steps.for_rank(item.rank)), 1)) for item in ops.ranks}
+    if rank not in per_step or len(per_step) < 2:
+        return None
+    mine = per_step.pop(rank)
+    others = list(per_step.values())
+    matched = all(_work(other) == _work(mine) for other in others)
+    extra = []
+    for name, (calls, ms, shapes) in mine.items():
+        theirs = [other.get(name, (0.0, 0.0, None)) for other in others]
+        their_calls = numeric.median([row[0] for row in theirs])
+        if calls >= min_call_ratio * their_calls:
+            extra_ms = (calls - their_calls) * ms / calls
+            extra.append(ExtraWork(name, calls, their_calls, extra_ms))
+            continue
+        their_shapes = _most_common([row[2] for row in theirs])
+        their_ms = numeric.median([row[1] for row in theirs])
+        if shapes is not None and their_shapes is not None and shapes != their_shapes and ms > their_ms:
+            extra.append(ExtraWork(name, calls, their_calls, ms - their_ms, shapes, their_shapes))
+    return WorkComparison(matched, tuple(sorted(extra, key=lambda item: -item.extra_ms_per_step)))
+
+
+def _per_step(rows: tuple[OpStats, ...], steps: int) -> dict[str, tuple[float, float, str | None]]:
+    """op -> (calls a step, ms a step, most frequent inputs)."""
+    return {row.name: (row.calls / steps, max(row.self_ms, row.device_ms) / steps, row.input_shapes) for row in rows}
+
+
+def _work(ops: dict[str, tuple[float, float, str | None]]) -> dict[str, tuple[float, str | None]]:
+    """What a rank does, without how long it took: calls a step and inputs of each op."""
+    return {name: (calls, shapes) for name, (calls, _, shapes) in ops.items()}
+
+
+def _most_common(values: list[str | None]) -> str | None:
+    known = [value for value in values if value is not None]
+    return max(sorted(set(known)), key=known.count) if known else None
