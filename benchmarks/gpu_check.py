@@ -32,12 +32,13 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "gpu"
-# (scenario, the finding planted in it or None, whether its --fix removes the finding): every --fix is timed
+# (scenario, the finding planted in it or None, whether its --fix removes the finding): each --fix is timed
 SCENARIOS = [
     ("sync_item", "host_device_sync", True),
     ("pageable", "pageable_memcpy", True),
     ("loader_starved", "dataloader_bound", True),
     ("launch_bound", "launch_bound", False),  # fewer, not no tiny kernels: the layers' own stay
+    ("graph_break", "graph_break", True),  # Inductor: step 0 compiles, before the profiled steps
     ("clean", None, True),
 ]
 
