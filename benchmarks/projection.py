@@ -12,7 +12,8 @@ Measured here, each in a fresh process pinned to one core (``sched_setaffinity``
   is printed from both (a cluster's worker has its core to itself: the CPU figure);
 - the whole ``skalpel analyze FILE --json OUT`` process of that file (interpreter start to exit),
   unless --no-analyze;
-- the driver's join (``job.join.join_summaries``) of a small job, unless --join-s;
+- the driver's join (``job.join.join_summaries``) of a small job, unless --join-s, with its per-rank
+  part (each rank's collective wait split by late peer, ``job.peers``) timed apart, unless --split-s;
 - Ray: the start of a local instance, and a task's round trip (submit, run, fetch a result of the
   summary's size) one after another, the median over --ray-tasks tasks.
 
@@ -20,9 +21,14 @@ The rank is the synthetic trace of ``load_speed.py`` (HTA's df_index_resolver re
 --size-mb, in a temporary folder, deleted after). The projection for --ranks ranks of that size
 on --cores cores: Ray's start + the longer of ceil(ranks / cores) waves x (rank seconds + Ray's round
 trip) and the driver's unpickling of every summary as it arrives (ranks x the measured rank's
-summary's unpickle) + the driver's join of the summaries (--join-s; by default
+summary's unpickle) + the driver's join of the summaries less the split of the waits (--join-s; by default
 ``job.join.join_summaries`` timed on a job of --join-ranks synthetic ranks of --join-mb, per collective, and
-scaled to ranks x the measured rank's collectives). Per-worker memory is the rank's peak RSS; the driver
+scaled to ranks x the measured rank's collectives) + the split of the waits in the workers, a second
+round of tasks (``job.pool.split_on_ray``): the longer of ceil(ranks / cores) waves x (a rank's split,
+--split-s, by default that join's split per piece x the measured rank's pieces, + Ray's round trip) and
+the driver's sending of every rank's waits (ranks x the measured rank's waits pickled). Until issue 25
+item 5's second round, the split was part of the driver's join and projected with it, on one core.
+Per-worker memory is the rank's peak RSS; the driver
 holds every summary (ranks x summary size). Targets (issue 25): under 5
 minutes and under 2 GB per worker.
 """
@@ -60,10 +66,15 @@ blob = pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)
 from skalpel.trace.loader import collector_paused
 unpickle = time.process_time()
 with collector_paused():  # as the driver receives each rank's summary (job.pool)
-    pickle.loads(blob)
+    arrived = pickle.loads(blob)
+unpickle = time.process_time() - unpickle
+send = time.process_time()  # as the driver sends its waits on to a worker to split (job.pool.split_all)
+waits = pickle.dumps(arrived.collective_waits, protocol=pickle.HIGHEST_PROTOCOL)
+send = time.process_time() - send
 print("RANK " + json.dumps({"seconds": done - imported, "import_s": imported - started, "cpu_s": cpu_s,
       "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "failed": type(summary).__name__ != "RankSummary",
-      "summary_bytes": len(blob), "unpickle_s": time.process_time() - unpickle,
+      "summary_bytes": len(blob), "unpickle_s": unpickle, "send_s": send, "waits_bytes": len(waits),
+      "pieces": arrived.collective_waits.pieces if arrived.collective_waits is not None else 0,
       "collectives": len(summary.comm.for_rank(summary.info.rank).collectives) if summary.comm else 0}), flush=True)
 """
 
@@ -71,8 +82,16 @@ _JOIN_CHILD = """
 import json, pickle, sys, time
 from pathlib import Path
 from skalpel.job.join import join_summaries
+from skalpel.job.peers import split_here
 from skalpel.job.rank import SummaryRequest, summarize_rank
 paths = [Path(path) for path in sys.argv[1:]]
+split_s = []
+def timed_split(requests):  # the per-rank part, which the workers run on a large job: timed apart
+    started = time.process_time()
+    try:
+        return split_here(requests)
+    finally:
+        split_s.append(time.process_time() - started)
 blobs = [pickle.dumps(summarize_rank(SummaryRequest(path, len(paths))), protocol=pickle.HIGHEST_PROTOCOL) for path in paths]
 from skalpel.trace.loader import collector_paused
 started = time.process_time()
@@ -80,9 +99,10 @@ with collector_paused():  # as the driver receives them (job.pool)
     summaries = [pickle.loads(blob) for blob in blobs]
 received = time.process_time()
 collectives = sum(len(s.comm.for_rank(s.info.rank).collectives) for s in summaries if s.comm)
-report, kept = join_summaries(summaries)
+pieces = sum(s.collective_waits.pieces for s in summaries if s.collective_waits is not None)
+report, kept = join_summaries(summaries, split=timed_split)
 print("JOIN " + json.dumps({"ranks": len(kept), "collectives": collectives, "unpickle_s": received - started,
-      "join_s": time.process_time() - received}), flush=True)
+      "join_s": time.process_time() - received - sum(split_s), "split_s": sum(split_s), "pieces": pieces}), flush=True)
 """
 
 _RAY_CHILD = """
@@ -140,8 +160,10 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=1024, help="size of the measured rank (1024)")
     parser.add_argument("--ranks", type=int, default=1000, help="ranks of the projected job (1000)")
     parser.add_argument("--cores", type=int, default=64, help="cores of the projected cluster (64)")
-    parser.add_argument("--join-s", type=float, default=None, help="the driver's join of --ranks summaries, seconds; "
-                        "default: measured on --join-ranks ranks of --join-mb and scaled by collectives")  # fmt: skip
+    parser.add_argument("--join-s", type=float, default=None, help="the driver's join of --ranks summaries, seconds, less "
+                        "the waits' split; default: measured on --join-ranks ranks of --join-mb and scaled by collectives")  # fmt: skip
+    parser.add_argument("--split-s", type=float, default=None, help="a worker's split of the measured rank's waits, "
+                        "seconds; default: measured in that join, per piece, and scaled to the rank's pieces")  # fmt: skip
     parser.add_argument("--join-ranks", type=int, default=8, help="ranks of the job whose join is timed (8)")
     parser.add_argument("--join-mb", type=int, default=64, help="size of each of those ranks (64)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of the rank (1; the median is used)")
@@ -164,11 +186,14 @@ def main() -> None:
         if any("error" in run for run in runs):
             sys.exit(f"the rank failed: {next(run['error'] for run in runs if 'error' in run)}")
         rank = {key: statistics.median(run[key] for run in runs)
-                for key in ("seconds", "cpu_s", "import_s", "rss_mib", "summary_bytes", "unpickle_s", "collectives")}  # fmt: skip
+                for key in ("seconds", "cpu_s", "import_s", "rss_mib", "summary_bytes", "unpickle_s", "collectives", "pieces",
+                            "send_s", "waits_bytes")}  # fmt: skip
         print(f"  worker (summarize_rank): {rank['seconds']:.2f} s ({rank['cpu_s']:.2f} s CPU) + {rank['import_s']:.2f} s "
               f"imports, {size / 1e6 / rank['seconds']:.1f} MB/s ({size / 1e6 / rank['cpu_s']:.1f} MB/s of CPU), peak RSS {rank['rss_mib']:,.0f} MiB "
               f"({rank['rss_mib'] * 2**20 / size:.2f}x the file), summary {rank['summary_bytes'] / 1024:,.0f} KiB "
-              f"({rank['collectives']:,} collectives; the driver unpickles it in {1000 * rank['unpickle_s']:.0f} ms)", flush=True)  # fmt: skip
+              f"({rank['collectives']:,} collectives; the driver unpickles it in {1000 * rank['unpickle_s']:.0f} ms), "
+              f"{rank['pieces']:,} wait pieces (the driver sends them on, {rank['waits_bytes'] / 1024:,.0f} KiB, "
+              f"in {1000 * rank['send_s']:.0f} ms)", flush=True)  # fmt: skip
         if not args.no_analyze:
             whole = _analyze(path)
             if "error" in whole:
@@ -185,18 +210,22 @@ def main() -> None:
                 ray = measured
                 print(f"  Ray: local start {ray['init_s']:.2f} s; a task's round trip with a {rank['summary_bytes'] / 1024:,.0f} KiB "
                       f"result {1000 * ray['task_s']:.1f} ms (p90 {1000 * ray['task_p90_s']:.1f} ms)", flush=True)  # fmt: skip
-        if args.join_s is None:
-            args.join_s = _join_s(args, folder, int(rank["collectives"]))
+        if args.join_s is None or args.split_s is None:
+            join_s, split_s = _join_s(args, folder, int(rank["collectives"]), int(rank["pieces"]))
+            args.join_s = join_s if args.join_s is None else args.join_s
+            args.split_s = split_s if args.split_s is None else args.split_s
         _project(args, size, rank, ray)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _join_s(args, folder: Path, collectives: int) -> float:
+def _join_s(args, folder: Path, collectives: int, pieces: int) -> tuple[float, float]:
     """The driver's join of ``args.ranks`` ranks of ``collectives`` each (``job.join.join_summaries``: the clock
-    alignment, rank comparison, waits by peer, findings), from its CPU time per collective on a job of
-    --join-ranks ranks of --join-mb (copies of one synthetic rank, each with its own rank in the header),
-    reduced and joined in one process pinned to one core: it grows with the ranks' collectives."""
+    alignment, rank comparison, findings), less the split of each rank's waits by late peer, from its CPU time
+    per collective; and a worker's split of one rank of ``pieces`` wait pieces (``job.peers.split_one``, which
+    the workers run on a large job), from the split's CPU time per piece. Both measured on a job of --join-ranks
+    ranks of --join-mb (copies of one synthetic rank, each with its own rank in the header), reduced and joined
+    in one process pinned to one core, the split in it timed apart."""
     source = folder / "join.json"
     made = _run_child("generate", DF_INDEX, {"LOAD_SPEED_TARGET": str(source), "LOAD_SPEED_BYTES": str(args.join_mb << 20)})
     if "error" in made:
@@ -208,10 +237,13 @@ def _join_s(args, folder: Path, collectives: int) -> float:
     if "error" in joined:
         sys.exit(f"the join failed: {joined['error']}")
     per_call = joined["join_s"] / max(joined["collectives"], 1)
+    per_piece = joined["split_s"] / max(joined["pieces"], 1)
     print(f"  the driver's join: {joined['join_s']:.2f} s CPU for {joined['ranks']} ranks of {joined['collectives'] // joined['ranks']:,} "
           f"collectives ({1e6 * per_call:.1f} us a collective, after {1000 * joined['unpickle_s'] / joined['ranks']:.0f} ms a rank "
           f"unpickling); {args.ranks:,} ranks x {collectives:,} collectives: {per_call * args.ranks * collectives:.0f} s", flush=True)  # fmt: skip
-    return per_call * args.ranks * collectives
+    print(f"  the waits' split by late peer: {joined['split_s']:.2f} s CPU for {joined['pieces']:,} pieces "
+          f"({1e6 * per_piece:.2f} us a piece); a rank of {pieces:,}: {per_piece * pieces:.2f} s", flush=True)  # fmt: skip
+    return per_call * args.ranks * collectives, per_piece * pieces
 
 
 def _rank_copies(source: Path, count: int) -> list[Path]:
@@ -237,20 +269,24 @@ def _project_from(args, size: int, rank: dict, ray: dict, label: str, rank_s: fl
     per_wave = rank_s + rank["import_s"] / waves + ray["task_s"]  # a Ray worker imports once, not per task
     join = args.join_s or 0.0
     receive = args.ranks * rank["unpickle_s"]  # the driver unpickles each summary as it arrives, beside the workers
-    wall = ray["init_s"] + max(waves * per_wave, receive) + join
+    # The second round: each rank's waits split in a worker, as the driver sends them on (one after another).
+    split = max(waves * ((args.split_s or 0.0) + ray["task_s"]), args.ranks * rank["send_s"])
+    wall = ray["init_s"] + max(waves * per_wave, receive) + join + split
     total_tb = args.ranks * size / 1e12
     print(f"\nprojection from the rank's {label}: {args.ranks:,} ranks x {size / 2**20:,.0f} MiB ({total_tb:.2f} TB) on {args.cores} cores: "
           f"{waves} waves of {per_wave:.1f} s")  # fmt: skip
     print(f"  wall time {wall:.0f} s ({wall / 60:.1f} min; target under {TARGET_S / 60:.0f} min): Ray start {ray['init_s']:.1f} s "
           f"+ the longer of the workers' {waves} x {per_wave:.1f} s and the driver's receiving {args.ranks:,} x "
-          f"{rank['unpickle_s']:.2f} s = {receive:.0f} s, + join {join:.1f} s")  # fmt: skip
+          f"{rank['unpickle_s']:.2f} s = {receive:.0f} s, + join {join:.1f} s + the split in the workers {split:.1f} s "
+          f"(the longer of {waves} x ({args.split_s or 0.0:.2f} s + a Ray round trip) and the driver's sending "
+          f"{args.ranks:,} x {rank['send_s']:.3f} s)")  # fmt: skip
     print(f"  per worker: peak RSS {rank['rss_mib']:,.0f} MiB (target under {TARGET_WORKER_MIB:,.0f} MiB); "
           f"driver: {args.ranks:,} summaries of {rank['summary_bytes'] / 1024:,.0f} KiB = "
           f"{args.ranks * rank['summary_bytes'] / 2**20:,.0f} MiB pickled")  # fmt: skip
     verdict = "meets" if wall < TARGET_S and rank["rss_mib"] < TARGET_WORKER_MIB else "misses"
-    left = (TARGET_S - ray["init_s"] - join) / waves - ray["task_s"]  # seconds a rank may take
+    left = (TARGET_S - ray["init_s"] - join - split) / waves - ray["task_s"]  # seconds a rank may take
     needed = f"MB/s per core needed for {TARGET_S / 60:.0f} min: {size / 1e6 / left:.0f}" if left > 0 else (
-        f"Ray's start and the join alone take {ray['init_s'] + join:.0f} s of the {TARGET_S:.0f}")
+        f"Ray's start and the join alone take {ray['init_s'] + join + split:.0f} s of the {TARGET_S:.0f}")
     print(f"  {verdict} the targets; {needed}")
 
 

@@ -288,9 +288,20 @@ def test_collective_waits_move_onto_the_jobs_clock_and_event_numbers() -> None:
     from skalpel.analysis.blame_peers import CollectiveWaits
 
     waits = CollectiveWaits(((0, 10.0, 20.0),), (1,), {5: ("nccl:all_reduce", "train.py:3")})
-    moved = waits.shifted(100.0, 1000)
+    moved = _shifted(waits, 100.0, 1000)
     assert moved.spans == ((0, 110.0, 120.0),) and moved.step_numbers == (1,)
     assert moved.described == {1005: ("nccl:all_reduce", "train.py:3")}
+
+
+def _shifted(waits, shift_us: float, event_offset: int):
+    """The waits on the job's clock and event numbering, made one by one: the reference for ``split_waits``'s
+    ``shift_us`` and ``event_offset``."""
+    from skalpel.analysis.blame_peers import CollectiveWaits
+
+    spans = tuple((step, low + shift_us, high + shift_us) for step, low, high in waits.spans)
+    described = {event + event_offset: text for event, text in waits.described.items()}
+    host_side = tuple(event + event_offset if event >= 0 else -1 for event in waits.host_side)
+    return CollectiveWaits(spans, waits.step_numbers, described, host_side)
 
 
 def _host_side_owners_one_by_one(trace, rank, calls, instants):
@@ -395,6 +406,7 @@ def test_split_waits_of_thousands_of_pieces_sums_as_a_loop_over_them_would():
     the largest causes equal, to the last bit and in the same order, what the loop over the pieces gave."""
     from skalpel.analysis.blame_peers import CollectiveWaits, _top, split_waits
     from skalpel.analysis.collectives import Collective
+    from skalpel.analysis.ranks import Arrivals
 
     random = np.random.default_rng(3)
     calls, arrivals, at = [], [], 0.0
@@ -412,7 +424,7 @@ def test_split_waits_of_thousands_of_pieces_sums_as_a_loop_over_them_would():
     waits = CollectiveWaits(tuple(spans), (1, 2, 3, 4, 5, 6), {call.event: ("nccl:all_reduce", None) for call in calls},
                             tuple(host_side))  # fmt: skip
     by_step, by_cause = _split_one_by_one(waits, arrivals)
-    split = split_waits(waits, arrivals)
+    split = split_waits(waits, Arrivals.of(arrivals))
     assert [list(step.items()) for step in split.by_step_ms] == [list(step.items()) for step in by_step]
     assert {"unmatched", "transfer", "arriving", "rank 0"} <= set(split.total_ms)
     assert split.top == _top(waits.described, by_cause)
@@ -421,6 +433,6 @@ def test_split_waits_of_thousands_of_pieces_sums_as_a_loop_over_them_would():
     shift, offset = 12345.678, 10**6  # the join's: split as it moves them, equal to splitting the moved pieces
     moved = [(dataclasses.replace(call, event=call.event + offset, start_us=call.start_us + shift, end_us=call.end_us + shift),
               latest + shift, last) for call, latest, last in arrivals]  # fmt: skip
-    expected = split_waits(waits.shifted(shift, offset), moved)
-    assert split_waits(waits, moved, shift_us=shift, event_offset=offset) == expected
+    expected = split_waits(_shifted(waits, shift, offset), Arrivals.of(moved))
+    assert split_waits(waits, Arrivals.of(moved), shift_us=shift, event_offset=offset) == expected
     assert expected.top[0].collective == "nccl:all_reduce" and expected != split

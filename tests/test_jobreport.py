@@ -20,7 +20,8 @@ from skalpel.analysis.call_tree import flame_tree
 from skalpel.api import analyze_job
 from skalpel.job.build import build_report
 from skalpel.job.join import join_summaries
-from skalpel.job.pool import summarize_all
+from skalpel.job.peers import SplitRequest, split_here
+from skalpel.job.pool import split_all, split_on_ray, summarize_all, summarize_on_ray
 from skalpel.job.rank import RankFailure, SummaryRequest, summarize_rank
 from skalpel.trace.loader import find_trace_files, load
 
@@ -35,10 +36,21 @@ def _whole(paths) -> bytes:
     return build_report(load(paths)).to_json()
 
 
-def _by_ranks(paths, workers: int) -> bytes:
+def _by_ranks(paths, workers: int, split=split_here) -> bytes:
     files = find_trace_files(paths if isinstance(paths, list) else [paths])
     results = summarize_all([SummaryRequest(path, len(files)) for path in files], workers=workers)
-    return join_summaries(results)[0].to_json()
+    return join_summaries(results, split=split)[0].to_json()
+
+
+class _Splits:
+    """A splitter that keeps what it was asked and answered (the real one runs: workers, or Ray tasks)."""
+
+    def __init__(self, split) -> None:
+        self.split, self.requests, self.answers = split, [], []
+
+    def __call__(self, requests: list[SplitRequest]):
+        self.requests, self.answers = requests, self.split(requests)
+        return self.answers
 
 
 def _shift(us: float, host: str | None = None):
@@ -57,6 +69,15 @@ def test_corpus_jobs_equal_the_whole_trace(name: str) -> None:
     whole = _whole(corpus(name))
     assert _by_ranks(corpus(name), workers=2) == whole
     assert analyze_job([corpus(name)], workers=1).report.to_json() == whole  # in this process, rank after rank
+
+
+@pytest.mark.parametrize("name", [PAIR, DLRM])
+def test_collective_waits_split_in_workers_give_the_whole_traces_report(name: str) -> None:
+    """The join's per-rank part (each rank's wait split by late peer) in a second round of worker processes."""
+    splits = _Splits(lambda requests: split_all(requests, workers=2, least_pieces=0))
+    assert _by_ranks(corpus(name), workers=2, split=splits) == _whole(corpus(name))
+    assert len(splits.requests) >= 2 and sum(request.waits.pieces for request in splits.requests) > 0
+    assert splits.answers == split_here(splits.requests)
 
 
 def _shifted_clock(tmp_path: Path) -> None:
@@ -218,9 +239,15 @@ def test_ray_tasks_give_the_local_report() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         job = analyze_job([corpus(DLRM)], ray=True)
+        files = find_trace_files([corpus(DLRM)])
+        results = summarize_on_ray([SummaryRequest(path, len(files)) for path in files], None)
+        splits = _Splits(lambda requests: split_on_ray(requests, least_pieces=0))  # as Ray tasks, however few
+        split_report = join_summaries(results, split=splits)[0].to_json()
     finally:
         ray.shutdown()
     assert job.report.to_json() == _whole(corpus(DLRM))
+    assert split_report == job.report.to_json() and len(splits.requests) == 8
+    assert splits.answers == split_here(splits.requests)
 
 
 def test_flame_graph_is_the_lowest_ranks_as_from_the_whole_trace() -> None:

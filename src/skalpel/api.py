@@ -5,6 +5,7 @@ from __future__ import annotations
 import stat
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -84,7 +85,7 @@ def analyze_job(
         report = build_report(trace, capture=capture, processes=process_count(workers))
         return JobAnalysis(report, tuple(files), _flame(trace) if flame else None)
     from .job.join import join_summaries
-    from .job.pool import summarize_all, summarize_on_ray
+    from .job.pool import split_all, split_on_ray, summarize_all, summarize_on_ray
     from .job.rank import SummaryRequest
 
     if while_loading is not None:
@@ -92,9 +93,11 @@ def analyze_job(
     requests = [SummaryRequest(path, len(files), flame=flame and index == 0) for index, path in enumerate(files)]
     if ray:
         results = summarize_on_ray(requests, None if ray is True else ray, on_progress=on_rank_progress)
+        split = split_on_ray
     else:
         results = summarize_all(requests, workers=workers, on_progress=on_rank_progress)
-    report, summaries = join_summaries(results, capture=capture)
+        split = partial(split_all, workers=workers)
+    report, summaries = join_summaries(results, capture=capture, split=split)
     graph = None
     if flame:  # from the lowest rank, as for a whole trace; loaded again only when it was not the first file
         graph = summaries[0].flame if summaries[0].flame is not None else _flame(load_one(summaries[0].path))

@@ -24,7 +24,7 @@ from ..trace.kinds import Kind
 from ..trace.model import Trace
 from . import numeric
 from .blame import BlameResult, PeerSplit, PeerWait, RankBlame
-from .ranks import RankComparison
+from .ranks import Arrivals, RankComparison
 from .syncs import SYNC_CALLS
 
 TRANSFER = "transfer"
@@ -43,12 +43,16 @@ class CollectiveWaits:
     described: dict[int, tuple[str, str | None]]  # collective event -> its name and user line
     host_side: tuple[int, ...] = ()  # per span: the collective whose host side (launching op, sync) holds it, or -1
 
-    def shifted(self, shift_us: float, event_offset: int) -> CollectiveWaits:
-        """On the job's clock and event numbering (``job.join``)."""
-        spans = tuple((step, low + shift_us, high + shift_us) for step, low, high in self.spans)
-        described = {event + event_offset: text for event, text in self.described.items()}
-        host_side = tuple(event + event_offset if event >= 0 else -1 for event in self.host_side)
-        return CollectiveWaits(spans, self.step_numbers, described, host_side)
+    @property
+    def pieces(self) -> int:
+        return len(self.spans)
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Steps, starts, ends and host sides as arrays (what ``split_waits`` reads)."""
+        count = len(self.spans)
+        steps, lows, highs = zip(*self.spans) if count else ((), (), ())
+        return (np.fromiter(steps, np.int64, count), np.fromiter(lows, np.float64, count),
+                np.fromiter(highs, np.float64, count), np.fromiter(self.host_side, np.int64, len(self.host_side)))  # fmt: skip
 
 
 def with_late_peers(trace: Trace, result: BlameResult, comparison: RankComparison | None) -> BlameResult:
@@ -58,9 +62,8 @@ def with_late_peers(trace: Trace, result: BlameResult, comparison: RankCompariso
     ranks = {}
     for rank, blamed in result.ranks.items():
         if blamed.collective_spans:
-            arrivals = comparison.arrivals_of(rank)
-            waits = collective_waits(trace, blamed, [call for call, _, _ in arrivals])
-            blamed = dataclasses.replace(blamed, peers=split_waits(waits, arrivals))
+            waits = collective_waits(trace, blamed, [call for call, _, _ in comparison.arrivals_of(rank)])
+            blamed = dataclasses.replace(blamed, peers=split_waits(waits, comparison.arrivals(rank)))
         ranks[rank] = blamed
     return dataclasses.replace(result, ranks=ranks)
 
@@ -151,32 +154,29 @@ def _sync_names(trace: Trace) -> list[int]:
     return [index for index, name in enumerate(trace.names) if name in SYNC_CALLS]
 
 
-def split_waits(waits: CollectiveWaits, arrivals, *, shift_us: float = 0.0, event_offset: int = 0) -> PeerSplit:
-    """Each piece split at the last arrival of the matched collective holding it (``RankComparison.arrivals_of``).
+def split_waits(waits: CollectiveWaits, arrivals: Arrivals, *, shift_us: float = 0.0, event_offset: int = 0) -> PeerSplit:
+    """Each piece split at the last arrival of the matched collective holding it (``RankComparison.arrivals``).
 
-    All pieces at once (a 1 GB rank has some 300,000, the driver of a job every rank's): each piece gives one part
-    before the last arrival and one after, summed by step and by cause with ``bincount``, which adds in the
-    pieces' order, as a loop over them would. ``shift_us`` and ``event_offset``: the pieces as
-    ``waits.shifted(shift_us, event_offset)`` has them (the join's), without making them first."""
-    arrivals = sorted(arrivals, key=lambda item: item[0].start_us)
-    calls = [call for call, _, _ in arrivals]
-    count = len(waits.spans)
-    steps, lows, highs = (np.array(column, dtype) for column, dtype in
-                          zip(zip(*waits.spans) if count else ((), (), ()), (np.int64, np.float64, np.float64)))  # fmt: skip
-    lows, highs = lows + shift_us, highs + shift_us  # the doubles ``shifted`` adds up
+    All pieces at once (a 1 GB rank has some 300,000): each piece gives one part before the last arrival and one
+    after, summed by step and by cause with ``bincount``, which adds in the pieces' order, as a loop over them
+    would. ``waits``: a ``CollectiveWaits`` or anything with its ``columns()``, ``described`` and ``step_numbers``
+    (the join's packed waits). ``shift_us`` and ``event_offset``: the pieces moved onto the job's clock and event
+    numbering (the join's; ``arrivals`` are already there), without making them first."""
+    steps, lows, highs, host_side = waits.columns()
+    count = len(lows)
+    lows, highs = lows + shift_us, highs + shift_us  # the doubles the whole trace's pieces have
     described = {event + event_offset: text for event, text in waits.described.items()} if event_offset else waits.described
-    holding = _holding(calls, (lows + highs) / 2)
-    if waits.host_side:  # the host's wait for a kernel-timed collective
+    holding = _holding_in(arrivals.start, arrivals.end, (lows + highs) / 2)
+    if len(host_side):  # the host's wait for a kernel-timed collective
         outside = np.flatnonzero(holding < 0)
-        host_side = np.asarray(waits.host_side, np.int64)[outside]
+        host_side = host_side[outside]
         host_side = np.where(host_side >= 0, host_side + event_offset, -1)
-        holding[outside] = _index_of(np.array([call.event for call in calls], np.int64), host_side)
+        holding[outside] = _index_of(arrivals.event, host_side)
     length = highs - lows
-    latest = np.array([latest for _, latest, _ in arrivals] or [0.0], np.float64)[np.maximum(holding, 0)]
+    at = np.maximum(holding, 0)
+    latest, last, own, event = (column[at] if len(column) else np.zeros(count, column.dtype)
+                                for column in (arrivals.latest, arrivals.last, arrivals.rank, arrivals.event))  # fmt: skip
     waiting = np.minimum(np.maximum(latest - lows, 0.0), length)
-    last = np.array([last for _, _, last in arrivals] or [0], np.int64)[np.maximum(holding, 0)]
-    own = np.array([call.rank for call in calls] or [0], np.int64)[np.maximum(holding, 0)]
-    event = np.array([call.event for call in calls] or [0], np.int64)[np.maximum(holding, 0)]
     matched = holding >= 0
     # Two parts a piece, in order: before the last arrival (a rank, or arriving), then the transfer; unmatched: one.
     part = np.empty(2 * count, np.int64)
@@ -231,12 +231,17 @@ def _index_of(events: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 
 
 def _holding(calls, instants: np.ndarray) -> np.ndarray:
-    """For each instant, the index of the call (sorted by start) holding it, the latest started when calls overlap
-    (a few looked back at); -1 for none. All instants at once: a rank has one per collective wait, 10,000s of them."""
-    starts = np.array([call.start_us for call in calls], np.float64)
-    ends = np.array([call.end_us for call in calls], np.float64)
+    """For each instant, the index of the call (sorted by start) holding it (``_holding_in``)."""
+    return _holding_in(np.array([call.start_us for call in calls], np.float64),
+                       np.array([call.end_us for call in calls], np.float64), instants)  # fmt: skip
+
+
+def _holding_in(starts: np.ndarray, ends: np.ndarray, instants: np.ndarray) -> np.ndarray:
+    """For each instant, the index of the call (by ``starts``, sorted) holding it, the latest started when calls
+    overlap (a few looked back at); -1 for none. All instants at once: a rank has one per collective wait, 10,000s
+    of them."""
     found = np.full(len(instants), -1, np.int64)
-    if not calls:
+    if not len(starts):
         return found
     position = np.searchsorted(starts, instants, side="right") - 1
     for back in range(_LOOK_BACK):  # the latest started first: the first call that holds the instant wins

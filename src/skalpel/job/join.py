@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.blame import PeerSplit
-from ..analysis.blame_peers import split_waits
 from ..analysis.breakdown import StepBreakdown
 from ..analysis.bundle import Analyses
 from ..analysis.comm import CommAnalysis, RankComm
@@ -44,6 +43,7 @@ from ..result.report import CaptureInfo, Finding, Report
 from ..trace.loader import collector_paused, drop_duplicate_ranks, skipped_notes
 from ..trace.model import RankInfo
 from .build import assemble_report, memory_summary
+from .peers import SplitRequest, Splitter, split_here
 from .rank import RankFailure, RankSummary
 from .transfer import shifted_collectives
 
@@ -66,19 +66,23 @@ class JobView:
 
 
 def join_summaries(
-    results: list[RankSummary | RankFailure], *, capture: CaptureInfo | None = None
+    results: list[RankSummary | RankFailure], *, capture: CaptureInfo | None = None, split: Splitter = split_here
 ) -> tuple[Report, list[RankSummary]]:
     """The job's Report from its ranks' summaries (failed ranks are named in its warnings).
+
+    ``split`` splits each rank's collective wait by late peer once the ranks are compared (``job.peers``): here,
+    by default; ``pool.split_all`` or ``pool.split_on_ray`` in the workers.
 
     Also returns the summaries kept (one per rank, in rank order). Raises TraceError when no rank could be read.
     The cyclic garbage collector waits: each of its passes would walk every summary's objects (half the join's
     time on 8 ranks, more with more).
     """
     with collector_paused():
-        return _join(results, capture)
+        return _join(results, capture, split)
 
 
-def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None) -> tuple[Report, list[RankSummary]]:
+def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None,
+          split: Splitter) -> tuple[Report, list[RankSummary]]:  # fmt: skip
     failures = [item for item in results if isinstance(item, RankFailure)]
     summaries = [item for item in results if isinstance(item, RankSummary)]
     if not summaries:  # the whole-trace loader's words
@@ -110,7 +114,7 @@ def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None)
         analyses.rank_comparison = compare_ranks(job, steps, analyses.comm, profiles=profiles)  # type: ignore[arg-type]
     analyses.results["rank_locations"] = {s.info.rank: s.locations for s in summaries if s.locations is not None}
     ctx = Context(analyses, capture)
-    peers = _late_peers(summaries, analyses, shifts, offsets)
+    peers = _late_peers(summaries, analyses, shifts, offsets, split)
     findings = conclude(ctx, [(rule, _outcome(rule, ctx, summaries, offsets, peers)) for rule in judged_rules()])
     ranks = tuple(_rank_report(summary, analyses, shifts[summary.info.rank], peers.get(summary.info.rank))
                   for summary in summaries)  # fmt: skip
@@ -201,20 +205,17 @@ def _shifted_comm(summary: RankSummary, shifts: dict[int, float], offsets: dict[
     return dataclasses.replace(comm, collectives=shifted_collectives(comm.collectives, shift, offset))
 
 
-def _late_peers(summaries: list[RankSummary], analyses: Analyses, shifts: dict[int, float],
-                offsets: dict[int, int]) -> dict[int, tuple[PeerSplit, tuple[int, ...]]]:  # fmt: skip
-    """rank -> its collective wait split by the late peer (and its steps' numbers), once the ranks are compared."""
+def _late_peers(summaries: list[RankSummary], analyses: Analyses, shifts: dict[int, float], offsets: dict[int, int],
+                split: Splitter) -> dict[int, tuple[PeerSplit, tuple[int, ...]]]:  # fmt: skip
+    """rank -> its collective wait split by the late peer (and its steps' numbers), once the ranks are compared:
+    the per-rank part of the join, handed to ``split`` (the workers, on a large job)."""
     comparison = analyses.rank_comparison
     if comparison is None:
         return {}
-    split = {}
-    for summary in summaries:
-        if summary.collective_waits is not None and "blame" in summary.report.extra:
-            rank = summary.info.rank
-            waits = summary.collective_waits  # moved onto the job's clock as it is split
-            split[rank] = (split_waits(waits, comparison.arrivals_of(rank), shift_us=shifts[rank], event_offset=offsets[rank]),
-                           waits.step_numbers)  # fmt: skip
-    return split
+    requests = [SplitRequest(s.info.rank, s.collective_waits, comparison.arrivals(s.info.rank), shifts[s.info.rank],
+                             offsets[s.info.rank])  # moved onto the job's clock as they are split
+                for s in summaries if s.collective_waits is not None and "blame" in s.report.extra]  # fmt: skip
+    return {request.rank: (peers, request.waits.step_numbers) for request, peers in zip(requests, split(requests))}
 
 
 def _outcome(rule, ctx: Context, summaries: list[RankSummary], offsets: dict[int, int],

@@ -20,9 +20,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
+from ..analysis.blame import PeerSplit
 from ..cores import affinity_cores
 from ..errors import SkalpelError
 from ..trace.loader import collector_paused
+from .peers import SplitRequest, split_here, split_one
 from .rank import RankFailure, RankSummary, SummaryRequest, summarize_rank
 
 RankProgressCallback = Callable[[int, float], None]
@@ -33,6 +35,9 @@ Result = RankSummary | RankFailure
 
 _REPORT_EVERY = 0.02  # of a file: progress messages from a worker are at least this far apart
 _POLL_S = 0.1
+SPLIT_IN_WORKERS_PIECES = 2_000_000
+"""Collective-wait pieces of a job (``job.peers``) from which the join splits them in workers: fewer take the driver
+under about 1.5 s, less than starting the workers again and sending them the waits."""
 
 
 def summarize_all(
@@ -149,6 +154,20 @@ class _Pool:
             self.on_progress(index, min(fraction, 0.999))  # 1.0 once the result is back
 
 
+def split_all(requests: list[SplitRequest], *, workers: int | None = None,
+              least_pieces: int = SPLIT_IN_WORKERS_PIECES) -> list[PeerSplit]:  # fmt: skip
+    """The join's per-rank splits (``job.peers``) in ``workers`` local processes, when the job has
+    ``least_pieces`` wait pieces or more; else in this process. A worker that dies leaves them to this process."""
+    workers = min(workers or affinity_cores(), len(requests))
+    if workers <= 1 or sum(request.waits.pieces for request in requests) < least_pieces:
+        return split_here(requests)
+    try:
+        with ProcessPoolExecutor(workers, mp_context=_context()) as pool:
+            return list(pool.map(split_one, requests))
+    except BrokenProcessPool:
+        return split_here(requests)
+
+
 def _context():
     """forkserver where there is one: workers fork from a clean server that has skalpel imported
     (fast to start, and safe while this process runs threads such as the progress display)."""
@@ -200,6 +219,23 @@ def _receive(ray, refs: dict, pending: list, requests: list[SummaryRequest], res
                 results[index] = RankFailure(request.path, f"{request.path}: the Ray task died twice ({reason})", attempts=2)
             if on_progress:
                 on_progress(index, 1.0)
+
+
+def split_on_ray(requests: list[SplitRequest], *, least_pieces: int = SPLIT_IN_WORKERS_PIECES) -> list[PeerSplit]:
+    """``split_all`` as Ray tasks, on the instance ``summarize_on_ray`` connected to; a task that dies twice is
+    split in this process."""
+    if len(requests) <= 1 or sum(request.waits.pieces for request in requests) < least_pieces:
+        return split_here(requests)
+    ray = _import_ray()
+    remote = ray.remote(max_retries=1, retry_exceptions=False)(split_one)
+    refs = [remote.remote(request) for request in requests]
+    splits = []
+    for ref, request in zip(refs, requests):
+        try:
+            splits.append(ray.get(ref))
+        except ray.exceptions.RayError:
+            splits.append(split_one(request))
+    return splits
 
 
 def _ray_task(task: Task, request: SummaryRequest) -> Result:

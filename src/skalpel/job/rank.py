@@ -39,7 +39,7 @@ from ..result.report import Finding, RankReport
 from ..trace.loader import collector_paused, load_one
 from ..trace.model import RankInfo
 from .build import rank_report
-from .transfer import packed_comm, packed_waits, unpacked_comm, unpacked_waits
+from .transfer import PackedWaits, packed_comm, packed_waits, unpacked_comm
 
 
 @dataclass
@@ -64,15 +64,16 @@ class RankSummary:
     locations: RankLocations | None = None  # what the job-level findings may cite for it
     flame: dict | None = None  # the HTML report's flame graph, when asked for
     host_signs: HostSigns | None = None  # what its host side says of a GPU (to name the job's device)
-    collective_waits: CollectiveWaits | None = None  # its blame's collective wait, for the join to split by peer
+    # Its blame's collective wait, for the join to split by peer; a PackedWaits once it reached the driver.
+    collective_waits: CollectiveWaits | PackedWaits | None = None
 
     def __getstate__(self) -> dict:
-        """To the driver with the collectives and wait spans as columns (``transfer``): they unpickle faster."""
+        """To the driver with the collectives and wait spans as columns (``transfer``): they unpickle faster. The
+        waits stay packed there: the join splits them as columns, or sends them on to a worker to split."""
         return {**self.__dict__, "comm": packed_comm(self.comm), "collective_waits": packed_waits(self.collective_waits)}
 
     def __setstate__(self, state: dict) -> None:
         state["comm"] = unpacked_comm(state["comm"])
-        state["collective_waits"] = unpacked_waits(state["collective_waits"])
         self.__dict__.update(state)
 
 

@@ -99,14 +99,18 @@ class PackedWaits:
                    np.fromiter(highs, np.float64, count), waits.step_numbers, waits.described,
                    np.fromiter(waits.host_side, np.int64, len(waits.host_side)))  # fmt: skip
 
+    @property
+    def pieces(self) -> int:
+        return len(self.lows)
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """As ``CollectiveWaits.columns``: the join splits the waits as they arrived, never unpacked."""
+        return self.steps.astype(np.int64), self.lows, self.highs, self.host_side
+
     def unpacked(self) -> CollectiveWaits:
         spans = tuple(zip(self.steps.tolist(), self.lows.tolist(), self.highs.tolist()))
         return CollectiveWaits(spans, self.step_numbers, self.described, tuple(self.host_side.tolist()))
 
 
-def packed_waits(waits: CollectiveWaits | None) -> PackedWaits | None:
-    return None if waits is None else PackedWaits.of(waits)
-
-
-def unpacked_waits(waits: PackedWaits | CollectiveWaits | None) -> CollectiveWaits | None:
-    return waits.unpacked() if isinstance(waits, PackedWaits) else waits
+def packed_waits(waits: CollectiveWaits | PackedWaits | None) -> PackedWaits | None:
+    return waits if waits is None or isinstance(waits, PackedWaits) else PackedWaits.of(waits)
