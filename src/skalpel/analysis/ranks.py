@@ -188,17 +188,23 @@ class _Calls:
 
     def __init__(self, calls: tuple[Collective, ...]) -> None:
         self.calls = calls
-        self.start = np.array([c.start_us for c in calls], np.float64)
-        self.end = np.array([c.end_us for c in calls], np.float64)
-        self.nbytes = np.array([c.nbytes for c in calls], np.int64)
-        self.group_size = np.array([c.group_size for c in calls], np.int64)
-        self.rank = np.array([c.rank for c in calls], np.int64)
-        self.event = np.array([c.event for c in calls], np.int64)
-        names = [c.type for c in calls]
-        self.types = sorted(set(names))
-        code_of = {kind: code for code, kind in enumerate(self.types)}
-        self.type_codes = np.array([code_of[kind] for kind in names], np.int64)
-        self.of_type = {kind: np.flatnonzero(self.type_codes == code) for kind, code in code_of.items()}
+        column = getattr(calls, "column", None)  # a job's driver holds them as columns (job.transfer.PackedCollectives)
+        if column is not None:
+            self.start, self.end, self.nbytes, self.group_size, self.rank, self.event = (
+                column(name) for name in ("start_us", "end_us", "nbytes", "group_size", "rank", "event"))
+            self.types, self.type_codes = list(calls.types), calls.type_codes.astype(np.int64)
+        else:
+            self.start = np.array([c.start_us for c in calls], np.float64)
+            self.end = np.array([c.end_us for c in calls], np.float64)
+            self.nbytes = np.array([c.nbytes for c in calls], np.int64)
+            self.group_size = np.array([c.group_size for c in calls], np.int64)
+            self.rank = np.array([c.rank for c in calls], np.int64)
+            self.event = np.array([c.event for c in calls], np.int64)
+            names = [c.type for c in calls]
+            self.types = sorted(set(names))
+            code_of = {kind: code for code, kind in enumerate(self.types)}
+            self.type_codes = np.array([code_of[kind] for kind in names], np.int64)
+        self.of_type = {kind: np.flatnonzero(self.type_codes == code) for code, kind in enumerate(self.types)}
 
 
 @dataclass
