@@ -67,3 +67,23 @@ def test_collectives_moved_onto_the_jobs_clock_equal_those_a_constructor_makes()
                                          end_us=call.end_us + 1234.5678) for call in calls)  # fmt: skip
     assert moved == expected and moved != calls
     assert [tuple(map(type, vars_of(call))) for call in moved] == [tuple(map(type, vars_of(call))) for call in expected]
+    packed = PackedCollectives.of(calls)  # as the driver holds them: moved as columns, to the same doubles
+    moved_packed = shifted_collectives(packed, 1234.5678, 10**6)
+    assert isinstance(moved_packed, PackedCollectives) and moved_packed == expected and len(moved_packed) == len(calls)
+    assert [tuple(map(type, vars_of(call))) for call in moved_packed] == [tuple(map(type, vars_of(call))) for call in expected]
+
+
+def test_the_rank_comparison_reads_packed_collectives_as_it_reads_the_objects():
+    from skalpel.analysis.ranks import _Calls
+
+    summary = _summary_of_a_real_rank()
+    calls = summary.comm.for_rank(summary.info.rank).collectives
+    arrived = pickle.loads(pickle.dumps(summary)).comm.for_rank(summary.info.rank).collectives
+    assert isinstance(arrived, PackedCollectives)  # the driver keeps the columns
+    from_objects, from_columns = _Calls(calls), _Calls(arrived)
+    for name in ("start", "end", "nbytes", "group_size", "rank", "event", "type_codes"):
+        left, right = getattr(from_objects, name), getattr(from_columns, name)
+        assert left.dtype == right.dtype and left.tolist() == right.tolist()
+    assert from_objects.types == from_columns.types and len(from_objects.types) >= 1
+    assert {kind: rows.tolist() for kind, rows in from_objects.of_type.items()} == {
+        kind: rows.tolist() for kind, rows in from_columns.of_type.items()}  # fmt: skip
