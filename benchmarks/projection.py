@@ -7,7 +7,8 @@ Measured here, each in a fresh process pinned to one core (``sched_setaffinity``
 
 - one rank as a worker reduces it (``job.rank.summarize_rank``: load, analyses, the rank's
   rules): seconds (wall and CPU), peak RSS, MB/s, and the size of the summary it sends back
-  (pickled) and the CPU time of unpickling it (as the driver does). On a shared machine the wall
+  (pickled), the CPU time of unpickling it (as the driver does) and of pickling its collective
+  waits again (as the driver sends them on to be split). On a shared machine the wall
   time includes waiting for the core; the projection
   is printed from both (a cluster's worker has its core to itself: the CPU figure);
 - the whole ``skalpel analyze FILE --json OUT`` process of that file (interpreter start to exit),
@@ -25,7 +26,8 @@ summary's unpickle) + the driver's join of the summaries less the split of the w
 ``job.join.join_summaries`` timed on a job of --join-ranks synthetic ranks of --join-mb, per collective, and
 scaled to ranks x the measured rank's collectives) + the split of the waits in the workers, a second
 round of tasks (``job.pool.split_on_ray``): the longer of ceil(ranks / cores) waves x (a rank's split,
---split-s, by default that join's split per piece x the measured rank's pieces, + Ray's round trip) and
+--split-s, by default that join's split per piece x the measured rank's pieces, + Ray's round trip, measured
+with the summary's size, larger than the waits a split task carries) and
 the driver's sending of every rank's waits (ranks x the measured rank's waits pickled). Until issue 25
 item 5's second round, the split was part of the driver's join and projected with it, on one core.
 Per-worker memory is the rank's peak RSS; the driver
