@@ -119,8 +119,7 @@ def _per_step_counts(trace: Trace, rank: int, steps: StepSegmentation) -> tuple[
     rank_steps = steps.for_rank(rank)
     if not rank_steps:
         return 0, 0, 0
-    starts = [step.start_us if step.host_start_us is None else step.host_start_us for step in rank_steps]
-    bounds = np.array([(start, step.host_end_us) for start, step in zip(starts, rank_steps)])
+    bounds = np.array([(step.host_begin_us, step.host_end_us) for step in rank_steps])
     bounds = bounds[np.argsort(bounds[:, 0])]
     on_rank = trace.rank == rank
     kernels = np.flatnonzero(on_rank & isin_few(trace.kind, _KERNELS) & (trace.launcher >= 0))

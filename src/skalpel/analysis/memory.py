@@ -7,6 +7,9 @@ signed ``Bytes``, so the curve is their running sum, lifted so it never dips bel
 
 *Growth per step* is the median of the per-step changes of allocated memory, measured at
 each step's end (and at the first step's start), so one large step does not make a leak.
+Those are the ends of the ProfilerStep ranges on the host: the allocator runs when the host
+dispatches an op, and a GPU step's end (its device work) falls while the host is already
+steps ahead, which would read the same value at every step's end.
 The *largest allocation* names the host op enclosing that ``[memory]`` event on the same
 thread, with its event index for the Python stack.
 """
@@ -177,7 +180,7 @@ def _step_boundaries(steps: StepSegmentation, rank: int) -> np.ndarray:
     rank_steps = sorted(steps.for_rank(rank), key=lambda step: step.start_us)
     if not rank_steps:
         return np.zeros(0)
-    return np.array([rank_steps[0].start_us] + [step.end_us for step in rank_steps])
+    return np.array([rank_steps[0].host_begin_us] + [step.host_end_us for step in rank_steps])
 
 
 def _value_at(ts: np.ndarray, values: np.ndarray, times: np.ndarray) -> np.ndarray:

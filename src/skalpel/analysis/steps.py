@@ -77,6 +77,11 @@ class Step:
     host_start_us: float | None = None  # start of the ProfilerStep range on the host (None: same as start_us)
 
     @property
+    def host_begin_us(self) -> float:
+        """Where the ProfilerStep range starts on the host (``start_us`` may have moved on to the device's end)."""
+        return self.start_us if self.host_start_us is None else self.host_start_us
+
+    @property
     def duration_us(self) -> float:
         return self.end_us - self.start_us
 
@@ -233,7 +238,7 @@ def _unequal_steps(trace: Trace, rank: int, steps: list[Step], inside: np.ndarra
         kept[j] for j in range(1, len(kept))  # the first step is warm-up's to judge (no_warmup)
         if durations[j] >= _UNEQUAL_RATIO * median_ms and ops[j] >= _UNEQUAL_OPS * median_ops
     ]  # fmt: skip
-    starts = np.array([step.host_start_us or step.start_us for step in steps])
+    starts = np.array([step.host_begin_us for step in steps])
     ends = np.array([step.host_end_us for step in steps])
     novel = _novel_shapes(trace, rank, starts, ends, kept)
     partial = [i for i in kept[1:] if i not in long and novel[i] >= _PARTIAL_SHAPES]
