@@ -72,3 +72,14 @@ def for_terminal(value: T) -> T:
         changes = {f.name: for_terminal(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
         return dataclasses.replace(value, **changes)
     return value
+
+
+def rough_duration(seconds: float) -> str:
+    """A time ahead said the way a person would: '41 s', '12 min', '3.5 h'."""
+    if seconds <= 0:
+        return "no time (it is there)"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..diagnose import thresholds as limits
+from ..display import rough_duration
 
 MIB = 2**20
 MAD_SCALE = 1.4826  # the MAD of a normal distribution times this is its standard deviation
@@ -206,7 +207,7 @@ class Detector:
                    f"({rate / MIB:.1f} MiB/s), to {sample.memory / MIB:.0f} MiB")  # fmt: skip
         if self.memory_limit:
             left = (self.memory_limit - (sample.memory or 0)) / rate
-            message += f"; at this rate the limit ({self.memory_limit / 2**30:.1f} GiB) is reached in {_duration(left)}"
+            message += f"; at this rate the limit ({self.memory_limit / 2**30:.1f} GiB) is reached in {rough_duration(left)}"
         # the creep began where the window first leaves its first quarter's level
         first = next(step for step, _, value in points if value >= quarters[0] + rise)
         return [Anomaly(first, "memory_creep", message, gained, quarters[0])]
@@ -214,13 +215,3 @@ class Detector:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
-
-
-def _duration(seconds: float) -> str:
-    if seconds <= 0:
-        return "no time (it is there)"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
