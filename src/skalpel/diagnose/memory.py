@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis import numeric
 from ..analysis.memory import memory
+from ..display import rough_duration
 from ..trace.kinds import Kind
 from . import thresholds
 from .broadcast import materialised_broadcast
@@ -35,8 +38,12 @@ def _check_growth(ctx: Context, rule: Rule) -> Outcome:
         judged = True
         growth = float(device.growth_bytes_per_step)
         rising = pct(float((deltas > 0).sum()), len(deltas))
+        if growth < limits.floor * MIB or rising < limits.param("min_rising_pct"):
+            continue  # not a rise step after step: a warm-up, a one-time allocation, allocator noise
         share = pct(growth, device.peak_bytes)
-        if growth < limits.floor * MIB or share < limits.share_pct or rising < limits.param("min_rising_pct"):
+        projection = _projection(ctx, device, growth)
+        severity = _growth_severity(share, projection, limits)
+        if severity is None:
             continue
         evidence = {
             "growth_mib_per_step": growth / MIB,
@@ -47,11 +54,77 @@ def _check_growth(ctx: Context, rule: Rule) -> Outcome:
             "end_mib": device.step_end_bytes[-1] / MIB,
             "peak_mib": device.peak_bytes / MIB,
             "device": device.device,
+            **(projection.evidence(limits) if projection else {}),
         }
-        findings.append(rule.finding(evidence, locations=_leak_sites(ctx, device), rank=device.rank))
+        title = rule.title.format(**evidence) + (f"; {projection.text()}" if projection else "")
+        findings.append(rule.finding(evidence, severity=severity, title=title, locations=_leak_sites(ctx, device),
+                                     rank=device.rank))  # fmt: skip
     if not judged:
         return NotJudged(f"fewer than {limits.param('min_steps'):g} marked steps with memory events: cannot judge growth per step")
     return findings
+
+
+@dataclass(frozen=True)
+class _Projection:
+    """When a steady growth fills the device: from its free headroom above the peak."""
+
+    growth_bytes: float  # per step
+    capacity_bytes: int
+    headroom_bytes: int
+    step_ms: float  # 0 when unknown
+
+    @property
+    def steps_to_full(self) -> float:
+        return self.headroom_bytes / self.growth_bytes
+
+    @property
+    def seconds_to_full(self) -> float | None:
+        return self.steps_to_full * self.step_ms / 1000.0 if self.step_ms > 0 else None
+
+    def text(self) -> str:
+        steps = self.steps_to_full
+        when = f"~{_two_digits(steps):,.0f} steps" if steps >= 1 else "the next step"
+        if self.seconds_to_full is not None and steps >= 1:
+            when += f" (~{rough_duration(self.seconds_to_full)} at {self.step_ms:.1f} ms/step)"
+        return f"at {self.growth_bytes / MIB:.1f} MiB/step the {self.capacity_bytes / 2**30:.1f} GiB device is full in {when}"
+
+    def evidence(self, limits) -> dict:
+        return {
+            "capacity_mib": self.capacity_bytes / MIB,
+            "headroom_mib": self.headroom_bytes / MIB,
+            "steps_to_full": self.steps_to_full,
+            "seconds_to_full": self.seconds_to_full,
+            "horizon_steps": limits.param("horizon_steps"),
+            "projection": self.text(),
+        }
+
+
+def _projection(ctx: Context, device, growth: float) -> _Projection | None:
+    """The projection to the device's capacity; None where it is unknown (the host, a trace without deviceProperties)."""
+    capacity = device.capacity_bytes
+    if not capacity:
+        return None
+    step_ms = numeric.median([step.duration_ms for step in ctx.steps.for_rank(device.rank)])
+    return _Projection(growth, capacity, max(capacity - device.peak_bytes, 0), step_ms)
+
+
+def _growth_severity(share: float, projection: _Projection | None, limits) -> str | None:
+    """How much a consistent rise matters: by how soon it fills the device, else by its share of the peak.
+
+    A warning where the device is full within ``horizon_steps``. Beyond it, info: a rise in
+    nearly every step is a leak whatever its pace, and training runs last 10^5 steps and more, so
+    the user should compare the projection with the run's length; but it is not this run's
+    bottleneck. Without a capacity (the host) only a large share of the peak gained per step
+    says it matters.
+    """
+    if projection is not None:
+        return "warning" if projection.steps_to_full <= limits.param("horizon_steps") else "info"
+    return "warning" if share >= limits.share_pct else None
+
+
+def _two_digits(value: float) -> float:
+    """Rounded to two significant digits: a projection is not precise to the step (4,305 -> 4,300)."""
+    return float(f"{value:.2g}")
 
 
 def _main_devices(ctx: Context, result) -> list:
@@ -69,7 +142,7 @@ def _leak_sites(ctx: Context, device) -> tuple[str, ...]:
     """
     events = ctx.trace.memory
     steps = sorted(ctx.steps.for_rank(device.rank), key=lambda step: step.start_us)
-    start, end = steps[0].start_us, steps[-1].end_us
+    start, end = steps[0].host_begin_us, steps[-1].host_end_us  # allocations happen on the host's timeline
     device_type = 0 if device.device == "cpu" else None
     rows = np.flatnonzero((events.rank == device.rank) & (events.ts >= start) & (events.ts < end))
     if device_type is not None:
@@ -81,10 +154,13 @@ def _leak_sites(ctx: Context, device) -> tuple[str, ...]:
     surplus.subtract(Counter((-sizes[sizes < 0]).tolist()))
     kept = {size for size, count in surplus.items() if count > 0 and size >= MIB // 16}
     allocs = rows[np.isin(sizes, list(kept))] if kept else rows[:0]
-    if len(allocs) == 0:
-        return ()
-    tid = int(events.tid[allocs[0]])
-    return ctx.locations_at(device.rank, tid, events.ts[allocs])
+    # per thread, most allocations first: a GPU step's backward allocates on autograd's thread, which has no user frames
+    threads = Counter(events.tid[allocs].tolist())
+    found: dict[str, None] = {}
+    for tid, _ in threads.most_common():
+        on_thread = allocs[events.tid[allocs] == tid]
+        found.update(dict.fromkeys(ctx.locations_at(device.rank, int(tid), events.ts[on_thread])))
+    return tuple(found)[:3]
 
 
 MEMORY_GROWTH = Rule(
@@ -99,17 +175,26 @@ MEMORY_GROWTH = Rule(
     "clear lists/caches of outputs, avoid retain_graph=True",
     docs=Docs(
         what="Allocated memory (the allocator's Total Allocated, or the running sum of allocations) measured at "
-        "each step's end rises step after step: the median per-step change is positive and most steps rise.",
+        "each step's end on the host rises step after step: the median per-step change reaches the floor (MiB/step) and "
+        "`min_rising_pct` of the steps (at least `min_steps`) rise. How much it matters is judged by how soon it "
+        "fills the device: where the trace gives the device's memory (`deviceProperties`), the headroom above the "
+        "peak divided by the growth per step is the steps left; a warning when that is within `horizon_steps`, "
+        "info beyond it (a long run can still reach it). Where the memory is unknown (the host) it needs "
+        "the threshold's share of the peak gained per step.",
         why="A leak ends in an out-of-memory error after enough steps, and before that it fragments the caching "
         "allocator and slows every step. The usual cause is a Python reference that keeps tensors (and the "
         "autograd graph behind them) alive.",
         evidence="Median growth per step in MiB and as a share of the peak, how many steps rose, allocated memory "
-        "at the first step's start and the last step's end, the peak and the device. Locations: user code "
-        "allocating the sizes that are allocated more often than freed.",
+        "at the first step's start and the last step's end, the peak and the device; with a known capacity, the "
+        "projection: the device's memory, the headroom, the steps (and at the median step time, the seconds) "
+        "until it is full, and the horizon. Locations: user code allocating the sizes that are allocated more "
+        "often than freed.",
         fix="Append `loss.item()` or `loss.detach()` instead of `loss`; `del` or clear lists of outputs; do not use "
         "`retain_graph=True` without need; wrap evaluation in `torch.no_grad()`.",
         false_positives="Caches that fill once (cudnn workspaces, the optimizer's state on its first step, a "
-        "growing KV cache in generation) grow during the first steps and then level off; profile after warm-up.",
+        "growing KV cache in generation) grow during the first steps and then level off: a capture of those "
+        "steps alone looks like a leak; profile after warm-up. One large allocation or allocator noise does not "
+        "rise in most steps and is not reported.",
     ),
 )
 
