@@ -51,6 +51,7 @@ def test_the_h200_watch_capture_names_the_leak_with_its_projection():
 def test_the_h200_curve_is_read_at_the_host_step_ends():
     """The device runs up to 33 ms behind the host: at the steps' device ends every allocation was long made."""
     trace = load([WATCH_LEAK])
+    assert (trace.memory.addr > 0).all()  # each block's address, to pair frees with their allocations
     device = memory(trace, segment_steps(trace)).main_device(0)
     deltas = np.diff(np.array(device.step_end_bytes)) / MIB
     assert deltas.tolist() == pytest.approx([96.0, 32.0, 32.0, 32.0, 32.0], abs=0.1)
@@ -131,3 +132,37 @@ def test_look_alikes_near_the_limit_stay_quiet(tmp_path, deltas):
     builder = TraceBuilder()  # 16 GiB: a warning would need only a small projection
     _steps(builder, deltas, base=8 * GIB)
     assert _growth(builder.write(tmp_path / "trace.json")) == []
+
+
+def _same_size_steps(builder: TraceBuilder, *, addresses: bool) -> None:
+    """Per step two 32 MiB activations made and freed in model.py:60, and one 32 MiB copy kept in train.py:90."""
+    held, size = 12 * GIB, 32 * MIB
+    shared = 1 << 30  # the builder's one address for every block
+
+    def addr(value: int) -> int:
+        return value if addresses else shared
+
+    builder.memory(5, held, held, addr=addr(1))
+    for number in range(6):
+        start = 100 + number * STEP_US
+        builder.step(number + 1, start, STEP_US - 1)
+        builder.frame("model.py(60): forward", start + 5, 400)
+        for slot in range(2):
+            builder.memory(start + 20 + slot, size, held + (slot + 1) * size, addr=addr(1000 + slot))
+        for slot in range(2):
+            builder.memory(start + 300 + slot, -size, held + (1 - slot) * size, addr=addr(1000 + slot))
+        builder.frame("train.py(90): step", start + 500, 100)
+        held += size
+        builder.memory(start + 550, size, held, addr=addr(2000 + number))
+        builder.launch(start + 120, 5, work_ts=start + 130, work_dur=5000)
+
+
+def test_with_addresses_the_site_is_the_block_still_held_not_a_temporary_of_its_size(tmp_path):
+    paired = TraceBuilder()
+    _same_size_steps(paired, addresses=True)
+    (finding,) = _growth(paired.write(tmp_path / "paired.json"))
+    assert finding.locations == ("train.py:90 in step",)
+    by_size = TraceBuilder()  # no usable addresses: every allocation of the kept size is a candidate
+    _same_size_steps(by_size, addresses=False)
+    (finding,) = _growth(by_size.write(tmp_path / "by_size.json"))
+    assert finding.locations[0] == "model.py:60 in forward" and "train.py:90 in step" in finding.locations

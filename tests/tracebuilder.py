@@ -62,11 +62,13 @@ class TraceBuilder:
         self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": HOST, "tid": HOST, "ts": ts, "dur": dur,
                             "args": {"correlation": self._next_id(), "external id": 0}})  # fmt: skip
 
-    def memory(self, ts: float, nbytes: int, total_allocated: int, *, device_type: int = 1) -> None:
-        """One ``[memory]`` instant: an allocation (nbytes > 0) or a free (nbytes < 0)."""
+    def memory(self, ts: float, nbytes: int, total_allocated: int, *, device_type: int = 1,
+               addr: int = 1 << 30) -> None:  # fmt: skip
+        """One ``[memory]`` instant: an allocation (nbytes > 0) or a free (nbytes < 0) of the block at ``addr``
+        (one address for all unless given: then the analysis cannot pair by address and pairs by size)."""
         self.events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": HOST,
                             "tid": HOST, "ts": ts, "args": {"Device Type": device_type, "Device Id": 0,
-                            "Addr": 1 << 30, "Bytes": nbytes, "Total Allocated": total_allocated,
+                            "Addr": addr, "Bytes": nbytes, "Total Allocated": total_allocated,
                             "Total Reserved": max(total_allocated, 1 << 30)}})  # fmt: skip
 
     def gloo_all_reduce(self, ts: float, dur: float, *, group: int = 2, nelems: int = 1_000_000) -> int:

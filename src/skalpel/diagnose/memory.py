@@ -86,7 +86,8 @@ class _Projection:
         when = f"~{_two_digits(steps):,.0f} steps" if steps >= 1 else "the next step"
         if self.seconds_to_full is not None and steps >= 1:
             when += f" (~{rough_duration(self.seconds_to_full)} at {self.step_ms:.1f} ms/step)"
-        return f"at {self.growth_bytes / MIB:.1f} MiB/step the {self.capacity_bytes / 2**30:.1f} GiB device is full in {when}"
+        device = f"{self.capacity_bytes / 2**30:.1f} GiB device"
+        return f"at {self.growth_bytes / MIB:.1f} MiB/step the {device} is full in {when}"
 
     def evidence(self, limits) -> dict:
         return {
@@ -100,7 +101,7 @@ class _Projection:
 
 
 def _projection(ctx: Context, device, growth: float) -> _Projection | None:
-    """The projection to the device's capacity; None where it is unknown (the host, a trace without deviceProperties)."""
+    """The projection to the device's capacity; None where it is unknown (the host, no deviceProperties)."""
     capacity = device.capacity_bytes
     if not capacity:
         return None
@@ -134,26 +135,27 @@ def _main_devices(ctx: Context, result) -> list:
 
 
 def _leak_sites(ctx: Context, device) -> tuple[str, ...]:
-    """Where the allocations that are never freed happen.
+    """Where the allocations that are never freed happen: the user frames open at them.
 
-    ``[memory]`` events carry no address in our model, so allocations and frees are paired by
-    size: sizes allocated more often than freed during the steps are the ones that stay, and
-    the user frames open at those allocations are the sites.
+    Those are the sizes allocated more often than freed during the steps (allocations and frees
+    paired by size); where the trace gives each block's address, only the blocks of those sizes
+    still held at the last step's end: a leak of activations shares its size with the
+    activations, gradients and temporaries that every step frees again.
     """
     events = ctx.trace.memory
     steps = sorted(ctx.steps.for_rank(device.rank), key=lambda step: step.start_us)
     start, end = steps[0].host_begin_us, steps[-1].host_end_us  # allocations happen on the host's timeline
-    device_type = 0 if device.device == "cpu" else None
-    rows = np.flatnonzero((events.rank == device.rank) & (events.ts >= start) & (events.ts < end))
-    if device_type is not None:
-        rows = rows[events.device_type[rows] == device_type]
-    else:
-        rows = rows[events.device_type[rows] != 0]
+    on_device = events.device_type == 0 if device.device == "cpu" else events.device_type != 0
+    rows = np.flatnonzero((events.rank == device.rank) & on_device & (events.ts >= start) & (events.ts < end))
+    rows = rows[np.argsort(events.ts[rows], kind="stable")]
     sizes = events.nbytes[rows]
     surplus = Counter(sizes[sizes > 0].tolist())
     surplus.subtract(Counter((-sizes[sizes < 0]).tolist()))
     kept = {size for size, count in surplus.items() if count > 0 and size >= MIB // 16}
     allocs = rows[np.isin(sizes, list(kept))] if kept else rows[:0]
+    held = _held_at_end(events, rows) if len(allocs) else None
+    if held is not None:
+        allocs = np.intersect1d(allocs, held)
     # per thread, most allocations first: a GPU step's backward allocates on autograd's thread, which has no user frames
     threads = Counter(events.tid[allocs].tolist())
     found: dict[str, None] = {}
@@ -161,6 +163,20 @@ def _leak_sites(ctx: Context, device) -> tuple[str, ...]:
         on_thread = allocs[events.tid[allocs] == tid]
         found.update(dict.fromkeys(ctx.locations_at(device.rank, int(tid), events.ts[on_thread])))
     return tuple(found)[:3]
+
+
+def _held_at_end(events, rows: np.ndarray) -> np.ndarray | None:
+    """The allocations among ``rows`` (in time order) whose block is not freed again before the last row;
+    None where the addresses cannot pair them (absent, or a block allocated twice without a free between)."""
+    held: dict[int, int] = {}
+    for row, addr, size in zip(rows.tolist(), events.addr[rows].tolist(), events.nbytes[rows].tolist()):
+        if addr < 0 or (size > 0 and addr in held):
+            return None
+        if size > 0:
+            held[addr] = row
+        elif size < 0:
+            held.pop(addr, None)
+    return np.array(sorted(held.values()), dtype=np.int64)
 
 
 MEMORY_GROWTH = Rule(
@@ -188,7 +204,8 @@ MEMORY_GROWTH = Rule(
         "at the first step's start and the last step's end, the peak and the device; with a known capacity, the "
         "projection: the device's memory, the headroom, the steps (and at the median step time, the seconds) "
         "until it is full, and the horizon. Locations: user code allocating the sizes that are allocated more "
-        "often than freed.",
+        "often than freed; where the trace gives the blocks' addresses, only the blocks of those sizes still held "
+        "at the last step's end.",
         fix="Append `loss.item()` or `loss.detach()` instead of `loss`; `del` or clear lists of outputs; do not use "
         "`retain_graph=True` without need; wrap evaluation in `torch.no_grad()`.",
         false_positives="Caches that fill once (cudnn workspaces, the optimizer's state on its first step, a "

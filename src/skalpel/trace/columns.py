@@ -28,7 +28,7 @@ _FLOW_CATEGORIES = ("ac2g", "async")
 _PHASES = frozenset("BEXiICbnestfPONDMRcSTpF()")
 COLUMNS = ("ts", "dur", "kind", "name", "pid", "tid", "device", "stream", "correlation", "external_id",
            "stack", "shapes", "nbytes")  # fmt: skip
-MEMORY_COLUMNS = ("ts", "nbytes", "total_allocated", "total_reserved", "device_type", "device_id", "tid")
+MEMORY_COLUMNS = ("ts", "nbytes", "total_allocated", "total_reserved", "device_type", "device_id", "tid", "addr")
 
 
 class Interner(dict):
@@ -229,6 +229,7 @@ class ColumnBuilder:
         parts["device_type"].append(np.clip(_ints([a.device_type for a in args], 0), -128, 127).astype(np.int8))
         parts["device_id"].append(np.clip(_ints([a.device_id for a in args], -1), -32768, 32767).astype(np.int16))
         parts["tid"].append(self._ids([e.tid for e in events]))
+        parts["addr"].append(_ints([a.addr for a in args], -1))
 
     def _add_flow_ends(self, events: list[Event]) -> None:
         ts = _floats([e.ts for e in events])

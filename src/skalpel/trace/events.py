@@ -55,6 +55,7 @@ class MemoryArgs(Struct, gc=False):
     total_reserved: Number = field(default=-1, name="Total Reserved")
     device_type: Number = field(default=0, name="Device Type")
     device_id: Number = field(default=-1, name="Device Id")
+    addr: Number = field(default=-1, name="Addr")
 
 
 _EVENTS = msgspec.json.Decoder(list[Event])
@@ -191,6 +192,7 @@ def _memory_args_from_dict(value: object) -> MemoryArgs:
         total_reserved=_number_like(value.get("Total Reserved"), -1),
         device_type=_number_like(value.get("Device Type"), 0),
         device_id=_number_like(value.get("Device Id"), -1),
+        addr=_number_like(value.get("Addr"), -1),
     )
 
 

@@ -54,6 +54,7 @@ class MemoryEvents:
     device_id: np.ndarray  # int16
     rank: np.ndarray  # int32
     tid: np.ndarray  # int64, the host thread that allocated
+    addr: np.ndarray  # int64, the block's address (pairs a free with its allocation); -1 where absent
 
     def __len__(self) -> int:
         return len(self.ts)
