@@ -9,7 +9,8 @@ For each scenario in ``benchmarks/gpu/`` (each marks its planted line ``# PLANTE
   gone after the fix; ``clean.py`` must raise nothing);
 - the script timed by itself, as is and with ``--fix`` (``STEP_MS``: the mean step after warm-up,
   the device synchronised only around the timed block), so the verdict is checked as a user would:
-  apply the fix, time it.
+  apply the fix, time it; and the device memory each variant keeps a step (``GROWTH_MIB_PER_STEP``),
+  so that a fix which leaks, or a memory_growth finding, is checked against the allocator too.
 
 Then ``skalpel watch`` on ``clean.py`` (300 steps, no capture): the store's ``device_s`` (CUDA events
 read back late) against the script's own CUDA events a step, and the watched step time against the
@@ -60,9 +61,14 @@ def run(command: list[str], log, timeout: float, env: dict | None = None) -> sub
     return done
 
 
-def step_ms(done: subprocess.CompletedProcess) -> float | None:
-    found = re.findall(r"STEP_MS ([\d.]+)", done.stdout or "")
+def printed(done: subprocess.CompletedProcess, name: str) -> float | None:
+    """The last ``NAME value`` line the script printed (``_common.timed``)."""
+    found = re.findall(rf"{name} (-?[\d.]+)", done.stdout or "")
     return float(found[-1]) if found else None
+
+
+def step_ms(done: subprocess.CompletedProcess) -> float | None:
+    return printed(done, "STEP_MS")
 
 
 def findings(folder: Path) -> list[dict]:
@@ -86,6 +92,7 @@ def scenario(name: str, planted: str | None, fix_removes: bool, out: Path, log) 
         result[f"findings_{variant}"] = findings(folder)
         timing = run([sys.executable, str(script), "--steps", "60", *extra], log, 180)
         result[f"step_ms_{variant}"] = step_ms(timing)
+        result[f"kept_mib_per_step_{variant}"] = printed(timing, "GROWTH_MIB_PER_STEP")  # a leak of the script's
     if planted:
         hit = [f for f in result["findings_as_is"] if f["id"] == planted]
         result["found"] = bool(hit)

@@ -35,14 +35,18 @@ def sync() -> None:
 
 
 def timed(step, steps: int, warmup: int = 10) -> None:
-    """Run ``step(i)`` ``steps`` times; print the mean time a step over the steps after ``warmup``."""
+    """Run ``step(i)`` ``steps`` times; print the mean time a step over the steps after ``warmup`` and, on a GPU,
+    the device memory the timed steps kept (``GROWTH_MIB_PER_STEP``: allocated after them less before, a step)."""
     for i in range(min(warmup, steps)):
         step(i)
     sync()
+    before = torch.cuda.memory_allocated() if ON_GPU else 0
     started = time.perf_counter()
     for i in range(warmup, steps):
         step(i)
     sync()
     if steps > warmup:
         print(f"STEP_MS {(time.perf_counter() - started) * 1e3 / (steps - warmup):.3f}")
+        if ON_GPU:
+            print(f"GROWTH_MIB_PER_STEP {(torch.cuda.memory_allocated() - before) / 2**20 / (steps - warmup):.3f}")
     sys.stdout.flush()
