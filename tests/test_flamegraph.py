@@ -15,6 +15,7 @@ from skalpel.report import flamegraph
 from skalpel.trace import Kind, load
 
 from .conftest import corpus
+from .tracebuilder import TraceBuilder
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -67,9 +68,36 @@ def test_svg_frames_are_labelled_and_sized_by_time(captured) -> None:
         rounding = root_width * 0.001 / total_ms + 0.01  # the tooltips (frame and total) round to 1 us
         assert width == pytest.approx(root_width * milliseconds / total_ms, abs=rounding)  # width = time
         assert root_x - 0.01 <= x and x + width <= root_x + root_width + 0.05
-    labels = [text.text for text in ET.fromstring(svg).iter(f"{SVG}text")]
-    assert any(label.startswith("train_step (test_flamegraph.py:") for label in labels)
+    # The planted frame is drawn whatever its share; whether its label fits depends on its width, i.e. on how
+    # the load spread the wall time (13% of the steps once, its label cut to "train_step (test_fla.."): the
+    # labels are checked on a trace with fixed timings below.
+    (step,) = [tip for _, _, _, tip in frames if re.match(r"[^\n]*test_flamegraph\.py\(\d+\): train_step\n", tip)]
+    assert float(re.search(r"\n([\d.]+) ms", step).group(1)) > 0
     assert "my_region" in svg and "aten::addmm" in svg
+
+
+def test_svg_labels_frames_wide_enough_and_leaves_out_the_narrowest(tmp_path) -> None:
+    """Fixed timings (10 ms of steps): a frame's label is whole, cut with "..", or absent by its width alone."""
+    builder = TraceBuilder()
+    builder.step(1, 0, 10_000)
+    builder.frame("/home/user/project/train.py(10): <module>", 0, 10_000)
+    builder.frame("/home/user/project/train.py(20): train_step", 100, 8_000)  # 80%: 944 px
+    builder.host("aten::addmm", 200, 6_000)
+    builder.frame("/home/user/project/train.py(30): load_batch", 8_200, 700)  # 7%: 82.6 px, 11 characters
+    builder.frame("/home/user/project/train.py(40): log", 9_000, 20)  # 0.2%: 2.4 px, no room for text
+    builder.frame("/home/user/project/train.py(50): tick", 9_100, 2)  # 0.02%: 0.24 px, under MIN_PX
+    svg = flamegraph.render_svg(load(builder.write(tmp_path / "trace.json")), rank=0)
+    drawn = {}
+    for group in ET.fromstring(svg).iter(f"{SVG}g"):
+        text = group.find(f"{SVG}text")
+        drawn[group.find(f"{SVG}title").text.split("\n")[0]] = None if text is None else text.text
+    where = "/home/user/project/train.py"
+    assert drawn[f"{where}(10): <module>"] == "<module> (train.py:10)"
+    assert drawn[f"{where}(20): train_step"] == "train_step (train.py:20)"
+    assert drawn["aten::addmm"] == "aten::addmm"
+    assert drawn[f"{where}(30): load_batch"] == "load_batc.."
+    assert drawn[f"{where}(40): log"] is None
+    assert f"{where}(50): tick" not in drawn
 
 
 def test_record_function_ranges_sit_under_the_frame_that_opened_them(captured) -> None:
