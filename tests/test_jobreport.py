@@ -23,10 +23,11 @@ from skalpel.job.join import join_summaries
 from skalpel.job.peers import SplitRequest, split_here
 from skalpel.job.pool import split_all, split_on_ray, summarize_all, summarize_on_ray
 from skalpel.job.rank import RankFailure, SummaryRequest, summarize_rank
-from skalpel.trace.loader import find_trace_files, load
+from skalpel.trace.loader import find_trace_files, load, load_one
 
 from .conftest import corpus, importorskip
 from .test_distributed import _dlrm_files, _rewrite
+from .tracebuilder import TraceBuilder
 
 PAIR = "hta/trace_filter"
 DLRM = "extra/facebookresearch__param/et_replay/tests/inputs/dlrm_kineto_extracted"
@@ -263,3 +264,21 @@ def test_workers_must_be_a_positive_number(capsys) -> None:
     with pytest.raises(SystemExit) as exit:
         main(["analyze", str(corpus(PAIR)), "--workers", "0"])
     assert exit.value.code == 2 and "must be 1 or more, got 0" in capsys.readouterr().err
+
+
+def test_a_rank_loaded_alone_has_the_whole_traces_times(tmp_path: Path) -> None:
+    """The summaries count from their rank's first event, the whole trace from the job's: an event's end moved
+    to the job's origin must be the whole trace's double. Off a common grid ``ts + dur`` rounds by the size of
+    ``ts`` (these times, from a real capture, gave ends 1 ulp apart: a 4-decimal figure then differed in 5 of 19 shifted copies of a real capture)."""
+    paths = []
+    for rank, events in enumerate([[(5534974623066.396, 10.0)],
+                                   [(5534974626878.034, 5.0), (5534974628984.088, 44.539)]]):  # fmt: skip
+        builder = TraceBuilder()
+        builder.header = {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}}
+        for ts, dur in events:
+            builder.host("aten::mm", ts, dur)
+        paths.append(builder.write(tmp_path / f"rank{rank}.json"))
+    whole, alone = load(paths), load_one(paths[1])
+    shift = alone.origin_us - whole.origin_us
+    assert ((alone.ts + alone.dur) + shift).tolist() == (whole.ts + whole.dur)[whole.rank == 1].tolist()
+    assert (alone.ts + shift).tolist() == whole.ts[whole.rank == 1].tolist()

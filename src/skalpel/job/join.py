@@ -15,7 +15,9 @@ same job-wide finding raised alike by several ranks is kept once.
 Shifting is exact: a time in a summary is (absolute - rank origin), rank origin less job
 origin is exact too (differences of doubles within a factor two of each other, as epoch
 timestamps are), so their sum is the double the whole-trace loader computes as (absolute -
-job origin). Times are therefore moved before anything rounds them (the report does, once).
+job origin). Sums of times are exact too, on the loader's grid (``trace/assemble.py``): an end
+(ts + dur) counted from the rank's origin, moved, is the one counted from the job's. Times are
+therefore moved before anything rounds them (the report does, once).
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""Join the columns of several loaded files into one ``Trace``, with one shared table of names."""
+"""Join the columns of several loaded files into one ``Trace``, with one shared table of names.
+
+Times are put on a grid of 2^-16 us (15 ps, far finer than torch.profiler's ns) before anything adds them:
+sums and differences of times on it are exact below 2^37 us (38 hours), so a time or a duration computed
+from a rank's own origin (a job reduced rank by rank) is the double computed from the job's origin (the
+whole trace), and the two reports agree to the last digit. Off the grid, ``ts + dur`` rounded by the
+magnitude of ``ts``: a 4-decimal figure of the two then differed at a rounding boundary (5 of 19 copies of a
+real 2-rank trace with shifted clocks).
+"""
 
 from __future__ import annotations
 
@@ -58,6 +66,8 @@ def assemble(parsed: list[FileColumns]) -> Trace:
         offset += len(item.columns["ts"])
     columns = {key: _join(values) for key, values in pieces.items()}
     memory_columns = {key: _join(values) for key, values in memory_pieces.items()}
+    for times in (columns["ts"], columns["dur"], memory_columns["ts"]):
+        _on_grid(times)
     origin = float(columns["ts"].min()) if len(columns["ts"]) else 0.0
     columns["ts"] -= origin
     memory_columns["ts"] = memory_columns["ts"] - origin
@@ -72,6 +82,16 @@ def assemble(parsed: list[FileColumns]) -> Trace:
         warnings=warnings,
         **columns,
     )
+
+
+TICKS_PER_US = 65536.0  # a power of two: scaling by it is exact
+
+
+def _on_grid(times: np.ndarray) -> None:
+    """Round absolute times (us) to the nearest 2^-16 us, in place (a time already coarser stays as it is)."""
+    np.multiply(times, TICKS_PER_US, out=times)
+    np.round(times, out=times)
+    np.divide(times, TICKS_PER_US, out=times)
 
 
 def _join(parts: list[np.ndarray]) -> np.ndarray:
