@@ -84,8 +84,8 @@ def test_svg_labels_frames_wide_enough_and_leaves_out_the_narrowest(tmp_path) ->
     builder.frame("/home/user/project/train.py(20): train_step", 100, 8_000)  # 80%: 944 px
     builder.host("aten::addmm", 200, 6_000)
     builder.frame("/home/user/project/train.py(30): load_batch", 8_200, 700)  # 7%: 82.6 px, 11 characters
-    builder.frame("/home/user/project/train.py(40): log", 9_000, 20)  # 0.2%: 2.4 px, no room for text
-    builder.frame("/home/user/project/train.py(50): tick", 9_100, 2)  # 0.02%: 0.24 px, under MIN_PX
+    builder.frame("/home/user/project/train.py(40): log", 9_000, 160)  # 1.6%: 18.9 px, room for 1 character: none
+    builder.frame("/home/user/project/train.py(50): tick", 9_200, 2)  # 0.02%: 0.24 px, under MIN_PX
     svg = flamegraph.render_svg(load(builder.write(tmp_path / "trace.json")), rank=0)
     drawn = {}
     for group in ET.fromstring(svg).iter(f"{SVG}g"):
