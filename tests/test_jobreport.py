@@ -269,7 +269,8 @@ def test_workers_must_be_a_positive_number(capsys) -> None:
 def test_a_rank_loaded_alone_has_the_whole_traces_times(tmp_path: Path) -> None:
     """The summaries count from their rank's first event, the whole trace from the job's: an event's end moved
     to the job's origin must be the whole trace's double. Off a common grid ``ts + dur`` rounds by the size of
-    ``ts`` (these times, from a real capture, gave ends 1 ulp apart: a 4-decimal figure then differed in 5 of 19 shifted copies of a real capture)."""
+    ``ts``: these times (a real capture's clock) gave ends 1 ulp apart, and in 5 of 19 shifted copies of a real
+    2-rank capture a 4-decimal figure of the two reports differed."""
     paths = []
     for rank, events in enumerate([[(5534974623066.396, 10.0)],
                                    [(5534974626878.034, 5.0), (5534974628984.088, 44.539)]]):  # fmt: skip
