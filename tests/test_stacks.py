@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -28,10 +29,25 @@ from skalpel.trace.stacks import NO_STACKS, Locator, format_location, is_user_fi
         ("<frozen runpy>", False),
         ("<string>", False),
         ("/work/main/src/skalpel/capture/runner.py", False),  # skalpel itself
+        ("/work/main/src/skalpel/watching/recorder.py", False),  # skalpel watch's capture driver
+        ("skalpel/display.py", False),
+        ("/home/me/skalpel/train.py", True),  # a user's folder that happens to be called skalpel
     ],
 )
 def test_is_user_file(path, user):
     assert is_user_file(path) is user
+
+
+def test_every_file_of_skalpel_is_its_own_not_the_users():
+    """A sync or an allocation made by skalpel (the watch capture's profiler stop, say) is never put on the user's
+    code: every module of the package, as installed here, is skalpel's."""
+    import skalpel
+
+    package = Path(skalpel.__file__).parent
+    files = sorted(package.rglob("*.py"))
+    assert len(files) > 100
+    assert [path for path in files if is_user_file(str(path))] == []
+    assert [path for path in files if is_user_file(path.relative_to(package.parent).as_posix())] == []
 
 
 def test_parse_and_format():

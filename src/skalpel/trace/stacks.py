@@ -41,13 +41,26 @@ NO_STACKS = "no Python stacks in this trace: profile with with_stack=True (skalp
 
 _FRAME = re.compile(r"^(?P<path>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
 _LIBRARY_DIRS = ("site-packages/", "dist-packages/", "/lib/python", "/lib64/python", "/usr/lib/", "/torch/")
-_SKALPEL_OWN = re.compile(r"(^|/)skalpel/(capture|trace|analysis|diagnose|report|result|job|tune)/|(^|/)skalpel/(cli|api|pipeline|cores|__main__|__init__)\.py$")
 _KNOWN_LIBRARIES = frozenset(
     "torch torchvision torchaudio torchtext torchrec fbgemm_gpu functorch triton transformers accelerate "
     "datasets huggingface_hub safetensors tokenizers timm lightning pytorch_lightning deepspeed apex fairscale "
     "xformers flash_attn einops numpy scipy pandas tqdm vllm sglang diffusers peft trl jax tensorflow "
     "IPython ipykernel traitlets tornado zmq runpy".split()
 )
+
+
+def _own_files_pattern() -> re.Pattern[str]:
+    """skalpel's own files, by the package's folders and modules as installed here (a list written by hand went
+    stale when a package was added): ``skalpel/watching/...``, ``skalpel/cli.py``; a user's folder that happens
+    to be called skalpel (``/home/me/skalpel/train.py``) is not one of them."""
+    package = Path(__file__).resolve().parents[1]
+    folders = sorted(entry.name for entry in package.iterdir() if (entry / "__init__.py").is_file())
+    modules = sorted(entry.stem for entry in package.glob("*.py"))
+    folder, module = "|".join(map(re.escape, folders)), "|".join(map(re.escape, modules))
+    return re.compile(rf"(^|/)skalpel/({folder})/|(^|/)skalpel/({module})\.py$")
+
+
+_SKALPEL_OWN = _own_files_pattern()
 
 
 def parse_frame(text: str) -> tuple[str, int, str] | None:
