@@ -62,3 +62,17 @@ def test_starved_loader_is_the_cause_of_the_idle_device_and_workers_remove_it():
 
 def test_device_bound_clean_run_raises_nothing():
     assert loud("clean") == set()
+
+
+def test_the_profilers_own_stop_sync_is_not_the_users():
+    """A watch capture stops the profiler mid-run, and the profiler's stop synchronises the device
+    (torch/autograd/profiler.py __exit__ -> cudaDeviceSynchronize): the measurement's, never a host_device_sync of
+    the user's code (it was put on the training loop's line)."""
+    from skalpel.analysis.steps import segment_steps
+    from skalpel.analysis.syncs import syncs
+    from skalpel.trace.loader import load
+
+    trace = load(H200 / "watch_leak_capture.json.gz")
+    assert trace.name_id("cudaDeviceSynchronize") >= 0  # the stop's sync is in the trace
+    assert syncs(trace, segment_steps(trace)).ranks[0].categories["sync_call"].count == 0
+    assert "host_device_sync" not in findings("watch_leak_capture")

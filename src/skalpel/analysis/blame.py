@@ -55,7 +55,7 @@ from .compile import compile_ranges
 from .onetime import OneTimeResult, one_time_work
 from .recorded import is_launch_call
 from .steps import Step, StepSegmentation, inferred_iterations
-from .syncs import SYNC_CALLS, SYNC_COPY_CALLS
+from .syncs import SYNC_CALLS, SYNC_COPY_CALLS, inside_the_profiler
 
 CATEGORIES = (
     "data_loading", "host_compute", "compile", "sync", "launch_overhead", "collective_wait", "one_time_init",
@@ -553,6 +553,7 @@ class _Labels:
         self.launch_named = runtime & numeric.isin(trace.name, launch_names)  # launches too, with or without work
         names = [trace.name_id(name) for name in SYNC_CALLS | SYNC_COPY_CALLS]
         self.sync = numeric.isin(trace.name, [i for i in names if i >= 0]) & isin_few(trace.kind, _LAUNCH)
+        self.sync[inside_the_profiler(trace, np.flatnonzero(self.sync))] = False  # the measurement's, not the user's
         self.sync |= _pageable_dtoh_launches(trace)
         self.sync_events = np.flatnonzero(self.sync)
         # the work a sync inside belongs to: fetches, compile ranges, one-time work

@@ -107,6 +107,7 @@ class SyncResult:
 def syncs(trace: Trace, steps: StepSegmentation, *, options: SyncOptions = SyncOptions()) -> SyncResult:
     """Synchronisations per rank. CPU-only traces give empty categories (item ops may still appear)."""
     sync_call = _named(trace, SYNC_CALLS) & isin_few(trace.kind, _LAUNCH)
+    sync_call[inside_the_profiler(trace, np.flatnonzero(sync_call))] = False
     item = np.flatnonzero(_named(trace, ITEM_OPS) & (trace.kind == Kind.CPU_OP))
     thread = trace.rank[item].astype(np.int64) * (1 << 40) + trace.tid[item]
     # outermost only: not again for the _local_scalar_dense inside an aten::item
@@ -134,6 +135,25 @@ def syncs(trace: Trace, steps: StepSegmentation, *, options: SyncOptions = SyncO
             pageable_htod=_pageable(trace, rank, options.worst),
         )
     return SyncResult(ranks=ranks, options=options)
+
+
+def inside_the_profiler(trace: Trace, events: np.ndarray) -> np.ndarray:
+    """Those of ``events`` the profiler made itself: its stop synchronises the device
+    (``torch/autograd/profiler.py`` ``__exit__``), inside the Python frames of ``torch/profiler/`` where the trace
+    has them. They are the measurement's, not the user's code (a capture that stops mid-run shows one)."""
+    if len(events) == 0:
+        return events
+    names = [i for i, name in enumerate(trace.names) if name.startswith(_PROFILER_FRAMES)]
+    frames = np.flatnonzero((trace.kind == Kind.PYTHON) & numeric.isin(trace.name, names)) if names else events[:0]
+    inside = np.zeros(len(events), dtype=bool)
+    for frame in frames:  # a capture has one or two such frames: its start and its stop
+        inside |= ((trace.rank[events] == trace.rank[frame]) & (trace.tid[events] == trace.tid[frame])
+                   & (trace.ts[events] >= trace.ts[frame])
+                   & (trace.ts[events] + trace.dur[events] <= trace.ts[frame] + trace.dur[frame]))  # fmt: skip
+    return events[inside]
+
+
+_PROFILER_FRAMES = ("torch/profiler/profiler.py(", "torch/autograd/profiler.py(")
 
 
 def _named(trace: Trace, names: frozenset[str]) -> np.ndarray:
