@@ -162,7 +162,8 @@ class StepDetector:
         zero_grad = optimizer_module.Optimizer.zero_grad
 
         def wrapped_zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            if detector._elsewhere():
+            # the flags first: most calls have nothing to do, and the thread test costs three calls
+            if not (detector.stop_requested or detector._pending) or detector._elsewhere():
                 return zero_grad(optimizer, *args, **kwargs)
             if detector.stop_requested:
                 detector._stop_request()
@@ -173,7 +174,7 @@ class StepDetector:
         backward = torch.autograd.backward
 
         def wrapped_backward(*args: Any, **kwargs: Any) -> Any:
-            if detector._elsewhere():
+            if detector._backward_settled() or detector._elsewhere():
                 return backward(*args, **kwargs)
             if detector.stop_requested:
                 detector._stop_request()
@@ -250,6 +251,11 @@ class StepDetector:
             return True
         return False
 
+    def _backward_settled(self) -> bool:
+        """A backward has nothing to do (on any thread): it was seen, and a signal that outranks it marks the steps
+        for good (the seen signals only grow; ``--step-on forward`` never lets backward mark)."""
+        return not self.stop_requested and "backward" in self.seen and self.marking not in (None, "backward", "forward")
+
     def _elsewhere(self) -> bool:
         """Called from a thread other than the script's: it marks no step (two threads cannot drive a profiler)."""
         if torch.compiler.is_compiling():
@@ -299,6 +305,8 @@ class StepDetector:
             self.on_stop_request()
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.stop_requested and "optimizer" in self.seen:
+            return  # nothing to do, on any thread (the usual step: the thread test costs three calls)
         if self._elsewhere():
             return
         if self.stop_requested:
@@ -328,8 +336,11 @@ class StepDetector:
 
     # -- DataLoader -----------------------------------------------------------------------------
     def _before_next(self, iterator: Any) -> None:
-        self._seen("dataloader")
-        self.loader_workers = max(self.loader_workers, getattr(iterator, "_num_workers", 0))
+        if "dataloader" not in self.seen:
+            self._seen("dataloader")
+        workers = getattr(iterator, "_num_workers", 0)
+        if workers > self.loader_workers:
+            self.loader_workers = workers
         if "optimizer" in self.seen and self.only in (None, "optimizer"):
             self._take_pending()
             return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..diagnose import thresholds as limits
 from ..display import rough_duration
@@ -26,9 +27,9 @@ REFRESH = 32  # steps between refreshes of the window's median and MAD (what spi
 KINDS = ("step_spike", "level_shift", "slow_drift", "memory_creep", "dataloader_stall", "slow_rank")
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One step as the watcher saw it."""
+class Sample(NamedTuple):
+    """One step as the watcher saw it (a tuple: the writer thread makes one per step, and a frozen dataclass costs a
+    setattr per field)."""
 
     step: int
     end_s: float  # seconds since the run started, at the step's end
@@ -81,7 +82,7 @@ class Detector:
             # the cheap path of most steps: two comparisons with the cached limits
             if sample.loader_s >= self._stall_at or self.stalled:
                 found += self._rearmed("dataloader_stall", self._stall(sample))
-            else:
+            elif not self.armed["dataloader_stall"]:  # armed: its quiet count matters only once it fires again
                 self._rearmed("dataloader_stall", [])
             over_window = self.seen % EVERY == 0
             if compute >= self._spike_at or over_window:

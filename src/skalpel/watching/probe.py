@@ -130,19 +130,16 @@ class Timeline:
             return after.cpu_s, after.rss, after.cuda_allocated, after.cuda_reserved
         before = self.readings[index - 1]
         share = (at - before.at) / (after.at - before.at)
-        return (before.cpu_s + (after.cpu_s - before.cpu_s) * share, _whole(_between(before.rss, after.rss, share)),
-                _whole(_between(before.cuda_allocated, after.cuda_allocated, share)),
-                _whole(_between(before.cuda_reserved, after.cuda_reserved, share)))  # fmt: skip
+        return (before.cpu_s + (after.cpu_s - before.cpu_s) * share, _between(before.rss, after.rss, share),
+                _between(before.cuda_allocated, after.cuda_allocated, share),
+                _between(before.cuda_reserved, after.cuda_reserved, share))  # fmt: skip
 
 
-def _between(one: float | None, two: float | None, share: float) -> float | None:
+def _between(one: int | None, two: int | None, share: float) -> int | None:
+    """The whole number of bytes ``share`` of the way from ``one`` to ``two`` (``two`` where either is unknown)."""
     if one is None or two is None:
         return two
-    return one + (two - one) * share
-
-
-def _whole(value: float | None) -> int | None:
-    return None if value is None else int(round(value))
+    return int(round(one + (two - one) * share))
 
 
 def _open(path: str) -> int | None:

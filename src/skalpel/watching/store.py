@@ -84,6 +84,7 @@ class Store:
         self.counters: Counters | None = None
         self.timeline = Timeline()
         self._last_end: tuple[float, tuple[Any, ...]] | None = None  # the last step's end, and the counters there
+        self._runq: tuple[bytes | None, float | None] = (None, None)  # the last step's end: run-queue reading, parsed
         self.peers: Peers | None = None  # the other ranks of a torchrun job (ranks.py), judged with this one
         self._cpu: deque[float] = deque(maxlen=detector.window)  # CPU time of the last judged steps, for peers
         self._wall: deque[float] = deque(maxlen=64)  # the last steps' wall time, judged or not (recent_step_s)
@@ -191,7 +192,10 @@ class Store:
             before = self.timeline.at(start)
         after = self.timeline.at(end)
         self._last_end = (end, after)
-        waited, since = RunQueueClock.seconds(runq_end), RunQueueClock.seconds(runq_start)
+        # a step starts where the last one ended: its start's reading was parsed as that one's end
+        since = self._runq[1] if runq_start is self._runq[0] else RunQueueClock.seconds(runq_start)
+        waited = RunQueueClock.seconds(runq_end)
+        self._runq = (runq_end, waited)
         runq = None if waited is None or since is None else max(waited - since, 0.0)
         # forward: the rest of the step (the forward pass, and whatever else the loop does)
         forward = None if backward_s is None or optimizer_s is None else max(end - start - loader_s - backward_s -
