@@ -112,6 +112,7 @@ class StepDetector:
         self._depth = 0  # module calls running (0: the next call is top-level)
         self.loader_workers = 0  # the most DataLoader workers seen, for cpu_contention
         self.batches = 0  # batches the script's DataLoaders yielded
+        self.loader_s = 0.0  # time in the script's DataLoader fetches (skalpel watch resets it at each boundary)
         self.held = 0  # fallback boundaries not marked because an optimizer exists that has not stepped yet
         self._made: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers the script made and still holds
         self._marked = 0  # boundaries marked by the current signal
@@ -147,8 +148,12 @@ class StepDetector:
                 return original_next(iterator)
             if detector.stop_requested:
                 detector._stop_request()
-            detector._before_next(iterator)
-            batch = original_next(iterator)
+            detector._before_next(iterator)  # a boundary taken here comes first: the wait is the new step's
+            began = time.perf_counter()
+            try:
+                batch = original_next(iterator)
+            finally:
+                detector.loader_s += time.perf_counter() - began
             detector.batches += 1
             return batch
 
@@ -174,7 +179,10 @@ class StepDetector:
         backward = torch.autograd.backward
 
         def wrapped_backward(*args: Any, **kwargs: Any) -> Any:
-            if detector._backward_settled() or detector._elsewhere():
+            # settled (seen, and a signal that outranks it marks the steps for good: the seen signals only grow,
+            # --step-on forward never lets it mark): nothing to do on any thread, and the thread test costs 3 calls
+            if (not detector.stop_requested and "backward" in detector.seen
+                    and detector.marking not in (None, "backward", "forward")) or detector._elsewhere():  # fmt: skip
                 return backward(*args, **kwargs)
             if detector.stop_requested:
                 detector._stop_request()
@@ -250,11 +258,6 @@ class StepDetector:
             self.held += 1
             return True
         return False
-
-    def _backward_settled(self) -> bool:
-        """A backward has nothing to do (on any thread): it was seen, and a signal that outranks it marks the steps
-        for good (the seen signals only grow; ``--step-on forward`` never lets backward mark)."""
-        return not self.stop_requested and "backward" in self.seen and self.marking not in (None, "backward", "forward")
 
     def _elsewhere(self) -> bool:
         """Called from a thread other than the script's: it marks no step (two threads cannot drive a profiler)."""

@@ -127,7 +127,7 @@ class Detector:
         if self._stats is None:
             values = list(self.compute)
             median = statistics.median(values)
-            mad = statistics.median(abs(value - median) for value in values) * MAD_SCALE
+            mad = statistics.median([abs(value - median) for value in values]) * MAD_SCALE
             self._stats = (median, mad, statistics.median(self.walls))
             spike, stall = limits.STEP_SPIKE, limits.DATALOADER_STALL
             self._spike_at = median + max(spike.param("mad_k") * mad, spike.share_pct / 100 * median, spike.floor / 1e3)
@@ -193,7 +193,7 @@ class Detector:
         creep = limits.MEMORY_CREEP
         points = list(self.memory)
         size = len(points) // 4
-        quarters = [statistics.median(value for _, _, value in points[index * size : (index + 1) * size])
+        quarters = [statistics.median([value for _, _, value in points[index * size : (index + 1) * size]])
                     for index in range(4)]  # fmt: skip
         floor = creep.floor * MIB
         rise = creep.param("min_rise_pct") / 100 * floor

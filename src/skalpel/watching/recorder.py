@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from torch.utils.data import dataloader
-
 from .. import env
 from ..capture import distributed, runfolder, signals
 from ..capture.session import ProfileRun
@@ -76,7 +74,6 @@ class Watcher:
         self._last: float | None = None
         self.runq = RunQueueClock()
         self._last_runq: bytes | None = None
-        self._loader_s = 0.0  # DataLoader wait of the step under way
         self.phases = Phases()  # its backward and optimizer time
         self._profiled = 0  # 1: the step under way is part of a capture
         self.device_times: DeviceTimes | None = None  # CUDA events at the boundaries, once the script uses CUDA
@@ -91,7 +88,6 @@ class Watcher:
         self._collecting: list[tuple[Any, Request, int]] = []  # (collector process, request, anomaly id)
         self._collecting_lock = threading.Lock()  # the writer links what ended, close() waits for the rest
         self._closing = False
-        self._restore: Any = None
         self.live = LiveLine()
         self.store.on_flush = self._after_flush
 
@@ -102,27 +98,9 @@ class Watcher:
         self.store.meta(script=self.script, started=time.strftime("%Y-%m-%dT%H:%M:%S"), status="running",
                         memory_source=self.anomaly_detector.memory_source,
                         memory_limit=self.anomaly_detector.memory_limit, cooldown_s=self.cooldown_s)  # fmt: skip
-        self._time_loader()  # beneath the detector's own wrapper: the boundary comes first, then the wait
         self.phases.install()  # beneath it too
         self.detector.install()
         self.live.start()
-
-    def _time_loader(self) -> None:
-        original = dataloader._BaseDataLoaderIter.__next__
-        watcher = self
-
-        def __next__(iterator: Any) -> Any:
-            if threading.get_ident() != watcher.thread:
-                return original(iterator)
-            began = time.perf_counter()
-            try:
-                return original(iterator)
-            finally:
-                watcher._loader_s += time.perf_counter() - began
-
-        __next__.__wrapped__ = original  # type: ignore[attr-defined]
-        dataloader._BaseDataLoaderIter.__next__ = __next__
-        self._restore = original
 
     def _after_flush(self) -> None:
         """On the writer thread, after each flush: the job's new capture requests, the reports written, the live
@@ -150,9 +128,6 @@ class Watcher:
     def uninstall(self) -> None:
         self.live.stop()
         self.detector.uninstall()
-        if self._restore is not None:
-            dataloader._BaseDataLoaderIter.__next__ = self._restore
-            self._restore = None
         self.phases.uninstall()
 
     # -- each step ----------------------------------------------------------------------------
@@ -162,7 +137,7 @@ class Watcher:
         now = time.perf_counter()
         if threading.get_ident() != self.thread:
             return
-        runq, phases, device = self.runq.read(), self.phases, self.device_times
+        runq, phases, device, detector = self.runq.read(), self.phases, self.device_times, self.detector
         event = None
         if device is not None:
             try:
@@ -173,14 +148,14 @@ class Watcher:
         if self._last is not None:
             self.steps += 1
             if self.store.failed is None:
-                self._append((self.steps, self._last, now, self._loader_s, self._profiled, self._last_runq, runq,
+                self._append((self.steps, self._last, now, detector.loader_s, self._profiled, self._last_runq, runq,
                               phases.backward_s, phases.optimizer_s, event))  # fmt: skip
         if self.store.want_device:  # once: the writer saw CUDA initialised, and reads memory on this device
             self._use_device()
         if self._capture is not None or self._requested:
             self._drive_capture()
             now, runq = time.perf_counter(), self.runq.read()  # the capture's own work stays out of the next step
-        self._last, self._last_runq, self._loader_s = now, runq, 0.0
+        self._last, self._last_runq, detector.loader_s = now, runq, 0.0  # the detector times the DataLoader
         phases.backward_s = phases.optimizer_s = 0.0
 
     def _use_device(self) -> None:
