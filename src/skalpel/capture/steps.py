@@ -68,6 +68,9 @@ HOW_TO_MARK = (
 
 ALL_SIGNALS = "optimizer.step() calls, DataLoader batches, backward() calls and repeated model calls"
 
+# True while torch.compile traces the caller (it folds the call), False in eager: one call where is_compiling is two
+tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+
 _active: StepDetector | None = None  # the detector of the running `skalpel run`, for skalpel.step()
 
 
@@ -261,7 +264,7 @@ class StepDetector:
 
     def _elsewhere(self) -> bool:
         """Called from a thread other than the script's: it marks no step (two threads cannot drive a profiler)."""
-        if torch.compiler.is_compiling():
+        if tracing():
             return False  # a compiled train step traces the wrappers: a thread id there would break its graph
         return threading.get_ident() != self.thread
 

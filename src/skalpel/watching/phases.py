@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.optim.optimizer as optimizer_module
 
+from ..capture.steps import tracing
+
 
 class Phases:
     def __init__(self) -> None:
@@ -36,7 +38,7 @@ class Phases:
         original = torch.autograd.backward
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if torch.compiler.is_compiling() or threading.get_ident() != phases.thread:
+            if tracing() or threading.get_ident() != phases.thread:
                 return original(*args, **kwargs)
             if phases._optimizer_began is not None:  # a closure's backward: the optimizer's time already
                 return original(*args, **kwargs)
@@ -61,7 +63,7 @@ class Phases:
             self._original = None
 
     def _before_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not torch.compiler.is_compiling() and threading.get_ident() == self.thread:
+        if not tracing() and threading.get_ident() == self.thread:
             self._optimizer_began = time.perf_counter()
 
     def _after_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
