@@ -209,8 +209,12 @@ class Detector:
         if self.memory_limit:
             left = (self.memory_limit - (sample.memory or 0)) / rate
             message += f"; at this rate the limit ({self.memory_limit / 2**30:.1f} GiB) is reached in {rough_duration(left)}"
-        # the creep began where the window first leaves its first quarter's level
-        first = next(step for step, _, value in points if value >= quarters[0] + rise)
+        # the creep began where the window leaves its first quarter's range for good: after the last point at or
+        # under that quarter's highest value (a device's allocated bytes swing within a step, and a step's reading
+        # is interpolated: the first point above the quarter's median can be the window's first, steps before)
+        top = max(value for _, _, value in points[:size])
+        last_low = max((index for index, (_, _, value) in enumerate(points) if value <= top), default=-1)
+        first = points[min(last_low + 1, len(points) - 1)][0]
         return [Anomaly(first, "memory_creep", message, gained, quarters[0])]
 
 
