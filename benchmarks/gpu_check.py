@@ -40,6 +40,7 @@ SCENARIOS = [
     ("loader_starved", "dataloader_bound", True),
     ("launch_bound", "launch_bound", False),  # fewer, not no tiny kernels: the layers' own stay
     ("clean", None, True),
+    ("host_prep", "gpu_idle", True),  # host work with no sync: the finding must name the host work, not a sync
 ]
 # run after the watch checks: each of its four processes compiles with Inductor (step 0, before the profiled steps)
 LAST = [("graph_break", "graph_break", True)]

@@ -42,11 +42,16 @@ def test_item_every_step_is_the_sync_on_its_line_and_worth_what_the_fix_saved():
 
 def test_the_sync_fix_that_keeps_each_loss_leaks_and_is_told_so():
     """The fix as written keeps every step's loss.detach() in a list: on the H200 that kept 64 MiB of device memory a
-    step (the allocator said +64.0 MiB a step over 50 steps, README). memory_growth names it with its projection."""
+    step (the allocator said +64.0 MiB a step over 50 steps, README). memory_growth names it with its projection,
+    and why: the kept blocks were allocated in aten::mse_loss, whose 0-dim result keeps its 4096 x 4096
+    elementwise buffer as storage (pytorch/pytorch#185647; `untyped_storage().nbytes()` shows it on the CPU too)."""
     growth = findings("sync_item-fixed")["memory_growth"]
     assert growth.severity == "warning" and growth.evidence["growth_mib_per_step"] == pytest.approx(64.0, abs=0.5)
     assert 1_000 <= growth.evidence["steps_to_full"] <= 5_000  # 139.8 GiB of headroom at 64 MiB a step
     assert growth.locations[0].startswith("sync_item.py:")
+    top = growth.evidence["kept_by_op"][0]
+    assert top["op"] == "aten::mse_loss" and top["mib_per_step"] == pytest.approx(64.0, abs=0.5)
+    assert "aten::mse_loss" in growth.title and "185647" in growth.fix and ".clone()" in growth.fix
     assert "memory_growth" not in findings("sync_item")  # as is: nothing kept (the allocator said 0.0 too)
 
 
@@ -86,3 +91,12 @@ def test_the_profilers_own_stop_sync_is_not_the_users():
     assert trace.name_id("cudaDeviceSynchronize") >= 0  # the stop's sync is in the trace
     assert syncs(trace, segment_steps(trace)).ranks[0].categories["sync_call"].count == 0
     assert "host_device_sync" not in findings("watch_leak_capture")
+
+
+def test_a_leak_of_cloned_activations_is_not_blamed_on_a_loss():
+    """The look-alike: watch_leak.py keeps `out.detach().clone()` (32 MiB a step): the kept blocks are the clone's,
+    and the fix is the general one, not the mse_loss storage note."""
+    growth = findings("watch_leak_capture")["memory_growth"]
+    assert growth.evidence["kept_by_op"][0]["op"] == "aten::clone"
+    assert "185647" not in growth.fix
+

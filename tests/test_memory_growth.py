@@ -166,3 +166,37 @@ def test_with_addresses_the_site_is_the_block_still_held_not_a_temporary_of_its_
     _same_size_steps(by_size, addresses=False)
     (finding,) = _growth(by_size.write(tmp_path / "by_size.json"))
     assert finding.locations[0] == "model.py:60 in forward" and "train.py:90 in step" in finding.locations
+
+
+def _losses_kept(path: Path, keep) -> Path:
+    """A real CPU torch.profiler run of 8 steps that appends ``keep(loss)`` of an mse_loss on a 512 x 2048 batch."""
+    import torch  # a dependency of skalpel: never skipped
+
+    torch.set_num_threads(1)
+    model, target, kept = torch.nn.Linear(256, 2048), torch.randn(512, 2048), []
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, with_stack=True,
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=6, repeat=1),
+        on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
+    ) as prof:  # fmt: skip
+        for _ in range(8):
+            loss = torch.nn.functional.mse_loss(model(torch.randn(512, 256)), target)
+            loss.backward()
+            kept.append(keep(loss))
+            prof.step()
+    return path
+
+
+@pytest.mark.slow
+def test_a_list_of_detached_mse_losses_keeps_their_buffers_and_is_told_why(tmp_path):
+    """F.mse_loss's 0-dim result has the 4 MiB elementwise buffer as its storage (pytorch/pytorch#185647): a list
+    of its .detach() keeps 4 MiB a step. The finding names the op and the fix that works; .detach().clone() (4
+    bytes a step) is the look-alike that stays quiet."""
+    growth = [f for f in analyze(_losses_kept(tmp_path / "detach.json", lambda loss: loss.detach())).findings
+              if f.id == "memory_growth"]  # fmt: skip
+    assert growth, "a 4 MiB/step leak on the host must be named"
+    assert growth[0].evidence["growth_mib_per_step"] == pytest.approx(4.0, abs=0.1)
+    assert growth[0].evidence["kept_by_op"][0]["op"] == "aten::mse_loss"
+    assert "185647" in growth[0].fix and "test_memory_growth.py" in growth[0].locations[0]
+    cloned = analyze(_losses_kept(tmp_path / "clone.json", lambda loss: loss.detach().clone()))
+    assert "memory_growth" not in {f.id for f in cloned.findings}

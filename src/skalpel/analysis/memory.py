@@ -198,6 +198,18 @@ def _enclosing_op(trace: Trace, rank: int, tid: int, at_us: float) -> int:
     return int(inside[np.lexsort((trace.dur[inside], -trace.ts[inside]))[0]])  # latest start, then shortest
 
 
+def allocating_op(trace: Trace, rank: int, tid: int, at_us: float) -> str | None:
+    """The op an allocation at ``at_us`` on (rank, tid) belongs to, as a user knows it: the outermost ``aten::``
+    op open then (``aten::mse_loss``, not the ``aten::empty`` inside it), else the innermost host op; None
+    when no op is open."""
+    inside = np.flatnonzero((trace.tid == tid) & (trace.rank == rank) & isin_few(trace.kind, _HOST_OPS)
+                            & (trace.ts <= at_us) & (trace.ts + trace.dur >= at_us))  # fmt: skip
+    if len(inside) == 0:
+        return None
+    names = [trace.names[int(trace.name[i])] for i in inside[np.lexsort((-trace.dur[inside], trace.ts[inside]))]]
+    return next((name for name in names if name.startswith("aten::")), names[-1])
+
+
 def _downsample(ts: np.ndarray, values: np.ndarray, max_points: int) -> tuple[tuple[float, int], ...]:
     """At most ``max_points`` points; each bucket of consecutive events keeps its maximum, so the peak survives."""
     if len(ts) > max_points:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis import numeric
-from ..analysis.memory import memory
+from ..analysis.memory import allocating_op, memory
 from ..display import rough_duration
 from ..trace.kinds import Kind
 from . import thresholds
@@ -57,8 +57,15 @@ def _check_growth(ctx: Context, rule: Rule) -> Outcome:
             **(projection.evidence(limits) if projection else {}),
         }
         title = rule.title.format(**evidence) + (f"; {projection.text()}" if projection else "")
-        findings.append(rule.finding(evidence, severity=severity, title=title, locations=_leak_sites(ctx, device),
-                                     rank=device.rank))  # fmt: skip
+        allocs = _held_allocations(ctx, device)
+        by_op = _kept_by_op(ctx, device, allocs, len(deltas))
+        if by_op:
+            evidence["kept_by_op"] = by_op
+            title += f"; kept blocks allocated in {by_op[0]['op']} ({by_op[0]['mib_per_step']:.1f} MiB/step)"
+        buffer_loss = next((entry["op"] for entry in by_op if entry["op"] in _LOSS_KEEPS_BUFFER), None)
+        fix = _LOSS_KEEPS_BUFFER_FIX.format(op=buffer_loss) if buffer_loss else None
+        findings.append(rule.finding(evidence, severity=severity, title=title, fix=fix,
+                                     locations=_leak_sites(ctx, device, allocs), rank=device.rank))  # fmt: skip
     if not judged:
         return NotJudged(f"fewer than {limits.param('min_steps'):g} marked steps with memory events: cannot judge growth per step")
     return findings
@@ -134,8 +141,8 @@ def _main_devices(ctx: Context, result) -> list:
     return [device for device in devices if device is not None]
 
 
-def _leak_sites(ctx: Context, device) -> tuple[str, ...]:
-    """Where the allocations that are never freed happen: the user frames open at them.
+def _held_allocations(ctx: Context, device) -> np.ndarray:
+    """The allocations that are never freed during the steps: rows of ``ctx.trace.memory``.
 
     Those are the sizes allocated more often than freed during the steps (allocations and frees
     paired by size); where the trace gives each block's address, only the blocks of those sizes
@@ -154,8 +161,12 @@ def _leak_sites(ctx: Context, device) -> tuple[str, ...]:
     kept = {size for size, count in surplus.items() if count > 0 and size >= MIB // 16}
     allocs = rows[np.isin(sizes, list(kept))] if kept else rows[:0]
     held = _held_at_end(events, rows) if len(allocs) else None
-    if held is not None:
-        allocs = np.intersect1d(allocs, held)
+    return np.intersect1d(allocs, held) if held is not None else allocs
+
+
+def _leak_sites(ctx: Context, device, allocs: np.ndarray) -> tuple[str, ...]:
+    """Where the allocations that are never freed happen: the user frames open at them."""
+    events = ctx.trace.memory
     # per thread, most allocations first: a GPU step's backward allocates on autograd's thread, which has no user frames
     threads = Counter(events.tid[allocs].tolist())
     found: dict[str, None] = {}
@@ -163,6 +174,32 @@ def _leak_sites(ctx: Context, device) -> tuple[str, ...]:
         on_thread = allocs[events.tid[allocs] == tid]
         found.update(dict.fromkeys(ctx.locations_at(device.rank, int(tid), events.ts[on_thread])))
     return tuple(found)[:3]
+
+
+_OPS_NAMED = 64  # the largest held blocks whose op is looked up (one scan of the trace each)
+
+
+def _kept_by_op(ctx: Context, device, allocs: np.ndarray, steps: int) -> list[dict]:
+    """The ops that allocated the blocks never freed, most memory first: the op, MiB kept a step, blocks."""
+    events = ctx.trace.memory
+    largest = allocs[np.argsort(-events.nbytes[allocs], kind="stable")[:_OPS_NAMED]]
+    kept: Counter[str] = Counter()
+    blocks: Counter[str] = Counter()
+    for row in largest.tolist():
+        op = allocating_op(ctx.trace, device.rank, int(events.tid[row]), float(events.ts[row])) or "(no op)"
+        kept[op] += int(events.nbytes[row])
+        blocks[op] += 1
+    return [{"op": op, "mib_per_step": size / MIB / max(steps, 1), "blocks": blocks[op]}
+            for op, size in kept.most_common(3)]
+
+
+# reduced losses whose 0-dim result keeps the whole elementwise-loss buffer as its storage (pytorch/pytorch#185647)
+_LOSS_KEEPS_BUFFER = frozenset({"aten::mse_loss", "aten::smooth_l1_loss"})
+_LOSS_KEEPS_BUFFER_FIX = (
+    "a kept {op} result holds its whole elementwise-loss buffer, not 4 bytes (its storage is the buffer: "
+    "pytorch/pytorch#185647), even after .detach(): keep loss.detach().clone() or a running sum "
+    "(total += loss.detach()), or read loss.item() every N steps"
+)
 
 
 def _held_at_end(events, rows: np.ndarray) -> np.ndarray | None:
@@ -187,8 +224,9 @@ MEMORY_GROWTH = Rule(
     thresholds=thresholds.MEMORY_GROWTH,
     check=_check_growth,
     needs_steps=True,
-    fix="stop keeping tensors alive across steps: store loss.item() or loss.detach() (not the loss with its graph), "
-    "clear lists/caches of outputs, avoid retain_graph=True",
+    fix="stop keeping tensors alive across steps: keep a running sum (total += loss.detach()) or loss.item() every N "
+    "steps, not a list of losses (a loss keeps its graph; a detached mse_loss its elementwise buffer), clear "
+    "lists/caches of outputs, avoid retain_graph=True",
     docs=Docs(
         what="Allocated memory (the allocator's Total Allocated, or the running sum of allocations) measured at "
         "each step's end on the host rises step after step: the median per-step change reaches the floor (MiB/step) and "
@@ -205,9 +243,14 @@ MEMORY_GROWTH = Rule(
         "projection: the device's memory, the headroom, the steps (and at the median step time, the seconds) "
         "until it is full, and the horizon. Locations: user code allocating the sizes that are allocated more "
         "often than freed; where the trace gives the blocks' addresses, only the blocks of those sizes still held "
-        "at the last step's end.",
-        fix="Append `loss.item()` or `loss.detach()` instead of `loss`; `del` or clear lists of outputs; do not use "
-        "`retain_graph=True` without need; wrap evaluation in `torch.no_grad()`.",
+        "at the last step's end; `kept_by_op`: the ops those blocks were allocated in (the outermost `aten::` op "
+        "open at the allocation), with the MiB they keep a step.",
+        fix="Keep a running sum on the device (`total += loss.detach()`) or `loss.item()` every N steps instead of a "
+        "list of `loss` (which keeps its autograd graph); `del` or clear lists of outputs; do not use "
+        "`retain_graph=True` without need; wrap evaluation in `torch.no_grad()`. A 0-dim result of `F.mse_loss` "
+        "or `F.smooth_l1_loss` has the whole elementwise-loss buffer as its storage (pytorch/pytorch#185647): "
+        "even a list of their `.detach()` keeps it; the finding then says so, from the op that allocated the "
+        "kept blocks.",
         false_positives="Caches that fill once (cudnn workspaces, the optimizer's state on its first step, a "
         "growing KV cache in generation) grow during the first steps and then level off: a capture of those "
         "steps alone looks like a leak; profile after warm-up. One large allocation or allocator noise does not "
