@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import Kind
+from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
 from ..trace.model import Trace, isin_few
 from . import intervals, numeric
 from .steps import StepSegmentation
@@ -408,6 +408,11 @@ class BreakTime:
     eager_ms: float  # of which outside the graphs (AOTAutograd's CompiledFunction, nested regions): eager code
     calls: int  # outermost regions that ran
     measured: bool  # False: no CompiledFunction inside the regions (backend="eager"), graphs and eager code not separable
+    # the device's idle time inside the regions (streams merged); None without device work. On a GPU this is what
+    # the breaks cost: the host's region time includes its waits for the device (a break on `.item()` syncs), and a
+    # device-bound step loses only the idle the eager code and the syncs leave (an H200 run: region 67% of the
+    # step, eager 59%, device idle 4.5%; removing the break saved 3.5%)
+    device_idle_ms: float | None = None
 
 
 def graph_break_time(trace: Trace, steps: StepSegmentation, frames: set[int]) -> BreakTime:
@@ -420,9 +425,10 @@ def graph_break_time(trace: Trace, steps: StepSegmentation, frames: set[int]) ->
     regions = regions[_in_steps(trace, regions, steps)]
     graphs = np.flatnonzero(host & numeric.isin(trace.name, [*all_regions, trace.name_id("CompiledFunction")]))
     graph_start, graph_end = trace.ts[graphs], trace.ts[graphs] + trace.dur[graphs]
-    region_us = eager_us = 0.0
+    region_us = eager_us = idle_us = 0.0
     calls = 0
     measured = False
+    busy = _device_busy(trace)
     outer = (-1, -1.0)  # (rank, end) of the last outermost region
     for event in regions[np.lexsort((trace.ts[regions], trace.rank[regions]))]:
         start, end = float(trace.ts[event]), float(trace.ts[event] + trace.dur[event])
@@ -436,7 +442,20 @@ def graph_break_time(trace: Trace, steps: StepSegmentation, frames: set[int]) ->
         if trace.name_id("CompiledFunction") in set(trace.name[graphs[inside]].tolist()):
             measured = True
         eager_us += (end - start) - intervals.length(graph_start[inside], graph_end[inside])
-    return BreakTime(region_us / 1000.0, max(eager_us, 0.0) / 1000.0 if measured else 0.0, calls, measured)
+        if busy is not None:
+            window = (np.array([start]), np.array([end]))
+            idle_us += (end - start) - intervals.intersection_length(busy[int(trace.rank[event])], window)
+    idle_ms = idle_us / 1000.0 if busy is not None else None
+    return BreakTime(region_us / 1000.0, max(eager_us, 0.0) / 1000.0 if measured else 0.0, calls, measured, idle_ms)
+
+
+def _device_busy(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray]] | None:
+    """Each rank's device busy intervals (streams merged); None when the trace has no device work."""
+    if not trace.has_device:
+        return None
+    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
+    return {rank: intervals.union(trace.ts[on], trace.ts[on] + trace.dur[on])
+            for rank in trace.rank_ids for on in [device[trace.rank[device] == rank]]}  # fmt: skip
 
 
 def _in_steps(trace: Trace, events: np.ndarray, steps: StepSegmentation) -> np.ndarray:

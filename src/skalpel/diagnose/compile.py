@@ -141,17 +141,12 @@ def _check_graph_break(ctx: Context, rule: Rule) -> Outcome:
     step_count = max(len(steps), 1)
     frames = log.region_ids(log.broken_frames)
     time = graph_break_time(ctx.trace, ctx.steps, frames)
-    region_share = pct(time.region_ms, step_ms)
     breaks = log.graph_breaks
     evidence = {
         "graph_breaks": len(breaks),
         "reasons": [item.reason for item in breaks[:8]],
         "lines": [item.location for item in breaks[:8]],
-        "region_ms_per_step": time.region_ms / step_count,
-        "share_pct": region_share,
-        "eager_ms_per_step": time.eager_ms / step_count if time.measured else None,
-        "eager_share_pct": pct(time.eager_ms, step_ms) if time.measured else None,
-        "split_calls_per_step": time.calls / step_count,
+        **_break_cost(time, step_ms, step_count),
     }
     hints = sorted({hint for item in breaks for hint in item.hints})
     fix = "remove what breaks the graph from the compiled code: " + "; ".join(
@@ -160,12 +155,41 @@ def _check_graph_break(ctx: Context, rule: Rule) -> Outcome:
     first = breaks[0]
     title_tail = f"{_short(first.reason, 80)} at {first.location}"
     ran = time.calls > 0 and len(breaks) >= rule.thresholds.floor
-    if ran and region_share >= rule.thresholds.share_pct:
-        eager = f", {evidence['eager_share_pct']:.1f}% of the step eager between graphs" if time.measured else ""
-        title = f"torch.compile graph break{'s' if len(breaks) > 1 else ''} split {region_share:.0f}% of the step{eager}: {title_tail}"
+    if ran and _judged_share(evidence) >= rule.thresholds.share_pct:
+        title = f"torch.compile graph break{'s' if len(breaks) > 1 else ''} {_cost_text(evidence)}: {title_tail}"
         return [rule.finding(evidence, locations=[item.location for item in breaks[:3]], fix=fix, title=title)]
     title = f"torch.compile graph break{'s' if len(breaks) > 1 else ''} ({len(breaks)}): {title_tail}"
     return [rule.finding(evidence, severity="info", locations=[item.location for item in breaks[:3]], fix=fix, title=title)]
+
+
+def _break_cost(time, step_ms: float, step_count: int) -> dict:
+    """What the breaks cost the steps: the split functions' region time, the eager code between their graphs and,
+    on a GPU, the device's idle time inside the regions (the cost a device-bound step feels)."""
+    idle = time.device_idle_ms
+    return {
+        "region_ms_per_step": time.region_ms / step_count,
+        "share_pct": pct(time.region_ms, step_ms),
+        "eager_ms_per_step": time.eager_ms / step_count if time.measured else None,
+        "eager_share_pct": pct(time.eager_ms, step_ms) if time.measured else None,
+        "device_idle_ms_per_step": idle / step_count if idle is not None else None,
+        "device_idle_share_pct": pct(idle, step_ms) if idle is not None else None,
+        "split_calls_per_step": time.calls / step_count,
+    }
+
+
+def _judged_share(evidence: dict) -> float:
+    """The share the threshold judges: the device's idle inside the regions on a GPU, else the region's share."""
+    idle = evidence["device_idle_share_pct"]
+    return idle if idle is not None else evidence["share_pct"]
+
+
+def _cost_text(evidence: dict) -> str:
+    if evidence["device_idle_share_pct"] is not None:
+        return (f"leave the device idle {evidence['device_idle_share_pct']:.0f}% of the step "
+                f"({evidence['device_idle_ms_per_step']:.2f} ms/step) inside the split functions")  # fmt: skip
+    eager = evidence["eager_share_pct"]
+    return f"split {evidence['share_pct']:.0f}% of the step" + (
+        f", {eager:.1f}% of the step eager between graphs" if eager is not None else "")
 
 
 _NO_REASON = "why is not in the trace: run it under `skalpel run` (or with TORCH_LOGS=graph_breaks) for the reason and the line"
@@ -183,7 +207,6 @@ def _graph_break_from_regions(ctx: Context, rule: Rule) -> Outcome:
     step_ms = sum(step.duration_ms for step in steps) or 1.0
     step_count = max(len(steps), 1)
     time = graph_break_time(ctx.trace, ctx.steps, split.frames)
-    share = pct(time.region_ms, step_ms)
     breaks = len(split.inner)
     located = ctx.locations(list(split.events))
     evidence = {
@@ -192,11 +215,7 @@ def _graph_break_from_regions(ctx: Context, rule: Rule) -> Outcome:
         "lines": list(located),
         "frames": list(split.pairs[:8]),
         "nested_calls": split.nested_calls,
-        "region_ms_per_step": time.region_ms / step_count,
-        "share_pct": share,
-        "eager_ms_per_step": time.eager_ms / step_count if time.measured else None,
-        "eager_share_pct": pct(time.eager_ms, step_ms) if time.measured else None,
-        "split_calls_per_step": time.calls / step_count,
+        **_break_cost(time, step_ms, step_count),
     }
     where = located[0] if located else f"compiled frame {split.pairs[0].split(' inside ')[1]}"
     plural = "s" if breaks > 1 else ""
@@ -206,9 +225,8 @@ def _graph_break_from_regions(ctx: Context, rule: Rule) -> Outcome:
         "`if`, an unsupported call) or move it outside the compiled function (fullgraph=True makes a break an error)"
     )
     locations = located or tuple(f"Torch-Compiled Region: {pair.split(' inside ')[0]}" for pair in split.pairs[:3])
-    if time.calls > 0 and share >= rule.thresholds.share_pct:
-        eager = f", {evidence['eager_share_pct']:.1f}% of the step eager between graphs" if time.measured else ""
-        title = f"torch.compile graph break{plural} split {share:.0f}% of the step{eager}: {tail}"
+    if time.calls > 0 and _judged_share(evidence) >= rule.thresholds.share_pct:
+        title = f"torch.compile graph break{plural} {_cost_text(evidence)}: {tail}"
         return [rule.finding(evidence, locations=locations, fix=fix, title=title)]
     title = f"torch.compile graph break{plural} ({breaks}): {tail}"
     return [rule.finding(evidence, severity="info", locations=locations, fix=fix, title=title)]
@@ -318,7 +336,11 @@ GRAPH_BREAK = Rule(
         "part.",
         evidence="How many breaks, their reasons in torch's words and the user's lines; the time per step in the "
         "split functions' compiled regions and its share of the step; the eager time between the graphs (the "
-        "regions minus the graphs run inside them, with AOTAutograd backends such as Inductor).",
+        "regions minus the graphs run inside them, with AOTAutograd backends such as Inductor); on a GPU the device's "
+        "idle time inside the regions, which is what the threshold judges there: the host's region and eager times "
+        "include its waits for the device (a break on a tensor's value syncs), so a device-bound step loses only "
+        "that idle (an H200 run: eager 59% of the step, device idle 4.2%; removing the break saved 3.5%). Without "
+        "a device, the region's share of the step is judged.",
         fix="Remove the break: keep `.item()`, `print` and logging out of the compiled function (return the "
         "tensor and read it outside), replace data-dependent `if` with `torch.where`, or set "
         "`torch._dynamo.config.capture_scalar_outputs = True` for `.item()`. `fullgraph=True` turns a break "

@@ -140,7 +140,8 @@ MEMORY_SPIKE = Threshold(
 RECOMPILATION = Threshold(10.0, "of the profiled steps recompiling", 1.0, "recompiles in the profiled steps")
 # A graph break matters where the split function is a real part of the step; one break is enough to act on.
 GRAPH_BREAK = Threshold(
-    10.0, "of the step in the compiled regions of functions split by graph breaks", 1.0, "graph break(s) that ran in the profiled steps"
+    10.0, "of the step: the device idle inside the functions split by graph breaks (on a GPU), else their compiled "
+    "regions' time", 1.0, "graph break(s) that ran in the profiled steps"
 )
 # Compiling costs seconds; 50 ms of it inside the measured steps already distorts them.
 COMPILE_OVERHEAD = Threshold(10.0, "of the profiled steps' time spent compiling", 50.0, "ms compiling in the profiled steps")
