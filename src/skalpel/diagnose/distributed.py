@@ -20,7 +20,7 @@ from ..analysis.comm import CommAnalysis, RankComm, analyze_comm
 from ..analysis.ops import op_table
 from ..analysis.ranks import OUTSIDE_OPS, RankComparison, compare_ranks
 from ..analysis.rankwork import ExtraWork, WorkComparison, compare_work
-from ..result.report import AcrossRanks, Finding, rank_ranges
+from ..result.report import AcrossRanks, Finding
 from ..trace.kinds import Kind
 from . import thresholds
 from .rule import Context, Docs, NotJudged, Outcome, Rule
@@ -248,13 +248,8 @@ def _with_spread(ctx: Context, finding: Finding, key: str, values: dict[int, flo
     spread of ``key`` over them and the worst, as a finding merged across ranks says (``job/across.py``)."""
     if len(values) < 2 or not holds:
         return finding
-    spread = sorted(((values[rank], rank) for rank in holds), key=lambda item: (-item[0], item[1]))
-    low, high = spread[-1][0], spread[0][0]
-    across = AcrossRanks(
-        ranks=rank_ranges(sorted(holds)), count=len(holds), of=max(len(ctx.trace.rank_ids), len(values)), key=key,
-        min=round(low, 4), median=round(numeric.median([value for value, _ in spread]), 4), max=round(high, 4),
-        worst=tuple(rank for _, rank in spread[:3]) if high > low else (), title_rank=typical,
-    )  # fmt: skip
+    across = AcrossRanks.spread_of(values, ranks=holds, of=max(len(ctx.trace.rank_ids), len(values)), key=key,
+                                   worst=3, title_rank=typical)  # fmt: skip
     return dataclasses.replace(finding, across=across)
 
 

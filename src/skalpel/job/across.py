@@ -19,7 +19,7 @@ from collections import defaultdict
 from typing import Any
 
 from ..analysis import numeric
-from ..result.report import SEVERITIES, AcrossRanks, Finding, RankReport, rank_ranges
+from ..result.report import SEVERITIES, AcrossRanks, Finding, RankReport
 from .summary import FIGURES, rank_figures
 
 WORST_RANKS = 3
@@ -64,14 +64,8 @@ def _merged(members: list[Finding], figures: dict[int, dict[str, float]]) -> Fin
     if len(members) == 1:
         across = AcrossRanks(ranks=str(ranks[0]), count=1, of=len(figures), differs=differs)
         return dataclasses.replace(members[0], across=across)
-    spread = list(values.values())
-    across = AcrossRanks(
-        ranks=rank_ranges(ranks), count=len(ranks), of=len(figures), key=key,
-        min=round(min(spread), 4) if spread else None, median=round(numeric.median(spread), 4) if spread else None,
-        max=round(max(spread), 4) if spread else None,
-        worst=tuple(worst[:WORST_RANKS]) if spread and max(spread) > min(spread) else (),
-        differs=differs, per_rank=tuple(_own(finding) for finding in members),
-    )  # fmt: skip
+    across = AcrossRanks.spread_of(values, ranks=ranks, of=len(figures), key=key, worst=WORST_RANKS, differs=differs,
+                                   per_rank=tuple(_own(finding) for finding in members))  # fmt: skip
     lead = next(finding for finding in members if finding.rank == worst[0]) if worst else members[0]
     severity = min((finding.severity for finding in members), key=SEVERITIES.index)
     return dataclasses.replace(lead, severity=severity, rank=None, ranks=ranks, across=across)

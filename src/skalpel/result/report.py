@@ -8,6 +8,7 @@ written to JSON and read back without the trace, so any renderer can run again l
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import types
 import typing
 from dataclasses import dataclass, field
@@ -55,6 +56,22 @@ class AcrossRanks:
     # the rank whose figures the title and evidence are when not the worst: a job-wide finding judged at the job's
     # median rank (communication_bound, low_comm_overlap); its per-rank figures are in its evidence
     title_rank: int | None = None
+
+    @classmethod
+    def spread_of(cls, values: dict[int, float], *, ranks: typing.Iterable[int], of: int, key: str | None,
+                  worst: int, **rest: Any) -> AcrossRanks:  # fmt: skip
+        """Over ``ranks``: their ranges and count; of ``values`` (by rank, maybe none) the min, median and max,
+        rounded to 4 places, and up to ``worst`` ranks with the largest value (none when all are equal)."""
+        ranks = sorted(ranks)
+        spread = sorted(((values[rank], rank) for rank in ranks if rank in values), key=lambda item: (-item[0], item[1]))
+        numbers = [value for value, _ in spread]
+        if not numbers:
+            return cls(ranks=rank_ranges(ranks), count=len(ranks), of=of, key=key, **rest)
+        return cls(
+            ranks=rank_ranges(ranks), count=len(ranks), of=of, key=key, min=round(numbers[-1], 4),
+            median=round(statistics.median(numbers), 4), max=round(numbers[0], 4),
+            worst=tuple(rank for _, rank in spread[:worst]) if numbers[0] > numbers[-1] else (), **rest,
+        )  # fmt: skip
 
     def describe(self) -> str:
         """'on 256 of 256 ranks (0-255): idle_pct min 43.2, median 78.7, max 79; worst 3, 11'."""
