@@ -295,6 +295,31 @@ def test_no_warmup_from_capture_settings(tmp_path):
     assert not [f for f in _with_capture(tmp_path).findings if f.id == "no_warmup"]
 
 
+def _first_step_slow(tmp_path: Path, capture) -> list:
+    """Five 10 ms steps whose first is 70% slower (the H200 host_prep --fix run: 5.8 vs 3.5 ms after 2 warm-up)."""
+    from skalpel.job.build import build_report
+    from skalpel.trace.loader import load
+
+    builder, start = TraceBuilder(), 0.0
+    for number in range(5):
+        length = STEP_US * (1.7 if number == 0 else 1.0)
+        builder.step(number + 1, start, length - 1)
+        builder.host("aten::mm", start + 10, length - 1000)
+        start += length
+    report = build_report(load(builder.write(tmp_path / "trace.json")), capture=capture)
+    return [finding for finding in report.findings if finding.id == "no_warmup"]
+
+
+def test_a_slow_first_step_after_warm_up_is_a_note_with_a_longer_warm_up(tmp_path):
+    from skalpel.result.report import CaptureInfo
+
+    after_warmup = _first_step_slow(tmp_path, CaptureInfo(warmup_steps=2, active_steps=5))
+    assert [f.severity for f in after_warmup] == ["info"]
+    assert "after 2 warm-up steps" in after_warmup[0].title and "--warmup 8" in after_warmup[0].fix
+    by_hand = _first_step_slow(tmp_path, None)  # a trace taken by hand: its warm-up is unknown
+    assert [f.severity for f in by_hand] == ["warning"] and "warm-up was recorded" in by_hand[0].title
+
+
 def test_profiler_overhead_inside_its_noise_is_no_finding(tmp_path):
     report = _with_capture(tmp_path, overhead_pct=40.0, overhead_noise_pct=55.0, profiled_step_ms=14.0,
                            unprofiled_step_ms=10.0)  # fmt: skip
