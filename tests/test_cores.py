@@ -75,3 +75,17 @@ def test_run_and_tune_size_the_workers_alike() -> None:
             assert f"torch.set_num_threads({tried['threads']})" in plan.fix, (usable, threads, plan.fix)
         else:
             assert "set_num_threads" not in plan.fix, (usable, threads, plan.fix)
+
+
+def test_the_trace_export_is_left_out_of_the_cpu_window_with_the_waits_of_its_threads() -> None:
+    """The export runs between the window's two snapshots: its wall, CPU and run-queue delay all come off. Its
+    delay left in made a 0.1 s window of one thread wait 1.8 s (95% contention at load 1.2, 354 ms a 22 ms step)."""
+    from skalpel.capture import cpu
+
+    start = cpu.Snapshot(0.0, 0.0, {"1": 100})
+    before = cpu.Snapshot(0.1, 0.05, {"1": 200})
+    after = cpu.Snapshot(2.1, 0.25, {"1": 1_800_000_200, "2": 50})  # thread 2: born in the export
+    end = cpu.left_out(cpu.Snapshot(2.2, 0.3, {"1": 1_800_000_300, "2": 70}), [(before, after)])
+    assert (round(end.wall_s, 9), round(end.cpu_s, 9), end.waits_ns) == (0.2, 0.1, {"1": 300, "2": 20})
+    assert cpu.facts(start, end, steps=2)["run_queue_wait_s"] == round(220 / 1e9, 4)
+    assert cpu.left_out(end, []) == end

@@ -120,7 +120,7 @@ class ProfileRun:
         self._cpu_window: list[cpu.Snapshot] = []  # CPU snapshots at the start and end of the first window
         self.baseline_steps = max(settings.active, 5)  # un-profiled steps timed after the last window
         self._sampler: LineSampler | None = None  # statement lines of the first window (with_stack only)
-        self._cpu_excluded = (0.0, 0.0)  # wall and CPU seconds of the export, left out of the CPU window
+        self._cpu_excluded: list[tuple[cpu.Snapshot, cpu.Snapshot]] = []  # the export's stretches, left out of the CPU window
         self._stderr: filtered_stderr | None = None  # Kineto's chatter filtered while skalpel.profile() records
         self._budget: RecordingBudget | None = None  # skalpel.profile()'s memory budget (skalpel run has its own)
         self._over_budget: OverBudget | None = None  # set by the budget's thread, acted on at the next run.step()
@@ -343,7 +343,7 @@ class ProfileRun:
         cpu_facts = None
         if len(self._cpu_window) >= 2:
             start, end = self._cpu_window[0], self._cpu_window[1]
-            end = cpu.Snapshot(end.wall_s - self._cpu_excluded[0], end.cpu_s - self._cpu_excluded[1], end.waits_ns)
+            end = cpu.left_out(end, self._cpu_excluded)
             cpu_facts = cpu.facts(start, end, steps=self.settings.active, loader_workers=self.loader_workers)
         return CaptureInfo(
             warmup_steps=self.settings.wait + self.settings.warmup,
@@ -423,19 +423,17 @@ def _rank() -> int:
 
 
 class _excluded_from_cpu_window:
-    """Times the block (the trace export) so that the CPU facts of the window leave it out."""
+    """Snapshots around the block (the trace export) so that the CPU facts of the window leave it out: its wall and
+    CPU time, and the time its threads waited for a core."""
 
     def __init__(self, run: ProfileRun) -> None:
         self.run = run
 
     def __enter__(self) -> None:
-        self.began = (time.perf_counter(), time.process_time())
+        self.began = cpu.snapshot()
 
     def __exit__(self, *exc: object) -> None:
-        wall, used = self.run._cpu_excluded
-        wall += time.perf_counter() - self.began[0]
-        used += time.process_time() - self.began[1]
-        self.run._cpu_excluded = (wall, used)
+        self.run._cpu_excluded.append((self.began, cpu.snapshot()))
 
 
 class _nothing:
