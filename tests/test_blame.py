@@ -449,3 +449,29 @@ def test_a_slow_cudamalloc_is_named_not_the_range_around_it(tmp_path):
     malloc = [item for item in result.ranks[0].top("host_compute") if item.label == "cudaMalloc"]
     assert malloc and malloc[0].ms == pytest.approx(5.9)
     assert _top(result, "host_compute").label == "forward"  # steps 1 and 2, and step 0 outside the cudaMalloc
+
+
+def test_python_between_ops_is_named_by_the_users_function_that_ran_it(tmp_path):
+    """Host work no op records (numpy augmentation, tokenizing in Python) is named by the user's innermost
+    function around it, each with its own time; a library frame inside it (numpy) does not take the name, and
+    the Python outside any user function stays "host code between recorded ops"."""
+    builder = TraceBuilder()
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        builder.frame("train.py(50): <module>", start + 1, STEP_US - 2)
+        builder.frame("train.py(12): augment", start + 10, 3990)
+        builder.frame("numpy/core/fromnumeric.py(3100): mean", start + 100, 1000)
+        builder.frame("train.py(30): tokenize", start + 4010, 1990)
+        builder.launch(start + 6010, 5, work_ts=start + 6020, work_dur=3900)
+    result, ctx = _blame(builder, tmp_path)
+    named = {item.label: item for item in result.ranks[0].top("host_compute")}
+    assert named["augment() in train.py:12"].ms == pytest.approx(3 * 3.99)
+    assert named["tokenize() in train.py:30"].ms == pytest.approx(3 * 1.99)
+    assert "numpy" not in " ".join(named)
+    # the module's own code: 9 us before augment, 10 after it, 10 after tokenize, and the step's 79 us tail
+    assert named["module level of train.py"].ms == pytest.approx(3 * (0.009 + 0.010 + 0.010 + 0.079))
+    assert ctx.locations(named["augment() in train.py:12"].events)[0] == "train.py:12 in augment"
+    (idle,) = _findings(builder, tmp_path, "gpu_idle")
+    assert "host work before the next launch (augment() in train.py:12)" in idle.title
+    assert idle.fix.startswith("the host runs augment() in train.py:12 at train.py:12 in augment while the device waits")

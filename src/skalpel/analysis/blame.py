@@ -10,7 +10,8 @@ launched it (``correlation``) and the host thread that made that call. Then:
   compile range (``compile``), one-time work that ``onetime`` finds (``one_time_init``),
   a host collective (``collective_wait``), other launch calls (``launch_overhead``), else
   ``host_compute`` by the innermost ``record_function`` range (the optimizer step is one),
-  else by the outermost op, else "host code between recorded ops";
+  else by the outermost op, else by the user's innermost Python function running (with Python
+  stacks: "augment() in train.py:12"), else "host code between recorded ops";
 * a sync on that thread that really waited (it started while device work was still running,
   and the device went idle inside it) takes the host part first, capped at what it drained
   (the device's busy time inside the sync): a sync that returned at once causes nothing.
@@ -50,6 +51,7 @@ import numpy as np
 
 from ..trace.kinds import DEVICE_KIND_ARRAY, LAUNCH_KINDS, Kind, kind_array
 from ..trace.model import Trace, isin_few
+from ..trace.stacks import is_user_file, parse_frame
 from . import intervals, numeric
 from .compile import compile_ranges
 from .onetime import OneTimeResult, one_time_work
@@ -527,8 +529,9 @@ class _Labels:
     def __init__(self, trace: Trace, one_time: OneTimeResult) -> None:
         self.trace = trace
         self.end = trace.end  # computed once: each trace.end is a new array
+        self.user_frame = _user_frames(trace)
         host = np.flatnonzero(isin_few(trace.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER,
-                                                             Kind.COMM_OP, Kind.RUNTIME, Kind.DRIVER]))  # fmt: skip
+                                                             Kind.COMM_OP, Kind.RUNTIME, Kind.DRIVER]) | self.user_frame)  # fmt: skip
         keys = _thread_key(trace, host)
         order = np.argsort(keys, kind="stable")  # grouped by thread: each thread's events are one slice
         self.host, self.thread_key = host[order], keys[order]
@@ -657,6 +660,8 @@ class _ThreadRanges:
             "op": kind == Kind.CPU_OP,
         }
         self.classes = {name: events[mask] for name, mask in masks.items()}
+        self.frames = events[labels.user_frame[events]]  # the user's Python functions: what runs between ops
+        self._frames = _Innermost(trace, self.end, self.frames)
         self._outer = {name: _outermost_sorted(trace, self.end, found) for name, found in self.classes.items()
                        if name != "annotation"}  # fmt: skip
         self._inner = _Innermost(trace, self.end, self.classes["annotation"])
@@ -683,7 +688,7 @@ class _ThreadRanges:
         order = np.argsort(starts, kind="stable")
         starts, ends, step_of, calls = starts[order], ends[order], step_of[order], calls[order]
         bounds = [starts, ends]
-        for name, events in self.classes.items():
+        for events in (*self.classes.values(), self.frames):
             inside = events[(self.end[events] > starts[0]) & (self.trace.ts[events] < ends[-1])]
             bounds += [self.trace.ts[inside], self.end[inside]]
         cuts = numeric.unique(np.concatenate(bounds))
@@ -693,11 +698,44 @@ class _ThreadRanges:
         inside = part >= 0
         lows, highs, middle, part = lows[inside], highs[inside], middle[inside], part[inside]
         category, owner = self.at(middle)
+        # host time no op covers: the Python between ops, named by the user's innermost function running it (with
+        # Python stacks); without one, the launch that ended it shows where
+        between = (owner < 0) & (category == _CAT["host_compute"])
+        owner[between] = self._frames.at(middle[between])
         untraced = owner < 0
-        # host time no op covers: the Python between ops; the launch that ended it shows where
         evidence = np.where(untraced, calls[part], owner)
         label = np.where(untraced, -1, self.trace.name[np.maximum(owner, 0)])
         pieces.add(category, evidence, label, step_of[part], highs - lows, lows)
+
+
+def _user_frames(trace: Trace) -> np.ndarray:
+    """Which events are Python frames of the user's own code (``python_function`` events of ``with_stack``)."""
+    mask = np.zeros(len(trace), dtype=bool)
+    python = np.flatnonzero(trace.kind == Kind.PYTHON)
+    if len(python) == 0:
+        return mask
+    names = numeric.unique(trace.name[python])
+    mine = [name for name in names.tolist() if _is_user_frame(trace.names[name])]
+    mask[python[numeric.isin(trace.name[python], mine)]] = True
+    return mask
+
+
+def _is_user_frame(text: str) -> bool:
+    parsed = parse_frame(text)
+    return parsed is not None and is_user_file(parsed[0])
+
+
+def frame_label(text: str) -> str:
+    """A Python frame as the trace names it ("train.py(12): augment") as a cause: "augment() in train.py:12"; a
+    comprehension: "<listcomp> in train.py:30"; the module's own code: "module level of train.py"."""
+    parsed = parse_frame(text)
+    if parsed is None:
+        return text
+    path, line, function = parsed
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    if function == "<module>":
+        return f"module level of {name}"
+    return f"{function} in {name}:{line}" if function.startswith("<") else f"{function}() in {name}:{line}"
 
 
 def _outermost_sorted(trace: Trace, end: np.ndarray, events: np.ndarray) -> np.ndarray:
@@ -819,6 +857,8 @@ def _contributors(trace: Trace, category, event, label, length) -> tuple[Contrib
         events = events[np.argsort(-per_event, kind="stable")][:5]
         code, name = divmod(int(keys[position]), len(trace.names) + 1)
         text = trace.names[name - 1] if name > 0 else (UNLINKED if CATEGORIES[code] == "unexplained" else UNTRACED)
+        if len(events) and trace.kind[events[0]] == Kind.PYTHON:
+            text = frame_label(text)
         result.append(Contributor(CATEGORIES[code], text, float(totals[position]) / 1000.0, tuple(int(e) for e in events if e >= 0)))
     return tuple(result)
 
