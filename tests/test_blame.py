@@ -474,4 +474,4 @@ def test_python_between_ops_is_named_by_the_users_function_that_ran_it(tmp_path)
     assert ctx.locations(named["augment() in train.py:12"].events)[0] == "train.py:12 in augment"
     (idle,) = _findings(builder, tmp_path, "gpu_idle")
     assert "host work before the next launch (augment() in train.py:12)" in idle.title
-    assert idle.fix.startswith("the host runs augment() in train.py:12 at train.py:12 in augment while the device waits")
+    assert idle.fix.startswith("the host runs augment() in train.py:12 while the device waits")  # its line once

@@ -45,6 +45,7 @@ RUNS = {
     "dataloader_starved": QUICK,
     "memory_leak": QUICK,
     "memory_spike": QUICK,
+    "host_preprocessing": QUICK,
     "no_warmup": ("--wait", "0", "--warmup", "0", "--active", "1", "--stop-after-capture"),
 }
 COMPILED = ("--wait", "0", "--warmup", "1", "--active", "4", "--stop-after-capture")
@@ -212,9 +213,27 @@ def test_expand_then_materialise_spike(runs):
     assert not [f for f in report["findings"] if f["id"] == "memory_growth"]
 
 
+def test_python_preprocessing_on_the_training_thread(runs):
+    """Host work no op records is named by the user's function running it, with its share of the step: the
+    numpy augmentation first, the tokenizing comprehension next; neither is "host wait" or framework overhead."""
+    report = runs.report("host_preprocessing")
+    finding = _finding(report, "host_bound")
+    evidence = finding["evidence"]
+    assert evidence["outside_ops_pct"] >= 50
+    labels = [culprit["label"] for culprit in evidence["culprits"]]
+    assert {"augment() in host_preprocessing.py:22", "<listcomp> in host_preprocessing.py:32"} <= set(labels[:2])
+    shares = {culprit["label"]: culprit["share_pct"] for culprit in evidence["culprits"]}
+    assert sum(shares[label] for label in labels[:2]) <= evidence["outside_ops_pct"] + 1e-6
+    assert labels[0] in finding["title"] and "DataLoader workers" in finding["fix"]
+    if labels[0].startswith("augment"):
+        _assert_located(finding, "host_preprocessing", exact=False)
+    assert not [f for f in report["findings"] if f["id"] in ("launch_bound", "dataloader_bound", "no_bottleneck")]
+
+
 def test_thousands_of_tiny_ops(runs):
     report = runs.report("tiny_ops")
     finding = _finding(report, "launch_bound")
+    assert not [f for f in report["findings"] if f["id"] == "host_bound"]  # the Python between tiny ops is theirs
     evidence = finding["evidence"]
     assert evidence["ops_per_step"] >= 1000
     assert evidence["tiny_op_pct"] >= 50

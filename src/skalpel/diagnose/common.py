@@ -78,3 +78,12 @@ def pct(part: float, whole: float) -> float:
 def first(events: np.ndarray, count: int = 5) -> list[int]:
     """A few event indices, as evidence a user can look up."""
     return [int(index) for index in events[:count]]
+
+
+def named_at(label: str, location: str | None) -> str:
+    """A cause and its line: "augment() in train.py:12 at train.py:15 in augment"; the label alone when it already
+    names that line ("<listcomp> in train.py:30" located at train.py:30) or there is no line."""
+    if not location:
+        return label
+    line = location.split(" in ", 1)[0]
+    return label if line in label else f"{label} at {location}"

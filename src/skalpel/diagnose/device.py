@@ -15,6 +15,7 @@ from ..analysis.step_device import device_in_steps
 from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
 from ..trace.model import isin_few
 from . import thresholds
+from .common import named_at
 from .overhead import check_cpu_overhead, source_fix, tiny_op_sources
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 from .sdpa import SDPA, check_sdpa
@@ -182,7 +183,6 @@ _OFF_THE_PATH = ("move it off the step's critical path (precompute it, do it in 
 
 def _cause_fix(lead: dict, small_steps: bool) -> str:
     """The fix for the cause that holds most of the idle time, naming it and its line."""
-    where = f" at {lead['location']}" if lead.get("location") else ""
     category = lead["category"]
     if small_steps and category != "data_loading" and (category == "launch_overhead" or lead["label"] == UNTRACED):
         return SMALL_STEP_FIX  # the fixed cost of each short step, not one piece of host work
@@ -192,7 +192,7 @@ def _cause_fix(lead: dict, small_steps: bool) -> str:
     if category == "collective_wait" and lead.get("waiting_for"):
         category = "collective_wait_for_peer"
     template = _CAUSE_FIXES.get(category, _UNLINKED_FIX)
-    return template.format(what=f"{_short(lead['label'])}{where}", late=lead.get("waiting_for"))
+    return template.format(what=named_at(_short(lead["label"]), lead.get("location")), late=lead.get("waiting_for"))
 
 
 DATALOADER_FIX = "DataLoader(num_workers=4 or more, pin_memory=True, persistent_workers=True, prefetch_factor=2)"

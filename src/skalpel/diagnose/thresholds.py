@@ -112,6 +112,16 @@ LAUNCH_BOUND = Threshold(
     "kernels or ops per step",
     params=(("tiny_us", 10.0), ("min_idle_pct", 30.0), ("cpu_overhead_pct", 50.0)),
 )
+# CPU-only runs: the main thread outside its ops, host_compute holding cause_pct of it (a DataLoader fetch or a
+# collective there is dataloader_bound's or communication_bound's)
+HOST_BOUND = Threshold(
+    30.0,
+    "of the step on the main thread outside its ops (CPU-only runs), host work holding cause_pct of it",
+    2.0,
+    "ms/step",
+    critical_share_pct=60.0,
+    params=(("cause_pct", 50.0),),
+)
 ATTENTION_HOTSPOT = Threshold(20.0, "of device time in unfused attention (bmm + softmax)", 1.0, "ms/step")
 
 # --- memory --------------------------------------------------------------------------------

@@ -150,6 +150,8 @@ class Locator:
         if index < 0:
             return None
         trace = self.trace
+        if int(trace.name[index]) in self._frame_text and trace.kind[index] == Kind.PYTHON:
+            return int(trace.rank[index]), trace.names[int(trace.name[index])], self._around(index)  # a user frame
         stack_id = int(trace.stack[index])
         if stack_id < 0:  # a runtime call or a child op: take the 'Call stack' of the op around it
             stack_id = self._enclosing_stack(index)

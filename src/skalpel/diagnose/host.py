@@ -1,0 +1,104 @@
+"""host_bound: on a CPU-only run, the main thread spends much of the step in host work outside torch ops.
+
+A CPU-only trace has no device to go idle; the blame's compute there is the main thread's own
+ops, and the step's time outside them is charged to what the thread did (``analysis.blame``):
+Python between ops named by the user's function running it ("augment() in train.py:12"), a
+``record_function`` range, an op around it. When that host work (``host_compute``) holds most
+of the time outside the ops and the time outside is a large share of the step, the finding
+names the largest pieces, each with its share and line. A fetch or a collective there is
+``dataloader_bound``'s or ``communication_bound``'s; thousands of tiny ops are ``launch_bound``'s.
+"""
+
+from __future__ import annotations
+
+from ..analysis.blame import UNTRACED, blame
+from . import thresholds
+from .common import named_at
+from .device import LAUNCH_BOUND
+from .overhead import check_cpu_overhead
+from .rule import Context, Docs, NotJudged, Outcome, Rule
+
+_FIX = ("move it out of the training loop: build and augment the data in DataLoader workers (num_workers > 0) or "
+        "once before training, vectorise per-item Python with numpy/torch ops, compute metrics every N steps")  # fmt: skip
+
+
+def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
+    if ctx.trace.has_device:
+        return NotJudged("a device run: the device's idle time is gpu_idle's", applies=False)
+    result = ctx.result("blame", lambda: blame(ctx.trace, ctx.steps))
+    if result is None or not result.ranks:
+        return NotJudged("no steps with host ops")
+    limits = rule.thresholds
+    tiny_ops = check_cpu_overhead(ctx, LAUNCH_BOUND)  # thousands of tiny ops: the Python between them is theirs
+    tiny_op_ranks = {finding.rank for finding in tiny_ops} if isinstance(tiny_ops, list) else set()
+    findings = []
+    for rank, blamed in result.ranks.items():
+        if rank in tiny_op_ranks:
+            continue
+        count = max(len(blamed.steps), 1)
+        span_ms = sum(step.end_us - step.start_us for step in blamed.steps) / 1000.0
+        host_ms = blamed.by_category_ms.get("host_compute", 0.0)
+        if span_ms <= 0 or blamed.idle_ms <= 0:
+            continue
+        outside_pct = 100.0 * blamed.idle_ms / span_ms
+        host_pct = 100.0 * host_ms / blamed.idle_ms
+        if outside_pct < limits.share_pct or blamed.idle_ms / count < limits.floor or host_pct < limits.param("cause_pct"):
+            continue
+        culprits = []
+        for item in blamed.top("host_compute")[:3]:
+            share = 100.0 * item.ms / span_ms
+            if share < 1.0:
+                break
+            where = ctx.locations(item.events, limit=1) if item.events else ()
+            culprits.append({"label": item.label, "share_pct": share, "ms_per_step": item.ms / count,
+                             "location": where[0] if where and "with_stack" not in where[0] else None})  # fmt: skip
+        if not culprits:
+            continue
+        lead = culprits[0]
+        evidence = {
+            "outside_ops_pct": outside_pct,
+            "outside_ops_ms_per_step": blamed.idle_ms / count,
+            "step_ms": span_ms / count,
+            "host_work_ms_per_step": host_ms / count,
+            "culprits": culprits,
+        }
+        what = "Python no op or function of the user's covers" if lead["label"] == UNTRACED else lead["label"]
+        title = (f"The main thread spends {outside_pct:.0f}% of the step outside torch ops "
+                 f"({blamed.idle_ms / count:.1f} ms/step); {lead['share_pct']:.0f}% of the step in {what}")  # fmt: skip
+        others = [f"{item['label']} {item['share_pct']:.0f}%" for item in culprits[1:]]
+        title += f" ({', '.join(others)} next)" if others else ""
+        fix = f"{named_at(what, lead['location'])} holds the step's ops back: {_FIX}"
+        events = blamed.top("host_compute")[0].events
+        findings.append(rule.finding(evidence, locations=ctx.locations(events), rank=rank, title=title, fix=fix,
+                                     severity=rule.severity_for(outside_pct)))  # fmt: skip
+    return findings
+
+
+HOST_BOUND = Rule(
+    id="host_bound",
+    family="device",
+    severity="warning",
+    title="The main thread spends {outside_ops_pct:.0f}% of the step outside torch ops",
+    thresholds=thresholds.HOST_BOUND,
+    check=_check_host_bound,
+    fix=_FIX,
+    docs=Docs(
+        what="A CPU-only run whose main thread spends a large share of each step outside torch ops, in host work: "
+        "Python of the user's (numpy augmentation, tokenizing, a metric over a list), a record_function range, or "
+        "an op that wraps Python. The largest pieces are named by the user's innermost function running them "
+        "(\"augment() in train.py:12\") with their share of the step and their line.",
+        why="On a CPU the ops are the compute; every millisecond the training thread spends elsewhere is a "
+        "millisecond the model does not train, and it adds to every step.",
+        evidence="`outside_ops_pct` and ms per step of the main thread outside its ops (the blame's idle time on a "
+        "CPU-only trace, see `skalpel explain blame`), the host work's part of it, and `culprits`: up to three "
+        "pieces of host work with their share of the step, ms per step and the user's line (the statement most "
+        "sampled inside them where the capture sampled lines).",
+        fix="Build and augment batches in DataLoader workers (num_workers > 0) or once before training; replace "
+        "per-item Python loops with numpy or torch ops on whole arrays; compute Python-side metrics every N steps.",
+        false_positives="Host work that must stay on the training thread (an environment step in reinforcement "
+        "learning) is the workload, not overhead. Without Python stacks the work is \"Python no op covers\", with "
+        "no line.",
+    ),
+)
+
+RULES = (HOST_BOUND,)
