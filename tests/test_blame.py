@@ -475,3 +475,27 @@ def test_python_between_ops_is_named_by_the_users_function_that_ran_it(tmp_path)
     (idle,) = _findings(builder, tmp_path, "gpu_idle")
     assert "host work before the next launch (augment() in train.py:12)" in idle.title
     assert idle.fix.startswith("the host runs augment() in train.py:12 while the device waits")  # its line once
+
+
+@pytest.mark.parametrize("stacks", [True, False], ids=["with-stacks", "no-stacks"])
+def test_host_bound_names_the_python_outside_the_ops_of_a_cpu_step(tmp_path, stacks):
+    """A CPU-only step: 6 ms of augment() with no op in it, 3 ms of ops. With Python stacks the finding names the
+    function and its share of the step (a warning); without, the time has no name (a sleep, I/O and a lock look
+    the same): an info note that says how to name it."""
+    builder = TraceBuilder()
+    builder.device_properties = []
+    _steps(builder)
+    for number in range(3):
+        start = number * STEP_US
+        if stacks:
+            builder.frame("train.py(12): augment", start + 10, 6000)
+        builder.host("aten::mm", start + 6500, 3000)
+    (found,) = _findings(builder, tmp_path, "host_bound")
+    assert found.evidence["outside_ops_pct"] == pytest.approx(100 * 7.0 / 9.999, abs=0.1)
+    lead = found.evidence["culprits"][0]
+    if stacks:
+        assert found.severity == "critical"  # 70% of the step
+        assert lead["label"] == "augment() in train.py:12" and lead["share_pct"] == pytest.approx(60.0, abs=0.1)
+        assert "60% of the step in augment() in train.py:12" in found.title and "DataLoader workers" in found.fix
+    else:
+        assert found.severity == "info" and lead["label"] == UNTRACED and "with_stack=True" in found.fix

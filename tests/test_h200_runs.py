@@ -40,6 +40,19 @@ def test_item_every_step_is_the_sync_on_its_line_and_worth_what_the_fix_saved():
     assert "host_device_sync" not in loud("sync_item-fixed")
 
 
+def test_the_host_work_the_sync_exposes_is_named_apart_from_the_sync():
+    """After the .item() on line 26 the host sleeps 3 ms (line 27, the step's 'logging') while the device has nothing
+    queued: the sync is charged that idle time (capped at the ~28 ms it drained), and the finding names the host
+    work itself, its line and its time, apart from the sync's own line."""
+    sync = findings("sync_item")["host_device_sync"]
+    (after, *_) = sync.evidence["host_work_after"]
+    assert after["label"] == "step() in sync_item.py:18"  # one name for the frame the tracer also names at line 19
+    assert after["location"] == "sync_item.py:27 in step"
+    assert 2.5 <= after["ms_per_step"] <= 3.5 and after["ms_per_step"] <= sync.evidence["idle_after_ms_per_step"]
+    assert "while the host runs step() in sync_item.py:18 at sync_item.py:27 in step" in sync.title
+    assert "host_work_after" not in findings("pageable")["host_device_sync"].evidence  # 0.01 ms/step: below the floor
+
+
 def test_the_sync_fix_that_keeps_each_loss_leaks_and_is_told_so():
     """The fix as written keeps every step's loss.detach() in a list: on the H200 that kept 64 MiB of device memory a
     step (the allocator said +64.0 MiB a step over 50 steps, README). memory_growth names it with its projection,

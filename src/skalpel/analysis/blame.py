@@ -103,6 +103,7 @@ class Contributor:
     label: str  # the range, op or sync call's name; UNTRACED for host time no op covers
     ms: float  # summed over the steps
     events: tuple[int, ...]  # evidence: the ranges, syncs or launches charged, most time first
+    spans: tuple[tuple[float, float], ...] = ()  # where the time lies (kept for the host work after syncs)
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ class RankBlame:
     notes: tuple[str, ...]  # why some time is unexplained
     syncs_waited: tuple[int, ...] = ()  # sync calls that blocked while device work ran, outside fetches, compile and one-time work
     syncs_charged: tuple[int, ...] = ()  # of those, the ones charged with idle time after them, most time first
+    after_syncs: tuple[Contributor, ...] = ()  # what the host ran while the idle time charged to syncs went by
     unit: str = "step"  # what ``steps`` are: marked steps, iterations inferred from the loop, or the whole window
     waits_on: str = "device"  # what was idle: the device, or (CPU-only) the main thread's compute
     collective_spans: tuple[tuple[int, float, float], ...] = ()  # (step position, start, end) of collective waits
@@ -461,6 +463,7 @@ def _summed(trace: Trace, rank: int, rank_steps: list[Step], pieces: _Pieces, no
         notes=tuple(notes),
         syncs_waited=labels.waited_syncs(rank, busy),
         syncs_charged=charged,
+        after_syncs=labels.take_after_syncs(),
         collective_spans=pieces.collective_spans(),
     )
 
@@ -529,7 +532,7 @@ class _Labels:
     def __init__(self, trace: Trace, one_time: OneTimeResult) -> None:
         self.trace = trace
         self.end = trace.end  # computed once: each trace.end is a new array
-        self.user_frame = _user_frames(trace)
+        self.user_frame, self.frame_name = _user_frames(trace)
         host = np.flatnonzero(isin_few(trace.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER,
                                                              Kind.COMM_OP, Kind.RUNTIME, Kind.DRIVER]) | self.user_frame)  # fmt: skip
         keys = _thread_key(trace, host)
@@ -562,6 +565,7 @@ class _Labels:
         # the work a sync inside belongs to: fetches, compile ranges, one-time work
         self.work = np.concatenate([np.flatnonzero(trace.kind == Kind.DATALOADER), np.flatnonzero(self.compile), costs])
         self._waited: dict[int, float] = {}
+        self._after_sync = _Pieces([], [], [], [], [])  # the host work during the idle charged to syncs, by its cause
 
     def charge_call(self, pieces: _Pieces, calls, step_of, length) -> None:
         """Time in the launch calls themselves: launch overhead, or the one-time work that holds the call."""
@@ -616,6 +620,8 @@ class _Labels:
             pieces.add(category, owner, label, step_of[waited], charged[waited])
             for event, amount in zip(events[~inside_work].tolist(), charged[waited][~inside_work].tolist()):
                 self._waited[event] = self._waited.get(event, 0.0) + amount
+            synced = np.flatnonzero(waited)[~inside_work]  # the sync is the cause; the host work it exposed is named
+            ranges.charge(self._after_sync, starts[synced], rest_starts[synced], step_of[synced], calls[synced])
         ranges.charge(pieces, rest_starts, ends, step_of, calls)
 
     def waited_syncs(self, rank: int, busy) -> tuple[int, ...]:
@@ -633,6 +639,19 @@ class _Labels:
         chosen = self._waited
         self._waited = {}
         return tuple(event for event, _ in sorted(chosen.items(), key=lambda item: -item[1]))
+
+    def take_after_syncs(self) -> tuple[Contributor, ...]:
+        """What the host ran during the idle time charged to syncs since the last call (one rank's), most first,
+        each with the spans it ran in (where to look for its statement)."""
+        pieces, self._after_sync = self._after_sync, _Pieces([], [], [], [], [])
+        category, event, label, _, length = pieces.arrays()
+        start = np.concatenate(pieces.start) if pieces.start else np.zeros(0)
+        found = []
+        for item in _contributors(self.trace, category, event, label, length):
+            mine = (category == _CAT[item.category]) & np.isin(event, item.events)  # the spans of its top events
+            spans = tuple(zip(start[mine].tolist(), (start + length)[mine].tolist()))
+            found.append(dataclasses.replace(item, spans=spans))
+        return tuple(found)
 
 
 class _ThreadRanges:
@@ -661,6 +680,7 @@ class _ThreadRanges:
         }
         self.classes = {name: events[mask] for name, mask in masks.items()}
         self.frames = events[labels.user_frame[events]]  # the user's Python functions: what runs between ops
+        self.frame_name = labels.frame_name
         self._frames = _Innermost(trace, self.end, self.frames)
         self._outer = {name: _outermost_sorted(trace, self.end, found) for name, found in self.classes.items()
                        if name != "annotation"}  # fmt: skip
@@ -704,25 +724,30 @@ class _ThreadRanges:
         owner[between] = self._frames.at(middle[between])
         untraced = owner < 0
         evidence = np.where(untraced, calls[part], owner)
-        label = np.where(untraced, -1, self.trace.name[np.maximum(owner, 0)])
+        label = np.where(untraced, -1, self.frame_name[self.trace.name[np.maximum(owner, 0)]])
         pieces.add(category, evidence, label, step_of[part], highs - lows, lows)
 
 
-def _user_frames(trace: Trace) -> np.ndarray:
-    """Which events are Python frames of the user's own code (``python_function`` events of ``with_stack``)."""
+def _user_frames(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """Which events are Python frames of the user's own code (``python_function`` events of ``with_stack``), and
+    each name id's label: one name for a function the tracer names at several lines (a frame open when recording
+    began is named at its current line: "train.py(18): step" and "train.py(19): step"), the first; others as is."""
     mask = np.zeros(len(trace), dtype=bool)
+    label = np.arange(len(trace.names), dtype=np.int64)
     python = np.flatnonzero(trace.kind == Kind.PYTHON)
     if len(python) == 0:
-        return mask
-    names = numeric.unique(trace.name[python])
-    mine = [name for name in names.tolist() if _is_user_frame(trace.names[name])]
-    mask[python[numeric.isin(trace.name[python], mine)]] = True
-    return mask
-
-
-def _is_user_frame(text: str) -> bool:
-    parsed = parse_frame(text)
-    return parsed is not None and is_user_file(parsed[0])
+        return mask, label
+    mine: dict[int, tuple[str, str]] = {}  # name id -> (file, function)
+    first: dict[tuple[str, str], tuple[int, int]] = {}  # (file, function) -> (lowest line, its name id)
+    for name in numeric.unique(trace.name[python]).tolist():
+        parsed = parse_frame(trace.names[name])
+        if parsed is not None and is_user_file(parsed[0]):
+            key = mine[name] = (parsed[0], parsed[2])
+            first[key] = min(first.get(key, (parsed[1], name)), (parsed[1], name))
+    for name, key in mine.items():
+        label[name] = first[key][1]
+    mask[python[numeric.isin(trace.name[python], list(mine))]] = True
+    return mask, label
 
 
 def frame_label(text: str) -> str:

@@ -18,8 +18,9 @@ from .device import LAUNCH_BOUND
 from .overhead import check_cpu_overhead
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
-_FIX = ("move it out of the training loop: build and augment the data in DataLoader workers (num_workers > 0) or "
-        "once before training, vectorise per-item Python with numpy/torch ops, compute metrics every N steps")  # fmt: skip
+_FIX = ("take it off the training thread or out of the step: data built or augmented there goes to DataLoader "
+        "workers (num_workers > 0) or is prepared once before training; per-item Python loops become numpy/torch "
+        "ops on whole arrays; checkpoints, logging and metrics run every N steps (or in a background thread)")  # fmt: skip
 
 
 def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
@@ -69,8 +70,12 @@ def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
         title += f" ({', '.join(others)} next)" if others else ""
         fix = f"{named_at(what, lead['location'])} holds the step's ops back: {_FIX}"
         events = blamed.top("host_compute")[0].events
+        # time no op, range or user function covers may be a sleep, I/O or a lock as well as Python: an info note
+        severity = "info" if lead["label"] == UNTRACED else rule.severity_for(outside_pct)
+        if lead["label"] == UNTRACED and not ctx.trace.has_stacks:
+            fix = "profile with Python stacks (with_stack=True; skalpel run records them) to name the host work"
         findings.append(rule.finding(evidence, locations=ctx.locations(events), rank=rank, title=title, fix=fix,
-                                     severity=rule.severity_for(outside_pct)))  # fmt: skip
+                                     severity=severity))  # fmt: skip
     return findings
 
 
@@ -94,10 +99,11 @@ HOST_BOUND = Rule(
         "pieces of host work with their share of the step, ms per step and the user's line (the statement most "
         "sampled inside them where the capture sampled lines).",
         fix="Build and augment batches in DataLoader workers (num_workers > 0) or once before training; replace "
-        "per-item Python loops with numpy or torch ops on whole arrays; compute Python-side metrics every N steps.",
+        "per-item Python loops with numpy or torch ops on whole arrays; save checkpoints, log and compute "
+        "Python-side metrics every N steps or in a background thread.",
         false_positives="Host work that must stay on the training thread (an environment step in reinforcement "
-        "learning) is the workload, not overhead. Without Python stacks the work is \"Python no op covers\", with "
-        "no line.",
+        "learning) is the workload, not overhead. Time that no op, range or user function covers (without Python "
+        "stacks, all of it) may be a sleep, I/O or a lock as well as Python: led by it, the finding is an info note.",
     ),
 )
 

@@ -153,6 +153,10 @@ class Context:
             self._locator = Locator(self.trace)
         return self._locator.locations(events, limit=limit)
 
+    def location_in(self, event: int, spans) -> str | None:
+        """The user's line of one event, at the statement sampled inside these (start, end) spans."""
+        return self._get_locator().location_in(event, spans) if self.trace.has_stacks else None
+
     def inner_locations(self, events: Iterable[int] | np.ndarray, *, limit: int = 2) -> tuple[str, ...]:
         """User frames that run inside these events, by time spent (what a slow range is busy with)."""
         return self._get_locator().inner_locations(events, limit=limit)

@@ -19,7 +19,7 @@ from ..analysis.blame import blame, holding_range
 from ..analysis.syncs import ITEM_OPS, SYNC_COPY_CALLS
 from ..trace.kinds import Kind
 from . import thresholds
-from .common import pct, windows
+from .common import named_at, pct, windows
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 _CAUSES = {
@@ -67,8 +67,31 @@ def _check_sync(ctx: Context, rule: Rule) -> Outcome:
             "events": sorted(int(index) for index in shown),  # the sync calls themselves
             "sync_calls": sorted({trace.name_of(index) for index in shown}),
         }
-        findings.append(rule.finding(evidence, locations=ctx.locations(shown), severity=severity, rank=window.rank))
+        title = None
+        after = _host_work_after(ctx, blamed, window.count, limits.floor)
+        if after:
+            evidence["host_work_after"] = after
+            lead = after[0]
+            title = rule.title.format(**evidence) + (
+                f" while the host runs {named_at(lead['label'], lead['location'])} ({lead['ms_per_step']:.2f} ms/step), "
+                "which the sync keeps from overlapping the device's work")  # fmt: skip
+        findings.append(rule.finding(evidence, locations=ctx.locations(shown), severity=severity, rank=window.rank,
+                                     title=title))  # fmt: skip
     return findings
+
+
+def _host_work_after(ctx: Context, blamed, steps: int, floor_ms: float, count: int = 3) -> list[dict]:
+    """What the host ran while the device idled after the syncs (the time charged to them): the work the sync
+    exposes, named apart from the sync, each with its time per step (the rule's floor or more) and the statement
+    sampled while it ran."""
+    total = blamed.by_category_ms["sync"]
+    found = []
+    for item in blamed.after_syncs[:count]:
+        if total <= 0 or item.ms < 0.1 * total or item.ms / steps < floor_ms or item.category != "host_compute":
+            continue
+        where = ctx.location_in(item.events[0], item.spans) if item.events else None
+        found.append({"label": item.label, "ms_per_step": item.ms / steps, "location": where})
+    return found
 
 
 def _causes(ctx: Context, syncs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -123,8 +146,11 @@ HOST_DEVICE_SYNC = Rule(
         evidence="The device idle time the blame analysis charges to syncs (from the idle start to the next launch, "
         "capped at what the sync drained) per step and its share of the step, which the thresholds judge; the host "
         "time blocked in them; syncs per step by cause; the cuda_sync events CUPTI recorded; the sync calls "
-        "themselves (`events`, `sync_calls`): those after which the device idled, else the longest. Below the "
-        "thresholds the finding is an info note, so each sync is still located.",
+        "themselves (`events`, `sync_calls`): those after which the device idled, else the longest; "
+        "`host_work_after`: what the host ran while the device idled after them (the user's function, the "
+        "statement sampled there, ms per step), the work the sync keeps from overlapping the device's, named "
+        "apart from the sync and in the title. Below the thresholds the finding is an info note, so each sync is "
+        "still located.",
         fix="Accumulate metrics on the device and read them every N steps; avoid data-dependent Python control "
         "flow on tensors (`if loss > x`, `nonzero`); `copy_(..., non_blocking=True)` into pinned memory; keep "
         "`torch.cuda.synchronize()` only around timing code.",

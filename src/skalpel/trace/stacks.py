@@ -217,6 +217,14 @@ class Locator:
             located[self._statement(rank, frame, spans[(rank, frame)])] += count
         return tuple(location for location, _ in located.most_common(limit))
 
+    def location_in(self, index: int, spans: Iterable[tuple[float, float]]) -> str | None:
+        """The innermost user frame around one event, at the statement sampled inside these spans only (the host
+        work after a sync, not the sync inside the same function); its other location where none was sampled."""
+        found = self._frame_of(int(index))
+        if found is None:
+            return None
+        return self._statement(found[0], found[1], list(spans) or found[2])
+
     def inner_locations(self, events: Iterable[int] | np.ndarray, *, limit: int = 2) -> tuple[str, ...]:
         """User frames that run inside these host events (e.g. a Dataset's __getitem__ inside the
         DataLoader's __next__), by the time spent in them; () when the trace has no stacks."""
