@@ -88,6 +88,18 @@ def test_starved_loader_is_the_cause_of_the_idle_device_and_workers_remove_it():
     assert "dataloader_bound" not in findings("loader_starved-fixed")
 
 
+def test_python_between_the_ops_of_a_short_step_is_named_and_its_fix_is_the_short_steps():
+    """With 8 workers the step is 2.1 ms and the device idles 78% of it while the host runs the step's Python
+    between launches: the title names the function (not "host code between recorded ops"); the fix stays the
+    fixed cost of a short step (CUDA graphs, bigger batches), not "move this piece of host work elsewhere"."""
+    from skalpel.diagnose.device import SMALL_STEP_FIX
+
+    idle = findings("loader_starved-fixed")["gpu_idle"]
+    assert idle.evidence["lead_cause"] == "host_compute"
+    assert "host work before the next launch (step() in loader_starved.py:32)" in idle.title
+    assert idle.fix == SMALL_STEP_FIX
+
+
 def test_device_bound_clean_run_raises_nothing():
     assert loud("clean") == set()
 

@@ -104,6 +104,7 @@ class Contributor:
     ms: float  # summed over the steps
     events: tuple[int, ...]  # evidence: the ranges, syncs or launches charged, most time first
     spans: tuple[tuple[float, float], ...] = ()  # where the time lies (kept for the host work after syncs)
+    python: bool = False  # Python between ops, named by the user's function running it
 
 
 @dataclass(frozen=True)
@@ -882,9 +883,9 @@ def _contributors(trace: Trace, category, event, label, length) -> tuple[Contrib
         events = events[np.argsort(-per_event, kind="stable")][:5]
         code, name = divmod(int(keys[position]), len(trace.names) + 1)
         text = trace.names[name - 1] if name > 0 else (UNLINKED if CATEGORIES[code] == "unexplained" else UNTRACED)
-        if len(events) and trace.kind[events[0]] == Kind.PYTHON:
-            text = frame_label(text)
-        result.append(Contributor(CATEGORIES[code], text, float(totals[position]) / 1000.0, tuple(int(e) for e in events if e >= 0)))
+        python = bool(len(events)) and trace.kind[events[0]] == Kind.PYTHON
+        result.append(Contributor(CATEGORIES[code], frame_label(text) if python else text, float(totals[position]) / 1000.0,
+                                  tuple(int(e) for e in events if e >= 0), python=python))  # fmt: skip
     return tuple(result)
 
 

@@ -127,7 +127,7 @@ def _lead(ctx: Context, blamed, cause_pct: float) -> dict | None:
         return None
     top = blamed.top(category)[0]
     return {"category": category, "label": top.label, "share_pct": blamed.share_pct[category],
-            "location": _line(ctx, top.events)}  # fmt: skip
+            "location": _line(ctx, top.events), "python": top.python}  # fmt: skip
 
 
 def _line(ctx: Context, events) -> str | None:
@@ -184,7 +184,8 @@ _OFF_THE_PATH = ("move it off the step's critical path (precompute it, do it in 
 def _cause_fix(lead: dict, small_steps: bool) -> str:
     """The fix for the cause that holds most of the idle time, naming it and its line."""
     category = lead["category"]
-    if small_steps and category != "data_loading" and (category == "launch_overhead" or lead["label"] == UNTRACED):
+    between_ops = lead["label"] == UNTRACED or lead.get("python")  # Python between ops, named or not
+    if small_steps and category != "data_loading" and (category == "launch_overhead" or between_ops):
         return SMALL_STEP_FIX  # the fixed cost of each short step, not one piece of host work
     if category == "host_compute" and lead["label"] == UNTRACED:
         before = f" (up to {lead['location']})" if lead.get("location") else ""
