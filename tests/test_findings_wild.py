@@ -450,3 +450,29 @@ def test_a_rank_doing_extra_work_is_the_straggler(tmp_path):
     assert finding.evidence["rank"] == 1 and finding.evidence["last_arrival_pct"] == 100
     assert finding.evidence["extra_time_in"].startswith("(host time outside any op")
     assert finding.evidence["comm_share_max_pct"] > 40  # the waiting rank's collectives, never hidden
+
+
+def test_ranks_that_all_reduce_the_same_buckets_in_another_order_do_identical_work(tmp_path):
+    """DDP all-reduces each gradient bucket once a step; gloo's thread may record them in another order on each rank.
+    Ranked by call count the buckets tie: which one was recorded first must not make the ranks' work differ (a
+    real 2-rank gloo run on a loaded machine read as a critical straggler, identical work slowed by the load)."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for rank in (0, 1):
+        builder = cpu_rank(rank)
+        buckets = [525_312, 1_059_850] if rank == 0 else [1_059_850, 525_312]
+        for number in range(6):
+            start = number * STEP
+            builder.step(number + 1, start, STEP - 1)
+            mm_us = 24_000 if rank == 1 else 8_000  # the same op, slower on the loaded rank
+            builder.host("aten::mm", start + 10, mm_us)
+            arrive = start + 10 + mm_us
+            for offset, nelems in enumerate(buckets):
+                builder.host("gloo:all_reduce", arrive + offset * 1_000, 1_000, tid=200, **{
+                    "Input Dims": [[nelems]], "In msg nelems": nelems, "Out msg nelems": nelems, "dtype": "Float",
+                    "Group size": 2})  # fmt: skip
+            builder.gloo_all_reduce(arrive + 2_000, start + 30_000 - arrive)
+        builder.write(folder / f"trace-rank{rank}.json")
+    report = analyze(folder)
+    (note,) = _found(report, "straggler_rank")
+    assert note.severity == "info" and note.title.startswith("No straggler") and "identical work" in note.title

@@ -72,8 +72,14 @@ def compare_work(ops: OpTable | None, steps: StepSegmentation, rank: int, *, min
 
 
 def _per_step(rows: tuple[OpStats, ...], steps: int) -> dict[str, tuple[float, float, str | None]]:
-    """op -> (calls a step, ms a step, most frequent inputs)."""
-    return {row.name: (row.calls / steps, max(row.self_ms, row.device_ms) / steps, row.input_shapes) for row in rows}
+    """op -> (calls a step, ms a step, inputs: its only ones, or how many it ran on).
+
+    Of several inputs the most frequent is no mark of the work: where they tie (DDP's buckets, each all-reduced
+    once a step) it is the one recorded first, which two ranks doing the same work can record in another order
+    (a real 2-rank gloo run on a loaded machine read as a critical straggler)."""
+    return {row.name: (row.calls / steps, max(row.self_ms, row.device_ms) / steps,
+                       row.input_shapes if row.shape_variants <= 1 else f"{row.shape_variants} input shapes")
+            for row in rows}  # fmt: skip
 
 
 def _work(ops: dict[str, tuple[float, float, str | None]]) -> dict[str, tuple[float, str | None]]:
