@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -68,3 +69,15 @@ def test_analyses_leave_numpy_ma_unimported():
     done = subprocess.run([sys.executable, "-c", _PROBE, str(trace)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "0"], json.dumps(done.stdout)
+
+
+def test_rounded_gives_the_doubles_round_gives() -> None:
+    rng = np.random.default_rng(7)
+    values = np.concatenate([
+        rng.uniform(-1e7, 1e7, 20_000), rng.uniform(-1, 1, 20_000),
+        (rng.integers(-10**9, 10**9, 20_000) + 0.5) / 1e4,  # halves: ties, and doubles a hair either side of them
+        np.array([0.0, -0.0, -0.00001, 0.00005, 0.00015, 1.00005, 123456.78905, 2.0**60, np.inf, -np.inf]),
+    ])  # fmt: skip
+    for digits in (2, 4):
+        got, want = numeric.rounded(values, digits), [round(float(value), digits) for value in values]
+        assert [(value, math.copysign(1, value)) for value in got] == [(value, math.copysign(1, value)) for value in want]

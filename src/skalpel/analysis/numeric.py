@@ -71,3 +71,23 @@ def isin(values: np.ndarray, ids) -> np.ndarray:
     """``np.isin(values, ids)`` for integer ids given as a list: typed as integers, an empty list too
     (numpy takes ``[]`` for floats and falls back to its sorting method, through a plain np.unique)."""
     return np.isin(values, np.asarray(ids, dtype=np.int64))
+
+
+def rounded(values: np.ndarray, digits: int) -> list[float]:
+    """``[round(value, digits) for value in values]``, the same doubles, at numpy's speed (a job's memory curves
+    are 2,000 points a rank, 1,000 ranks).
+
+    ``round`` gives the double nearest the decimal that rounds the value's exact binary value half to even;
+    ``rint(value * 10**digits) / 10**digits`` gives the same double (a quotient of exact integers, correctly
+    rounded) unless the product's own rounding moved it across a half: values within a few of its ulps of a
+    half, and those too large or not finite, go to ``round`` itself."""
+    values = np.asarray(values, np.float64)
+    scale = 10.0**digits
+    scaled = values * scale
+    finite = np.isfinite(scaled)
+    plain = np.where(finite, scaled, 0.0)
+    near_half = np.abs(plain - np.floor(plain) - 0.5) <= 4 * np.spacing(np.abs(plain))
+    out = (np.rint(scaled) / scale).tolist()
+    for index in np.flatnonzero(near_half | ~finite | (np.abs(plain) >= 2.0**52)).tolist():
+        out[index] = round(float(values[index]), digits)
+    return out

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from ..analysis import numeric
 from ..analysis.bundle import Analyses, run_analyses
 from ..analysis.memory import DeviceMemory
@@ -184,8 +186,16 @@ def memory_summary(device: DeviceMemory | None, *, shift_us: float = 0.0) -> Mem
         growth_bytes_per_step=round(growth, 1) if growth is not None else None,
         device=device.device,
         peak_ts_ms=round((device.peak_ts_us + shift_us) / 1000.0, 4),
-        curve=tuple((round((ts + shift_us) / 1000.0, 4), value) for ts, value in device.curve),
+        curve=_curve_ms(device.curve, shift_us),
     )
+
+
+def _curve_ms(curve: tuple[tuple[float, int], ...], shift_us: float) -> tuple[tuple[float, int], ...]:
+    """The curve's times in ms from the job's origin, rounded as ``round(ms, 4)`` (``numeric.rounded``)."""
+    if not curve:
+        return ()
+    times = np.array([ts for ts, _ in curve], np.float64)
+    return tuple(zip(numeric.rounded((times + shift_us) / 1000.0, 4), (value for _, value in curve)))
 
 
 def _extra(analyses: Analyses, rank: int) -> dict:
