@@ -19,7 +19,7 @@ import pytest
 from skalpel.analysis.call_tree import flame_tree
 from skalpel.api import analyze_job
 from skalpel.job.build import build_report
-from skalpel.job.join import join_summaries
+from skalpel.job.join import Joining, join_summaries
 from skalpel.job.peers import SplitRequest, split_here
 from skalpel.job.pool import split_all, split_on_ray, summarize_all, summarize_on_ray
 from skalpel.job.rank import RankFailure, SummaryRequest, summarize_rank
@@ -70,6 +70,21 @@ def test_corpus_jobs_equal_the_whole_trace(name: str) -> None:
     whole = _whole(corpus(name))
     assert _by_ranks(corpus(name), workers=2) == whole
     assert analyze_job([corpus(name)], workers=1).report.to_json() == whole  # in this process, rank after rank
+    assert analyze_job([corpus(name)], workers=2).report.to_json() == whole  # joined as the workers' results arrive
+
+
+@pytest.mark.parametrize("order", [[7, 6, 5, 4, 3, 2, 1, 0], [3, 5, 0, 7, 1, 6, 2, 4]])
+def test_summaries_joined_as_they_arrive_in_any_order_give_the_whole_traces_report(order: list[int]) -> None:
+    """Each rank's own part is done as it arrives; ranks paired with a reference that a lower rank then
+    replaces are paired again at the end."""
+    files = find_trace_files([corpus(DLRM)])
+    results = summarize_all([SummaryRequest(path, len(files)) for path in files], workers=1)
+    joining = Joining()
+    for index in order:
+        joining.add(index, results[index])
+    assert joining.indexed.reference == 0 and sorted(joining.works) == list(range(8))
+    assert sorted(joining.indexed.pairs) == [0] + sorted(order[order.index(0) + 1 :])  # paired with rank 0 on arrival
+    assert joining.finish()[0].to_json() == _whole(corpus(DLRM))
 
 
 @pytest.mark.parametrize("name", [PAIR, DLRM])

@@ -84,20 +84,21 @@ def analyze_job(
 
         report = build_report(trace, capture=capture, processes=process_count(workers))
         return JobAnalysis(report, tuple(files), _flame(trace) if flame else None)
-    from .job.join import join_summaries
+    from .job.join import Joining
     from .job.pool import split_all, split_on_ray, summarize_all, summarize_on_ray
     from .job.rank import SummaryRequest
 
     if while_loading is not None:
         while_loading()
     requests = [SummaryRequest(path, len(files), flame=flame and index == 0) for index, path in enumerate(files)]
+    joining = Joining()  # each rank's own part of the join as its summary arrives, beside the workers
     if ray:
-        results = summarize_on_ray(requests, None if ray is True else ray, on_progress=on_rank_progress)
+        summarize_on_ray(requests, None if ray is True else ray, on_progress=on_rank_progress, on_result=joining.add)
         split = split_on_ray
     else:
-        results = summarize_all(requests, workers=workers, on_progress=on_rank_progress)
+        summarize_all(requests, workers=workers, on_progress=on_rank_progress, on_result=joining.add)
         split = partial(split_all, workers=workers)
-    report, summaries = join_summaries(results, capture=capture, split=split)
+    report, summaries = joining.finish(capture=capture, split=split)
     graph = None
     if flame:  # from the lowest rank, as for a whole trace; loaded again only when it was not the first file
         graph = summaries[0].flame if summaries[0].flame is not None else _flame(load_one(summaries[0].path))

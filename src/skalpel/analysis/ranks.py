@@ -148,19 +148,22 @@ class RankComparison:
 
 
 def compare_ranks(
-    trace: Trace, steps: StepSegmentation, comm: CommAnalysis, *, profiles: dict[int, Profile] | None = None
+    trace: Trace, steps: StepSegmentation, comm: CommAnalysis, *, profiles: dict[int, Profile] | None = None,
+    indexed: "IndexedRanks | None" = None,
 ) -> RankComparison:
     """Compare the ranks of one job; meaningful from two ranks on.
 
     ``profiles`` (rank -> ``time_profile``) are given when the ranks were reduced one by one
-    (``skalpel.job.join``); ``trace`` then only needs ``ranks`` and ``rank_ids``.
+    (``skalpel.job.join``); ``trace`` then only needs ``ranks`` and ``rank_ids``. ``indexed``: the ranks'
+    collectives already indexed by type, and matched where the reference was known, as their summaries arrived.
     """
     by_rank = {item.rank: item.collectives for item in comm.ranks}
     rank_ids = trace.rank_ids
     reference = rank_ids[0]
     hosts = {info.rank: info.host for info in trace.ranks}
-    calls = {rank: _Calls(items) for rank, items in by_rank.items()}
-    groups = _match(calls, reference)
+    known = indexed or IndexedRanks()
+    calls = {rank: _Calls(items, known.indices.get(rank)) for rank, items in by_rank.items()}
+    groups = _match(calls, reference, known.pairs if known.reference == reference else {})
     offsets = _offsets(groups, calls, hosts)
     shared = _Shared(groups, calls, offsets, hosts)
     timings = tuple(_timing(steps, comm, rank, shared) for rank in rank_ids)
@@ -180,31 +183,72 @@ def compare_ranks(
 _UNEVEN = frozenset({"all_to_all", "send_recv", "gather", "scatter"})  # sizes legitimately differ across ranks
 
 
+@dataclass(frozen=True)
+class CallIndex:
+    """A rank's collectives by type, without their times: what matching reads (``_match``). Moving a rank onto
+    the job's clock leaves it as it is, so the join makes it as the rank's summary arrives."""
+
+    types: list[str]  # sorted
+    type_codes: np.ndarray  # per call, into types
+    nbytes: np.ndarray
+    of_type: dict[str, np.ndarray]  # type -> its calls' indices, in order
+
+
+def index_calls(calls) -> CallIndex:
+    """``calls`` (``Collective``s in time order, or the driver's columns, ``job.transfer.PackedCollectives``) by type."""
+    column = getattr(calls, "column", None)
+    if column is not None:
+        types, type_codes, nbytes = list(calls.types), calls.type_codes.astype(np.int64), column("nbytes")
+    else:
+        nbytes = np.array([c.nbytes for c in calls], np.int64)
+        names = [c.type for c in calls]
+        types = sorted(set(names))
+        code_of = {kind: code for code, kind in enumerate(types)}
+        type_codes = np.array([code_of[kind] for kind in names], np.int64)
+    of_type = {kind: np.flatnonzero(type_codes == code) for code, kind in enumerate(types)}
+    return CallIndex(types, type_codes, nbytes, of_type)
+
+
+Pairs = tuple[np.ndarray, np.ndarray]
+"""A rank's matched collectives: the reference's group numbers (increasing) and its own call indices."""
+
+
+@dataclass
+class IndexedRanks:
+    """What the join worked out of each rank as its summary arrived: its ``CallIndex``, and its pairs with the
+    reference rank's collectives (``reference``; None until known), which only a rank's own sizes decide."""
+
+    indices: dict[int, CallIndex] = field(default_factory=dict)
+    reference: int | None = None
+    pairs: dict[int, Pairs | None] = field(default_factory=dict)  # rank -> pairs (None: none matched)
+
+    def add(self, rank: int, index: CallIndex) -> None:
+        self.indices[rank] = index
+        if self.reference is None or rank < self.reference:  # the job's lowest rank so far: the reference
+            self.reference, self.pairs = rank, {}  # those matched to another are matched again once all are in
+        self.pairs[rank] = member_pairs(self.indices[self.reference], index, rank == self.reference)
+
+
 class _Calls:
     """One rank's collectives as arrays (in time order): the comparison works on whole ranks at numpy speed,
     not call by call (a 1 GB rank has some 50,000 collectives, a job 1,000 ranks)."""
 
     __slots__ = ("calls", "start", "end", "nbytes", "group_size", "rank", "event", "types", "type_codes", "of_type")
 
-    def __init__(self, calls: tuple[Collective, ...]) -> None:
+    def __init__(self, calls: tuple[Collective, ...], index: CallIndex | None = None) -> None:
         self.calls = calls
         column = getattr(calls, "column", None)  # a job's driver holds them as columns (job.transfer.PackedCollectives)
         if column is not None:
-            self.start, self.end, self.nbytes, self.group_size, self.rank, self.event = (
-                column(name) for name in ("start_us", "end_us", "nbytes", "group_size", "rank", "event"))
-            self.types, self.type_codes = list(calls.types), calls.type_codes.astype(np.int64)
+            self.start, self.end, self.group_size, self.rank, self.event = (
+                column(name) for name in ("start_us", "end_us", "group_size", "rank", "event"))
         else:
             self.start = np.array([c.start_us for c in calls], np.float64)
             self.end = np.array([c.end_us for c in calls], np.float64)
-            self.nbytes = np.array([c.nbytes for c in calls], np.int64)
             self.group_size = np.array([c.group_size for c in calls], np.int64)
             self.rank = np.array([c.rank for c in calls], np.int64)
             self.event = np.array([c.event for c in calls], np.int64)
-            names = [c.type for c in calls]
-            self.types = sorted(set(names))
-            code_of = {kind: code for code, kind in enumerate(self.types)}
-            self.type_codes = np.array([code_of[kind] for kind in names], np.int64)
-        self.of_type = {kind: np.flatnonzero(self.type_codes == code) for code, kind in enumerate(self.types)}
+        index = index if index is not None else index_calls(calls)
+        self.types, self.type_codes, self.nbytes, self.of_type = index.types, index.type_codes, index.nbytes, index.of_type
 
 
 @dataclass
@@ -220,35 +264,47 @@ class _Groups:
     members: dict[int, tuple[np.ndarray, np.ndarray]]  # rank -> (group numbers, increasing; its call indices)
 
 
-def _match(calls: dict[int, _Calls], reference: int) -> _Groups:
-    """Each rank's collectives matched to the reference rank's, type by type."""
+def _match(calls: dict[int, _Calls], reference: int, known: dict[int, Pairs | None]) -> _Groups:
+    """Each rank's collectives matched to the reference rank's, type by type (``known``: ranks already matched)."""
     empty = _Calls(())
     ref = calls.get(reference, empty)
     kinds = sorted({kind for rank_calls in calls.values() for kind in rank_calls.types})
-    bases, count = {}, 0
-    for kind in kinds:
-        bases[kind] = count
-        count += len(ref.of_type.get(kind, ()))
+    count = sum(len(ref.of_type.get(kind, ())) for kind in kinds)
     ref_order = np.concatenate([ref.of_type.get(kind, np.zeros(0, np.int64)) for kind in kinds] or [np.zeros(0, np.int64)])
     synchronising = np.concatenate([np.full(len(ref.of_type.get(kind, ())), kind in SYNCHRONISING) for kind in kinds] or [np.zeros(0, bool)])
-    members: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    members: dict[int, Pairs] = {}
     for rank in [reference] + [rank for rank in calls if rank != reference]:  # the reference first: ties go to it
-        mine, found_groups, found_calls = calls.get(rank, empty), [], []
-        for kind, indices in mine.of_type.items():
-            ref_indices = ref.of_type.get(kind)
-            if ref_indices is None:
-                continue
-            if rank == reference:
-                positions = chosen = np.arange(len(indices))
-            else:
-                positions, chosen = _pairs(kind, ref.nbytes[ref_indices], mine.nbytes[indices])
-            found_groups.append(bases[kind] + positions)
-            found_calls.append(indices[chosen])
-        if found_groups:
-            groups, indices = np.concatenate(found_groups), np.concatenate(found_calls)  # types in order: increasing
-            if len(groups):
-                members[rank] = (groups, indices)
+        pairs = known[rank] if rank in known else member_pairs(ref, calls.get(rank, empty), rank == reference)
+        if pairs is not None:
+            members[rank] = pairs
     return _Groups(reference, count, synchronising.astype(bool), ref.start[ref_order], ref.end[ref_order], members)
+
+
+def member_pairs(ref: CallIndex | _Calls, mine: CallIndex | _Calls, is_reference: bool) -> Pairs | None:
+    """One rank's collectives paired with the reference's (``Pairs``), type by type; None when none pairs.
+
+    Groups are numbered type by type (sorted), so a type's first group number counts the reference's calls of
+    the types before it: the reference's own types and sizes decide them, whatever the other ranks hold."""
+    bases, count = {}, 0
+    for kind in sorted(ref.of_type):
+        bases[kind] = count
+        count += len(ref.of_type[kind])
+    found_groups, found_calls = [], []
+    for kind, indices in mine.of_type.items():
+        ref_indices = ref.of_type.get(kind)
+        if ref_indices is None:
+            continue
+        if is_reference:
+            positions = chosen = np.arange(len(indices))
+        else:
+            positions, chosen = _pairs(kind, ref.nbytes[ref_indices], mine.nbytes[indices])
+        found_groups.append(bases[kind] + positions)
+        found_calls.append(indices[chosen])
+    if found_groups:
+        groups, indices = np.concatenate(found_groups), np.concatenate(found_calls)  # types in order: increasing
+        if len(groups):
+            return groups, indices
+    return None
 
 
 def _pairs(kind: str, ref_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -42,20 +42,41 @@ class WorkComparison:
     extra: tuple[ExtraWork, ...]  # what this rank runs more of, most extra time first
 
 
-def compare_work(ops: OpTable | None, steps: StepSegmentation, rank: int, *, min_call_ratio: float) -> WorkComparison | None:
+@dataclass(frozen=True)
+class RankWork:
+    """One rank's ops a step (op -> calls a step, ms a step, most frequent inputs), and its ``work``: the same
+    without the times. A job's join makes it as each rank's summary arrives."""
+
+    per_step: dict[str, tuple[float, float, str | None]]
+    work: dict[str, tuple[float, str | None]]
+
+
+def rank_work(rows: tuple[OpStats, ...], steps: int, alike: RankWork | None = None) -> RankWork:
+    """``rows`` of an op table over ``steps`` profiled steps; ``alike`` (another rank's) lends its ``work`` when
+    equal, so that a job of alike ranks holds it once."""
+    per_step = _per_step(rows, max(steps, 1))
+    work = _work(per_step)
+    return RankWork(per_step, alike.work if alike is not None and alike.work == work else work)
+
+
+def compare_work(ops: OpTable | None, steps: StepSegmentation, rank: int, *, min_call_ratio: float,
+                 works: dict[int, RankWork] | None = None) -> WorkComparison | None:  # fmt: skip
     """``rank``'s work against the others'; None without op tables for it and another rank.
 
     An op is extra work when ``rank`` calls it at least ``min_call_ratio`` times as often a step as the
     median of the others (or only it calls it), or as often on other most frequent inputs and for longer.
+    ``works``: ranks' ``rank_work`` made already (a job's, as its ranks arrived).
     """
     if ops is None:
         return None
-    per_step = {item.rank: _per_step(item.rows, max(len(steps.for_rank(item.rank)), 1)) for item in ops.ranks}
-    if rank not in per_step or len(per_step) < 2:
+    works = works or {}
+    ranks = {item.rank: works.get(item.rank) or rank_work(item.rows, len(steps.for_rank(item.rank))) for item in ops.ranks}
+    if rank not in ranks or len(ranks) < 2:
         return None
-    mine = per_step.pop(rank)
-    others = list(per_step.values())
-    matched = all(_work(other) == _work(mine) for other in others)
+    own = ranks.pop(rank)
+    mine = own.per_step
+    others = [other.per_step for other in ranks.values()]
+    matched = all(other.work is own.work or other.work == own.work for other in ranks.values())
     extra = []
     for name, (calls, ms, shapes) in mine.items():
         theirs = [other.get(name, (0.0, 0.0, None)) for other in others]

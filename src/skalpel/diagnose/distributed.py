@@ -89,7 +89,7 @@ def _work(ctx: Context) -> WorkComparison | None:
     rank = comparison.straggler.rank if comparison.straggler is not None else comparison.ranks[0].rank
     ratio = thresholds.STRAGGLER_RANK.param("min_call_ratio")
     return ctx.result("rank_work", lambda: compare_work(ctx.result("ops", lambda: op_table(ctx.trace)), ctx.steps, rank,
-                                                        min_call_ratio=ratio))  # fmt: skip
+                                                        min_call_ratio=ratio, works=ctx.result("rank_works")))  # fmt: skip
 
 
 def _extra_work(ctx: Context) -> ExtraWork | None:

@@ -32,7 +32,8 @@ from ..analysis.bundle import Analyses
 from ..analysis.comm import CommAnalysis, RankComm
 from ..analysis.gpu_time import GpuTimeResult
 from ..analysis.ops import OpTable
-from ..analysis.ranks import compare_ranks
+from ..analysis.ranks import IndexedRanks, compare_ranks, index_calls
+from ..analysis.rankwork import RankWork, rank_work
 from ..analysis.recorded import HostSigns, RecordingResult
 from ..analysis.step_device import StepDeviceResult
 from ..analysis.steps import Step, StepSegmentation
@@ -76,15 +77,60 @@ def join_summaries(
     by default; ``pool.split_all`` or ``pool.split_on_ray`` in the workers.
 
     Also returns the summaries kept (one per rank, in rank order). Raises TraceError when no rank could be read.
-    The cyclic garbage collector waits: each of its passes would walk every summary's objects (half the join's
-    time on 8 ranks, more with more).
+    The pool joins as the summaries arrive (``Joining``); this is the same join of summaries all in hand.
     """
+    joining = Joining()
     with collector_paused():
-        return _join(results, capture, split)
+        for index, result in enumerate(results):
+            joining.add(index, result)
+    return joining.finish(capture=capture, split=split)
 
 
-def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None,
-          split: Splitter) -> tuple[Report, list[RankSummary]]:  # fmt: skip
+class Joining:
+    """The join of a job whose summaries arrive one by one (``pool.summarize_all``'s ``on_result``): each rank's
+    own part is done as it arrives, beside the workers still reducing the others, and ``finish`` does the rest.
+
+    A rank's own part needs no other rank: its collectives indexed by type and paired with the reference
+    rank's (the lowest rank so far; ranks paired with another are paired again in ``finish``), and its ops a step
+    for the work comparison. What moves a rank onto the job's clock, or into its event numbering, waits for every
+    rank (the job's origin is the earliest of theirs). The cyclic garbage collector waits in ``finish``: each of
+    its passes would walk every summary's objects (half the join's time on 8 ranks, more with more); the
+    pools pause it while results arrive.
+    """
+
+    def __init__(self) -> None:
+        self.results: dict[int, RankSummary | RankFailure] = {}
+        self.indexed = IndexedRanks()
+        self.works: dict[int, RankWork] = {}
+        self.repeated = False  # two files of one rank: the first in file order is kept, so what was done is dropped
+
+    def add(self, index: int, result: RankSummary | RankFailure) -> None:
+        """The result of the job's ``index``-th rank file, in any order."""
+        self.results[index] = result
+        if not isinstance(result, RankSummary) or self.repeated:
+            return
+        rank = result.info.rank
+        if rank in self.works or rank in self.indexed.indices:
+            self.repeated = True
+            return
+        comm = result.comm.for_rank(rank) if result.comm is not None else None
+        if comm is not None:
+            self.indexed.add(rank, index_calls(comm.collectives))
+        if result.ops is not None:
+            alike = next(reversed(self.works.values()), None)
+            for item in result.ops.ranks:
+                self.works[item.rank] = rank_work(item.rows, len(result.steps.for_rank(item.rank)), alike)
+
+    def finish(self, *, capture: CaptureInfo | None = None, split: Splitter = split_here) -> tuple[Report, list[RankSummary]]:
+        """The job's Report, once every rank's result is in (``join_summaries``)."""
+        results = [self.results[index] for index in sorted(self.results)]
+        done = (IndexedRanks(), {}) if self.repeated else (self.indexed, self.works)
+        with collector_paused():
+            return _join(results, capture, split, *done)
+
+
+def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None, split: Splitter,
+          indexed: IndexedRanks, works: dict[int, RankWork]) -> tuple[Report, list[RankSummary]]:  # fmt: skip
     failures = [item for item in results if isinstance(item, RankFailure)]
     summaries = [item for item in results if isinstance(item, RankSummary)]
     if not summaries:  # the whole-trace loader's words
@@ -113,7 +159,8 @@ def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None,
     analyses.comm = CommAnalysis(tuple(_shifted_comm(s, shifts, offsets) for s in summaries if s.comm is not None))
     if len(summaries) > 1:
         profiles = {summary.info.rank: summary.profile for summary in summaries if summary.profile is not None}
-        analyses.rank_comparison = compare_ranks(job, steps, analyses.comm, profiles=profiles)  # type: ignore[arg-type]
+        analyses.rank_comparison = compare_ranks(job, steps, analyses.comm, profiles=profiles, indexed=indexed)  # type: ignore[arg-type]
+        analyses.results["rank_works"] = works
     analyses.results["rank_locations"] = {s.info.rank: s.locations for s in summaries if s.locations is not None}
     ctx = Context(analyses, capture)
     peers = _late_peers(summaries, analyses, shifts, offsets, split)

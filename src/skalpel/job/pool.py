@@ -8,7 +8,8 @@ process so that it cannot take other ranks down with it; a second death is repor
 that rank's failure.
 
 Progress goes to ``on_progress(file index, fraction of that file done)``, from inside
-the workers (through a queue) as they load.
+the workers (through a queue) as they load; each result, as it arrives, to ``on_result(file
+index, result)``, so that the driver joins it (``join.Joining``) while the workers go on.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ RankProgressCallback = Callable[[int, float], None]
 
 Task = Callable[[SummaryRequest, Callable[[float], None] | None], "RankSummary | RankFailure"]
 Result = RankSummary | RankFailure
+ResultCallback = Callable[[int, Result], None]
+"""Called in this process with (index of the rank file, its final result) as each arrives, in any order."""
 
 _REPORT_EVERY = 0.02  # of a file: progress messages from a worker are at least this far apart
 _POLL_S = 0.1
@@ -46,17 +49,21 @@ def summarize_all(
     workers: int | None = None,
     on_progress: RankProgressCallback | None = None,
     task: Task = summarize_rank,
+    on_result: ResultCallback | None = None,
 ) -> list[Result]:
     """One result per request, in order; ``workers`` processes (1: in this process, one rank after another)."""
     workers = workers or affinity_cores()  # the affinity, not lowered to a cgroup quota
     if workers <= 1 or len(requests) <= 1:
-        return [_in_process(task, request, index, on_progress) for index, request in enumerate(requests)]
-    return _Pool(requests, min(workers, len(requests)), on_progress, task).run()
+        return [_in_process(task, request, index, on_progress, on_result) for index, request in enumerate(requests)]
+    return _Pool(requests, min(workers, len(requests)), on_progress, task, on_result).run()
 
 
-def _in_process(task: Task, request: SummaryRequest, index: int, on_progress: RankProgressCallback | None) -> Result:
+def _in_process(task: Task, request: SummaryRequest, index: int, on_progress: RankProgressCallback | None,
+                on_result: ResultCallback | None) -> Result:  # fmt: skip
     report = (lambda fraction: on_progress(index, fraction)) if on_progress else None
     result = _guarded(task, request, report)
+    if on_result:
+        on_result(index, result)
     if on_progress:
         on_progress(index, 1.0)
     return result
@@ -94,8 +101,9 @@ def _run_in_worker(task: Task, request: SummaryRequest, index: int) -> Result:
 class _Pool:
     """One round over every rank in a shared pool, then each rank whose worker died alone in a fresh one."""
 
-    def __init__(self, requests: list[SummaryRequest], workers: int, on_progress, task: Task) -> None:
-        self.requests, self.workers, self.on_progress, self.task = requests, workers, on_progress, task
+    def __init__(self, requests: list[SummaryRequest], workers: int, on_progress, task: Task,
+                 on_result: ResultCallback | None = None) -> None:  # fmt: skip
+        self.requests, self.workers, self.on_progress, self.task, self.on_result = requests, workers, on_progress, task, on_result
         self.context = _context()
         self.queue = self.context.Queue() if on_progress else None
 
@@ -112,6 +120,8 @@ class _Pool:
                 results[index] = RankFailure(
                     request.path, f"{request.path}: the worker analysing it died twice (out of memory?)", attempts=2
                 )
+                if self.on_result:
+                    self.on_result(index, results[index])
         return [results[index] for index in range(len(self.requests))]
 
     def _round(self, indices: list[int], workers: int, results: dict[int, Result]) -> list[int]:
@@ -140,6 +150,8 @@ class _Pool:
                 except BrokenProcessPool:
                     died.append(index)
                     continue
+                if self.on_result:
+                    self.on_result(index, results[index])
                 if self.on_progress:
                     self.on_progress(index, 1.0)
 
@@ -188,6 +200,7 @@ def summarize_on_ray(
     *,
     on_progress: RankProgressCallback | None = None,
     task: Task = summarize_rank,
+    on_result: ResultCallback | None = None,
 ) -> list[Result]:
     """The same per-rank work as Ray tasks (the files must be readable where the tasks run: a shared
     filesystem). ``address``: a cluster's ``host:port`` or ``ray://`` address, ``auto``, or None to
@@ -201,12 +214,12 @@ def summarize_on_ray(
     results: dict[int, Result] = {}
     pending = list(refs)
     with collector_paused():  # receiving the summaries: see trace.loader.collector_paused
-        _receive(ray, refs, pending, requests, results, on_progress)
+        _receive(ray, refs, pending, requests, results, on_progress, on_result)
     return [results[index] for index in range(len(requests))]
 
 
 def _receive(ray, refs: dict, pending: list, requests: list[SummaryRequest], results: dict[int, Result],
-             on_progress: RankProgressCallback | None) -> None:  # fmt: skip
+             on_progress: RankProgressCallback | None, on_result: ResultCallback | None) -> None:  # fmt: skip
     while pending:
         done, pending = ray.wait(pending, num_returns=1, timeout=None)
         for ref in done:
@@ -217,6 +230,8 @@ def _receive(ray, refs: dict, pending: list, requests: list[SummaryRequest], res
             except ray.exceptions.RayError as error:  # the task's worker died twice (max_retries=1)
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 results[index] = RankFailure(request.path, f"{request.path}: the Ray task died twice ({reason})", attempts=2)
+            if on_result:
+                on_result(index, results[index])
             if on_progress:
                 on_progress(index, 1.0)
 
