@@ -76,8 +76,11 @@ def test_rounded_gives_the_doubles_round_gives() -> None:
     values = np.concatenate([
         rng.uniform(-1e7, 1e7, 20_000), rng.uniform(-1, 1, 20_000),
         (rng.integers(-10**9, 10**9, 20_000) + 0.5) / 1e4,  # halves: ties, and doubles a hair either side of them
+        (rng.integers(0, 10**10, 20_000) + 0.25) / 1e3,  # times of x.25 us in ms: a half at the 4th digit
+        np.nextafter((rng.integers(-10**9, 10**9, 20_000) + 0.5) / 1e4, np.inf),
+        np.nextafter((rng.integers(-10**9, 10**9, 20_000) + 0.5) / 1e4, -np.inf),
         np.array([0.0, -0.0, -0.00001, 0.00005, 0.00015, 1.00005, 123456.78905, 2.0**60, np.inf, -np.inf]),
     ])  # fmt: skip
-    for digits in (2, 4):
+    for digits in (0, 2, 4):
         got, want = numeric.rounded(values, digits), [round(float(value), digits) for value in values]
         assert [(value, math.copysign(1, value)) for value in got] == [(value, math.copysign(1, value)) for value in want]
