@@ -87,3 +87,17 @@ def test_the_rank_comparison_reads_packed_collectives_as_it_reads_the_objects():
     assert from_objects.types == from_columns.types and len(from_objects.types) >= 1
     assert {kind: rows.tolist() for kind, rows in from_objects.of_type.items()} == {
         kind: rows.tolist() for kind, rows in from_columns.of_type.items()}  # fmt: skip
+
+
+def test_a_memory_curve_arrives_as_columns_and_gives_the_same_report_memory():
+    from skalpel.job.build import memory_summary
+    from skalpel.job.transfer import PackedCurve
+
+    path = corpus("hta/df_index_resolver")  # one GPU rank with [memory] events
+    summary = summarize_rank(SummaryRequest(sorted(path.glob("*.json*"))[0] if path.is_dir() else path, job_ranks=2))
+    assert isinstance(summary, RankSummary) and summary.memory is not None and len(summary.memory.curve) >= 100
+    arrived = pickle.loads(pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL))
+    assert isinstance(arrived.memory.curve, PackedCurve) and arrived.memory.curve == summary.memory.curve
+    assert [tuple(map(type, point)) for point in arrived.memory.curve] == [(float, int)] * len(summary.memory.curve)
+    for shift in (0.0, 1234.25):
+        assert memory_summary(arrived.memory, shift_us=shift) == memory_summary(summary.memory, shift_us=shift)

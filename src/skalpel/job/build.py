@@ -190,10 +190,13 @@ def memory_summary(device: DeviceMemory | None, *, shift_us: float = 0.0) -> Mem
     )
 
 
-def _curve_ms(curve: tuple[tuple[float, int], ...], shift_us: float) -> tuple[tuple[float, int], ...]:
+def _curve_ms(curve, shift_us: float) -> tuple[tuple[float, int], ...]:
     """The curve's times in ms from the job's origin, rounded as ``round(ms, 4)`` (``numeric.rounded``)."""
-    if not curve:
+    if not len(curve):
         return ()
+    times = getattr(curve, "times", None)  # a rank's summary in the driver: columns (job.transfer.PackedCurve)
+    if times is not None:
+        return tuple(zip(numeric.rounded((times + shift_us) / 1000.0, 4), curve.values.tolist()))
     times = np.array([ts for ts, _ in curve], np.float64)
     return tuple(zip(numeric.rounded((times + shift_us) / 1000.0, 4), (value for _, value in curve)))
 

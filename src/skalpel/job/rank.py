@@ -39,7 +39,7 @@ from ..result.report import Finding, RankReport
 from ..trace.loader import collector_paused, load_one
 from ..trace.model import RankInfo
 from .build import rank_report
-from .transfer import PackedWaits, packed_comm, packed_waits
+from .transfer import PackedWaits, packed_comm, packed_memory, packed_waits
 
 
 @dataclass
@@ -68,9 +68,11 @@ class RankSummary:
     collective_waits: CollectiveWaits | PackedWaits | None = None
 
     def __getstate__(self) -> dict:
-        """To the driver with the collectives and wait spans as columns (``transfer``): they unpickle faster, and
-        stay columns there (the join moves and compares them so, and sends the waits on to a worker to split)."""
-        return {**self.__dict__, "comm": packed_comm(self.comm), "collective_waits": packed_waits(self.collective_waits)}
+        """To the driver with the collectives, wait spans and memory curve as columns (``transfer``): they unpickle
+        faster, and stay columns there (the join moves and compares them so, and sends the waits on to a worker
+        to split)."""
+        return {**self.__dict__, "comm": packed_comm(self.comm), "collective_waits": packed_waits(self.collective_waits),
+                "memory": packed_memory(self.memory)}
 
 
 @dataclass(frozen=True)

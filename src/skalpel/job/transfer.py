@@ -19,6 +19,7 @@ import numpy as np
 from ..analysis.blame_peers import CollectiveWaits
 from ..analysis.collectives import Collective
 from ..analysis.comm import CommAnalysis
+from ..analysis.memory import DeviceMemory
 
 _FIELDS = ("rank", "event", "start_us", "end_us", "nbytes", "group_size", "on_device", "tid")
 _DTYPES = (np.int64, np.int64, np.float64, np.float64, np.int64, np.int64, np.bool_, np.int64)
@@ -148,3 +149,41 @@ class PackedWaits:
 
 def packed_waits(waits: CollectiveWaits | PackedWaits | None) -> PackedWaits | None:
     return waits if waits is None or isinstance(waits, PackedWaits) else PackedWaits.of(waits)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PackedCurve:
+    """A memory curve (``DeviceMemory.curve``: 2,000 (us, bytes) pairs a rank) as two columns: it travels and
+    stays in the driver so, and the join moves its times onto the job's clock as a column (``build.memory_summary``);
+    anything that iterates or indexes it gets the pairs."""
+
+    times: np.ndarray  # float64
+    values: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, curve: tuple[tuple[float, int], ...]) -> PackedCurve:
+        return cls(np.fromiter((ts for ts, _ in curve), np.float64, len(curve)),
+                   np.fromiter((value for _, value in curve), np.int64, len(curve)))  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def __iter__(self):
+        return zip(self.times.tolist(), self.values.tolist())
+
+    def __getitem__(self, index):
+        return tuple(self)[index]
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (PackedCurve, tuple, list)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment] - equal to the tuple of its pairs
+
+
+def packed_memory(memory: DeviceMemory | None) -> DeviceMemory | None:
+    """``memory`` with its curve as a ``PackedCurve`` (to the driver)."""
+    if memory is None or isinstance(memory.curve, PackedCurve) or any(abs(value) >= 2**63 for _, value in memory.curve):
+        return memory
+    return dataclasses.replace(memory, curve=PackedCurve.of(memory.curve))
