@@ -51,12 +51,21 @@ class RankWork:
     work: dict[str, tuple[float, str | None]]
 
 
-def rank_work(rows: tuple[OpStats, ...], steps: int, alike: RankWork | None = None) -> RankWork:
-    """``rows`` of an op table over ``steps`` profiled steps; ``alike`` (another rank's) lends its ``work`` when
-    equal, so that a job of alike ranks holds it once."""
+def rank_work(rows: tuple[OpStats, ...], steps: int, kinds: list[dict[str, tuple[float, str | None]]] | None = None) -> RankWork:
+    """``rows`` of an op table over ``steps`` profiled steps. ``kinds``: the ``work`` of other ranks, one of each
+    kind; an equal one is shared, else this rank's joins them (up to ``WORK_KINDS``), so that a job of a few
+    kinds of ranks holds each kind's once."""
     per_step = _per_step(rows, max(steps, 1))
     work = _work(per_step)
-    return RankWork(per_step, alike.work if alike is not None and alike.work == work else work)
+    if kinds is None:
+        return RankWork(per_step, work)
+    shared = next((kind for kind in kinds if kind == work), None)
+    if shared is None and len(kinds) < WORK_KINDS:
+        kinds.append(work)
+    return RankWork(per_step, shared if shared is not None else work)
+
+
+WORK_KINDS = 16
 
 
 def compare_work(ops: OpTable | None, steps: StepSegmentation, rank: int, *, min_call_ratio: float,

@@ -102,6 +102,7 @@ class Joining:
         self.results: dict[int, RankSummary | RankFailure] = {}
         self.indexed = IndexedRanks()
         self.works: dict[int, RankWork] = {}
+        self.work_kinds: list[dict] = []  # one of each kind of rank's work, shared by the ranks of that kind
         self.repeated = False  # two files of one rank: the first in file order is kept, so what was done is dropped
 
     def add(self, index: int, result: RankSummary | RankFailure) -> None:
@@ -117,9 +118,8 @@ class Joining:
         if comm is not None:
             self.indexed.add(rank, index_calls(comm.collectives))
         if result.ops is not None:
-            alike = next(reversed(self.works.values()), None)
             for item in result.ops.ranks:
-                self.works[item.rank] = rank_work(item.rows, len(result.steps.for_rank(item.rank)), alike)
+                self.works[item.rank] = rank_work(item.rows, len(result.steps.for_rank(item.rank)), self.work_kinds)
 
     def finish(self, *, capture: CaptureInfo | None = None, split: Splitter = split_here) -> tuple[Report, list[RankSummary]]:
         """The job's Report, once every rank's result is in (``join_summaries``)."""
@@ -165,6 +165,7 @@ def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None,
     ctx = Context(analyses, capture)
     peers = _late_peers(summaries, analyses, shifts, offsets, split)
     findings = conclude(ctx, [(rule, _outcome(rule, ctx, summaries, offsets, peers)) for rule in judged_rules()])
+    works.clear()  # read by the rules only: the driver holds no more than it did when the join made them at the end
     ranks = tuple(_rank_report(summary, analyses, shifts[summary.info.rank], peers.get(summary.info.rank))
                   for summary in summaries)  # fmt: skip
     return assemble_report(analyses, findings, ranks, capture), summaries
