@@ -18,7 +18,8 @@ largest sum of the resident memory of the process and all its descendants (worke
 processes), as proportional set size (pages shared by workers split among them), sampled
 every 20 ms from /proc (every 200 ms past 100 processes); beside it, the peak of the driver
 alone, of the largest worker (a pool's process or a Ray worker) and of Ray's own processes
-(raylet, GCS). "join s" is the driver's join of the summaries (``job.join.join_summaries``).
+(raylet, GCS). "own s" is the driver's join of each rank's own part as its summary arrives
+(``job.join.Joining.add``, beside the workers), "join s" the rest after the last (``Joining.finish``).
 Medians over --repeats runs, interleaved; the reports of every configuration are checked
 equal to the whole one's (or to the first configuration's when "whole" is not run).
 
@@ -79,25 +80,26 @@ def build_job(folder: Path, ranks: int, copies: int) -> int:
 _CHILD = """
 import json, sys, time
 paths, mode = sys.argv[1:3]
-joined = []
+joined, own = [], []
 if mode == "whole":
     from skalpel.job.build import build_report
     from skalpel.trace.loader import load
     report = build_report(load([paths]))
 else:
     from skalpel.api import analyze
-    from skalpel.job import join
-    plain_join = join.join_summaries
-    def timed_join(*args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return plain_join(*args, **kwargs)
-        finally:
-            joined.append(time.perf_counter() - started)
-    join.join_summaries = timed_join
+    from skalpel.job.join import Joining
+    def timed(method, into):
+        def run(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                into.append(time.perf_counter() - started)
+        return run
+    Joining.add, Joining.finish = timed(Joining.add, own), timed(Joining.finish, joined)
     report = analyze([paths], workers=None if mode in ("all", "ray") else int(mode), ray=(mode == "ray"))
 open(sys.argv[3], "wb").write(report.to_json())
-print("JOIN_S " + json.dumps(sum(joined)), file=sys.stderr, flush=True)
+print("JOIN_S " + json.dumps([sum(own), sum(joined)]), file=sys.stderr, flush=True)
 """
 
 
@@ -175,12 +177,12 @@ def run(folder: Path, mode: str) -> dict:
         return {"error": (message or [f"exit {child.returncode}"])[-1]}
     out = report.read_bytes()
     report.unlink()
-    joined = next((json.loads(line.split(" ", 1)[1]) for line in message if line.startswith("JOIN_S ")), None)
+    joined = next((json.loads(line.split(" ", 1)[1]) for line in message if line.startswith("JOIN_S ")), [None, None])
     of = lambda role: [size for pid, size in by_pid.items() if roles[pid] == role]  # noqa: E731
     return {
         "seconds": seconds, "peak_mib": peak / 2**20, "driver_mib": max(of("driver"), default=0) / 2**20,
         "worker_mib": max(of("worker"), default=0) / 2**20, "workers": len(of("worker")),
-        "ray_mib": sum(of("ray")) / 2**20, "join_s": joined, "report": out,
+        "ray_mib": sum(of("ray")) / 2**20, "own_s": joined[0], "join_s": joined[1], "report": out,
     }  # fmt: skip
 
 
@@ -214,7 +216,7 @@ def main() -> None:
         base = statistics.median([r["seconds"] for r in first if "seconds" in r] or [float("nan")])
         base_mem = statistics.median([r["peak_mib"] for r in first if "peak_mib" in r] or [float("nan")])
         print(f"{'configuration':<14}{'seconds':>9}{'/first':>8}{'peak PSS MiB':>14}{'/first':>8}{'MiB/rank':>10}"
-              f"{'driver':>8}{'worker':>8}{'workers':>8}{'Ray svc':>8}{'join s':>8}  report")  # fmt: skip
+              f"{'driver':>8}{'worker':>8}{'workers':>8}{'Ray svc':>8}{'own s':>8}{'join s':>8}  report")  # fmt: skip
         for mode in modes:
             done = [r for r in runs[mode] if "error" not in r]
             if not done:
@@ -223,7 +225,8 @@ def main() -> None:
             med = lambda key: statistics.median(r[key] for r in done)  # noqa: E731
             seconds, peak = med("seconds"), med("peak_mib")
             same = "same" if all(r["report"] == whole for r in done) else "DIFFERENT"
-            join_s = f"{med('join_s'):8.2f}" if all(r["join_s"] is not None for r in done) else f"{'':8}"
+            join_s = (f"{med('own_s'):8.2f}{med('join_s'):8.2f}" if all(r["join_s"] is not None for r in done)
+                      else f"{'':16}")  # fmt: skip
             print(f"{_label(mode, cores):<14}{seconds:9.2f}{seconds / base:8.2f}{peak:14,.0f}{peak / base_mem:8.2f}"
                   f"{peak / args.ranks:10.1f}{med('driver_mib'):8,.0f}{med('worker_mib'):8,.0f}{med('workers'):8.0f}"
                   f"{med('ray_mib'):8,.0f}{join_s}  {same}")  # fmt: skip

@@ -13,8 +13,10 @@ Measured here, each in a fresh process pinned to one core (``sched_setaffinity``
   is printed from both (a cluster's worker has its core to itself: the CPU figure);
 - the whole ``skalpel analyze FILE --json OUT`` process of that file (interpreter start to exit),
   unless --no-analyze;
-- the driver's join (``job.join.join_summaries``) of a small job, unless --join-s, with its per-rank
-  part (each rank's collective wait split by late peer, ``job.peers``) timed apart, unless --split-s;
+- the driver's join (``job.join.Joining``) of a small job, unless --join-s, in its three parts timed apart:
+  each rank's own part as its summary arrives (``Joining.add``: its collectives indexed and paired with the
+  reference rank's, its ops a step), what is left after the last summary (``Joining.finish``), and in it each
+  rank's collective wait split by late peer (``job.peers``), unless --split-s;
 - Ray: the start of a local instance, and a task's round trip (submit, run, fetch a result of the
   summary's size) one after another, the median over --ray-tasks tasks.
 
@@ -22,14 +24,18 @@ The rank is the synthetic trace of ``load_speed.py`` (HTA's df_index_resolver re
 --size-mb, in a temporary folder, deleted after). The projection for --ranks ranks of that size
 on --cores cores: Ray's start + the longer of ceil(ranks / cores) waves x (rank seconds + Ray's round
 trip) and the driver's unpickling of every summary as it arrives (ranks x the measured rank's
-summary's unpickle) + the driver's join of the summaries less the split of the waits (--join-s; by default
-``job.join.join_summaries`` timed on a job of --join-ranks synthetic ranks of --join-mb, per collective, and
-scaled to ranks x the measured rank's collectives) + the split of the waits in the workers, a second
+summary's unpickle, and its own part of the join, --join-rank-s, which the driver does as it arrives: by default
+that join's ``Joining.add`` per collective x the measured rank's collectives) + the last summary's own part +
+the rest of the join after the last summary less the split of the waits (--join-s; by default ``Joining.finish``
+timed on a job of --join-ranks synthetic ranks of --join-mb, per collective, and scaled to ranks x the measured
+rank's collectives: an upper bound, as it scales per-rank constant costs too) + the split of the waits in the
+workers, a second
 round of tasks (``job.pool.split_on_ray``): the longer of ceil(ranks / cores) waves x (a rank's split,
 --split-s, by default that join's split per piece x the measured rank's pieces, + Ray's round trip, measured
 with the summary's size, larger than the waits a split task carries) and
 the driver's sending of every rank's waits (ranks x the measured rank's waits pickled). Until issue 25
-item 5's second round, the split was part of the driver's join and projected with it, on one core.
+item 5's second round, the split was part of the driver's join and projected with it, on one core; until
+``Joining``, every rank's part of the join waited for the last summary too.
 Per-worker memory is the rank's peak RSS; the driver
 holds every summary (ranks x summary size). Targets (issue 25): under 5
 minutes and under 2 GB per worker.
@@ -83,7 +89,7 @@ print("RANK " + json.dumps({"seconds": done - imported, "import_s": imported - s
 _JOIN_CHILD = """
 import json, pickle, sys, time
 from pathlib import Path
-from skalpel.job.join import join_summaries
+from skalpel.job.join import Joining
 from skalpel.job.peers import split_here
 from skalpel.job.rank import SummaryRequest, summarize_rank
 paths = [Path(path) for path in sys.argv[1:]]
@@ -96,15 +102,20 @@ def timed_split(requests):  # the per-rank part, which the workers run on a larg
         split_s.append(time.process_time() - started)
 blobs = [pickle.dumps(summarize_rank(SummaryRequest(path, len(paths))), protocol=pickle.HIGHEST_PROTOCOL) for path in paths]
 from skalpel.trace.loader import collector_paused
-started = time.process_time()
-with collector_paused():  # as the driver receives them (job.pool)
-    summaries = [pickle.loads(blob) for blob in blobs]
-received = time.process_time()
+joining, summaries, unpickle_s, add_s = Joining(), [], 0.0, 0.0
+with collector_paused():  # as the driver receives them (job.pool), each rank's own part of the join as it arrives
+    for index, blob in enumerate(blobs):
+        started = time.process_time()
+        summaries.append(pickle.loads(blob))
+        received = time.process_time()
+        joining.add(index, summaries[-1])
+        unpickle_s, add_s = unpickle_s + received - started, add_s + time.process_time() - received
 collectives = sum(len(s.comm.for_rank(s.info.rank).collectives) for s in summaries if s.comm)
 pieces = sum(s.collective_waits.pieces for s in summaries if s.collective_waits is not None)
-report, kept = join_summaries(summaries, split=timed_split)
-print("JOIN " + json.dumps({"ranks": len(kept), "collectives": collectives, "unpickle_s": received - started,
-      "join_s": time.process_time() - received - sum(split_s), "split_s": sum(split_s), "pieces": pieces}), flush=True)
+started = time.process_time()
+report, kept = joining.finish(split=timed_split)
+print("JOIN " + json.dumps({"ranks": len(kept), "collectives": collectives, "unpickle_s": unpickle_s, "add_s": add_s,
+      "join_s": time.process_time() - started - sum(split_s), "split_s": sum(split_s), "pieces": pieces}), flush=True)
 """
 
 _RAY_CHILD = """
@@ -162,8 +173,11 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=1024, help="size of the measured rank (1024)")
     parser.add_argument("--ranks", type=int, default=1000, help="ranks of the projected job (1000)")
     parser.add_argument("--cores", type=int, default=64, help="cores of the projected cluster (64)")
-    parser.add_argument("--join-s", type=float, default=None, help="the driver's join of --ranks summaries, seconds, less "
-                        "the waits' split; default: measured on --join-ranks ranks of --join-mb and scaled by collectives")  # fmt: skip
+    parser.add_argument("--join-s", type=float, default=None, help="the driver's join of --ranks summaries after the last "
+                        "arrived, seconds, less the waits' split; default: measured on --join-ranks ranks of --join-mb and "
+                        "scaled by collectives")  # fmt: skip
+    parser.add_argument("--join-rank-s", type=float, default=None, help="the driver's own part of the join of one measured "
+                        "rank, done as its summary arrives, seconds; default: measured in that join, per collective")  # fmt: skip
     parser.add_argument("--split-s", type=float, default=None, help="a worker's split of the measured rank's waits, "
                         "seconds; default: measured in that join, per piece, and scaled to the rank's pieces")  # fmt: skip
     parser.add_argument("--join-ranks", type=int, default=8, help="ranks of the job whose join is timed (8)")
@@ -212,20 +226,23 @@ def main() -> None:
                 ray = measured
                 print(f"  Ray: local start {ray['init_s']:.2f} s; a task's round trip with a {rank['summary_bytes'] / 1024:,.0f} KiB "
                       f"result {1000 * ray['task_s']:.1f} ms (p90 {1000 * ray['task_p90_s']:.1f} ms)", flush=True)  # fmt: skip
-        if args.join_s is None or args.split_s is None:
-            join_s, split_s = _join_s(args, folder, int(rank["collectives"]), int(rank["pieces"]))
+        if args.join_s is None or args.split_s is None or args.join_rank_s is None:
+            join_s, join_rank_s, split_s = _join_s(args, folder, int(rank["collectives"]), int(rank["pieces"]))
             args.join_s = join_s if args.join_s is None else args.join_s
+            args.join_rank_s = join_rank_s if args.join_rank_s is None else args.join_rank_s
             args.split_s = split_s if args.split_s is None else args.split_s
         _project(args, size, rank, ray)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _join_s(args, folder: Path, collectives: int, pieces: int) -> tuple[float, float]:
-    """The driver's join of ``args.ranks`` ranks of ``collectives`` each (``job.join.join_summaries``: the clock
-    alignment, rank comparison, findings), less the split of each rank's waits by late peer, from its CPU time
-    per collective; and a worker's split of one rank of ``pieces`` wait pieces (``job.peers.split_one``, which
-    the workers run on a large job), from the split's CPU time per piece. Both measured on a job of --join-ranks
+def _join_s(args, folder: Path, collectives: int, pieces: int) -> tuple[float, float, float]:
+    """The driver's join of ``args.ranks`` ranks of ``collectives`` each after the last summary arrived
+    (``job.join.Joining.finish``: the clock alignment, rank comparison, findings), less the split of each rank's
+    waits by late peer, from its CPU time per collective; the driver's own part of one such rank, done as its
+    summary arrives (``Joining.add``), from its CPU time per collective; and a worker's split of one rank of
+    ``pieces`` wait pieces (``job.peers.split_one``, which the workers run on a large job), from the split's CPU
+    time per piece. All measured on a job of --join-ranks
     ranks of --join-mb (copies of one synthetic rank, each with its own rank in the header), reduced and joined
     in one process pinned to one core, the split in it timed apart."""
     source = folder / "join.json"
@@ -239,13 +256,17 @@ def _join_s(args, folder: Path, collectives: int, pieces: int) -> tuple[float, f
     if "error" in joined:
         sys.exit(f"the join failed: {joined['error']}")
     per_call = joined["join_s"] / max(joined["collectives"], 1)
+    per_call_arriving = joined["add_s"] / max(joined["collectives"], 1)
     per_piece = joined["split_s"] / max(joined["pieces"], 1)
-    print(f"  the driver's join: {joined['join_s']:.2f} s CPU for {joined['ranks']} ranks of {joined['collectives'] // joined['ranks']:,} "
-          f"collectives ({1e6 * per_call:.1f} us a collective, after {1000 * joined['unpickle_s'] / joined['ranks']:.0f} ms a rank "
-          f"unpickling); {args.ranks:,} ranks x {collectives:,} collectives: {per_call * args.ranks * collectives:.0f} s", flush=True)  # fmt: skip
+    print(f"  the driver's join: {joined['add_s']:.3f} s CPU as the summaries of {joined['ranks']} ranks of "
+          f"{joined['collectives'] // joined['ranks']:,} collectives arrive ({1e6 * per_call_arriving:.2f} us a collective, "
+          f"after {1000 * joined['unpickle_s'] / joined['ranks']:.0f} ms a rank unpickling; a rank of {collectives:,}: "
+          f"{per_call_arriving * collectives:.3f} s), then {joined['join_s']:.3f} s after the last ({1e6 * per_call:.2f} us a "
+          f"collective); {args.ranks:,} ranks x {collectives:,} collectives: {per_call * args.ranks * collectives:.1f} s after the last",
+          flush=True)  # fmt: skip
     print(f"  the waits' split by late peer: {joined['split_s']:.2f} s CPU for {joined['pieces']:,} pieces "
           f"({1e6 * per_piece:.2f} us a piece); a rank of {pieces:,}: {per_piece * pieces:.2f} s", flush=True)  # fmt: skip
-    return per_call * args.ranks * collectives, per_piece * pieces
+    return per_call * args.ranks * collectives, per_call_arriving * collectives, per_piece * pieces
 
 
 def _rank_copies(source: Path, count: int) -> list[Path]:
@@ -269,8 +290,9 @@ def _project(args, size: int, rank: dict, ray: dict) -> None:
 def _project_from(args, size: int, rank: dict, ray: dict, label: str, rank_s: float) -> None:
     waves = math.ceil(args.ranks / args.cores)
     per_wave = rank_s + rank["import_s"] / waves + ray["task_s"]  # a Ray worker imports once, not per task
-    join = args.join_s or 0.0
-    receive = args.ranks * rank["unpickle_s"]  # the driver unpickles each summary as it arrives, beside the workers
+    arriving = args.join_rank_s or 0.0  # the driver's own part of each rank's join, as its summary arrives
+    join = (args.join_s or 0.0) + arriving  # the last summary's own part waits for it; the rest waits for all
+    receive = args.ranks * (rank["unpickle_s"] + arriving)  # the driver unpickles and joins each summary beside the workers
     # The second round: each rank's waits split in a worker, as the driver sends them on (one after another).
     split = max(waves * ((args.split_s or 0.0) + ray["task_s"]), args.ranks * rank["send_s"])
     wall = ray["init_s"] + max(waves * per_wave, receive) + join + split
@@ -278,8 +300,8 @@ def _project_from(args, size: int, rank: dict, ray: dict, label: str, rank_s: fl
     print(f"\nprojection from the rank's {label}: {args.ranks:,} ranks x {size / 2**20:,.0f} MiB ({total_tb:.2f} TB) on {args.cores} cores: "
           f"{waves} waves of {per_wave:.1f} s")  # fmt: skip
     print(f"  wall time {wall:.0f} s ({wall / 60:.1f} min; target under {TARGET_S / 60:.0f} min): Ray start {ray['init_s']:.1f} s "
-          f"+ the longer of the workers' {waves} x {per_wave:.1f} s and the driver's receiving {args.ranks:,} x "
-          f"{rank['unpickle_s']:.2f} s = {receive:.0f} s, + join {join:.1f} s + the split in the workers {split:.1f} s "
+          f"+ the longer of the workers' {waves} x {per_wave:.1f} s and the driver's receiving and joining {args.ranks:,} x "
+          f"({rank['unpickle_s']:.3f} + {arriving:.3f}) s = {receive:.0f} s, + join after the last {join:.1f} s + the split in the workers {split:.1f} s "
           f"(the longer of {waves} x ({args.split_s or 0.0:.2f} s + a Ray round trip) and the driver's sending "
           f"{args.ranks:,} x {rank['send_s']:.3f} s)")  # fmt: skip
     print(f"  per worker: peak RSS {rank['rss_mib']:,.0f} MiB (target under {TARGET_WORKER_MIB:,.0f} MiB); "
