@@ -3,8 +3,9 @@
 Each script is a small look-alike of a real one whose steps went wrong: nanoGPT's evaluation
 before training, the actor-critic example's one optimizer step per episode, an evaluation
 before the optimizer is made, mnist_hogwild's training in multiprocessing children, an
-epoch boundary inside the recorded window, a second thread stepping its own optimizer; and
-a plain loop whose steps must not change. Every test runs the real `skalpel run` and reads the trace and report.json it wrote; the
+epoch boundary inside the recorded window, a second thread stepping its own optimizer, a WGAN
+critic stepping 5 times per generator step, LBFGS's closure zeroing inside step(); and a plain
+loop and a generator-first GAN whose steps must not change. Every test runs the real `skalpel run` and reads the trace and report.json it wrote; the
 runs start together (module fixture) so that their torch imports overlap.
 """
 
@@ -184,6 +185,68 @@ with torch.no_grad():
         model(x).argmax(1)
 """
 
+# WGAN-GP: the critic steps on every batch, the generator on every fifth: one iteration is 5 critic steps + 1.
+CRITIC_STEPS = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads(1)
+torch.manual_seed(0)
+G = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+D = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+opt_d = torch.optim.Adam(D.parameters(), 1e-4, betas=(0.5, 0.9))
+opt_g = torch.optim.Adam(G.parameters(), 1e-4, betas=(0.5, 0.9))
+for i, (real,) in enumerate(DataLoader(TensorDataset(torch.randn(50 * 16, 16)), batch_size=16)):
+    opt_d.zero_grad()
+    (D(G(torch.randn(16, 8)).detach()).mean() - D(real).mean()).backward()
+    opt_d.step()
+    if i % 5 == 0:
+        opt_g.zero_grad()
+        (-D(G(torch.randn(16, 8))).mean()).backward()
+        opt_g.step()
+"""
+
+# time_sequence_prediction: LBFGS runs its closure (zero_grad, forward, backward) several times inside step().
+CLOSURE = """
+import torch
+from torch import nn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+for i in range(12):
+    def closure():
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+    with torch.no_grad():
+        model(torch.randn(4, 8))
+"""
+
+# pix2pix / CycleGAN: G steps, then D, both zeroed through their optimizers, no DataLoader: one iteration each.
+GENERATOR_FIRST = """
+import torch
+from torch import nn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+G = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+D = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+opt_g = torch.optim.Adam(G.parameters(), 2e-4)
+opt_d = torch.optim.Adam(D.parameters(), 2e-4)
+bce = nn.BCEWithLogitsLoss()
+for i in range(12):
+    fake = G(torch.randn(16, 8))
+    opt_g.zero_grad()
+    bce(D(fake), torch.ones(16, 1)).backward()
+    opt_g.step()
+    opt_d.zero_grad()
+    (bce(D(torch.randn(16, 16)), torch.ones(16, 1)) + bce(D(fake.detach()), torch.zeros(16, 1))).backward()
+    opt_d.step()
+"""
+
 PLAIN = """
 import torch
 from torch import nn
@@ -208,6 +271,9 @@ LOOPS = {
     "second_thread": (SECOND_THREAD, ()),
     "eval_only": (EVAL_ONLY, ()),
     "plain": (PLAIN, ()),
+    "critic_steps": (CRITIC_STEPS, ()),
+    "closure": (CLOSURE, ()),
+    "generator_first": (GENERATOR_FIRST, ()),
 }
 
 
@@ -333,3 +399,35 @@ def test_a_plain_training_loop_keeps_its_steps(runs):
     assert _per_step(folder, "Optimizer.step#SGD.step") == [1, 1, 1, 1]
     assert _per_step(folder, "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__") == [1, 1, 1, 1]
     assert not [w for w in report["warnings"] if "marked by" in w or "child process" in w or "left out" in w]
+
+
+def _inside(folder: Path, outer: str, inner: str) -> int:
+    """How many ``inner`` events start inside an event whose name starts with ``outer`` (and not with it)."""
+    events = json.loads(gzip.decompress((folder / "trace-rank0.json.gz").read_bytes()))["traceEvents"]
+    outers = [e for e in events if e.get("name", "").startswith(outer) and e.get("ph") == "X"]
+    inners = [e for e in events if e.get("name", "").startswith(inner) and e.get("ph") == "X"]
+    return sum(1 for i in inners for o in outers if o["ts"] < i["ts"] < o["ts"] + o["dur"])
+
+
+def test_a_critic_stepping_five_times_per_generator_step_is_inside_one_iteration(runs):
+    report = runs.report("critic_steps")
+    folder = runs.root / "critic_steps"
+    assert report["capture"]["step_signal"] == "optimizer.step()"
+    assert _per_step(folder, "Optimizer.step#Adam.step") == [6, 6, 6, 6]  # not one step per critic step
+    assert _per_step(folder, "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__") == [5, 5, 5, 5]
+
+
+def test_a_closure_zeroing_inside_the_optimizer_step_leaves_the_step_whole(runs):
+    report = runs.report("closure")
+    folder = runs.root / "closure"
+    assert report["capture"]["step_signal"] == "optimizer.step()"
+    assert _per_step(folder, "Optimizer.step#LBFGS.step") == [1, 1, 1, 1]
+    assert _inside(folder, "Optimizer.step#", "ProfilerStep#") == 0  # no boundary inside the step's range
+
+
+def test_a_generator_stepping_before_its_discriminator_keeps_one_step_per_iteration(runs):
+    report = runs.report("generator_first")
+    folder = runs.root / "generator_first"
+    assert report["capture"]["step_signal"] == "optimizer.step()"
+    assert _per_step(folder, "Optimizer.step#Adam.step") == [2, 2, 2, 2]
+    assert _per_step(folder, "Optimizer.zero_grad#Adam.zero_grad") == [2, 2, 2, 2]

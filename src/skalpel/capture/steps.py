@@ -9,7 +9,11 @@ script shows, so a loop with an optimizer is never split by its backward calls):
   ``optimizer.zero_grad()`` of the optimizer that steps first, before their own ranges
   open (where ``prof.step()`` would be in a hand-written loop), and only once every
   optimizer the loop uses has stepped: a GAN stepping D then G is one iteration, not two. A loop with neither takes it when an
-  optimizer that already stepped in this iteration steps again.
+  optimizer that already stepped in this iteration steps again, before that step's range opens (the
+  optimizer classes' ``step`` is wrapped): a closure's ``zero_grad()`` (LBFGS, Lightning) runs inside the step,
+  and so does not take it. An optimizer stepping again before the others have (WGAN's critic, 5 steps per
+  generator step) is inside the iteration; one that has not stepped for ``LAGGING_OPTIMIZER_STEPS`` of the
+  others' steps has stopped, and the iteration no longer waits for it.
 - ``dataloader``: the start of a DataLoader ``__next__`` when the same loader (its
   dataset) was already fetched from in this iteration (inference, evaluation). Once an
   optimizer step is seen, fetches only take the optimizer's pending boundary, so a
@@ -38,6 +42,8 @@ to ``on_child_boundary`` (the parent alone is profiled; it counts what its child
 from __future__ import annotations
 
 import dataclasses
+import functools
+import statistics
 import sys
 import threading
 import time
@@ -72,6 +78,13 @@ ALL_SIGNALS = "optimizer.step() calls, DataLoader batches, backward() calls and 
 tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
 _active: StepDetector | None = None  # the detector of the running `skalpel run`, for skalpel.step()
+
+# Steps of optimizers that already stepped in this iteration, waiting for one that has not (a WGAN critic steps 5 times
+# per generator step, 100 at the start of the original WGAN's training): past this, that one has stopped stepping.
+LAGGING_OPTIMIZER_STEPS = 128
+# Work held for evaluation before the first optimizer step, this many times a step or more, is said with the report:
+# an RL rollout before each update (PPO: 200 policy calls, then 16 minibatch steps) is not in any recorded step.
+HELD_WORK_STEPS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +122,7 @@ class StepDetector:
         self._pending = False  # an optimizer step ended an iteration: take the boundary at the next start
         self._optimizers: dict[int, None] = {}  # every optimizer seen stepping, in the order of their first step
         self._stepped: set[int] = set()  # optimizers stepped since the last boundary
+        self._resteps = 0  # steps since the last boundary of optimizers that had stepped, while another had not
         self._fetched: set[int] = set()  # loaders fetched from since the last boundary
         self._called: set[int] = set()  # top-level modules called since the last boundary
         self._backward_pending = False
@@ -117,6 +131,10 @@ class StepDetector:
         self.batches = 0  # batches the script's DataLoaders yielded
         self.loader_s = 0.0  # time in the script's DataLoader fetches (skalpel watch resets it at each boundary)
         self.held = 0  # fallback boundaries not marked because an optimizer exists that has not stepped yet
+        self._held_since: float | None = None  # when the first was held
+        self._held_signal = ""  # the fallback that held them
+        self.held_s: float | None = None  # from the first held boundary to the first optimizer step
+        self._intervals: list[float] = []  # seconds between the first optimizer-marked boundaries
         self._made: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers the script made and still holds
         self._marked = 0  # boundaries marked by the current signal
         self.takeovers: list[Takeover] = []
@@ -164,6 +182,7 @@ class StepDetector:
 
         def optimizer_init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
             original_init(optimizer, *args, **kwargs)
+            detector._wrap_step(type(optimizer))
             if not detector._elsewhere():
                 detector._made.add(optimizer)
 
@@ -210,6 +229,25 @@ class StepDetector:
         setattr(owner, name, replacement)
         self._restore.append((owner, name, original))
 
+    def _wrap_step(self, cls: type) -> None:
+        """Wrap ``cls.step`` (torch's profiling wrapper, whose range the hooks run in) so that an optimizer stepping
+        again takes the boundary before the range opens."""
+        inner = cls.step
+        if getattr(inner, "skalpel_steps", False) or not self._handles:
+            return
+        detector = self
+
+        @functools.wraps(inner)
+        def step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            # tracing first: torch.compile would guard on the detector's attributes
+            if not tracing() and detector.marking == "optimizer" and not detector._elsewhere():
+                detector._before_step_range(optimizer)
+            return inner(optimizer, *args, **kwargs)
+
+        step.skalpel_steps = True  # type: ignore[attr-defined]  # a subclass made later inherits it: wrapped once
+        self._restore.append((cls, "step", cls.__dict__.get("step")))  # None: inherited, deleted at uninstall
+        cls.step = step
+
     def uninstall(self, *, final: bool = True) -> None:
         """Remove every hook; ``final=False`` (capture done, script still running) keeps module hooks that
         torch.compile has already traced, so that removing them does not make it recompile."""
@@ -221,7 +259,10 @@ class StepDetector:
         self._handles = []
         self._remove_module_hooks(final=final)
         for owner, name, original in reversed(self._restore):
-            setattr(owner, name, original)
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
         self._restore = []
 
     def settle(self) -> None:
@@ -252,13 +293,18 @@ class StepDetector:
         self.boundaries += 1
         self._marked += 1
         self.signal = signal
-        self.last_boundary = time.monotonic()
+        now = time.monotonic()
+        if signal == "optimizer" and len(self._intervals) < 9:
+            self._intervals.append(now - self.last_boundary)  # the first runs from the start: left out of the median
+        self.last_boundary = now
         self.on_boundary()
 
     def _waits_for_optimizer(self) -> bool:
         """A fallback holds its boundary: the script holds an optimizer that has not stepped yet (default signal)."""
         if self.only is None and "optimizer" not in self.seen and len(self._made) > 0:
             self.held += 1
+            if self._held_since is None:
+                self._held_since, self._held_signal = time.monotonic(), self.marking or ""
             return True
         return False
 
@@ -304,6 +350,22 @@ class StepDetector:
         self.marking = signal
         self._marked = 0
 
+    def held_note(self) -> str | None:
+        """What ran before the first optimizer step, taken for evaluation, when it was far longer than a step: if it
+        comes before every update (an RL rollout), the recorded steps are not the whole iteration."""
+        if self.held_s is None or self.marking != "optimizer" or len(self._intervals) < 3:
+            return None
+        step_s = statistics.median(self._intervals[1:])
+        if self.held_s < HELD_WORK_STEPS * step_s:
+            return None
+        return (
+            f"before its first optimizer.step(), the script ran {self.held_s:.2f} s ({self.held_s / step_s:.0f}x a "
+            f"step) of repeated {LABELS[self._held_signal]} ({self.held + 1} rounds) with no optimizer step: skalpel "
+            "took them for evaluation, and they are in no recorded step. If that work comes before every update "
+            "(an RL rollout, then the update's minibatches), each recorded step is one optimizer step, not the "
+            f"iteration: {HOW_TO_MARK}"
+        )
+
     # -- optimizer ------------------------------------------------------------------------------
     def _stop_request(self) -> None:
         self.stop_requested = False
@@ -318,7 +380,10 @@ class StepDetector:
         if self.stop_requested:
             self._stop_request()
         if "optimizer" not in self.seen:
+            if self._held_since is not None:
+                self.held_s = time.monotonic() - self._held_since
             self._seen("optimizer")  # before any backward an LBFGS closure runs inside the step
+            self._wrap_step(type(optimizer))  # made before install (skalpel.profile() in the script)
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._elsewhere():
@@ -328,16 +393,32 @@ class StepDetector:
             return
         key = id(optimizer)
         self._optimizers.setdefault(key)
-        if key in self._stepped:  # stepped again with no DataLoader fetch or zero_grad between: mark here
+        if key in self._stepped and self._stepped >= self._optimizers.keys():
+            # stepped again with no boundary before the step: its class's step is not wrapped; mark here
             self._boundary("optimizer")
             self._stepped = set()
+            self._resteps = 0
         self._stepped.add(key)
         self._pending = True
+
+    def _before_step_range(self, optimizer: Any) -> None:
+        """An optimizer steps (its range not yet open): if it already stepped in this iteration, the iteration
+        ended, once every optimizer has stepped (WGAN's critic steps 5 times before its generator)."""
+        if id(optimizer) not in self._stepped:
+            return
+        if not self._stepped >= self._optimizers.keys():
+            self._resteps += 1
+            if self._resteps <= LAGGING_OPTIMIZER_STEPS:
+                return
+            for stopped in self._optimizers.keys() - self._stepped:
+                del self._optimizers[stopped]
+        self._take_pending()
 
     def _take_pending(self) -> None:
         if self._pending and self._stepped >= self._optimizers.keys() and self.marking == "optimizer":
             self._pending = False
             self._stepped = set()
+            self._resteps = 0
             self._boundary("optimizer")
 
     # -- DataLoader -----------------------------------------------------------------------------
