@@ -4,7 +4,8 @@ Each script is a small look-alike of a real one whose steps went wrong: nanoGPT'
 before training, the actor-critic example's one optimizer step per episode, an evaluation
 before the optimizer is made, mnist_hogwild's training in multiprocessing children, an
 epoch boundary inside the recorded window, a second thread stepping its own optimizer, a WGAN
-critic stepping 5 times per generator step, LBFGS's closure zeroing inside step(); and a plain
+critic stepping 5 times per generator step, LBFGS's closure zeroing inside step(), PPO's rollout
+before its minibatch updates (said, not in any step); and a plain
 loop and a generator-first GAN whose steps must not change. Every test runs the real `skalpel run` and reads the trace and report.json it wrote; the
 runs start together (module fixture) so that their torch imports overlap.
 """
@@ -247,6 +248,31 @@ for i in range(12):
     opt_d.step()
 """
 
+# CleanRL's PPO: a rollout of 200 policy calls under no_grad, then 2 epochs x 4 minibatch updates.
+ROLLOUT = """
+import torch
+from torch import nn
+from torch.distributions import Categorical
+torch.set_num_threads(1)
+torch.manual_seed(0)
+actor = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2))
+optimizer = torch.optim.Adam(actor.parameters(), lr=2.5e-4)
+obs, actions = torch.zeros(200, 4), torch.zeros(200, dtype=torch.long)
+state = torch.randn(4)
+for update in range(3):
+    for step in range(200):
+        obs[step] = state
+        with torch.no_grad():
+            actions[step] = Categorical(logits=actor(state)).sample()
+        state = torch.randn(4) + 0.1 * actions[step]
+    for epoch in range(2):
+        for mb in torch.randperm(200).split(50):
+            loss = -Categorical(logits=actor(obs[mb])).log_prob(actions[mb]).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+"""
+
 PLAIN = """
 import torch
 from torch import nn
@@ -274,6 +300,7 @@ LOOPS = {
     "critic_steps": (CRITIC_STEPS, ()),
     "closure": (CLOSURE, ()),
     "generator_first": (GENERATOR_FIRST, ()),
+    "rollout": (ROLLOUT, ()),
 }
 
 
@@ -337,6 +364,7 @@ def test_one_optimizer_step_per_episode_is_one_step(runs):
     assert report["capture"]["step_signal"] == "optimizer.step()"
     assert _per_step(runs.root / "episodes", "Optimizer.step#Adam.step") == [1, 1, 1, 1]
     assert _per_step(runs.root / "episodes", "aten::_softmax") == [12, 12, 12, 12]  # every policy call of the episode
+    assert not _notes(report, "before its first optimizer.step()")  # the first episode was one step's work
 
 
 def test_an_optimizer_made_later_takes_over_and_the_recording_starts_again(runs):
@@ -431,3 +459,11 @@ def test_a_generator_stepping_before_its_discriminator_keeps_one_step_per_iterat
     assert report["capture"]["step_signal"] == "optimizer.step()"
     assert _per_step(folder, "Optimizer.step#Adam.step") == [2, 2, 2, 2]
     assert _per_step(folder, "Optimizer.zero_grad#Adam.zero_grad") == [2, 2, 2, 2]
+
+
+def test_a_rollout_before_the_updates_is_said_to_be_in_no_step(runs):
+    report = runs.report("rollout")
+    assert report["capture"]["step_signal"] == "optimizer.step()"
+    assert _per_step(runs.root / "rollout", "Optimizer.step#Adam.step") == [1, 1, 1, 1]  # one minibatch update each
+    (note,) = _notes(report, "before its first optimizer.step()")
+    assert "repeated top-level module calls" in note and "an RL rollout" in note and "skalpel.step()" in note
