@@ -236,6 +236,29 @@ def test_launch_bound_groups_tiny_ops_by_source_and_fixes_the_largest(tmp_path):
     assert any("data.py:15" in where for where in finding.locations)
 
 
+def test_a_closure_run_inside_the_optimizer_step_is_the_models(tmp_path):
+    """LBFGS (and Lightning) run forward and backward inside step(): only what follows the last backward op is the
+    optimizer's, so its tiny ops are the model's, and the fix is not foreach (LBFGS has none)."""
+    builder = TraceBuilder()
+    builder.device_properties = []
+    for number in range(3):
+        start = number * 10_000.0
+        builder.step(number + 1, start, 9_999)
+        builder.host("Optimizer.step#LBFGS.step", start + 10, 9_000, cat="user_annotation")
+        builder.frame("model.py(40): forward", start + 20, 6_000)
+        for index in range(1200):
+            builder.host("aten::sigmoid", start + 20 + index * 5.0, 4.0)
+        builder.host("autograd::engine::evaluate_function: SigmoidBackward0", start + 6_100, 900)
+        builder.frame("torch/optim/lbfgs.py(400): step", start + 7_100, 1_500)
+        for index in range(200):
+            builder.host("aten::dot", start + 7_100 + index * 5.0, 4.0)
+    (finding,) = _found(_report(builder, tmp_path), "launch_bound")
+    by_source = finding.evidence["tiny_ops_by_source_pct"]
+    assert by_source["optimizer step"] == pytest.approx(100 * 200 / 1400, abs=0.5)  # the ops after the backward
+    assert by_source["model and the rest"] > 80
+    assert "torch.compile" in finding.fix and "foreach" not in finding.fix
+
+
 def test_launch_bound_from_the_model_keeps_the_fusing_fix(tmp_path):
     finding = _launch_bound(tmp_path, loader_ops=0, optimizer_ops=300, model_ops=1400)
     assert finding.evidence["tiny_ops_by_source_pct"]["model and the rest"] > 80

@@ -91,7 +91,8 @@ def tiny_op_sources(ctx: Context, rank: int, ops: np.ndarray) -> list[tuple[str,
     """Tiny ops grouped by where they come from: (source, share in %, ops), largest first.
 
     Data loading: inside a DataLoader ``__next__`` range; optimizer step: inside an
-    ``Optimizer.step#...`` range; the rest is the model and the loop around it.
+    ``Optimizer.step#...`` range, after the last backward op in it (a closure's forward and backward run
+    inside ``step()``: LBFGS, Lightning); the rest is the model and the loop around it.
     """
     trace = ctx.trace
     if len(ops) == 0:
@@ -99,9 +100,12 @@ def tiny_op_sources(ctx: Context, rank: int, ops: np.ndarray) -> list[tuple[str,
     annotations = np.flatnonzero((trace.rank == rank) & isin_few(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
     optimizer_names = [i for i in numeric.unique(trace.name[annotations]) if trace.names[i].startswith("Optimizer.step#")]
     optimizer = annotations[numeric.isin(trace.name[annotations], optimizer_names)]
+    backward_names = [i for i in numeric.unique(trace.name[annotations])
+                      if trace.names[i].startswith("autograd::engine::evaluate_function")]  # fmt: skip
+    backward = annotations[numeric.isin(trace.name[annotations], backward_names)]
     loader = np.flatnonzero((trace.kind == Kind.DATALOADER) & (trace.rank == rank))
     in_loader = _inside(trace, ops, loader)
-    in_optimizer = _inside(trace, ops, optimizer) & ~in_loader
+    in_optimizer = _inside_spans(trace, ops, *_after_closures(trace, optimizer, backward)) & ~in_loader
     groups = [(DATA, ops[in_loader]), (OPTIMIZER, ops[in_optimizer]), (MODEL, ops[~in_loader & ~in_optimizer])]
     result = [(name, 100.0 * len(events) / len(ops), events) for name, events in groups if len(events)]
     return sorted(result, key=lambda group: -group[1])
@@ -118,10 +122,28 @@ def source_fix(ctx: Context, sources: list[tuple[str, float, np.ndarray]], defau
 
 def _inside(trace, events: np.ndarray, ranges: np.ndarray) -> np.ndarray:
     """Which events start inside one of the (host) ranges."""
-    if len(ranges) == 0:
+    return _inside_spans(trace, events, trace.ts[ranges], trace.end[ranges])
+
+
+def _inside_spans(trace, events: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    if len(starts) == 0:
         return np.zeros(len(events), dtype=bool)
-    starts, ends = intervals.union(trace.ts[ranges], trace.end[ranges])
+    starts, ends = intervals.union(starts, ends)
     return intervals.containing(starts, ends, trace.ts[events]) >= 0
+
+
+def _after_closures(trace, steps: np.ndarray, backward: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The optimizer steps' spans, each from the end of the last backward op inside it (its closure's) on."""
+    starts, ends = trace.ts[steps].astype(float), trace.end[steps].astype(float)
+    if len(backward) == 0 or len(steps) == 0:
+        return starts, ends
+    order = np.argsort(trace.ts[backward], kind="stable")
+    backward_starts, backward_ends = trace.ts[backward][order], trace.end[backward][order]
+    first = np.searchsorted(backward_starts, starts, side="left")
+    last = np.searchsorted(backward_starts, ends, side="left")
+    for row in np.flatnonzero(last > first):  # the steps that ran a closure: few, one per step at most
+        starts[row] = max(starts[row], float(backward_ends[first[row]:last[row]].max()))
+    return starts, ends
 
 
 def _substantial(names: np.ndarray, self_us: np.ndarray, tiny_us: float) -> np.ndarray:
