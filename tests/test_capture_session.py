@@ -391,6 +391,54 @@ def test_detector_marks_one_step_per_gan_iteration_in_process() -> None:
     assert torch.optim.Optimizer.zero_grad.__name__ == "zero_grad"  # the wrapper is gone
 
 
+def test_detector_times_the_threads_backward_and_optimizer_step_a_closures_backward_as_the_optimizers() -> None:
+    import threading
+    import time as clock
+
+    from skalpel.capture.steps import StepDetector
+
+    def burn(ms: float) -> None:
+        began = clock.thread_time()
+        while clock.thread_time() - began < ms / 1e3:
+            pass
+
+    class SlowBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # noqa: ANN001, ANN205
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):  # noqa: ANN001, ANN205
+            burn(3)
+            return grad * 2
+
+    model = torch.nn.Linear(4, 1)
+    detector = StepDetector(lambda: None, only="optimizer")  # backward does not mark steps: it is still timed
+    detector.install()
+    try:
+        SlowBackward.apply(model(torch.ones(4))).sum().backward()
+        backward_s, optimizer_s = detector.backward_s, detector.optimizer_s
+        elsewhere = threading.Thread(target=lambda: SlowBackward.apply(model(torch.ones(4))).sum().backward())
+        elsewhere.start()
+        elsewhere.join()
+        after_other_thread = detector.backward_s
+        lbfgs = torch.optim.LBFGS(model.parameters(), max_iter=1)
+
+        def closure() -> torch.Tensor:
+            lbfgs.zero_grad()
+            loss = SlowBackward.apply(model(torch.ones(4))).sum()
+            loss.backward()
+            return loss
+
+        lbfgs.step(closure)
+    finally:
+        detector.uninstall()
+    assert backward_s >= 0.003 and optimizer_s == 0
+    assert after_other_thread == backward_s  # another thread's backward is not the step's
+    assert detector.backward_s == backward_s and detector.optimizer_s >= 0.003  # the closure's: the optimizer's
+    assert torch.autograd.backward.__name__ == "backward"  # the wrapper is gone
+
+
 def test_step_timing_baseline_is_steady_state_and_overhead_carries_its_noise() -> None:
     settings = CaptureSettings(wait=1, warmup=2, active=3)
     # step 0 (first iteration, slow) and the warm-up steps are not the baseline: the steps timed after are

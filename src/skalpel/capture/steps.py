@@ -37,6 +37,10 @@ did mark steps gives way when a stronger signal appears later (an optimizer made
 an evaluation pass, ``skalpel.step()``): ``restart`` tells the runner to record again on
 the new signal, and ``takeovers`` says what was replaced. Boundaries in a forked child go
 to ``on_child_boundary`` (the parent alone is profiled; it counts what its children did).
+
+The same wrappers time the script thread's DataLoader waits, backward calls and optimizer
+steps (``loader_s``, ``backward_s``, ``optimizer_s``: skalpel watch's step split, a clock read
+at each end; one layer of hooks for both jobs, since each Python call a step costs the loop).
 """
 
 from __future__ import annotations
@@ -130,6 +134,12 @@ class StepDetector:
         self.loader_workers = 0  # the most DataLoader workers seen, for cpu_contention
         self.batches = 0  # batches the script's DataLoaders yielded
         self.loader_s = 0.0  # time in the script's DataLoader fetches (skalpel watch resets it at each boundary)
+        # time in the script thread's backward calls and optimizer steps, likewise (skalpel watch's phase columns);
+        # a backward inside optimizer.step() (an LBFGS closure) is the optimizer's; a call torch.compile traces is
+        # not timed (a clock read would break its graph)
+        self.backward_s = 0.0
+        self.optimizer_s = 0.0
+        self._optimizer_began: float | None = None
         self.held = 0  # fallback boundaries not marked because an optimizer exists that has not stepped yet
         self._held_since: float | None = None  # when the first was held
         self._held_signal = ""  # the fallback that held them
@@ -201,24 +211,31 @@ class StepDetector:
         backward = torch.autograd.backward
 
         def wrapped_backward(*args: Any, **kwargs: Any) -> Any:
-            # settled (seen, and a signal that outranks it marks the steps for good: the seen signals only grow,
-            # --step-on forward never lets it mark): nothing to do on any thread, and the thread test costs 3 calls
-            if (not detector.stop_requested and "backward" in detector.seen
-                    and detector.marking not in (None, "backward", "forward")) or detector._elsewhere():  # fmt: skip
+            compiling = tracing()
+            if not compiling and threading.get_ident() != detector.thread:  # another thread: marks nothing
                 return backward(*args, **kwargs)
-            if detector.stop_requested:
-                detector._stop_request()
-            detector._before_backward()
+            # settled (seen, and a signal that outranks it marks the steps for good: the seen signals only grow,
+            # --step-on forward never lets it mark): only timed
+            settled = (not detector.stop_requested and "backward" in detector.seen
+                       and detector.marking not in (None, "backward", "forward"))  # fmt: skip
+            if not settled:
+                if detector.stop_requested:
+                    detector._stop_request()
+                detector._before_backward()  # a boundary here comes first: the backward is the new step's
+            began = None if compiling or detector._optimizer_began is not None else time.perf_counter()
             try:
                 return backward(*args, **kwargs)
             finally:
-                detector._backward_pending = True
+                if began is not None:
+                    detector.backward_s += time.perf_counter() - began
+                if not settled:
+                    detector._backward_pending = True
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", __next__, original_next)
         self._patch(optimizer_module.Optimizer, "__init__", optimizer_init, original_init)
         self._patch(optimizer_module.Optimizer, "zero_grad", wrapped_zero_grad, zero_grad)
+        self._patch(torch.autograd, "backward", wrapped_backward, backward)  # Tensor.backward calls it
         if self.only in (None, "backward", "forward"):
-            self._patch(torch.autograd, "backward", wrapped_backward, backward)  # Tensor.backward calls it
             self._module_handles = [
                 module_hooks.register_module_forward_pre_hook(self._before_module),
                 module_hooks.register_module_forward_hook(self._after_module, always_call=True),
@@ -373,9 +390,8 @@ class StepDetector:
             self.on_stop_request()
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self.stop_requested and "optimizer" in self.seen:
-            return  # nothing to do, on any thread (the usual step: the thread test costs three calls)
-        if self._elsewhere():
+        compiling = tracing()
+        if not compiling and threading.get_ident() != self.thread:
             return
         if self.stop_requested:
             self._stop_request()
@@ -384,11 +400,16 @@ class StepDetector:
                 self.held_s = time.monotonic() - self._held_since
             self._seen("optimizer")  # before any backward an LBFGS closure runs inside the step
             self._wrap_step(type(optimizer))  # made before install (skalpel.profile() in the script)
+        if not compiling:
+            self._optimizer_began = time.perf_counter()
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._elsewhere():
             self._count_elsewhere()
             return
+        if self._optimizer_began is not None:  # before a boundary marked here: the step is the ending one's
+            self.optimizer_s += time.perf_counter() - self._optimizer_began
+            self._optimizer_began = None
         if self.marking != "optimizer":
             return
         key = id(optimizer)

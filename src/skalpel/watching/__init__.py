@@ -1,7 +1,7 @@
 """``skalpel watch``: a flight recorder for a whole training run, which profiles the bad moment by itself.
 
-``recorder.py`` (the hooks, the captures, ``skalpel.watch()``), ``probe.py`` (what a step cost),
-``phases.py`` (its forward, backward and optimizer time), ``devicetime.py`` (its device time from
+``recorder.py`` (the hooks, the captures, ``skalpel.watch()``; the step detector times a step's
+DataLoader wait, backward and optimizer), ``probe.py`` (what a step cost), ``devicetime.py`` (its device time from
 CUDA events, read back late), ``store.py`` (the SQLite file, written off the training thread),
 ``detect.py`` (anomalies judged online), ``ranks.py`` (a rank that falls behind, under torchrun),
 ``jobcapture.py`` and ``collect.py`` (a capture of every rank of a torchrun job, one report),

@@ -38,7 +38,6 @@ from .devicetime import DeviceTimes
 from .jobcapture import Request, Requests, start_collector, write_marker
 from .jobcapture import summary as job_summary
 from .live import LiveLine, line
-from .phases import Phases
 from .probe import RunQueueClock, host_memory_limit
 from .ranks import Peers
 from .store import STORE, Store
@@ -74,7 +73,6 @@ class Watcher:
         self._last: float | None = None
         self.runq = RunQueueClock()
         self._last_runq: bytes | None = None
-        self.phases = Phases()  # its backward and optimizer time
         self._profiled = 0  # 1: the step under way is part of a capture
         self.device_times: DeviceTimes | None = None  # CUDA events at the boundaries, once the script uses CUDA
         # captures asked for by the writer thread, one per kind, taken in turn at the boundaries (one at a time);
@@ -98,8 +96,7 @@ class Watcher:
         self.store.meta(script=self.script, started=time.strftime("%Y-%m-%dT%H:%M:%S"), status="running",
                         memory_source=self.anomaly_detector.memory_source,
                         memory_limit=self.anomaly_detector.memory_limit, cooldown_s=self.cooldown_s)  # fmt: skip
-        self.phases.install()  # beneath it too
-        self.detector.install()
+        self.detector.install()  # it times the DataLoader wait, backward and the optimizer step too
         self.live.start()
 
     def _after_flush(self) -> None:
@@ -128,7 +125,6 @@ class Watcher:
     def uninstall(self) -> None:
         self.live.stop()
         self.detector.uninstall()
-        self.phases.uninstall()
 
     # -- each step ----------------------------------------------------------------------------
     def _boundary(self) -> None:
@@ -137,7 +133,7 @@ class Watcher:
         now = time.perf_counter()
         if threading.get_ident() != self.thread:
             return
-        runq, phases, device, detector = self.runq.read(), self.phases, self.device_times, self.detector
+        runq, device, detector = self.runq.read(), self.device_times, self.detector
         event = None
         if device is not None:
             try:
@@ -149,14 +145,14 @@ class Watcher:
             self.steps += 1
             if self.store.failed is None:
                 self._append((self.steps, self._last, now, detector.loader_s, self._profiled, self._last_runq, runq,
-                              phases.backward_s, phases.optimizer_s, event))  # fmt: skip
+                              detector.backward_s, detector.optimizer_s, event))  # fmt: skip
         if self.store.want_device:  # once: the writer saw CUDA initialised, and reads memory on this device
             self._use_device()
         if self._capture is not None or self._requested:
             self._drive_capture()
             now, runq = time.perf_counter(), self.runq.read()  # the capture's own work stays out of the next step
-        self._last, self._last_runq, detector.loader_s = now, runq, 0.0  # the detector times the DataLoader
-        phases.backward_s = phases.optimizer_s = 0.0
+        self._last, self._last_runq = now, runq  # the detector times the DataLoader, backward and the optimizer
+        detector.loader_s = detector.backward_s = detector.optimizer_s = 0.0
 
     def _use_device(self) -> None:
         """The script initialised CUDA (the writer saw it): memory is read on this thread's device, and each step's
@@ -171,7 +167,7 @@ class Watcher:
         """Time the first iteration from now (``skalpel.watch()``: the block starts the loop; a script run by
         ``skalpel watch`` is timed from its first boundary, after its imports and set-up)."""
         self._last, self._last_runq = time.perf_counter(), self.runq.read()
-        self.phases.backward_s = self.phases.optimizer_s = 0.0
+        self.detector.loader_s = self.detector.backward_s = self.detector.optimizer_s = 0.0
 
     def step(self) -> None:
         """Mark the end of one iteration (a script that marks its own steps)."""
