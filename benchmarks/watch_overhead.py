@@ -10,9 +10,12 @@ result is the median over rounds, watched against bare. The clock is the process
 (every thread: the writer's work counts), since on a shared, loaded machine wall time mostly
 measures the other processes; ``--clock wall`` measures wall time instead. ``--clock thread``
 is the training thread's CPU time alone (the steps' cost, not the writer's). ``writer`` is the CPU
-time of the process's other threads (the store's writer) during a watched block, per step: it
-goes by the wall clock (a poll every 200 ms), so a loaded machine, where each step lasts longer,
-charges more of it to each step.
+time of the process's other threads (the store's writer) during a watched block, per step. The
+writer polls about every 64 steps (no more often than every 200 ms, at least once a second) and a
+poll costs 150-200 us of CPU however few steps it takes, so on long steps, and on a loaded
+machine where each step lasts longer, more of that falls on each step. A poll's work lands on one
+or two steps, which the median mostly leaves out: the process clock's median is close to the
+training thread's cost, and the writer column is its average share on top.
 
     .venv/bin/python benchmarks/watch_overhead.py [--rounds 5] [--clock process]
 

@@ -12,7 +12,7 @@ import torch
 from skalpel.errors import SkalpelError
 from skalpel.watching.detect import Detector
 from skalpel.watching.probe import RunQueueClock
-from skalpel.watching.store import STORE, Store, open_run
+from skalpel.watching.store import POLL_MAX_S, POLL_ROWS, POLL_S, STORE, Store, open_run, poll_interval
 
 
 def _row(step: int) -> tuple:
@@ -41,6 +41,14 @@ def test_rows_are_readable_while_the_store_is_open_and_all_there_after_close(tmp
     db = open_run(tmp_path)
     assert [row[0] for row in db.execute("SELECT step FROM steps ORDER BY step")] == list(range(1, 1001))
     assert dict(db.execute("SELECT key, value FROM meta").fetchall())["status"] == "ended"
+
+
+def test_the_writer_polls_about_every_poll_rows_steps_between_its_shortest_and_longest_sleep() -> None:
+    assert poll_interval(0, 0.2) == POLL_MAX_S  # no step since the last poll (a long step, evaluation): once a second
+    assert poll_interval(400, 0.2) == POLL_S  # 0.5 ms steps: never more often than POLL_S
+    assert poll_interval(20, 0.2) == pytest.approx(POLL_ROWS * 0.01)  # 10 ms steps: POLL_ROWS of them
+    assert POLL_S < POLL_ROWS * 0.01 < POLL_MAX_S
+    assert poll_interval(2, 0.2) == POLL_MAX_S  # 100 ms steps: at least once a second
 
 
 def test_a_second_store_in_the_same_folder_is_refused_in_one_line(tmp_path: Path) -> None:

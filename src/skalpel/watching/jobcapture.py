@@ -31,7 +31,7 @@ import orjson
 
 from .. import env
 
-LEAD_S = 2.0  # how far ahead a capture starts: every rank's writer reads the request within a flush or two
+LEAD_S = 2.0  # how far ahead a capture starts: every rank's writer reads the request within a flush (0.5 to 1 s)
 MIN_LEAD_STEPS = 3
 _PREFIX = ".watch-capture-"
 SUMMARY = ".watch-summary.txt"  # the collector's one line: the report's findings, or why there is none

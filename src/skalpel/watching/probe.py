@@ -8,7 +8,7 @@ of its polls the writer thread reads the rest once (``Counters.read``): the proc
 RSS (``/proc/self/statm``), and, once the script has initialised CUDA and the training thread has
 said which device it uses, the caching allocator's allocated and reserved bytes. ``Timeline``
 interpolates those readings at each step's start and end: a step's CPU time is the counter's
-growth between the two (spread evenly over the steps of one poll, 200 ms), its memory the value at
+growth between the two (spread evenly over the steps of one poll, 0.2 to 1 s), its memory the value at
 its end. Where a source is not readable (not Linux, a locked-down /proc) its column stays empty;
 CUDA is never initialised here.
 """

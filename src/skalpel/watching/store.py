@@ -1,7 +1,7 @@
 """The watch file: one SQLite database per run (``watch.sqlite`` in the run folder), one row per step.
 
 The training thread only appends (step, start, end, DataLoader wait, profiled, its core-wait clock
-at the start and end) to a deque at each step; a writer thread takes them every ``POLL_S``, reads
+at the start and end) to a deque at each step; a writer thread takes them at each poll, reads
 the process's counters once for all of them (``probe.py``: CPU time and memory, interpolated over
 the steps), judges them and
 inserts them in batches and commits every ``FLUSH_S`` seconds (or ``BATCH`` rows), in WAL mode, so
@@ -34,7 +34,12 @@ from .ranks import Peers
 STORE = "watch.sqlite"
 LOCK = ".watch.lock"
 FLUSH_S = 0.5
-POLL_S = 0.2  # how often the writer takes the steps, reads the counters and judges them (each wake-up costs CPU)
+# The writer polls about every POLL_ROWS steps at the recent step rate, but no more often than POLL_S and no less
+# than POLL_MAX_S: a wake-up costs 150-200 us of CPU whatever it finds (cold caches), and a poll's readings are
+# what a step's CPU time and memory are interpolated between (memory_creep dates a leak to within a poll).
+POLL_S = 0.2
+POLL_MAX_S = 1.0
+POLL_ROWS = 64
 BATCH = 512
 # forward_s, backward_s, optimizer_s and device_s came later (a store written before has none: readers ask
 # has_columns)
@@ -142,12 +147,16 @@ class Store:
     # -- the writer thread --------------------------------------------------------------------
     def _write(self) -> None:
         sys.setprofile(None)  # out of a capture's Python tracer
-        flushed = time.monotonic()
+        flushed = polled = time.monotonic()
         stopping = False
+        wait = POLL_S
         while not stopping:
             # Polled, not woken per row: a put that wakes a waiting thread hands it the GIL, and on a busy
             # machine the training thread then waits for the writer at every step.
-            self._stop.wait(POLL_S)
+            self._stop.wait(wait)
+            now = time.monotonic()
+            wait = poll_interval(len(self.steps), now - polled)
+            polled = now
             while True:
                 try:
                     item = self.queue.get_nowait()
@@ -275,6 +284,13 @@ class Store:
     def _fail(self, error: BaseException) -> None:
         self.failed = f"cannot write the watch file {self.path} ({error}): steps from here on are not recorded"
         print(f"skalpel: {self.failed}; the script runs on", file=sys.stderr, flush=True)
+
+
+def poll_interval(steps: int, seconds: float) -> float:
+    """The writer's next sleep: about ``POLL_ROWS`` steps at the rate of the last poll (``steps`` in ``seconds``)."""
+    if steps <= 0:
+        return POLL_MAX_S
+    return min(max(POLL_ROWS * seconds / steps, POLL_S), POLL_MAX_S)
 
 
 def _take_lock(folder: Path) -> int:
