@@ -52,7 +52,10 @@ CREATE TABLE IF NOT EXISTS steps (step INTEGER PRIMARY KEY, {", ".join(f"{name} 
 CREATE TABLE IF NOT EXISTS anomalies (id INTEGER PRIMARY KEY, step INTEGER, kind TEXT, message TEXT, value REAL,
     baseline REAL, at_s REAL, capture TEXT, summary TEXT);
 """
-_INSERT = f"INSERT OR REPLACE INTO steps VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
+# every column but device_s, which comes later (an UPDATE): sqlite3 binds a None through an adapter lookup that
+# fails (0.5 us a value), and device_s is always None when its row is written
+_INSERT = (f"INSERT OR REPLACE INTO steps ({', '.join(STEP_COLUMNS[:-1])}) "
+           f"VALUES ({', '.join('?' * (len(STEP_COLUMNS) - 1))})")  # fmt: skip
 _DEVICE_TIME = "UPDATE steps SET device_s = ? WHERE step = ?"  # read back after the row (devicetime.py)
 
 
@@ -210,7 +213,7 @@ class Store:
         forward = None if backward_s is None or optimizer_s is None else max(end - start - loader_s - backward_s -
                                                                             optimizer_s, 0.0)  # fmt: skip
         row = (step, end - self.origin, end - start, loader_s, max(after[0] - before[0], 0.0), runq, after[1],
-               after[2], after[3], profiled, forward, backward_s, optimizer_s, None)  # fmt: skip
+               after[2], after[3], profiled, forward, backward_s, optimizer_s)  # fmt: skip
         self._pending.append(row)
         self.last_row = row
         self._wall.append(row[2])
