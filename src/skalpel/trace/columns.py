@@ -17,15 +17,13 @@ import mmap
 import numpy as np
 import orjson
 
-from .events import EMPTY, MISSING, Event, decode_args, decode_memory_args, full_args
+from .events import EMPTY, MISSING, PHASES, Event, decode_args, decode_memory_args, full_args
 from .kinds import DEVICE_KIND_ARRAY, DEVICE_KINDS, Kind, classify, kind_array, legacy_category
 
 _KEPT_ARG_KINDS = np.array([Kind.COMM_OP, Kind.COMM_KERNEL, Kind.DEVICE_SYNC, Kind.MEMCPY], np.int8)
 _ON_DEVICE = kind_array(DEVICE_KINDS | {Kind.DEVICE_SYNC, Kind.GPU_ANNOTATION})
 _MOVES_BYTES = np.array([Kind.MEMCPY, Kind.MEMSET], np.int8)
 _FLOW_CATEGORIES = ("ac2g", "async")
-# Every phase of the Trace Event Format (and its legacy async ones); skalpel reads X, i/I and f.
-_PHASES = frozenset("BEXiICbnestfPONDMRcSTpF()")
 COLUMNS = ("ts", "dur", "kind", "name", "pid", "tid", "device", "stream", "correlation", "external_id",
            "stack", "shapes", "nbytes")  # fmt: skip
 MEMORY_COLUMNS = ("ts", "nbytes", "total_allocated", "total_reserved", "device_type", "device_id", "tid", "addr")
@@ -133,13 +131,13 @@ class ColumnBuilder:
         unphased = phases.count(None) if None in present else 0
         self.unphased += unphased
         self.phased = self.phased or unphased < len(events)
-        for phase in present - _PHASES:  # counted at C speed
+        for phase in present - PHASES:  # counted at C speed
             if phase is not None:
                 self.unknown_phases[phase] = self.unknown_phases.get(phase, 0) + phases.count(phase)
         if "X" in present:
             self._add_ranges(events if len(present) == 1 else [e for e in events if e.ph == "X"])
         if "i" in present or "I" in present:
-            memory = [e for e in events if e.name == "[memory]" and e.ph in ("i", "I")]
+            memory = [e for e in events if e.ph in ("i", "I") and e.name == "[memory]"]  # only i and I have a name
             if memory:
                 self._add_memory(memory)
         if "f" in present:

@@ -2,17 +2,23 @@
 
 msgspec decodes a batch of events into small structs and skips every other field
 without building it, which is several times faster than making a dict per event.
+Each phase skalpel reads has a struct of its own with only the fields it reads there
+(chosen by the 'ph' tag as the object is read); the events of every other phase
+(flow starts, metadata) are read as empty structs, their fields skipped.
 ``args`` stays as raw JSON bytes until the column builder decodes the few keys it
 needs (all events' args in one call) or, for the rare kinds whose args are kept
 whole, the full object.
 
 Types in the structs are loose (numbers, strings or null where traces disagree);
-a batch that still does not fit goes through orjson dicts and ``event_from_dict``.
+a batch that still does not fit (or has an event of a phase the format does not
+define, or none) goes through orjson dicts and ``event_from_dict``: ``Event``s, with
+every field of every phase.
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar, Union
 
 import msgspec
 import orjson
@@ -25,7 +31,13 @@ MISSING = -(2**63)
 Number = int | float | str | None
 
 
+PHASES = frozenset("BEXiICbnestfPONDMRcSTpF()")
+"""Every phase of the Trace Event Format (and its legacy async ones); skalpel reads X, i/I and f."""
+
+
 class Event(Struct, gc=False):
+    """An event of any phase (or none), with every field skalpel reads of any phase."""
+
     ph: str | None = None
     cat: str | None = None
     name: str | None = None
@@ -35,6 +47,49 @@ class Event(Struct, gc=False):
     tid: int | str | None = None
     id: int | str | None = None
     args: Raw = EMPTY
+
+
+class _Phase(Struct, gc=False, tag_field="ph"):
+    """An event of a phase skalpel does not read: its fields are skipped."""
+
+    ph: ClassVar[str]
+
+
+class _Range(_Phase, tag="X"):
+    ph = "X"
+    cat: str | None = None
+    name: str | None = None
+    ts: float | None = None
+    dur: float | None = 0.0
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: Raw = EMPTY
+
+
+class _FlowEnd(_Phase, tag="f"):
+    ph = "f"
+    cat: str | None = None
+    ts: float | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    id: int | str | None = None
+
+
+class _Instant(_Phase, tag="i"):
+    ph = "i"
+    name: str | None = None
+    ts: float | None = None
+    tid: int | str | None = None
+    args: Raw = EMPTY
+
+
+class _OldInstant(_Instant, tag="I"):
+    ph = "I"
+
+
+_READ = {"X": _Range, "f": _FlowEnd, "i": _Instant, "I": _OldInstant}
+_PHASE_TYPES = tuple(_READ.get(phase) or msgspec.defstruct(f"_Phase_{ord(phase)}", [], bases=(_Phase,), tag=phase,
+                                                           namespace={"ph": phase}) for phase in sorted(PHASES))  # fmt: skip
 
 
 class Args(Struct, gc=False):
@@ -58,7 +113,7 @@ class MemoryArgs(Struct, gc=False):
     addr: Number = field(default=-1, name="Addr")
 
 
-_EVENTS = msgspec.json.Decoder(list[Event])
+_EVENTS = msgspec.json.Decoder(list[Union[_PHASE_TYPES]])  # noqa: UP007 (a tuple of types: no | for it)
 _ARGS = msgspec.json.Decoder(list[Args])
 _ONE_ARGS = msgspec.json.Decoder(Args)
 _MEMORY_ARGS = msgspec.json.Decoder(list[MemoryArgs])
@@ -69,8 +124,11 @@ class BatchSyntaxError(ValueError):
     """The bytes are not a valid JSON array of values."""
 
 
-def decode_events(buffer: bytes) -> tuple[list[Event], int]:
+def decode_events(buffer: bytes) -> tuple[list, int]:
     """Decode a JSON array of events; returns the events and how many elements were not events.
+
+    The events are of the phases' own structs or, where the batch did not fit them, ``Event``s: both have the
+    fields that the column builder reads of each phase.
 
     Raises BatchSyntaxError when the bytes are not valid JSON.
     """
