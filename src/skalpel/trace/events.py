@@ -55,31 +55,32 @@ class _Phase(Struct, gc=False, tag_field="ph"):
     ph: ClassVar[str]
 
 
+# Fields in the order Kineto writes them: msgspec looks a key up from the field after the last one found.
 class _Range(_Phase, tag="X"):
     ph = "X"
     cat: str | None = None
     name: str | None = None
-    ts: float | None = None
-    dur: float | None = 0.0
     pid: int | str | None = None
     tid: int | str | None = None
+    ts: float | None = None
+    dur: float | None = 0.0
     args: Raw = EMPTY
 
 
 class _FlowEnd(_Phase, tag="f"):
     ph = "f"
-    cat: str | None = None
-    ts: float | None = None
+    id: int | str | None = None
     pid: int | str | None = None
     tid: int | str | None = None
-    id: int | str | None = None
+    ts: float | None = None
+    cat: str | None = None
 
 
 class _Instant(_Phase, tag="i"):
     ph = "i"
     name: str | None = None
-    ts: float | None = None
     tid: int | str | None = None
+    ts: float | None = None
     args: Raw = EMPTY
 
 
@@ -93,11 +94,11 @@ _PHASE_TYPES = tuple(_READ.get(phase) or msgspec.defstruct(f"_Phase_{ord(phase)}
 
 
 class Args(Struct, gc=False):
-    correlation: Number = 0
     external: Number = field(default=0, name="External id")
-    external_lower: Number = field(default=0, name="external id")
     device: Number = MISSING
     stream: Number = MISSING
+    correlation: Number = 0
+    external_lower: Number = field(default=0, name="external id")
     stack: str | None = field(default=None, name="Call stack")
     dims: Raw = field(default=EMPTY, name="Input Dims")
     nbytes: Number = field(default=0, name="bytes")
@@ -105,12 +106,12 @@ class Args(Struct, gc=False):
 
 
 class MemoryArgs(Struct, gc=False):
-    nbytes: Number = field(default=0, name="Bytes")
-    total_allocated: Number = field(default=-1, name="Total Allocated")
-    total_reserved: Number = field(default=-1, name="Total Reserved")
     device_type: Number = field(default=0, name="Device Type")
     device_id: Number = field(default=-1, name="Device Id")
     addr: Number = field(default=-1, name="Addr")
+    nbytes: Number = field(default=0, name="Bytes")
+    total_allocated: Number = field(default=-1, name="Total Allocated")
+    total_reserved: Number = field(default=-1, name="Total Reserved")
 
 
 _EVENTS = msgspec.json.Decoder(list[Union[_PHASE_TYPES]])  # noqa: UP007 (a tuple of types: no | for it)
@@ -180,9 +181,10 @@ def decode_memory_args(raws: list[Raw]) -> list[MemoryArgs]:
 
 
 def _decode_all(raws, batch_decoder, one_decoder, struct, from_dict) -> list:
-    joined = b"[" + b",".join(raws if all(raws) else [raw if raw else b"{}" for raw in raws]) + b"]"
+    if not raws:
+        return []
     try:
-        return batch_decoder.decode(joined)
+        return batch_decoder.decode(_json_array(raws if all(raws) else [raw if raw else b"{}" for raw in raws]))
     except msgspec.MsgspecError:
         pass
     decoded = []
@@ -194,10 +196,18 @@ def _decode_all(raws, batch_decoder, one_decoder, struct, from_dict) -> list:
     return decoded
 
 
+def _json_array(values: list) -> bytes:
+    """The JSON array of some JSON values (not none), copied once: the brackets go onto the first and the last."""
+    values = list(values)
+    values[0] = b"[" + values[0]
+    values[-1] = b"".join((values[-1], b"]"))
+    return b",".join(values)
+
+
 def full_args(raws: list[Raw]) -> list[dict]:
     """The whole args object of each event (without the bulky 'Call stack'), parsed in one call."""
     try:
-        values = orjson.loads(b"[" + b",".join([raw if raw else b"{}" for raw in raws]) + b"]")
+        values = orjson.loads(_json_array([raw if raw else b"{}" for raw in raws]))
     except orjson.JSONDecodeError:
         values = [_loads_or_none(raw) for raw in raws]
     kept = []
