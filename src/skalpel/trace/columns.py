@@ -190,12 +190,11 @@ class ColumnBuilder:
         moves = np.flatnonzero(np.isin(kind, _MOVES_BYTES))
         if len(moves):
             nbytes[moves] = _ints([args[index].nbytes for index in moves.tolist()], 0)
-        shapes = self._shapes
         columns = {
             "ts": ts, "dur": dur, "kind": kind, "name": name, "pid": pid, "tid": tid, "device": device, "stream": stream,
             "correlation": correlation, "external_id": external,
             "stack": self._stack_ids([a.stack for a in args]),
-            "shapes": np.fromiter([shapes[bytes(a.dims)] if a.dims else -1 for a in args], np.int32, len(args)),
+            "shapes": self._shape_ids([a.dims for a in args]),
             "nbytes": nbytes,
         }  # fmt: skip
         for key, values in columns.items():
@@ -204,9 +203,11 @@ class ColumnBuilder:
         if kept:
             whole = full_args([events[index].args for index in kept])
             self.extra.update(zip([self.count + index for index in kept], whole))
-        flops = _ints([a.flops for a in args], 0)  # with_flops: few ops carry a count, kept beside their other args
-        for index in np.flatnonzero(flops > 0).tolist():
-            self.extra.setdefault(self.count + index, {})["flops"] = float(flops[index])
+        flops = [a.flops for a in args]  # with_flops: few ops carry a count, kept beside their other args
+        if flops.count(0) < len(flops):
+            counts = _ints(flops, 0)
+            for index in np.flatnonzero(counts > 0).tolist():
+                self.extra.setdefault(self.count + index, {})["flops"] = float(counts[index])
         uncorrelated = np.flatnonzero(np.isin(kind, DEVICE_KIND_ARRAY) & (correlation == 0))
         if len(uncorrelated):
             self._uncorrelated.append(uncorrelated + self.count)
@@ -241,6 +242,13 @@ class ColumnBuilder:
         if stacks.count(None) == len(stacks):
             return np.full(len(stacks), -1, np.int32)
         return np.fromiter([self.interner[text] if text else -1 for text in stacks], np.int32, len(stacks))
+
+    def _shape_ids(self, dims: list) -> np.ndarray:
+        """'Input Dims' as name ids of their JSON, -1 where none (traces recorded without shapes have none at all)."""
+        if dims.count(EMPTY) == len(dims):
+            return np.full(len(dims), -1, np.int32)
+        shapes = self._shapes
+        return np.fromiter([shapes[bytes(raw)] if raw else -1 for raw in dims], np.int32, len(dims))
 
     def _ids(self, values: list) -> np.ndarray:
         """Pids and tids: integers, numeric strings, or labels such as 'stream 7' or 'Spans'."""
