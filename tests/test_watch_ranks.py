@@ -18,7 +18,7 @@ def _rank_store(job: Path, rank: int, cpu_ms: float, *, run_id: str = "job-1", s
     with sqlite3.connect(folder / STORE) as db:
         db.executescript(_SCHEMA)
         db.execute("INSERT INTO meta VALUES ('job', ?)", (run_id,))
-        db.executemany(_INSERT, [(step, step * 0.01, 0.01, 0.0, value, 0.0, 2**28, None, None, 0, None, None, None, None)
+        db.executemany(_INSERT, [(step, step * 0.01, 0.01, 0.0, value, 0.0, 2**28, None, None, 0, None, None, None)
                                  for step, value in enumerate(cpu, start=1)])  # fmt: skip
     return cpu[50:]  # the judged steps, past the warm-up
 
