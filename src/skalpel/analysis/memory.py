@@ -198,16 +198,23 @@ def _enclosing_op(trace: Trace, rank: int, tid: int, at_us: float) -> int:
     return int(inside[np.lexsort((trace.dur[inside], -trace.ts[inside]))[0]])  # latest start, then shortest
 
 
-def allocating_op(trace: Trace, rank: int, tid: int, at_us: float) -> str | None:
-    """The op an allocation at ``at_us`` on (rank, tid) belongs to, as a user knows it: the outermost ``aten::``
-    op open then (``aten::mse_loss``, not the ``aten::empty`` inside it), else the innermost host op; None
-    when no op is open."""
-    inside = np.flatnonzero((trace.tid == tid) & (trace.rank == rank) & isin_few(trace.kind, _HOST_OPS)
-                            & (trace.ts <= at_us) & (trace.ts + trace.dur >= at_us))  # fmt: skip
-    if len(inside) == 0:
-        return None
-    names = [trace.names[int(trace.name[i])] for i in inside[np.lexsort((-trace.dur[inside], trace.ts[inside]))]]
-    return next((name for name in names if name.startswith("aten::")), names[-1])
+def allocating_ops(trace: Trace, rank: int, tids: np.ndarray, times: np.ndarray) -> list[str | None]:
+    """The op each allocation (on thread ``tids[i]`` at ``times[i]``, on ``rank``) belongs to, as a user knows it:
+    the outermost ``aten::`` op open then (``aten::mse_loss``, not the ``aten::empty`` inside it), else the innermost
+    host op; None where no op is open. One scan of the trace for all of them."""
+    host = np.flatnonzero((trace.rank == rank) & isin_few(trace.kind, _HOST_OPS))
+    host = host[numeric.isin(trace.tid[host], np.unique(tids))] if len(tids) else host[:0]
+    starts, ends = trace.ts[host], trace.ts[host] + trace.dur[host]
+    found: list[str | None] = []
+    for tid, at in zip(tids.tolist(), times.tolist()):
+        inside = host[(trace.tid[host] == tid) & (starts <= at) & (ends >= at)]
+        if len(inside) == 0:
+            found.append(None)
+            continue
+        order = np.lexsort((-trace.dur[inside], trace.ts[inside]))  # outermost first
+        names = [trace.names[int(trace.name[i])] for i in inside[order]]
+        found.append(next((name for name in names if name.startswith("aten::")), names[-1]))
+    return found
 
 
 def _downsample(ts: np.ndarray, values: np.ndarray, max_points: int) -> tuple[tuple[float, int], ...]:

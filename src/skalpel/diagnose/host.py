@@ -45,8 +45,9 @@ def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
         host_pct = 100.0 * host_ms / blamed.idle_ms
         if outside_pct < limits.share_pct or blamed.idle_ms / count < limits.floor or host_pct < limits.param("cause_pct"):
             continue
+        top = blamed.top("host_compute")
         culprits = []
-        for item in blamed.top("host_compute")[:3]:
+        for item in top[:3]:
             share = 100.0 * item.ms / span_ms
             if share < 1.0:
                 break
@@ -69,7 +70,7 @@ def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
         others = [f"{item['label']} {item['share_pct']:.0f}%" for item in culprits[1:]]
         title += f" ({', '.join(others)} next)" if others else ""
         fix = f"{named_at(what, lead['location'])} holds the step's ops back: {_FIX}"
-        events = blamed.top("host_compute")[0].events
+        events = top[0].events
         # time no op, range or user function covers may be a sleep, I/O or a lock as well as Python: an info note
         severity = "info" if lead["label"] == UNTRACED else rule.severity_for(outside_pct)
         if lead["label"] == UNTRACED and not ctx.trace.has_stacks:

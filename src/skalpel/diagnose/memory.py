@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis import numeric
-from ..analysis.memory import allocating_op, memory
+from ..analysis.memory import allocating_ops, memory
 from ..display import rough_duration
 from ..trace.kinds import Kind
 from . import thresholds
@@ -176,7 +176,7 @@ def _leak_sites(ctx: Context, device, allocs: np.ndarray) -> tuple[str, ...]:
     return tuple(found)[:3]
 
 
-_OPS_NAMED = 64  # the largest held blocks whose op is looked up (one scan of the trace each)
+_OPS_NAMED = 64  # the largest held blocks whose op is looked up
 
 
 def _kept_by_op(ctx: Context, device, allocs: np.ndarray, steps: int) -> list[dict]:
@@ -185,10 +185,10 @@ def _kept_by_op(ctx: Context, device, allocs: np.ndarray, steps: int) -> list[di
     largest = allocs[np.argsort(-events.nbytes[allocs], kind="stable")[:_OPS_NAMED]]
     kept: Counter[str] = Counter()
     blocks: Counter[str] = Counter()
-    for row in largest.tolist():
-        op = allocating_op(ctx.trace, device.rank, int(events.tid[row]), float(events.ts[row])) or "(no op)"
-        kept[op] += int(events.nbytes[row])
-        blocks[op] += 1
+    ops = allocating_ops(ctx.trace, device.rank, events.tid[largest], events.ts[largest].astype(float))
+    for row, op in zip(largest.tolist(), ops):
+        kept[op or "(no op)"] += int(events.nbytes[row])
+        blocks[op or "(no op)"] += 1
     return [{"op": op, "mib_per_step": size / MIB / max(steps, 1), "blocks": blocks[op]}
             for op, size in kept.most_common(3)]
 
