@@ -31,7 +31,8 @@ import orjson
 
 from .. import env
 
-LEAD_S = 2.0  # how far ahead a capture starts: every rank's writer reads the request within a flush (0.5 to 1 s)
+LEAD_S = 3.0  # how far ahead a capture starts: every rank's writer reads the request within a poll (0.2 to 1 s),
+# with 2 s to spare for a rank that load stalls (a clean-clone CI run under load missed one at 2 s)
 MIN_LEAD_STEPS = 3
 _PREFIX = ".watch-capture-"
 SUMMARY = ".watch-summary.txt"  # the collector's one line: the report's findings, or why there is none
