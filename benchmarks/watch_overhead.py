@@ -5,8 +5,9 @@ length with matmuls on this thread's CPU clock, with one thread (``torch.set_num
 Blocks of bare and watched steps alternate in this one process (``--rounds`` of each, per
 step length); a watched block runs inside ``skalpel.watch(capture=False)`` (step detection,
 the per-step probe, the store's writer thread and the anomaly judge: everything but a
-capture, which a quiet loop never takes). Each block's figure is its median step; the
-result is the median over rounds, watched against bare. The clock is the process's CPU time
+capture, which a quiet loop never takes). Each block's figure is its median step; each round
+compares its watched block with its own bare one (the order of the two turning every round),
+and the overhead is the median of those ratios, with their quartiles. The clock is the process's CPU time
 (every thread: the writer's work counts), since on a shared, loaded machine wall time mostly
 measures the other processes; ``--clock wall`` measures wall time instead. ``--clock thread``
 is the training thread's CPU time alone (the steps' cost, not the writer's). ``writer`` is the CPU
@@ -69,21 +70,29 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     clock = {"process": time.process_time, "thread": time.thread_time, "wall": time.perf_counter}[args.clock]
-    print(f"{'step':>8} {'bare':>10} {'watched':>10} {'overhead':>9} {'per step':>9} {'writer':>9}  (median of "
+    print(f"{'step':>8} {'bare':>10} {'watched':>10} {'overhead':>9} {'quartiles':>15} {'per step':>9} {'writer':>9}  (median of "
           f"{args.rounds} rounds, {args.clock} clock; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         for step_ms, steps in STEPS.items():
             bare, watched, writer = [], [], []
             for number in range(args.rounds):
-                bare.append(statistics.median(loop(step_ms, steps, clock)))
-                with skalpel.watch(out=Path(folder) / f"{step_ms:g}-{number}", capture=False):
-                    others = time.process_time() - time.thread_time()  # every thread but this one: the writer
-                    watched.append(statistics.median(loop(step_ms, steps, clock)))
-                    writer.append((time.process_time() - time.thread_time() - others) / steps)
+                # the order turns each round: whichever block runs second in a round ran measurably slower or
+                # faster (a warmer or a more fragmented heap), which the fixed order took for the watch's cost
+                for kind in ("bare", "watched") if number % 2 == 0 else ("watched", "bare"):
+                    if kind == "bare":
+                        bare.append(statistics.median(loop(step_ms, steps, clock)))
+                        continue
+                    with skalpel.watch(out=Path(folder) / f"{step_ms:g}-{number}", capture=False):
+                        others = time.process_time() - time.thread_time()  # every thread but this one: the writer
+                        watched.append(statistics.median(loop(step_ms, steps, clock)))
+                        writer.append((time.process_time() - time.thread_time() - others) / steps)
+            # each round's watched block against its own bare one: the machine's drift between rounds cancels
+            ratios = sorted(two / one - 1 for one, two in zip(bare, watched))
             one, two = statistics.median(bare), statistics.median(watched)
-            print(f"{step_ms:>6g}ms {one * 1e3:>8.3f}ms {two * 1e3:>8.3f}ms {(two / one - 1) * 100:>+8.2f}% "
-                  f"{(two - one) * 1e6:>+6.0f} us {statistics.median(writer) * 1e6:>6.0f} us")  # fmt: skip
-
+            low, high = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
+            print(f"{step_ms:>6g}ms {one * 1e3:>8.3f}ms {two * 1e3:>8.3f}ms {statistics.median(ratios) * 100:>+8.2f}% "
+                  f"{low * 100:>+6.2f}..{high * 100:+.2f}% {(two - one) * 1e6:>+6.0f} us "
+                  f"{statistics.median(writer) * 1e6:>6.0f} us")  # fmt: skip
 
 if __name__ == "__main__":
     main()
