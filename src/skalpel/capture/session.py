@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 from torch.profiler import ProfilerAction
 
+from ..analysis.steps import CLOSING_RANGE
 from ..errors import SkalpelError
 from ..result.report import CaptureInfo, Report
 from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
@@ -174,11 +175,17 @@ class ProfileRun:
             closes = phases[number] == (0, ACTIVE)
             if opens:
                 self._window_opens()  # in the warm-up step, before recording starts
-            if closes:
-                self._samples_into_trace()  # the profiler still records: header keys are written now
-            compile_log.before_step(prof)
-            with _quiet(), _excluded_from_cpu_window(self) if closes else _nothing():
+            # Closing, our own work runs in the last recorded step (the profiler still records: header keys are
+            # written now); a range of its own marks it, and the analysis ends that step where it begins.
+            with torch.profiler.record_function(CLOSING_RANGE) if closes else _nothing():
+                if closes:
+                    self._samples_into_trace()
+                compile_log.before_step(prof)
+                excluded = _excluded_from_cpu_window(self) if closes else _nothing()
+                excluded.__enter__()  # the CPU snapshot (reading /proc) is ours too
+            with _quiet():
                 prof.step()  # closing: the export, which the CPU window leaves out
+            excluded.__exit__(None, None, None)
             if opens:
                 self._anchor(number + 1)
             if closes:
