@@ -27,10 +27,10 @@ def test_requests_follow_each_other_and_every_rank_takes_them_in_one_order(tmp_p
     rank0, rank1 = _ranks(tmp_path)
     first = rank1.ask(kind="slow_rank", anomaly_step=180, current_step=200, median_step_s=0.01, cooldown_s=600)
     assert first is not None and first.rank == 1 and first.number == 1
-    assert (first.first_step, first.last_step) == (400, 415)  # 2 s ahead at 10 ms a step, then the capture's span
+    assert (first.first_step, first.last_step) == (500, 515)  # 3 s ahead at 10 ms a step, then the capture's span
     # rank 0, not having read it yet, asks a moment later: its capture starts after rank 1's ends
     second = rank0.ask(kind="level_shift", anomaly_step=205, current_step=205, median_step_s=0.01, cooldown_s=600)
-    assert second is not None and second.number == 2 and second.first_step == 416
+    assert second is not None and second.number == 2 and second.first_step == 516
     taken = [rank.take() for rank in (rank0, rank1)]
     assert taken[0] == taken[1] == [first, second]
     assert rank0.take() == [] and rank1.take() == []
