@@ -7,6 +7,7 @@ linked by correlation and External id) and runs the real loader, analyses and ru
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -412,6 +413,48 @@ def test_dataloader_fix_counts_the_intra_op_threads_and_sizes_its_gain():
     big = loader_plan({"cores_available": 16, "intra_op_threads": 8}, wait_ms=10.0, step_ms=40.0, single=True,
                       device=True, min_speedup=1.1)  # fmt: skip
     assert big.fix.startswith("DataLoader(num_workers=4, pin_memory=True,")
+
+
+# CPU facts and step figures as `skalpel run` recorded them (report.json) on this 2-core machine, with what the
+# advised fix measured after (ms a step, medians of 5 interleaved runs, 1 intra-op thread):
+# an HF-style loop (tokenizing-like __getitem__, 4 micro-batches a step) at load 15: 0 workers 105, 2 workers 112;
+_HF_LOADED = {"intra_op_threads": 1, "inter_op_threads": 2, "loader_workers": 0, "processes": 1, "cores_available": 2,
+              "cpu_quota_cores": None, "cpu_s": 0.1541, "wall_s": 1.4519, "steps": 5, "load_avg_1m": 15.15,
+              "runnable_now": 7, "run_queue_wait_s": 1.3811}  # fmt: skip
+# the same loop idle (load 1.4): 0 workers 10.4 / 15.3, 2 workers 18.7 / 20.8; the profiler made its steps 2.65x longer
+_HF_IDLE = {**_HF_LOADED, "cpu_s": 0.1195, "wall_s": 0.1402, "load_avg_1m": 1.39, "runnable_now": 2,
+            "run_queue_wait_s": 0.024}  # fmt: skip
+# the starving loop (16 x 2 ms of sleep a batch) at load 21: 0 workers 327.6, 2 workers 338.0 (each sleep's wake-up
+# waits for a core too)
+_STARVED_LOADED = {**_HF_LOADED, "cpu_s": 0.0274, "wall_s": 0.4045, "load_avg_1m": 20.86, "runnable_now": 25,
+                   "run_queue_wait_s": 0.1929}  # fmt: skip
+
+
+def test_dataloader_fix_gives_no_workers_where_they_cannot_pay():
+    """Workers lose where other processes hold the cores (cpu_contention) or a batch costs less to make than a
+    worker's hand-over; the figures are real captures' (above), and the fix says why with its numbers."""
+    from skalpel.cores import WORKER_HANDOFF_MS
+    from skalpel.diagnose.input import loader_plan
+
+    plan = functools.partial(loader_plan, single=True, device=False, min_speedup=1.1)
+    loaded = plan(_HF_LOADED, wait_ms=154.5, step_ms=282.1, batches_per_step=4.0)
+    assert "not more workers: the machine's other processes hold 2.0 of the 2 usable cores (load 15.2" in loaded.fix
+    assert loaded.fix.startswith("make __getitem__ cheap") and loaded.evidence["workers_speedup_up_to"] == 1.0
+    assert "time DataLoader(num_workers=2," in loaded.fix  # what to try where the job has the cores to itself
+    # idle, the profiled fetch (3.6 ms a batch) would pay; scaled to the un-profiled step it is 1.3 ms: it would not
+    idle = plan(_HF_IDLE, wait_ms=14.25, step_ms=27.74, batches_per_step=4.0, unprofiled_ratio=10.1654 / 26.9769)
+    assert round(idle.evidence["fetch_ms_per_batch"], 2) == 1.34 < WORKER_HANDOFF_MS
+    assert "not more workers: a batch takes about 1.3 ms to make without the profiler (4 a step)" in idle.fix
+    assert "cores_held_by_others" not in idle.evidence  # no contention measured: the cores are not the reason
+    unscaled = plan(_HF_IDLE, wait_ms=14.25, step_ms=27.74, batches_per_step=4.0)
+    assert unscaled.fix.startswith("DataLoader(num_workers=2,")  # without the baseline: today's advice
+    # a fetch that sleeps needs a core only to wake: at load 21 its wake-ups waited as long as it slept
+    starved = plan(_STARVED_LOADED, wait_ms=66.4, step_ms=74.8)
+    assert "workers would wait for a core" in starved.fix and starved.evidence["fetch_on_core_ms_per_step"] > 33
+    # a sleeping fetch that got its core: the workers lead as before (the starving loop's 1.7x)
+    idle_sleep = plan({**_STARVED_LOADED, "load_avg_1m": 0.8, "run_queue_wait_s": 0.002}, wait_ms=32.0, step_ms=36.5)
+    assert idle_sleep.fix.startswith("make __getitem__ cheap") and "or DataLoader(num_workers=2," in idle_sleep.fix
+    assert "not more workers" not in idle_sleep.fix
 
 
 def test_dataloader_evidence_names_the_workers_gain_once(tmp_path):

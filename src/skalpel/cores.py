@@ -90,6 +90,14 @@ def loader_workers(cores: float) -> int | None:
     return None if cores < 2 else min(MAX_LOADER_WORKERS, int(cores))
 
 
+WORKER_HANDOFF_MS = 1.5
+"""The least a DataLoader worker takes to hand one batch to the training process (collate into shared memory,
+pickle, queue, unpickle), whatever its fetch costs: a fetch per batch below this gains nothing from workers.
+Measured with a free ``__getitem__`` (16 x 256 int64 per batch, 1 intra-op thread, 2 cores): 0 workers
+0.15-0.17 ms a batch, 1 worker 1.5-1.9 ms, 2 workers 2.0 ms; at load 17, 2.2 and 2.4 ms
+(benchmarks/loader_handoff.py)."""
+
+
 def threads_beside_workers(cores: float, threads: int) -> int | None:
     """The intra-op threads to set beside ``loader_workers``: one core fewer where the threads fill every usable
     core (there the workers fight them at every parallel region: 2 threads on 2 cores with 1 worker measured 1.33x

@@ -30,6 +30,35 @@ def usable_cores(cpu: dict[str, Any]) -> float | None:
     return min(float(cores), float(quota)) if quota else float(cores)
 
 
+def waiting(cpu: dict[str, Any]) -> tuple[float, float] | None:
+    """(waiting share in %, wait ms per step) of the recorded steps; None where the facts cannot say.
+
+    The run-queue delay where the system reports it; else the CPU got against the threads run, judged only when
+    the process asks for more than its cores or the machine is busier than them.
+    """
+    if not cpu.get("wall_s") or not cpu.get("steps"):
+        return None
+    cores = usable_cores(cpu) or 1.0
+    threads = int(cpu.get("intra_op_threads") or 1)
+    asked = threads * int(cpu.get("processes") or 1) + int(cpu.get("loader_workers") or 0)
+    load = cpu.get("load_avg_1m")
+    wait_s = cpu.get("run_queue_wait_s")
+    if wait_s is not None:
+        waiting_pct = 100.0 * wait_s / max(cpu["cpu_s"] + wait_s, 1e-9)
+    elif asked > cores or (load is not None and load > cores):
+        waiting_pct = max(0.0, 100.0 * (1.0 - cpu["cpu_s"] / cpu["wall_s"] / min(threads, cores)))
+        wait_s = max(min(threads, cores) * cpu["wall_s"] - cpu["cpu_s"], 0.0)
+    else:
+        return None
+    return waiting_pct, 1000.0 * wait_s / cpu["steps"]
+
+
+def contended(cpu: dict[str, Any] | None, limits: thresholds.Threshold = thresholds.CPU_CONTENTION) -> bool:
+    """Whether ``cpu_contention`` holds on these facts: the process waited for a core past its share and floor."""
+    waited = waiting(cpu) if cpu else None
+    return waited is not None and waited[0] >= limits.share_pct and waited[1] >= limits.floor
+
+
 def _check_contention(ctx: Context, rule: Rule) -> Outcome:
     cpu = ctx.capture.cpu if ctx.capture is not None else None
     if not cpu or not cpu.get("wall_s") or not cpu.get("steps"):
@@ -42,17 +71,9 @@ def _check_contention(ctx: Context, rule: Rule) -> Outcome:
     asked = threads * processes + workers
     load = cpu.get("load_avg_1m")
     got_cores = cpu["cpu_s"] / cpu["wall_s"]
-    wait_s = cpu.get("run_queue_wait_s")
-    if wait_s is not None:
-        waiting_pct = 100.0 * wait_s / max(cpu["cpu_s"] + wait_s, 1e-9)
-    elif asked > cores or (load is not None and load > cores):
-        waiting_pct = max(0.0, 100.0 * (1.0 - got_cores / min(threads, cores)))
-        wait_s = max(min(threads, cores) * cpu["wall_s"] - cpu["cpu_s"], 0.0)
-    else:
+    if not contended(cpu, limits):
         return []
-    wait_ms_per_step = 1000.0 * wait_s / cpu["steps"]
-    if waiting_pct < limits.share_pct or wait_ms_per_step < limits.floor:
-        return []
+    waiting_pct, wait_ms_per_step = waiting(cpu)
     evidence = {
         "waiting_pct": waiting_pct,  # not share_pct: listed after the code's own bottlenecks of its severity
         "wait_ms_per_step": wait_ms_per_step,

@@ -8,11 +8,11 @@ import numpy as np
 
 from ..analysis.breakdown import step_breakdown
 from ..analysis.syncs import syncs
-from ..cores import loader_workers, threads_beside_workers
+from ..cores import WORKER_HANDOFF_MS, loader_workers, threads_beside_workers
 from ..trace.kinds import Kind
 from . import thresholds
 from .common import pct, windows
-from .cpu import usable_cores
+from .cpu import contended, usable_cores
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
@@ -42,8 +42,10 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
             "judged_over": "marked steps" if ctx.steps.marked else "the whole window (no ProfilerStep markers)",
         }
         cpu = ctx.capture.cpu if ctx.capture is not None else None
+        ratio = ctx.capture.unprofiled_ratio() if ctx.capture is not None else None
         plan = loader_plan(cpu, wait_ms=ms, step_ms=rank.avg_step_ms, single=single, device=ctx.trace.has_device,
-                           min_speedup=limits.param("min_speedup"))  # fmt: skip
+                           min_speedup=limits.param("min_speedup"), batches_per_step=len(waits) / max(len(rank.step_ms), 1),
+                           unprofiled_ratio=ratio)  # fmt: skip
         evidence.update(plan.evidence)
         fix = plan.fix
         if single:
@@ -71,7 +73,8 @@ class LoaderPlan:
 
 
 def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: bool, device: bool,
-                min_speedup: float) -> LoaderPlan:  # fmt: skip
+                min_speedup: float, batches_per_step: float = 1.0,
+                unprofiled_ratio: float | None = None) -> LoaderPlan:  # fmt: skip
     """Lead with the fix that can pay: workers hide the fetch behind the step's compute and share it out.
 
     A step of ``step_ms`` waits ``wait_ms`` for its batch; the rest is compute. Worker processes
@@ -82,6 +85,11 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
     too (``cores.threads_beside_workers``), and the compute slows by up to threads / (threads - 1).
     ``skalpel tune``'s ``num_workers`` candidate tries the same numbers. A cheap ``__getitem__``
     removes the fetch itself: up to step / compute.
+
+    Workers do not lead where they cannot pay (``_why_no_workers``): the machine's other processes hold the
+    cores they would need (the capture measured contention and the fetch runs on a core), or a batch is made
+    faster than a worker can hand it over (``cores.WORKER_HANDOFF_MS``; the fetch per batch is scaled by
+    ``unprofiled_ratio``, un-profiled / profiled step, as the profiler inflates the Python that makes it).
     """
     cores = usable_cores(cpu) if cpu else None
     if cores is None:  # a trace without the capture's CPU facts: the cores it ran on are unknown
@@ -121,9 +129,48 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
                  f"data): about {best:.2f}x, it hides the fetch behind at most the {compute:.1f} ms of compute")  # fmt: skip
     if best < min_speedup:
         return LoaderPlan(f"{cheap}; not more workers: {sized}", evidence)
+    to_measure = f"{loader} with torch.set_num_threads({set_threads})" if set_threads else loader
+    why_not = _why_no_workers(cpu, evidence, wait_ms=wait_ms, compute_ms=compute, batches_per_step=batches_per_step,
+                              unprofiled_ratio=unprofiled_ratio, to_measure=to_measure)  # fmt: skip
+    if why_not:
+        evidence["workers_speedup_up_to"] = 1.0
+        return LoaderPlan(f"{cheap}; not more workers: {why_not}", evidence)
     if worst >= cheap_speedup:  # even with the threads it costs, the workers gain the most
         return LoaderPlan(f"{sized}; {cheap}", evidence)
     return LoaderPlan(f"{cheap}; or {sized}", evidence)
+
+
+def _why_no_workers(cpu: dict, evidence: dict, *, wait_ms: float, compute_ms: float, batches_per_step: float,
+                    unprofiled_ratio: float | None, to_measure: str) -> str | None:  # fmt: skip
+    """Why workers would not pay on the machine and batches measured, in words with the numbers; None if they may.
+
+    Adds what it weighed to ``evidence``. The fetch's time on a core is the process's CPU time plus its run-queue
+    wait per step beyond the step's compute (a fetch that sleeps or waits for I/O needs no core: workers hide it
+    even on a busy machine). The cores the others hold are the load average less the cores this process used.
+    """
+    batches = max(batches_per_step, 1.0)
+    per_batch = wait_ms * (unprofiled_ratio or 1.0) / batches
+    evidence.update({"batches_per_step": batches, "fetch_ms_per_batch": per_batch})
+    if unprofiled_ratio:
+        evidence["unprofiled_ratio"] = unprofiled_ratio
+    load, steps = cpu.get("load_avg_1m"), cpu.get("steps")
+    if load is not None and steps and cpu.get("wall_s") and contended(cpu):
+        busy_ms = 1000.0 * (cpu["cpu_s"] + (cpu.get("run_queue_wait_s") or 0.0)) / steps
+        fetch_on_core = min(max(busy_ms - compute_ms, 0.0), wait_ms)
+        cores = usable_cores(cpu) or 1.0
+        others = min(max(load - cpu["cpu_s"] / cpu["wall_s"], 0.0), cores)
+        evidence.update({"cores_held_by_others": others, "fetch_on_core_ms_per_step": fetch_on_core})
+        if fetch_on_core >= wait_ms / 2 and loader_workers(cores - others) is None:
+            return (f"the machine's other processes hold {others:.1f} of the {cores:g} usable cores (load "
+                    f"{load:.1f}, see cpu_contention) and the fetch runs on a core ({fetch_on_core:.1f} of its "
+                    f"{wait_ms:.1f} ms a step): workers would wait for a core; where the job has the cores to "
+                    f"itself, time {to_measure}")  # fmt: skip
+    if per_batch < WORKER_HANDOFF_MS:
+        scaled = " without the profiler" if unprofiled_ratio else ""
+        return (f"a batch takes about {per_batch:.1f} ms to make{scaled} ({batches:.0f} a step), less than the "
+                f"~{WORKER_HANDOFF_MS:g} ms a worker takes to hand one over (collate into shared memory, pickle, "
+                "queue)")  # fmt: skip
+    return None
 
 
 def _workers_for(cores: float, threads: int) -> tuple[int, int | None]:
@@ -173,11 +220,19 @@ DATALOADER_BOUND = Rule(
         "what it was judged over (`judged_over`: the marked steps, or the whole window from the first to the last "
         "host op when the trace has no ProfilerStep markers), "
         "the worst step's wait, and the DataLoader iterator type (`_SingleProcessDataLoaderIter` means num_workers=0). "
+        "With the capture's CPU facts, what the fix weighed: the compute per step, the most a cheap `__getitem__` "
+        "and the workers can gain (`workers_speedup_up_to` 1.0 where workers are not advised), the batches per "
+        "step and the fetch per batch (`fetch_ms_per_batch`, scaled by `unprofiled_ratio` where the profiler's "
+        "overhead was measured), and under contention the cores the other processes hold (`cores_held_by_others`) "
+        "and the fetch's time on a core. "
         "The locations are the user code the wait is busy with (a Dataset's `__getitem__`), then the user "
         "function that iterates the loader.",
         fix="Load batches in worker processes (`num_workers` > 0, `persistent_workers=True`, `prefetch_factor`), "
         "pin host memory (`pin_memory=True`) and copy with `non_blocking=True`; make `__getitem__` cheap "
-        "(pre-decode, cache, vectorise transforms or run them on the device).",
+        "(pre-decode, cache, vectorise transforms or run them on the device). Workers are not advised where they "
+        "cannot pay: the machine's other processes hold the cores (the capture measured `cpu_contention` and the "
+        "fetch runs on a core), or a batch takes less to make than a worker takes to hand one over "
+        "(`cores.WORKER_HANDOFF_MS`, ~1.5 ms); the fix then says so with its numbers.",
         false_positives="The first steps after a DataLoader is created (workers starting up) wait longer; profile "
         "after warm-up. An iterable that is not a DataLoader is not seen at all (its time shows as CPU Exec).",
     ),

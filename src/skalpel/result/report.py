@@ -244,6 +244,19 @@ class CaptureInfo:
                     "ones: the un-profiled steps were disturbed)")  # fmt: skip
         return f"profiler overhead {overhead:+.1f}% (+-{noise:.0f}%)"
 
+    def unprofiled_ratio(self) -> float | None:
+        """Un-profiled over profiled median step (below 1) where the overhead is measured (out of its noise, on
+        enough baseline steps); None otherwise. What a host-side time seen under the profiler shrinks to without it
+        (the Python tracer inflates Python most, so this is the whole step's ratio, the least it shrinks)."""
+        overhead, noise = self.overhead_pct, self.overhead_noise_pct
+        if overhead is None or overhead <= 0 or not self.unprofiled_step_ms or not self.profiled_step_ms:
+            return None
+        if noise is not None and overhead <= noise:
+            return None
+        if self.baseline_steps is not None and self.baseline_steps < _FEWEST_BASELINE_STEPS:
+            return None
+        return self.unprofiled_step_ms / self.profiled_step_ms
+
     def describe_steps(self) -> str:
         if self.wait_steps is None:
             return describe_steps(None, self.warmup_steps, self.active_steps, self.repeats)
