@@ -43,8 +43,9 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
         }
         cpu = ctx.capture.cpu if ctx.capture is not None else None
         ratio = ctx.capture.unprofiled_ratio() if ctx.capture is not None else None
+        batches = len(waits) / max(len(rank.step_ms), 1)  # gradient accumulation fetches several a step
         plan = loader_plan(cpu, wait_ms=ms, step_ms=rank.avg_step_ms, single=single, device=ctx.trace.has_device,
-                           min_speedup=limits.param("min_speedup"), batches_per_step=len(waits) / max(len(rank.step_ms), 1),
+                           min_speedup=limits.param("min_speedup"), batches_per_step=batches,
                            unprofiled_ratio=ratio)  # fmt: skip
         evidence.update(plan.evidence)
         fix = plan.fix
