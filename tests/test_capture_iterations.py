@@ -5,7 +5,8 @@ before training, the actor-critic example's one optimizer step per episode, an e
 before the optimizer is made, mnist_hogwild's training in multiprocessing children, an
 epoch boundary inside the recorded window, a second thread stepping its own optimizer, a WGAN
 critic stepping 5 times per generator step, LBFGS's closure zeroing inside step(), PPO's rollout
-before its minibatch updates (said, not in any step); and a plain
+before its minibatch updates (said, not in any step), GradScaler skipping the optimizer's step on
+inf gradients (still one step each, and said); and a plain
 loop and a generator-first GAN whose steps must not change. Every test runs the real `skalpel run` and reads the trace and report.json it wrote; the
 runs start together (module fixture) so that their torch imports overlap.
 """
@@ -273,6 +274,27 @@ for update in range(3):
             optimizer.step()
 """
 
+# AMP with a GradScaler whose scaled gradients overflow on every other iteration: scaler.step skips optimizer.step.
+SCALER = """
+import torch
+from torch import nn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+for i in range(16):
+    x, y = torch.randn(32, 32), torch.randint(0, 10, (32,))
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    if i % 2 == 1:  # planted: fp16 on CPU does not overflow by itself here
+        model[0].weight.grad[0, 0] = float("inf")
+    scaler.step(optimizer)
+    scaler.update()
+"""
+
 PLAIN = """
 import torch
 from torch import nn
@@ -301,6 +323,7 @@ LOOPS = {
     "closure": (CLOSURE, ()),
     "generator_first": (GENERATOR_FIRST, ()),
     "rollout": (ROLLOUT, ()),
+    "scaler": (SCALER, ()),
 }
 
 
@@ -467,3 +490,15 @@ def test_a_rollout_before_the_updates_is_said_to_be_in_no_step(runs):
     assert _per_step(runs.root / "rollout", "Optimizer.step#Adam.step") == [1, 1, 1, 1]  # one minibatch update each
     (note,) = _notes(report, "before its first optimizer.step()")
     assert "repeated top-level module calls" in note and "an RL rollout" in note and "skalpel.step()" in note
+
+
+def test_an_optimizer_step_gradscaler_skips_still_ends_its_iteration(runs):
+    report = runs.report("scaler")
+    folder = runs.root / "scaler"
+    assert report["capture"]["step_signal"] == "optimizer.step()"
+    assert _per_step(folder, "Optimizer.zero_grad#SGD.zero_grad") == [1, 1, 1, 1]  # not two iterations a step
+    assert _per_step(folder, "aten::_amp_update_scale_") == [1, 1, 1, 1]
+    assert sorted(_per_step(folder, "Optimizer.step#SGD.step")) == [0, 0, 1, 1]  # every other one skipped
+    (note,) = _notes(report, "skipped by GradScaler (inf/nan gradients)")
+    skipped, steps = map(int, re.search(r"(\d+) of (\d+) optimizer steps", note).groups())
+    assert steps >= 6 and abs(2 * skipped - steps) <= 1

@@ -231,9 +231,9 @@ class _Capture:
                 f"there (two profilers at once crash), after {run.recorded_steps} recorded step(s)"
             )
         notes.extend(takeover.note() for takeover in self.detector.takeovers)
-        held = self.detector.held_note()
-        if held is not None:
-            notes.append(held)
+        for note in (self.detector.held_note(), self.detector.skipped_note()):
+            if note is not None:
+                notes.append(note)
         children = self.children.note(run.step_signal if run.steps_done else None)
         if children is not None:
             notes.append(children)

@@ -13,7 +13,8 @@ script shows, so a loop with an optimizer is never split by its backward calls):
   optimizer classes' ``step`` is wrapped): a closure's ``zero_grad()`` (LBFGS, Lightning) runs inside the step,
   and so does not take it. An optimizer stepping again before the others have (WGAN's critic, 5 steps per
   generator step) is inside the iteration; one that has not stepped for ``LAGGING_OPTIMIZER_STEPS`` of the
-  others' steps has stopped, and the iteration no longer waits for it.
+  others' steps has stopped, and the iteration no longer waits for it. A ``GradScaler.step`` that skips
+  the optimizer's step (inf/nan gradients) counts as that optimizer's step: the iteration still ends there.
 - ``dataloader``: the start of a DataLoader ``__next__`` when the same loader (its
   dataset) was already fetched from in this iteration (inference, evaluation). Once an
   optimizer step is seen, fetches only take the optimizer's pending boundary, so a
@@ -124,6 +125,9 @@ class StepDetector:
         self.marking: str | None = only  # the signal that marks steps now (the hooks test it on every call)
         self.last_boundary = time.monotonic()
         self._pending = False  # an optimizer step ended an iteration: take the boundary at the next start
+        self.optimizer_steps = 0  # optimizer steps on the script's thread (a GradScaler.step without one skipped it)
+        self.scaler_steps = 0  # GradScaler.step calls on the script's thread, and those that skipped the step
+        self.skipped_steps = 0
         self._optimizers: dict[int, None] = {}  # every optimizer seen stepping, in the order of their first step
         self._stepped: set[int] = set()  # optimizers stepped since the last boundary
         self._resteps = 0  # steps since the last boundary of optimizers that had stepped, while another had not
@@ -210,6 +214,17 @@ class StepDetector:
                 detector._take_pending()  # only the first optimizer's zero_grad opens an iteration
             return zero_grad(optimizer, *args, **kwargs)
 
+        scaler_step = torch.amp.GradScaler.step
+
+        def wrapped_scaler_step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            before = detector.optimizer_steps
+            result = scaler_step(scaler, optimizer, *args, **kwargs)
+            if scaler.is_enabled() and not detector._elsewhere():
+                detector.scaler_steps += 1
+                if detector.optimizer_steps == before:  # inf/nan gradients: the optimizer did not step
+                    detector._skipped_by_scaler(optimizer)
+            return result
+
         backward = torch.autograd.backward
 
         def wrapped_backward(*args: Any, **kwargs: Any) -> Any:
@@ -236,6 +251,7 @@ class StepDetector:
         self._patch(dataloader._BaseDataLoaderIter, "__next__", __next__, original_next)
         self._patch(optimizer_module.Optimizer, "__init__", optimizer_init, original_init)
         self._patch(optimizer_module.Optimizer, "zero_grad", wrapped_zero_grad, zero_grad)
+        self._patch(torch.amp.GradScaler, "step", wrapped_scaler_step, scaler_step)  # torch.cuda.amp's inherits it
         self._patch(torch.autograd, "backward", wrapped_backward, backward)  # Tensor.backward calls it
         if self.only in (None, "backward", "forward"):
             self._module_handles = [
@@ -409,6 +425,7 @@ class StepDetector:
         if not tracing() and threading.get_ident() != self.thread:  # _elsewhere, inline (each step: a call less)
             self._count_elsewhere()
             return
+        self.optimizer_steps += 1
         if self._optimizer_began is not None:  # before a boundary marked here: the step is the ending one's
             self.optimizer_s += time.perf_counter() - self._optimizer_began
             self._optimizer_began = None
@@ -423,6 +440,26 @@ class StepDetector:
             self._resteps = 0
         self._stepped.add(key)
         self._pending = True
+
+    def _skipped_by_scaler(self, optimizer: Any) -> None:
+        """GradScaler skipped ``optimizer``'s step (inf/nan gradients): the iteration ends as if it had stepped,
+        or two iterations would be one step."""
+        self.skipped_steps += 1
+        if self.marking == "optimizer":
+            self._before_step_range(optimizer)
+        self._before_optimizer_step(optimizer, (), {})
+        self._after_optimizer_step(optimizer, (), {})
+
+    def skipped_note(self) -> str | None:
+        """GradScaler skipped optimizer steps: said, since those steps hold no optimizer step (and each one lowered the
+        loss scale: many mean the training is not moving)."""
+        if not self.skipped_steps or self.marking != "optimizer":
+            return None
+        return (
+            f"{self.skipped_steps} of {self.scaler_steps} optimizer steps were skipped by GradScaler (inf/nan "
+            "gradients) while skalpel watched the steps: each such iteration is still one step, with no optimizer "
+            "step in it"
+        )
 
     def _before_step_range(self, optimizer: Any) -> None:
         """An optimizer steps (its range not yet open): if it already stepped in this iteration, the iteration
