@@ -5,7 +5,7 @@ before training, the actor-critic example's one optimizer step per episode, an e
 before the optimizer is made, mnist_hogwild's training in multiprocessing children, an
 epoch boundary inside the recorded window, a second thread stepping its own optimizer, a WGAN
 critic stepping 5 times per generator step, LBFGS's closure zeroing inside step(), PPO's rollout
-before its minibatch updates (said, not in any step), GradScaler skipping the optimizer's step on
+before its minibatch updates (said, not in any step; named when a recorded step holds it), GradScaler skipping the optimizer's step on
 inf gradients (still one step each, and said); and a plain
 loop and a generator-first GAN whose steps must not change. Every test runs the real `skalpel run` and reads the trace and report.json it wrote; the
 runs start together (module fixture) so that their torch imports overlap.
@@ -323,6 +323,7 @@ LOOPS = {
     "closure": (CLOSURE, ()),
     "generator_first": (GENERATOR_FIRST, ()),
     "rollout": (ROLLOUT, ()),
+    "rollout_first": (ROLLOUT, ("--wait", "5", "--warmup", "1")),  # the second rollout in the first recorded step
     "scaler": (SCALER, ()),
 }
 
@@ -490,6 +491,15 @@ def test_a_rollout_before_the_updates_is_said_to_be_in_no_step(runs):
     assert _per_step(runs.root / "rollout", "Optimizer.step#Adam.step") == [1, 1, 1, 1]  # one minibatch update each
     (note,) = _notes(report, "before its first optimizer.step()")
     assert "repeated top-level module calls" in note and "an RL rollout" in note and "skalpel.step()" in note
+
+
+def test_a_rollout_in_the_first_recorded_step_is_named_not_taken_for_warm_up(runs):
+    report = runs.report("rollout_first")
+    assert _per_step(runs.root / "rollout_first", "aten::_softmax") == [200, 0, 0, 0]  # 200 policy calls, no update
+    (note,) = _notes(report, "no backward of its own")
+    assert note.startswith("step #6 ") and "an RL rollout" in note and "left out of the step statistics" in note
+    assert not [finding for finding in report["findings"] if finding["id"] == "no_warmup"]
+    assert report["steps"]["count"] == 3
 
 
 def test_an_optimizer_step_gradscaler_skips_still_ends_its_iteration(runs):

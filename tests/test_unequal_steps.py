@@ -68,8 +68,46 @@ def test_a_step_that_compiles_is_the_compile_rules_to_judge(tmp_path):
 
 
 def test_the_first_step_is_warm_ups_to_judge(tmp_path):
-    trace = _trace(tmp_path, [(70, 60, 1)] + [(10, 10, 1)] * 7)
+    # slower, with the step's own ops and some lazy initialisation (an optimizer's state made)
+    trace = _trace(tmp_path, [(70, 14, 1)] + [(10, 10, 1)] * 7)
     assert segment_steps(trace).unequal == ()
+    assert [finding.id for finding in build_report(trace).findings if finding.id == "no_warmup"] == ["no_warmup"]
+
+
+def _rollouts(tmp_path, steps: list[tuple[float, int, int]]):
+    """One CPU rank whose steps are (ms, forward ops, backward ops), back to back."""
+    builder = TraceBuilder()
+    builder.device_properties = []
+    ts = 1000.0
+    for number, (ms, forward, backward) in enumerate(steps):
+        builder.step(number, ts, ms * 1000)
+        slot = ms * 1000 / (forward + backward + 1)
+        for i in range(forward):
+            builder.host("aten::addmm", ts + (i + 0.5) * slot, slot / 2)
+        for i in range(backward):
+            builder.host("autograd::engine::evaluate_function: AddmmBackward0", ts + (forward + i + 0.5) * slot, slot / 2)
+        ts += ms * 1000 + 1
+    return load(builder.write(tmp_path / "trace.json"))
+
+
+def test_a_first_step_holding_a_rollout_is_named_not_taken_for_warm_up(tmp_path):
+    # PPO: the rollout's 200 policy calls (forward only), then the update's minibatch steps (forward and backward)
+    trace = _rollouts(tmp_path, [(130, 210, 5)] + [(5, 10, 5)] * 7)
+    (unequal,) = segment_steps(trace).unequal
+    assert unequal.step.number == 0
+    report = build_report(trace)
+    (note,) = [warning for warning in report.warnings if "step #0" in warning]
+    assert "no more backward work (5 backward ops against 5)" in note and "an RL rollout" in note
+    assert "an evaluation, a checkpoint" not in note
+    assert not [finding for finding in report.findings if finding.id == "no_warmup"]
+    assert report.steps.count == 7
+
+
+def test_rollouts_in_a_third_of_the_steps_are_no_warm_up_either(tmp_path):
+    # a short update: the rollout comes back within the window, so the steps are how the loop is, none apart
+    trace = _rollouts(tmp_path, [(130, 210, 5), (5, 10, 5), (5, 10, 5), (130, 210, 5), (5, 10, 5), (5, 10, 5)])
+    assert segment_steps(trace).unequal == ()
+    assert not [finding for finding in build_report(trace).findings if finding.id == "no_warmup"]
 
 
 def test_steps_that_are_all_unequal_are_how_the_loop_is(tmp_path):

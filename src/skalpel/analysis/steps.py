@@ -24,8 +24,10 @@ step, half as many ops again) is not an iteration like them: an epoch boundary (
 pass, a DataLoader started again), an evaluation or a checkpoint inside the loop. It is
 left out of the steps and every per-step figure (median, spread, breakdown), kept in
 ``StepSegmentation.unequal`` with what it holds, so that the report names it and says
-its cost once. The first step of a rank is never one: a slow first step is warm-up, for
-``no_warmup`` to judge; nor is a step that compiles (torch.compile's own ranges inside):
+its cost once. The first step of a rank is one only with three times the median's ops: a slow first step
+running the same ops (and some lazy initialisation) is warm-up, for ``no_warmup`` to judge, while one with far
+more work is not (an RL rollout recorded before its update). Extra work with no more backward ops than a step
+(forward only: a rollout, an evaluation) is named so. Nor is a step that compiles (torch.compile's own ranges inside):
 ``recompilation`` and ``compile_overhead`` judge it. A step as long but with the same ops
 (a preempted one) stays. A partial batch (a DataLoader's smaller last batch) is unequal too: a
 step with a quarter or more of its ops on input shapes no other step ran (``record_shapes``),
@@ -56,6 +58,8 @@ from . import numeric
 _DEFECT_RATIO = 0.1  # a step under a tenth of the median step is a marking defect, not a step
 _UNEQUAL_RATIO = 3.0  # a step three times the median step ...
 _UNEQUAL_OPS = 1.5  # ... with half as many ops again holds other work than an iteration
+_FIRST_UNEQUAL_OPS = 3.0  # the first step: warm-up adds some ops (optimizer state, lazy modules), not 3x
+_BACKWARD_PREFIX = "autograd::engine::evaluate_function:"  # one per backward node run: a step's backward work
 _UNEQUAL_MIN_STEPS = 4  # with fewer steps there is no "the others" to compare with
 _PARTIAL_SHAPES = 0.25  # a step with this share of its ops on shapes no other step ran is a partial batch
 _COMPILE_RANGES = ("dynamo", "entire_frame_compile")  # one per torch.compile compilation (analysis/compile.py)
@@ -76,6 +80,7 @@ class Step:
     host_end_us: float  # end of the ProfilerStep range on the host
     end_us: float  # extended to the end of the device work launched within the step
     host_start_us: float | None = None  # start of the ProfilerStep range on the host (None: same as start_us)
+    ops: int = -1  # host ops and launch calls inside the host range (-1: not counted)
 
     @property
     def host_begin_us(self) -> float:
@@ -103,6 +108,8 @@ class UnequalStep:
     fetches: int  # DataLoader batches fetched inside
     median_fetches: float
     novel_shapes: float = 0.0  # the share of its ops on input shapes no other step ran (a partial batch)
+    backward_ops: int = 0  # backward nodes run inside (autograd::engine::evaluate_function)
+    median_backward_ops: float = 0.0
 
     @property
     def extra_ms(self) -> float:
@@ -117,6 +124,10 @@ class UnequalStep:
         elif self.fetches > self.median_fetches + 1:
             held += f", {self.fetches} DataLoader batches against {self.median_fetches:g}"
             what = "an epoch boundary or an evaluation pass over another DataLoader"
+        elif 0 < self.median_backward_ops and self.backward_ops <= self.median_backward_ops:
+            held += f" and no more backward work ({self.backward_ops} backward ops against {self.median_backward_ops:g})"
+            what = ("forward work with no backward of its own: an RL rollout (the policy acting before its update, "
+                    "under no_grad), or an evaluation pass")  # fmt: skip
         else:
             what = "work the other iterations do not do (an evaluation, a checkpoint, logging every N steps)"
         return (
@@ -198,7 +209,8 @@ def segment_steps(trace: Trace) -> StepSegmentation:
         sound = _sound_steps(inside, durations) if len(on_rank) else [True]
         defective += keep - sum(sound)
         rank_steps = [
-            Step(rank, int(numbers[i]), float(new_starts[i]), float(host_ends[i]), float(ends[i]), float(host_starts[i]))
+            Step(rank, int(numbers[i]), float(new_starts[i]), float(host_ends[i]), float(ends[i]), float(host_starts[i]),
+                 int(inside[i]))
             for i in range(keep)
         ]
         apart = _unequal_steps(trace, rank, rank_steps, inside, sound) if len(on_rank) else {}
@@ -226,6 +238,13 @@ def _before_closing(trace: Trace, rank: int, starts: np.ndarray, host_ends: np.n
     ends = host_ends.copy()
     ends[inside] = at[first[inside]]
     return ends
+
+
+def first_step_holds_other_work(steps: list[Step] | tuple[Step, ...]) -> bool:
+    """The first of these steps (in time order) holds far more ops than the others: other work than warm-up, which
+    runs the step's own ops, slower (an RL rollout recorded before its update)."""
+    ops = np.array([step.ops for step in steps], dtype=np.float64)
+    return len(ops) >= 2 and ops.min() >= 0 and ops[0] >= _FIRST_UNEQUAL_OPS * numeric.median(ops[1:])
 
 
 def _ops_inside(trace: Trace, rank: int, starts: np.ndarray, host_ends: np.ndarray, kinds: np.ndarray) -> np.ndarray:
@@ -256,8 +275,9 @@ def _unequal_steps(trace: Trace, rank: int, steps: list[Step], inside: np.ndarra
     ops = inside[kept].astype(np.float64)
     median_ms, median_ops = numeric.median(durations), numeric.median(ops)
     long = [
-        kept[j] for j in range(1, len(kept))  # the first step is warm-up's to judge (no_warmup)
-        if durations[j] >= _UNEQUAL_RATIO * median_ms and ops[j] >= _UNEQUAL_OPS * median_ops
+        kept[j] for j in range(len(kept))  # a first step with about the same ops is warm-up's to judge (no_warmup)
+        if durations[j] >= _UNEQUAL_RATIO * median_ms
+        and ops[j] >= (_UNEQUAL_OPS if j else _FIRST_UNEQUAL_OPS) * median_ops
     ]  # fmt: skip
     starts = np.array([step.host_begin_us for step in steps])
     ends = np.array([step.host_end_us for step in steps])
@@ -276,11 +296,22 @@ def _unequal_steps(trace: Trace, rank: int, steps: list[Step], inside: np.ndarra
     median_ms = numeric.median(np.array([steps[i].duration_ms for i in others]))
     median_ops = numeric.median(inside[others].astype(np.float64))
     median_fetches = numeric.median(fetches[others].astype(np.float64))
+    backward = _named_inside(trace, rank, starts, ends, _BACKWARD_PREFIX)
+    median_backward = numeric.median(backward[others].astype(np.float64))
     return {
         int(i): UnequalStep(steps[i], float(median_ms), int(inside[i]), float(median_ops), int(fetches[i]),
-                            float(median_fetches), float(novel[i]) if i in partial else 0.0)  # fmt: skip
+                            float(median_fetches), float(novel[i]) if i in partial else 0.0,
+                            int(backward[i]), float(median_backward))  # fmt: skip
         for i in apart
     }
+
+
+def _named_inside(trace: Trace, rank: int, starts: np.ndarray, ends: np.ndarray, prefix: str) -> np.ndarray:
+    """How many host ops whose name starts with ``prefix`` start inside each step's host range."""
+    ops = np.flatnonzero((trace.rank == rank) & (trace.kind == Kind.CPU_OP))
+    names = [i for i in numeric.unique(trace.name[ops]) if trace.names[i].startswith(prefix)]
+    at = np.sort(trace.ts[ops[numeric.isin(trace.name[ops], names)]]) if names else np.zeros(0)
+    return np.searchsorted(at, ends, side="left") - np.searchsorted(at, starts, side="left")
 
 
 def _novel_shapes(trace: Trace, rank: int, starts: np.ndarray, ends: np.ndarray, kept: list[int]) -> np.ndarray:

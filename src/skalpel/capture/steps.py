@@ -398,7 +398,8 @@ class StepDetector:
             f"step) of repeated {LABELS[self._held_signal]} ({self.held + 1} rounds) with no optimizer step: skalpel "
             "took them for evaluation, and they are in no recorded step. If that work comes before every update "
             "(an RL rollout, then the update's minibatches), each recorded step is one optimizer step, not the "
-            f"iteration: {HOW_TO_MARK}"
+            "iteration, and each later rollout lies inside the step of an update's last minibatch: "
+            f"{HOW_TO_MARK}"
         )
 
     # -- optimizer ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ the step times of the trace otherwise, so they also judge traces taken by hand.
 from __future__ import annotations
 
 from ..analysis import numeric
+from ..analysis.steps import first_step_holds_other_work
 from . import thresholds
 from .common import pct, windows
 from .rule import Context, Docs, NotJudged, Outcome, Rule
@@ -49,10 +50,14 @@ def _slow_first_steps(ctx: Context, limits) -> list[dict]:
     for window in windows(ctx):
         if window.count < 3 or not ctx.steps.marked:
             continue
-        durations = [step.duration_ms for step in sorted(window.steps, key=lambda step: step.start_us)]
+        ordered = sorted(window.steps, key=lambda step: step.start_us)
+        durations = [step.duration_ms for step in ordered]
         first, rest = durations[0], numeric.median(durations[1:])
         slower = pct(first - rest, rest)
-        if slower >= limits.share_pct and first - rest >= limits.floor:
+        if slower < limits.share_pct or first - rest < limits.floor:
+            continue
+        # warm-up runs the step's own ops, slower: a first step with far more ops did other work (an RL rollout)
+        if not first_step_holds_other_work(ordered):
             result.append({"first_step_ms": first, "median_other_ms": rest, "slower_pct": slower, "rank": window.rank})
     return result
 
