@@ -4,7 +4,7 @@ Each script is a small look-alike of a real one whose steps went wrong: nanoGPT'
 before training, the actor-critic example's one optimizer step per episode, an evaluation
 before the optimizer is made, mnist_hogwild's training in multiprocessing children, an
 epoch boundary inside the recorded window, a second thread stepping its own optimizer, a WGAN
-critic stepping 5 times per generator step, LBFGS's closure zeroing inside step(), PPO's rollout
+critic stepping 5 times per generator step, LBFGS's closure zeroing inside step() (and its history, growing to a bound, not a leak), PPO's rollout
 before its minibatch updates (said, not in any step; named when a recorded step holds it), GradScaler skipping the optimizer's step on
 inf gradients (still one step each, and said); and a plain
 loop and a generator-first GAN whose steps must not change. Every test runs the real `skalpel run` and reads the trace and report.json it wrote; the
@@ -228,6 +228,24 @@ for i in range(12):
         model(torch.randn(4, 8))
 """
 
+# LBFGS's curvature history: 4 pairs of flat parameter vectors (70,401 floats) a step, until history_size (100) pairs.
+LBFGS_HISTORY = """
+import torch
+from torch import nn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 1))
+optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+x, y = torch.randn(64, 16), torch.randn(64, 1)
+for i in range(12):
+    def closure():
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+"""
+
 # pix2pix / CycleGAN: G steps, then D, both zeroed through their optimizers, no DataLoader: one iteration each.
 GENERATOR_FIRST = """
 import torch
@@ -321,6 +339,7 @@ LOOPS = {
     "plain": (PLAIN, ()),
     "critic_steps": (CRITIC_STEPS, ()),
     "closure": (CLOSURE, ()),
+    "lbfgs_history": (LBFGS_HISTORY, ()),
     "generator_first": (GENERATOR_FIRST, ()),
     "rollout": (ROLLOUT, ()),
     "rollout_first": (ROLLOUT, ("--wait", "5", "--warmup", "1")),  # the second rollout in the first recorded step
@@ -475,6 +494,17 @@ def test_a_closure_zeroing_inside_the_optimizer_step_leaves_the_step_whole(runs)
     assert report["capture"]["step_signal"] == "optimizer.step()"
     assert _per_step(folder, "Optimizer.step#LBFGS.step") == [1, 1, 1, 1]
     assert _inside(folder, "Optimizer.step#", "ProfilerStep#") == 0  # no boundary inside the step's range
+
+
+def test_lbfgs_history_growing_is_said_bounded_not_a_leak(runs):
+    report = runs.report("lbfgs_history")
+    (growth,) = [finding for finding in report["findings"] if finding["id"] == "memory_growth"]
+    assert growth["severity"] == "info"
+    assert "allocated inside LBFGS's step" in growth["title"] and "not a leak" in growth["title"]
+    assert "running sum" not in growth["fix"] and "history_size" in growth["fix"]
+    assert growth["evidence"]["growth_mib_per_step"] > 1.0  # the rise is real: 4 pairs of 275 KiB vectors a step
+    # the bound: 100 pairs of two flat parameter vectors, 70,401 float32 each
+    assert growth["evidence"]["lbfgs_history_bound_mib"] == pytest.approx(2 * 100 * 70401 * 4 / 2**20, rel=0.02)
 
 
 def test_a_generator_stepping_before_its_discriminator_keeps_one_step_per_iteration(runs):

@@ -62,6 +62,13 @@ def _check_growth(ctx: Context, rule: Rule) -> Outcome:
         if by_op:
             evidence["kept_by_op"] = by_op
             title += f"; kept blocks allocated in {by_op[0]['op']} ({by_op[0]['mib_per_step']:.1f} MiB/step)"
+        history = _lbfgs_history(ctx, device, allocs)
+        if history is not None:  # bounded, not a leak: said as such, with no leak fix
+            evidence["lbfgs_history_bound_mib"] = history / MIB
+            title = rule.title.format(**evidence) + _LBFGS_TITLE.format(bound_mib=history / MIB)
+            findings.append(rule.finding(evidence, severity="info", title=title, fix=_LBFGS_FIX,
+                                         locations=_leak_sites(ctx, device, allocs), rank=device.rank))  # fmt: skip
+            continue
         buffer_loss = next((entry["op"] for entry in by_op if entry["op"] in _LOSS_KEEPS_BUFFER), None)
         fix = _LOSS_KEEPS_BUFFER_FIX.format(op=buffer_loss) if buffer_loss else None
         findings.append(rule.finding(evidence, severity=severity, title=title, fix=fix,
@@ -202,6 +209,41 @@ _LOSS_KEEPS_BUFFER_FIX = (
 )
 
 
+# LBFGS keeps history_size (100 by default) pairs of flat parameter-sized vectors (a step and a gradient change),
+# made inside its step: memory that grows there stops once the history is full
+_LBFGS_STEP = "Optimizer.step#LBFGS.step"
+_LBFGS_HISTORY = 100  # torch.optim.LBFGS's default history_size
+_LBFGS_SHARE = 0.8  # of the kept bytes allocated inside its steps
+_LBFGS_TITLE = (
+    ", allocated inside LBFGS's step: its curvature history, history_size pairs of parameter-sized vectors, which "
+    "stops growing once full (~{bound_mib:.0f} MiB with the default history_size=100), not a leak"
+)
+_LBFGS_FIX = (
+    "nothing to fix if it fits: LBFGS's history holds at most history_size pairs of flattened-parameter vectors "
+    "(2 x history_size x the parameters' bytes) and then stops growing; a smaller history "
+    "(torch.optim.LBFGS(params, history_size=10)) caps it lower"
+)
+
+
+def _lbfgs_history(ctx: Context, device, allocs: np.ndarray) -> float | None:
+    """Where the kept blocks were allocated inside LBFGS's steps: the bytes its full history would hold (two
+    blocks of the common kept size a pair), else None."""
+    trace, events = ctx.trace, ctx.trace.memory
+    name = trace.name_id(_LBFGS_STEP)
+    if name < 0 or len(allocs) == 0:
+        return None
+    ranges = np.flatnonzero((trace.name == name) & (trace.rank == device.rank))
+    ranges = ranges[np.argsort(trace.ts[ranges], kind="stable")]
+    at = events.ts[allocs].astype(np.float64)
+    before = np.searchsorted(trace.ts[ranges], at, side="right") - 1
+    inside = (before >= 0) & (at < trace.end[ranges][np.maximum(before, 0)])
+    sizes = events.nbytes[allocs].astype(np.float64)
+    if sizes[inside].sum() < _LBFGS_SHARE * sizes.sum():
+        return None
+    block = Counter(events.nbytes[allocs[inside]].tolist()).most_common(1)[0][0]
+    return 2.0 * _LBFGS_HISTORY * block
+
+
 def _held_at_end(events, rows: np.ndarray) -> np.ndarray | None:
     """The allocations among ``rows`` (in time order) whose block is not freed again before the last row;
     None where the addresses cannot pair them (absent, or a block allocated twice without a free between)."""
@@ -251,7 +293,10 @@ MEMORY_GROWTH = Rule(
         "or `F.smooth_l1_loss` has the whole elementwise-loss buffer as its storage (pytorch/pytorch#185647): "
         "even a list of their `.detach()` keeps it; the finding then says so, from the op that allocated the "
         "kept blocks.",
-        false_positives="Caches that fill once (cudnn workspaces, the optimizer's state on its first step, a "
+        false_positives="LBFGS's curvature history grows inside its step until it holds history_size pairs (100 "
+        "by default, 2 x history_size x the parameters' bytes): where the kept blocks were allocated inside "
+        "`Optimizer.step#LBFGS.step`, the finding is an info note saying so, with that bound and no leak fix. "
+        "Caches that fill once (cudnn workspaces, the optimizer's state on its first step, a "
         "growing KV cache in generation) grow during the first steps and then level off: a capture of those "
         "steps alone looks like a leak; profile after warm-up. One large allocation or allocator noise does not "
         "rise in most steps and is not reported.",
