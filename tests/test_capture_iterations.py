@@ -313,6 +313,11 @@ for i in range(16):
     scaler.update()
 """
 
+# The same with 4 epochs (16 minibatch steps an update) and skalpel.step() after each update, as the rollout note
+# advises: its first call comes when the capture on optimizer.step() is done; it takes over, a step is rollout + update.
+ROLLOUT_MARKED = ("import skalpel\n" + ROLLOUT.replace("range(3)", "range(8)").replace("range(2)", "range(4)")
+                  + "    skalpel.step()\n")  # fmt: skip
+
 PLAIN = """
 import torch
 from torch import nn
@@ -342,6 +347,7 @@ LOOPS = {
     "lbfgs_history": (LBFGS_HISTORY, ()),
     "generator_first": (GENERATOR_FIRST, ()),
     "rollout": (ROLLOUT, ()),
+    "rollout_marked": (ROLLOUT_MARKED, ()),
     "rollout_first": (ROLLOUT, ("--wait", "5", "--warmup", "1")),  # the second rollout in the first recorded step
     "scaler": (SCALER, ()),
 }
@@ -521,6 +527,19 @@ def test_a_rollout_before_the_updates_is_said_to_be_in_no_step(runs):
     assert _per_step(runs.root / "rollout", "Optimizer.step#Adam.step") == [1, 1, 1, 1]  # one minibatch update each
     (note,) = _notes(report, "before its first optimizer.step()")
     assert "repeated top-level module calls" in note and "an RL rollout" in note and "skalpel.step()" in note
+
+
+def test_skalpel_step_after_each_update_takes_over_once_the_capture_is_done(runs):
+    status, out, err = runs.result("rollout_marked")
+    assert status == 0, err[-3000:]
+    report = json.loads((runs.root / "rollout_marked" / "report.json").read_text())
+    assert report["capture"]["step_signal"] == "skalpel.step()"
+    folder = runs.root / "rollout_marked"
+    assert _per_step(folder, "Optimizer.step#Adam.step") == [16, 16, 16, 16]  # the whole update
+    assert _per_step(folder, "aten::_softmax") == [200, 200, 200, 200]  # and its rollout
+    (note,) = _notes(report, "until skalpel.step() showed the training iteration")
+    assert "recorded again on skalpel.step()" in note
+    assert "has run on for" not in err  # the replaced capture's "runs on" line is not said of the new one
 
 
 def test_a_rollout_in_the_first_recorded_step_is_named_not_taken_for_warm_up(runs):

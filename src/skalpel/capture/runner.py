@@ -160,6 +160,9 @@ class _Capture:
     def _record_again(self) -> None:
         """A stronger signal took over from a fallback: what was recorded is not the training iteration."""
         self.detector.restart = False
+        if self.runs_on is not None:  # the replaced capture's: the new one is not recorded yet
+            self.runs_on.cancel()
+            self.runs_on = None
         old = self.own
         if old.started:
             old.discard()

@@ -303,14 +303,18 @@ class StepDetector:
     def settle(self) -> None:
         """The capture is done: remove every hook, except, when a fallback marked the steps, those that would
         show a stronger signal later (the optimizer's, the DataLoader's, backward's: cheap), so that it can
-        take over and the recording start again on it."""
+        take over and the recording start again on it; ``skalpel.step()`` takes over from any signal (it costs
+        nothing until the script calls it: the first comes after a whole PPO update of minibatch steps)."""
         if self._settled:
             return
+        global _active
         self._settled = True
         if self.only is None and self.marking in ("dataloader", "backward", "forward"):
             self._remove_module_hooks()
         else:
             self.uninstall(final=False)
+            if USER not in self.seen:  # a skalpel.step() the script makes later (after a PPO update) still takes over
+                _active = self
 
     def _remove_module_hooks(self, *, final: bool = False) -> None:
         if not final and _compiled_anything():
