@@ -285,9 +285,10 @@ def test_a_sync_after_the_collective_is_its_host_side():
 
 def test_collective_waits_move_onto_the_jobs_clock_and_event_numbers() -> None:
     """A rank reduced on its own keeps its waits for the join, which shifts their times and renumbers their events."""
+    from skalpel.analysis.blame import WaitSpans
     from skalpel.analysis.blame_peers import CollectiveWaits
 
-    waits = CollectiveWaits(((0, 10.0, 20.0),), (1,), {5: ("nccl:all_reduce", "train.py:3")})
+    waits = CollectiveWaits(WaitSpans.of([(0, 10.0, 20.0)]), (1,), {5: ("nccl:all_reduce", "train.py:3")})
     moved = _shifted(waits, 100.0, 1000)
     assert moved.spans == ((0, 110.0, 120.0),) and moved.step_numbers == (1,)
     assert moved.described == {1005: ("nccl:all_reduce", "train.py:3")}
@@ -296,11 +297,12 @@ def test_collective_waits_move_onto_the_jobs_clock_and_event_numbers() -> None:
 def _shifted(waits, shift_us: float, event_offset: int):
     """The waits on the job's clock and event numbering, made one by one: the reference for ``split_waits``'s
     ``shift_us`` and ``event_offset``."""
+    from skalpel.analysis.blame import WaitSpans
     from skalpel.analysis.blame_peers import CollectiveWaits
 
-    spans = tuple((step, low + shift_us, high + shift_us) for step, low, high in waits.spans)
+    spans = WaitSpans.of((step, low + shift_us, high + shift_us) for step, low, high in waits.spans)
     described = {event + event_offset: text for event, text in waits.described.items()}
-    host_side = tuple(event + event_offset if event >= 0 else -1 for event in waits.host_side)
+    host_side = np.array([event + event_offset if event >= 0 else -1 for event in waits.host_side.tolist()], np.int64)
     return CollectiveWaits(spans, waits.step_numbers, described, host_side)
 
 
@@ -385,7 +387,7 @@ def _split_one_by_one(waits, arrivals):
     by_cause = defaultdict(float)
     by_event = {call.event: index for index, call in enumerate(calls)}
     for position, ((step, low, high), index) in enumerate(zip(waits.spans, holding)):
-        if index < 0 and waits.host_side:
+        if index < 0 and len(waits.host_side):
             index = by_event.get(waits.host_side[position], -1)
         if index < 0:
             parts = [("unmatched", None, -1, high - low)]
@@ -404,6 +406,7 @@ def _split_one_by_one(waits, arrivals):
 def test_split_waits_of_thousands_of_pieces_sums_as_a_loop_over_them_would():
     """Pieces in collectives, in their host sides, in none; peers late, the rank itself last: every step's parts and
     the largest causes equal, to the last bit and in the same order, what the loop over the pieces gave."""
+    from skalpel.analysis.blame import WaitSpans
     from skalpel.analysis.blame_peers import CollectiveWaits, _top, split_waits
     from skalpel.analysis.collectives import Collective
     from skalpel.analysis.ranks import Arrivals
@@ -421,8 +424,8 @@ def test_split_waits_of_thousands_of_pieces_sums_as_a_loop_over_them_would():
         low = float(random.uniform(-100, at + 100))
         spans.append((int(random.integers(0, 6)), low, low + float(random.choice([0.0, 3.5, 40.25, 700.0]))))
         host_side.append(int(random.choice([-1, 10 * int(random.integers(0, 400)), 7])))  # 7: no collective's event
-    waits = CollectiveWaits(tuple(spans), (1, 2, 3, 4, 5, 6), {call.event: ("nccl:all_reduce", None) for call in calls},
-                            tuple(host_side))  # fmt: skip
+    waits = CollectiveWaits(WaitSpans.of(spans), (1, 2, 3, 4, 5, 6), {call.event: ("nccl:all_reduce", None) for call in calls},
+                            np.array(host_side, np.int64))  # fmt: skip
     by_step, by_cause = _split_one_by_one(waits, arrivals)
     split = split_waits(waits, Arrivals.of(arrivals))
     assert [list(step.items()) for step in split.by_step_ms] == [list(step.items()) for step in by_step]

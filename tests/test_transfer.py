@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 
+from skalpel.analysis.blame import WaitSpans
 from skalpel.analysis.blame_peers import CollectiveWaits
 from skalpel.job.rank import RankSummary, SummaryRequest, summarize_rank
 from skalpel.job.transfer import PackedCollectives, PackedWaits
@@ -47,7 +48,7 @@ def vars_of(call) -> tuple:
 
 def test_a_rank_without_collectives_or_waits_arrives_as_it_was():
     summary = _summary_of_a_real_rank()
-    summary.collective_waits = CollectiveWaits((), (), {}, ())
+    summary.collective_waits = CollectiveWaits(WaitSpans.of([]), (), {})
     arrived = pickle.loads(pickle.dumps(summary))
     assert arrived.collective_waits.unpacked() == summary.collective_waits
     summary.comm, summary.collective_waits = None, None

@@ -157,6 +157,43 @@ class StepBlame:
     by_category_ms: dict[str, float]  # sums to idle_ms
 
 
+@dataclass(frozen=True, eq=False)
+class WaitSpans:
+    """Pieces of idle time as columns, (step position, start, end) a row: a rank of 1 GB has some 300,000 collective
+    waits, and they stay columns from ``blame`` to the worker's hand-off (``job.transfer``); iterating gives rows."""
+
+    steps: np.ndarray  # int64
+    starts: np.ndarray  # float64
+    ends: np.ndarray  # float64
+
+    @classmethod
+    def of(cls, rows) -> WaitSpans:
+        """From (step position, start, end) rows."""
+        rows = list(rows)
+        return cls(np.array([row[0] for row in rows], np.int64), np.array([row[1] for row in rows], np.float64),
+                   np.array([row[2] for row in rows], np.float64))  # fmt: skip
+
+    @classmethod
+    def empty(cls) -> WaitSpans:
+        return cls(np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+
+    def middles(self) -> np.ndarray:
+        return (self.starts + self.ends) / 2
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __iter__(self):
+        return zip(self.steps.tolist(), self.starts.tolist(), self.ends.tolist())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (WaitSpans, tuple, list)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment] - equal to the tuple of its rows
+
+
 @dataclass(frozen=True)
 class RankBlame:
     """One rank's idle time by cause, per step and summed."""
@@ -172,7 +209,7 @@ class RankBlame:
     after_syncs: tuple[Contributor, ...] = ()  # what the host ran while the idle time charged to syncs went by
     unit: str = "step"  # what ``steps`` are: marked steps, iterations inferred from the loop, or the whole window
     waits_on: str = "device"  # what was idle: the device, or (CPU-only) the main thread's compute
-    collective_spans: tuple[tuple[int, float, float], ...] = ()  # (step position, start, end) of collective waits
+    collective_spans: WaitSpans = dataclasses.field(default_factory=WaitSpans.empty)  # where the collective waits lie
     peers: PeerSplit | None = None  # collective wait by the late peer rank (several ranks compared; see blame_peers)
 
     @property
@@ -297,13 +334,13 @@ class _Pieces:
             return empty_int, empty_int, empty_int, empty_int, np.zeros(0)
         return tuple(np.concatenate(part) for part in (self.category, self.event, self.label, self.step, self.length))
 
-    def collective_spans(self) -> tuple[tuple[int, float, float], ...]:
+    def collective_spans(self) -> WaitSpans:
         """(step position, start, end) of the collective-wait pieces whose place in time is known."""
         if not self.length:
-            return ()
+            return WaitSpans.empty()
         category, step, length, start = (np.concatenate(part) for part in (self.category, self.step, self.length, self.start))
         keep = (category == _CAT["collective_wait"]) & np.isfinite(start) & (length > 0)
-        return tuple(zip(step[keep].tolist(), start[keep].tolist(), (start + length)[keep].tolist()))
+        return WaitSpans(step[keep], start[keep], (start + length)[keep])
 
 
 def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Labels", options: BlameOptions) -> RankBlame:

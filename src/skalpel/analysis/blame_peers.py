@@ -23,7 +23,7 @@ import numpy as np
 from ..trace.kinds import Kind
 from ..trace.model import Trace
 from . import numeric
-from .blame import BlameResult, PeerSplit, PeerWait, RankBlame
+from .blame import BlameResult, PeerSplit, PeerWait, RankBlame, WaitSpans
 from .ranks import Arrivals, RankComparison
 from .syncs import SYNC_CALLS
 
@@ -33,15 +33,16 @@ ARRIVING = "arriving"  # the host side of a collective this rank itself reached 
 _TOP = 8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CollectiveWaits:
     """A rank's collective-wait pieces and the collectives holding them: what the split needs besides the peers
     (a rank reduced on its own keeps this for the join)."""
 
-    spans: tuple[tuple[int, float, float], ...]  # (step position, start, end)
+    spans: WaitSpans  # (step position, start, end)
     step_numbers: tuple[int, ...]
     described: dict[int, tuple[str, str | None]]  # collective event -> its name and user line
-    host_side: tuple[int, ...] = ()  # per span: the collective whose host side (launching op, sync) holds it, or -1
+    # per span: the collective whose host side (launching op, sync) holds it, or -1
+    host_side: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def pieces(self) -> int:
@@ -49,10 +50,15 @@ class CollectiveWaits:
 
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Steps, starts, ends and host sides as arrays (what ``split_waits`` reads)."""
-        count = len(self.spans)
-        steps, lows, highs = zip(*self.spans) if count else ((), (), ())
-        return (np.fromiter(steps, np.int64, count), np.fromiter(lows, np.float64, count),
-                np.fromiter(highs, np.float64, count), np.fromiter(self.host_side, np.int64, len(self.host_side)))  # fmt: skip
+        return self.spans.steps, self.spans.starts, self.spans.ends, self.host_side
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, CollectiveWaits):
+            return NotImplemented
+        return (self.spans == other.spans and self.step_numbers == other.step_numbers and self.described == other.described
+                and self.host_side.tolist() == other.host_side.tolist())  # fmt: skip
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def with_late_peers(trace: Trace, result: BlameResult, comparison: RankComparison | None) -> BlameResult:
@@ -71,23 +77,22 @@ def with_late_peers(trace: Trace, result: BlameResult, comparison: RankCompariso
 def collective_waits(trace: Trace, blamed: RankBlame, collectives) -> CollectiveWaits:
     """The rank's collective-wait pieces, with the name and line of each of its ``collectives`` that holds one."""
     calls = sorted(collectives, key=lambda call: call.start_us)
-    found = _holding(calls, np.array([(low + high) / 2 for _, low, high in blamed.collective_spans], np.float64)).tolist()
-    outside = [position for position, index in enumerate(found) if index < 0]
-    host_side = [-1] * len(found)
-    if outside:  # NCCL: the host's wait is outside the kernel that times the collective
-        spans = blamed.collective_spans
-        owners = _host_side_owners(trace, blamed.rank, calls, np.array([(spans[i][1] + spans[i][2]) / 2 for i in outside]))
-        for position, owner in zip(outside, owners):
-            host_side[position] = int(owner)
-    holding = {calls[index].event for index in found if index >= 0} | {event for event in host_side if event >= 0}
+    spans = blamed.collective_spans
+    middles = spans.middles()
+    found = _holding(calls, middles)
+    outside = np.flatnonzero(found < 0)
+    host_side = np.full(len(found), -1, np.int64)
+    if len(outside):  # NCCL: the host's wait is outside the kernel that times the collective
+        host_side[outside] = _host_side_owners(trace, blamed.rank, calls, middles[outside])
+    holding = {calls[index].event for index in numeric.unique(found[found >= 0]).tolist()}
+    holding |= set(numeric.unique(host_side[host_side >= 0]).tolist())
     described = {}
     if holding:
         from ..trace.stacks import Locator  # only when there is something to locate
 
         locator = Locator(trace)
         described = {event: (trace.names[trace.name[event]], locator.location_of(event)) for event in sorted(holding)}
-    return CollectiveWaits(blamed.collective_spans, tuple(step.number for step in blamed.steps), described,
-                           tuple(host_side))  # fmt: skip
+    return CollectiveWaits(spans, tuple(step.number for step in blamed.steps), described, host_side)
 
 
 def _host_side_owners(trace: Trace, rank: int, calls, instants: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from collections import deque
 
 import numpy as np
 
+from ..analysis.blame import WaitSpans
 from ..analysis.blame_peers import CollectiveWaits
 from ..analysis.collectives import Collective
 from ..analysis.comm import CommAnalysis
@@ -128,11 +129,9 @@ class PackedWaits:
 
     @classmethod
     def of(cls, waits: CollectiveWaits) -> PackedWaits:
-        count = len(waits.spans)
-        steps, lows, highs = (zip(*waits.spans) if count else ((), (), ()))
-        return cls(np.fromiter(steps, np.int32, count), np.fromiter(lows, np.float64, count),
-                   np.fromiter(highs, np.float64, count), waits.step_numbers, waits.described,
-                   np.fromiter(waits.host_side, np.int64, len(waits.host_side)))  # fmt: skip
+        spans = waits.spans
+        return cls(spans.steps.astype(np.int32), spans.starts, spans.ends, waits.step_numbers, waits.described,
+                   waits.host_side)  # fmt: skip
 
     @property
     def pieces(self) -> int:
@@ -143,8 +142,8 @@ class PackedWaits:
         return self.steps.astype(np.int64), self.lows, self.highs, self.host_side
 
     def unpacked(self) -> CollectiveWaits:
-        spans = tuple(zip(self.steps.tolist(), self.lows.tolist(), self.highs.tolist()))
-        return CollectiveWaits(spans, self.step_numbers, self.described, tuple(self.host_side.tolist()))
+        spans = WaitSpans(self.steps.astype(np.int64), self.lows, self.highs)
+        return CollectiveWaits(spans, self.step_numbers, self.described, self.host_side)
 
 
 def packed_waits(waits: CollectiveWaits | PackedWaits | None) -> PackedWaits | None:
