@@ -60,8 +60,7 @@ class _KindCache(dict):
         kind = self[key] = int(classify(self.categories[key >> 32], self.names[key & 0xFFFFFFFF], "X"))
         return kind
 
-    def of(self, category_ids: list[int], name_ids: np.ndarray) -> np.ndarray:
-        categories = np.array(category_ids, np.int64)
+    def of(self, categories: np.ndarray, name_ids: np.ndarray) -> np.ndarray:
         if len(name_ids) and int(name_ids.max()) >= len(self.kind_of_name):
             grown = max(2 * len(self.kind_of_name), int(name_ids.max()) + 1, 1024)
             self.category_of_name = np.concatenate([self.category_of_name, np.full(grown - len(self.category_of_name), -1)])
@@ -134,14 +133,15 @@ class ColumnBuilder:
         for phase in present - PHASES:  # counted at C speed
             if phase is not None:
                 self.unknown_phases[phase] = self.unknown_phases.get(phase, 0) + phases.count(phase)
+        codes = _phase_codes(phases) if present <= PHASES else None
         if "X" in present:
-            self._add_ranges(events if len(present) == 1 else [e for e in events if e.ph == "X"])
+            self._add_ranges(_of_phases(events, phases, codes, "X"))
         if "i" in present or "I" in present:
-            memory = [e for e in events if e.ph in ("i", "I") and e.name == "[memory]"]  # only i and I have a name
+            memory = [e for e in _of_phases(events, phases, codes, "i", "I") if e.name == "[memory]"]
             if memory:
                 self._add_memory(memory)
         if "f" in present:
-            flows = [e for e in events if e.ph == "f" and e.cat in _FLOW_CATEGORIES]
+            flows = [e for e in _of_phases(events, phases, codes, "f") if e.cat in _FLOW_CATEGORIES]
             if flows:
                 self._add_flow_ends(flows)
 
@@ -162,10 +162,11 @@ class ColumnBuilder:
         if not events:
             return
         interner, categories = self.interner, self._categories
-        name = np.fromiter([interner[text] for text in names], np.int32, len(names))
+        # map over the interner's own look-up: no Python frame per event (a name not seen yet goes to __missing__)
+        name = np.fromiter(map(interner.__getitem__, names), np.int32, len(names))
         if None in cats:  # no category: maybe the pre-Kineto exporter's, which put it in the pid
             cats = [legacy_category(e.cat, e.pid) for e in events]
-        kind = self._kinds.of([categories[cat] for cat in cats], name)
+        kind = self._kinds.of(np.fromiter(map(categories.__getitem__, cats), np.int64, len(cats)), name)
         pid = self._ids([e.pid for e in events])
         tid = self._ids([e.tid for e in events])
         no_args = kind == Kind.PYTHON  # python_function args (Python ids) hold nothing skalpel reads
@@ -280,6 +281,23 @@ class ColumnBuilder:
             keys = zip(columns["pid"][indices].tolist(), columns["tid"][indices].tolist(), columns["ts"][indices].tolist())
             columns["correlation"][indices] = np.array([flow_ends.get(key, 0) for key in keys], np.int64)
         return columns, memory
+
+
+def _phase_codes(phases: list[str]) -> np.ndarray:
+    """The phases (one ASCII letter each: ``PHASES``) as bytes, to pick a batch's events of a phase with one
+    comparison instead of reading every event's phase again."""
+    return np.frombuffer("".join(phases).encode("ascii"), np.uint8)
+
+
+def _of_phases(events: list[Event], phases: list, codes: np.ndarray | None, *wanted: str) -> list[Event]:
+    """The events of the ``wanted`` phases, in order; ``codes`` from ``_phase_codes``, None where a phase is not
+    one of the format's."""
+    if codes is None:
+        return [e for e, phase in zip(events, phases) if phase in wanted]
+    picked = codes == ord(wanted[0])
+    for phase in wanted[1:]:
+        picked |= codes == ord(phase)
+    return events if picked.all() else [events[index] for index in np.flatnonzero(picked).tolist()]
 
 
 _DTYPES = {"ts": np.float64, "dur": np.float64, "kind": np.int8, "name": np.int32, "stack": np.int32,
