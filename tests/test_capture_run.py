@@ -118,6 +118,10 @@ def test_demo_shows_data_loading_as_the_largest_share(demo_run) -> None:
     breakdown = report.ranks[0].step_breakdown_pct
     assert breakdown, "the report has no step breakdown"
     assert max(breakdown, key=breakdown.get) == "dataloader"
+    # the wait points into the demo's job as into a user's script: its __getitem__, not skalpel's console script
+    (loader,) = [finding for finding in report.findings if finding.id == "dataloader_bound"]
+    assert loader.locations and "demo.py" in loader.locations[0] and "__getitem__" in loader.locations[0], loader
+    assert not any("bin/skalpel" in where for where in loader.locations), loader.locations
     # 24 steps (two windows of 8, then more): the profiler overhead has un-profiled steady steps to compare with
     _assert_overhead_measured(report.capture)
 

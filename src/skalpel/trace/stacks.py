@@ -49,15 +49,21 @@ _KNOWN_LIBRARIES = frozenset(
 )
 
 
+_USERS_OWN = frozenset({"demo"})  # skalpel modules that stand for a user's script
+
+
 def _own_files_pattern() -> re.Pattern[str]:
     """skalpel's own files, by the package's folders and modules as installed here (a list written by hand went
     stale when a package was added): ``skalpel/watching/...``, ``skalpel/cli.py``; a user's folder that happens
-    to be called skalpel (``/home/me/skalpel/train.py``) is not one of them."""
+    to be called skalpel (``/home/me/skalpel/train.py``) is not one of them. The demo's training job
+    (``skalpel/demo.py``) stands for a user's script: its findings point into it. The console script that
+    starts skalpel (``bin/skalpel``) is ours."""
     package = Path(__file__).resolve().parents[1]
     folders = sorted(entry.name for entry in package.iterdir() if (entry / "__init__.py").is_file())
-    modules = sorted(entry.stem for entry in package.glob("*.py"))
+    modules = sorted(entry.stem for entry in package.glob("*.py") if entry.stem not in _USERS_OWN)
     folder, module = "|".join(map(re.escape, folders)), "|".join(map(re.escape, modules))
-    return re.compile(rf"(^|/)skalpel/({folder})/|(^|/)skalpel/({module})\.py$")
+    return re.compile(rf"(^|/)skalpel/({folder})/|(^|/)skalpel/({module})\.py$|(^|/)bin/skalpel$")
+
 
 
 _SKALPEL_OWN = _own_files_pattern()
