@@ -398,8 +398,9 @@ LAUNCH_BOUND = Rule(
         "share once the idle time the blame analysis charges to waiting (for data, a sync, a collective, another stream) is taken out of the idle time and of the step (at least `min_idle_pct`). CPU: ops per step, share of ops shorter than `tiny_us`, median op time, share of the step not "
         "spent in substantial ops nor blocked in a collective (`collective_ms_per_step`; the fix then names no CUDA "
         "graphs: there is no device to replay them on). Both: the tiny ops by source (`tiny_ops_by_source_pct`: data loading inside "
-        "DataLoader.__next__, the optimizer step inside Optimizer.step#..., the model and the rest); the fix and the "
-        "locations follow the largest source. Locations: the user code issuing the ops.",
+        "DataLoader.__next__, the optimizer step inside Optimizer.step#..., the model and the rest); the fix leads "
+        "with the largest source's, then names each other source with 20% of the tiny ops or more "
+        "(`ALSO_NAMED_PCT`); the locations follow the largest source. Locations: the user code issuing the ops.",
         fix="Fuse: `torch.compile(model)`; replay with CUDA graphs (`mode='reduce-overhead'`); replace Python loops "
         "over elements or small tensors by batched tensor ops; increase the batch size. When the data loading makes "
         "most tiny ops (a Dataset indexed one sample at a time, then collated): fetch whole batches. When the "
