@@ -547,7 +547,10 @@ def test_a_rollout_in_the_first_recorded_step_is_named_not_taken_for_warm_up(run
     assert _per_step(runs.root / "rollout_first", "aten::_softmax") == [200, 0, 0, 0]  # 200 policy calls, no update
     (note,) = _notes(report, "no backward of its own")
     assert note.startswith("step #6 ") and "an RL rollout" in note and "left out of the step statistics" in note
-    assert not [finding for finding in report["findings"] if finding["id"] == "no_warmup"]
+    # the rollout is not taken for warm-up (it read "3,223% slower"); no_warmup may still judge the first kept step,
+    # an update after the rollout, which a loaded machine made 56% slower than the other two in one clean-clone CI
+    slower = [finding["evidence"]["slower_pct"] for finding in report["findings"] if finding["id"] == "no_warmup"]
+    assert all(pct < 300 for pct in slower), slower
     assert report["steps"]["count"] == 3
 
 
