@@ -19,6 +19,7 @@ import numpy as np
 
 from .kinds import DEVICE_KIND_ARRAY, Kind
 from .links import launcher_of_events, op_of_events
+from .roles import event_phases, event_roles
 
 NO_ID = -1
 
@@ -86,7 +87,7 @@ class Trace:
     warnings: list[str] = field(default_factory=list)
     job_ranks: int | None = None  # rank files of the whole job, when this trace holds one rank of it
     _name_ids: dict[str, int] | None = field(default=None, repr=False)
-    _derived: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -147,6 +148,27 @@ class Trace:
         if "op_of_event" not in self._derived:
             self._derived["op_of_event"] = op_of_events(self.kind, self.rank, self.external_id, self.launcher)
         return self._derived["op_of_event"]
+
+
+    @property
+    def role(self) -> np.ndarray:
+        """The ``roles.Role`` of every event (int8): what it is for. Computed once and cached."""
+        if "role" not in self._derived:
+            self._derived["role"] = event_roles(self.names, self.kind, self.name, self.rank, self.tid, self.ts, self.end)
+        return self._derived["role"]
+
+    @property
+    def phase(self) -> np.ndarray:
+        """The ``roles.Phase`` of every host event (int8): backward, optimizer step or DataLoader fetch around it."""
+        if "phase" not in self._derived:
+            self._derived["phase"] = event_phases(self.role, self.kind, self.rank, self.tid, self.ts, self.end)
+        return self._derived["phase"]
+
+    def cached(self, key: str, compute):
+        """A value derived from this trace, computed by ``compute()`` the first time ``key`` is asked for."""
+        if key not in self._derived:
+            self._derived[key] = compute()
+        return self._derived[key]
 
 
 def isin_few(values: np.ndarray, members) -> np.ndarray:

@@ -1,0 +1,32 @@
+"""The device's timeline of each rank, derived once and cached on the trace: its work, sorted by start, and the
+time it is busy (every stream merged, overlaps counted once). Every analysis that asks "was the device busy
+then?" reads these, so busy time has one definition (HTA's: touching intervals merge)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..trace.kinds import DEVICE_KIND_ARRAY
+from ..trace.model import Trace, isin_few
+from . import intervals
+
+
+def device_events(trace: Trace, rank: int | None = None) -> np.ndarray:
+    """Indices of the device work (kernels, collectives, copies, memsets) of one rank, or of every rank, by start."""
+
+    def compute() -> np.ndarray:
+        every = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
+        every = every[np.argsort(trace.ts[every], kind="stable")]
+        return every if rank is None else every[trace.rank[every] == rank]
+
+    return trace.cached(f"device_events:{rank}", compute)
+
+
+def device_busy(trace: Trace, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted, disjoint intervals in which the rank's device runs any work."""
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        events = device_events(trace, rank)
+        return intervals.union(trace.ts[events], trace.ts[events] + trace.dur[events])
+
+    return trace.cached(f"device_busy:{rank}", compute)
