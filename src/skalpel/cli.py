@@ -265,7 +265,8 @@ def _add_explain(commands: argparse._SubParsersAction) -> None:
         description="Print a finding's documentation from the registry; without an id, a table of all findings.",
     )
     parser.add_argument("finding_id", nargs="?", metavar="FINDING_ID",
-                        help="e.g. dataloader_bound; 'blame' lists the causes idle time is charged to")  # fmt: skip
+                        help="e.g. dataloader_bound; 'ledger' lists the causes every millisecond is charged to, "
+                             "'blame' those of the device's idle time")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=_cmd_explain)
 
@@ -281,7 +282,14 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             sys.stdout.buffer.write(orjson.dumps(explain.explain_all_dicts(), option=orjson.OPT_INDENT_2) + b"\n")
         else:
             Console().print(explain.render_table())
-            Console().print(f"idle-time causes the findings read: skalpel explain {explain.BLAME}")
+            Console().print(f"the causes the findings read: skalpel explain {explain.LEDGER}; the device's idle time: "
+                            f"skalpel explain {explain.BLAME}")  # fmt: skip
+        return 0
+    if args.finding_id == explain.LEDGER:
+        if args.json:
+            sys.stdout.buffer.write(orjson.dumps(explain.ledger_dict(), option=orjson.OPT_INDENT_2) + b"\n")
+        else:
+            Console().print(explain.render_ledger())
         return 0
     if args.finding_id == explain.BLAME:
         if args.json:

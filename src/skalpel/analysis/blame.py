@@ -56,7 +56,7 @@ from . import intervals, numeric
 from .compile import compile_ranges
 from .onetime import OneTimeResult, one_time_work
 from .recorded import is_launch_call
-from .steps import Step, StepSegmentation, inferred_iterations
+from .steps import Step, StepSegmentation, judged_units, main_thread
 from .syncs import SYNC_CALLS, SYNC_COPY_CALLS, inside_the_profiler
 
 CATEGORIES = (
@@ -275,10 +275,7 @@ def blame(
     labels = _Labels(trace, one_time)
     ranks = {}
     for rank in trace.rank_ids:
-        rank_steps = sorted(steps.for_rank(rank), key=lambda step: step.start_us)
-        unit = "step"
-        if rank_steps and not steps.marked:
-            rank_steps, unit = _iterations(trace, rank, rank_steps[0])
+        rank_steps, unit = judged_units(trace, steps, rank)
         if not rank_steps:
             continue
         if trace.has_device:
@@ -288,21 +285,6 @@ def blame(
             if found is not None:
                 ranks[rank] = dataclasses.replace(found, unit=unit, waits_on="main thread")
     return BlameResult(ranks)
-
-
-def _iterations(trace: Trace, rank: int, window: Step) -> tuple[list[Step], str]:
-    """Without step markers: the loop's iterations inferred from DataLoader fetches or optimizer steps, inside the
-    window (number 0: the time before the first iteration); the window itself when no loop is found."""
-    loop = inferred_iterations(trace, rank)
-    if loop is None:
-        return [window], "window"
-    starts, ends, _ = loop
-    starts = np.clip(starts, window.start_us, window.end_us)
-    ends = np.clip(np.append(starts[1:], window.end_us), window.start_us, window.end_us)  # they tile the window
-    result = [Step(rank, 0, window.start_us, float(starts[0]), float(starts[0]))] if starts[0] > window.start_us else []
-    result += [Step(rank, i + 1, float(start), float(end), float(end)) for i, (start, end) in enumerate(zip(starts, ends))
-               if end > start]  # fmt: skip
-    return result, "iteration"
 
 
 # -- the idle intervals and the work that ends each ------------------------------------------------
@@ -410,7 +392,7 @@ def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Label
 def _cpu_rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Labels") -> RankBlame | None:
     """A CPU-only rank: the main thread's ops are the compute; the step's time outside them is charged to what
     that thread was doing (a fetch, a collective, compiling, one-time work, a range, Python between ops)."""
-    tid = _main_thread(trace, rank)
+    tid = main_thread(trace, rank)
     if tid is None:
         return None
     end = labels.end
@@ -418,7 +400,7 @@ def _cpu_rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_L
     ops = np.flatnonzero(on_thread & (trace.kind == Kind.CPU_OP))
     waiting = on_thread & (isin_few(trace.kind, [Kind.DATALOADER, Kind.COMM_OP]) | labels.compile | labels.one_time)
     waits = np.flatnonzero(waiting)
-    busy = _minus(intervals.union(trace.ts[ops], end[ops]), intervals.union(trace.ts[waits], end[waits]))
+    busy = intervals.difference(intervals.union(trace.ts[ops], end[ops]), intervals.union(trace.ts[waits], end[waits]))
     step_starts = np.array([step.start_us for step in rank_steps])
     step_ends = np.array([step.end_us for step in rank_steps])
     g0, g1, step_of = _idle_in_steps(busy, step_starts, step_ends)
@@ -452,30 +434,6 @@ def _collective_elsewhere(trace: Trace, rank: int, tid: int, g0, g1, step_of, la
     owner = np.where(owner >= 0, owner, others[0])
     pieces.add(_CAT["collective_wait"], owner, trace.name[owner], step_of[part[waiting]], (highs - lows)[waiting], lows[waiting])
     return lows[~waiting], highs[~waiting], step_of[part[~waiting]]
-
-
-def _main_thread(trace: Trace, rank: int) -> int | None:
-    """The thread that marks the steps, else the one with the most op time (the training loop's)."""
-    on_rank = trace.rank == rank
-    marks = np.flatnonzero(on_rank & (trace.kind == Kind.STEP))
-    if len(marks):
-        return int(numeric.unique(trace.tid[marks])[0]) if len(numeric.unique(trace.tid[marks])) == 1 else int(
-            trace.tid[marks[np.argmax(trace.dur[marks])]])  # fmt: skip
-    ops = np.flatnonzero(on_rank & (trace.kind == Kind.CPU_OP))
-    if len(ops) == 0:
-        return None
-    tids = numeric.unique(trace.tid[ops])
-    time = [float(trace.dur[ops[trace.tid[ops] == tid]].sum()) for tid in tids]
-    return int(tids[int(np.argmax(time))])
-
-
-def _minus(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The sorted, disjoint intervals of ``a`` outside ``b`` (both sorted and disjoint)."""
-    if len(a[0]) == 0 or len(b[0]) == 0:
-        return a
-    outside = (np.concatenate([[-np.inf], b[1]]), np.concatenate([b[0], [np.inf]]))
-    keep = outside[1] > outside[0]
-    return intervals.intersection(a, (outside[0][keep], outside[1][keep]))
 
 
 def _summed(trace: Trace, rank: int, rank_steps: list[Step], pieces: _Pieces, notes: list[str], length, step_of,

@@ -16,8 +16,10 @@ from .compile import CompileLog, CompileResult, compile_events, compile_log
 from .gpu_time import GpuTimeResult, gpu_time
 from .kernels import KernelTable, kernel_table
 from .launches import LaunchResult, launches
+from .ledger import Ledger, ledger
 from .memory import MemoryResult, memory
 from .mfu import Mfu, mfu
+from .onetime import one_time_work
 from .ops import OpTable, op_table
 from .ranks import RankComparison, compare_ranks
 from .recorded import RecordingResult, device_recording
@@ -45,6 +47,7 @@ class Analyses:
     launches: LaunchResult | None = None  # launch delays, tiny kernels, kernels and ops per step
     syncs: SyncResult | None = None  # host-device synchronisations and pageable copies
     blame: BlameResult | None = None  # every idle interval of a step charged to its cause
+    ledger: Ledger | None = None  # every millisecond of every unit, on the device and the main thread, by cause
     memory: MemoryResult | None = None  # allocated-memory curves; None without [memory] events
     compile: CompileResult | None = None  # torch.compile regions, compilations, Triton kernels
     compile_log: CompileLog | None = None  # causes from skalpel run's compile log: guards, graph breaks, limits
@@ -88,7 +91,8 @@ def _run_the_rest(trace: Trace, steps: StepSegmentation, analyses: Analyses) -> 
     analyses.recording = device_recording(trace)
     analyses.launches = launches(trace, steps)
     analyses.syncs = syncs(trace, steps)
-    analyses.blame = blame(trace, steps)
+    one_time = one_time_work(trace)
+    analyses.blame = blame(trace, steps, one_time=one_time)
     analyses.memory = memory(trace, steps)
     analyses.compile = compile_events(trace, steps)
     analyses.compile_log = compile_log(trace, steps)
@@ -97,3 +101,4 @@ def _run_the_rest(trace: Trace, steps: StepSegmentation, analyses: Analyses) -> 
     if len(trace.ranks) > 1:
         analyses.rank_comparison = compare_ranks(trace, steps, analyses.comm)
         analyses.blame = with_late_peers(trace, analyses.blame, analyses.rank_comparison)  # the peer each waited for
+    analyses.ledger = ledger(trace, steps, analyses.blame, one_time)

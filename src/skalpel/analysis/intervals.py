@@ -55,6 +55,15 @@ def intersection(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarr
     return starts[keep], ends[keep]
 
 
+def difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted, disjoint intervals of ``a`` outside ``b`` (both sorted and disjoint)."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return a
+    outside = (np.concatenate([[-np.inf], b[1]]), np.concatenate([b[0], [np.inf]]))
+    keep = outside[1] > outside[0]
+    return intersection(a, (outside[0][keep], outside[1][keep]))
+
+
 def outermost(starts: np.ndarray, ends: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Mask of the intervals not nested in (or overlapping) an earlier interval of the same group.
 

@@ -471,3 +471,43 @@ def inferred_iterations(trace: Trace, rank: int, *, minimum: int = 3) -> tuple[n
         starts = np.concatenate([[float(trace.ts[host].min())], starts])
     ends = np.append(starts[1:], last)
     return starts, ends, source
+
+
+def judged_units(trace: Trace, steps: StepSegmentation, rank: int) -> tuple[list[Step], str]:
+    """The units a rank is judged over, by start, and what they are: its marked steps ("step"); without markers the
+    loop's iterations ("iteration"), else the whole window ("window"). Every per-unit figure (the blame, the ledger,
+    the rules) is taken over these."""
+    rank_steps = sorted(steps.for_rank(rank), key=lambda step: step.start_us)
+    if rank_steps and not steps.marked:
+        return _iterations(trace, rank, rank_steps[0])
+    return rank_steps, "step"
+
+
+def _iterations(trace: Trace, rank: int, window: Step) -> tuple[list[Step], str]:
+    """Without step markers: the loop's iterations inferred from DataLoader fetches or optimizer steps, inside the
+    window (number 0: the time before the first iteration); the window itself when no loop is found."""
+    loop = inferred_iterations(trace, rank)
+    if loop is None:
+        return [window], "window"
+    starts, ends, _ = loop
+    starts = np.clip(starts, window.start_us, window.end_us)
+    ends = np.clip(np.append(starts[1:], window.end_us), window.start_us, window.end_us)  # they tile the window
+    result = [Step(rank, 0, window.start_us, float(starts[0]), float(starts[0]))] if starts[0] > window.start_us else []
+    result += [Step(rank, i + 1, float(start), float(end), float(end)) for i, (start, end) in enumerate(zip(starts, ends))
+               if end > start]  # fmt: skip
+    return result, "iteration"
+
+
+def main_thread(trace: Trace, rank: int) -> int | None:
+    """The thread that marks the steps, else the one with the most op time (the training loop's)."""
+    on_rank = trace.rank == rank
+    marks = np.flatnonzero(on_rank & (trace.kind == Kind.STEP))
+    if len(marks):
+        return int(numeric.unique(trace.tid[marks])[0]) if len(numeric.unique(trace.tid[marks])) == 1 else int(
+            trace.tid[marks[np.argmax(trace.dur[marks])]])  # fmt: skip
+    ops = np.flatnonzero(on_rank & (trace.kind == Kind.CPU_OP))
+    if len(ops) == 0:
+        return None
+    tids = numeric.unique(trace.tid[ops])
+    time = [float(trace.dur[ops[trace.tid[ops] == tid]].sum()) for tid in tids]
+    return int(tids[int(np.argmax(time))])

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.blame import CATEGORIES, CATEGORY_WORDS, PEER_WORDS
+from ..analysis.ledger import ALL_ONE_TIME_PCT, CAUSE_WORDS, DEVICE_CAUSES, HOST_CAUSES
 from .registry import RULES, lookup
 from .rule import Rule
 from .watch import BY_ID as WATCH_KINDS
@@ -86,6 +87,39 @@ def render_blame() -> Table:
     for name in CATEGORIES:
         table.add_row(name, CATEGORY_WORDS[name])
     table.caption = f"collective_wait by peer: {PEER_WORDS}"
+    table.caption_justify = "left"
+    return table
+
+
+LEDGER = "ledger"  # not a finding: the account of every millisecond the rules read
+LEDGER_WHAT = (
+    "every millisecond of every unit a rank is judged over (a marked step; without markers an iteration found from "
+    "the loop, else the whole window), on the device (all streams merged) and on the host's main thread, charged to "
+    "exactly one cause, so each lane's causes add up to the unit; overlapping work counts once, for the first cause "
+    "in the lane's order. One-time work is its own cause and is taken out before the steady state is judged; a "
+    f"window that is {ALL_ONE_TIME_PCT:.0f}% one-time work or more is judged for nothing else. The rules read their "
+    "shares here (waiting for data, collectives, host work), so a fact has one definition."
+)
+
+
+def ledger_dict() -> dict[str, Any]:
+    return {
+        "what": LEDGER_WHAT,
+        "device": {name: CAUSE_WORDS[name] for name in DEVICE_CAUSES},
+        "host": {name: CAUSE_WORDS[name] for name in HOST_CAUSES},
+    }
+
+
+def render_ledger() -> Table:
+    table = Table(title="The ledger: every millisecond of a unit charged to one cause, in this order of precedence",
+                  title_justify="left")  # fmt: skip
+    table.add_column("lane", no_wrap=True)
+    table.add_column("cause", no_wrap=True)
+    table.add_column("what it is", overflow="fold")
+    for lane, causes in (("device", DEVICE_CAUSES), ("host", HOST_CAUSES)):
+        for name in causes:
+            table.add_row(lane, name, CAUSE_WORDS[name])
+    table.caption = LEDGER_WHAT
     table.caption_justify = "left"
     return table
 

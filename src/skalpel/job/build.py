@@ -20,6 +20,9 @@ from ..result.report import (
     Finding,
     GpuSummary,
     KernelRow,
+    LedgerLane,
+    LedgerSummary,
+    LedgerUnitRow,
     MemorySummary,
     MfuSummary,
     OpRow,
@@ -143,7 +146,29 @@ def rank_report(analyses: Analyses, rank: int) -> RankReport:
         memory=_memory_summary(analyses, rank),
         mfu=_mfu_summary(analyses, rank),
         extra=extra,
+        ledger=_ledger_summary(analyses, rank),
     )
+
+
+def _ledger_summary(analyses: Analyses, rank: int) -> LedgerSummary | None:
+    found = analyses.ledger.for_rank(rank) if analyses.ledger is not None else None
+    if found is None:
+        return None
+    lanes = []
+    for lane in found.lanes:
+        count = max(len(lane.units), 1)
+        total = {cause: ms for cause, ms in lane.total_ms.items() if ms > 0}
+        lanes.append(LedgerLane(
+            lane=lane.name, what=lane.what,
+            ms_per_unit={cause: round(ms / count, 4) for cause, ms in total.items()},
+            share_pct={cause: round(lane.share_pct(cause), 2) for cause in total},
+            units=tuple(LedgerUnitRow(unit.number, round(unit.length_ms, 4),
+                                      {cause: round(ms, 4) for cause, ms in unit.ms.items() if ms > 0})
+                        for unit in lane.units),
+        ))  # fmt: skip
+    return LedgerSummary(unit=found.unit, units=found.units, judged_over=found.describe(),
+                         length_ms=round(found.length_ms, 4), one_time_ms=round(found.one_time_ms, 4),
+                         lanes=tuple(lanes), notes=found.notes)  # fmt: skip
 
 
 def _gpu_summary(analyses: Analyses, rank: int) -> GpuSummary | None:

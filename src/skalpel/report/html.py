@@ -36,6 +36,7 @@ def render(report: Report, *, flame: Mapping[str, Any] | None = None, title: str
         job_section(report) if len(report.ranks) > parts.DETAIL_RANKS else "",
         parts.steps(report),
         parts.breakdown(report),
+        parts.ledger(report),
         parts.gpu(report),
         parts.blame(report),
         parts.tables(report),

@@ -176,6 +176,31 @@ def gpu(report: Report) -> str:
     return section("gpu", "GPU time and idle breakdown", body)
 
 
+def ledger(report: Report) -> str:
+    """Every unit's time by cause, one stacked bar per unit and lane (the ledger the findings read)."""
+    ranks = [rank for rank in report.ranks[:DETAIL_RANKS] if rank.ledger is not None and rank.ledger.lanes]
+    if not ranks:
+        return ""
+    body = ['<p class="note">Every millisecond of every unit, charged to exactly one cause, on the device and on the '
+            "host's main thread: one bar per unit, its length the unit's time; hover a segment for its ms and share "
+            "(<code>skalpel explain ledger</code> says what each cause means).</p>"]  # fmt: skip
+    for rank in ranks:
+        found = rank.ledger
+        if len(report.ranks) > 1:
+            body.append(f"<h3>rank {rank.rank}</h3>")
+        body.append(f'<p class="note">Judged over {escape(found.judged_over)}.</p>')
+        unit = {"step": "step", "iteration": "iteration"}.get(found.unit, "window")
+        for lane in found.lanes:
+            units = list(lane.units)
+            every = -(-len(units) // BLAME_STEPS) if len(units) > BLAME_STEPS else 1
+            rows = [(f"{unit} {row.number}" if unit != "window" else "window", dict(row.ms)) for row in units[::every]]
+            what = "device" if lane.lane == "device" else "main thread"
+            body.append(svg.blame_bars(rows, label=f"{what} time by cause per {unit}", colors=svg.LEDGER_COLORS,
+                                       of=f"the {unit}"))  # fmt: skip
+        body += [f'<p class="note">{escape(note)}</p>' for note in found.notes[:5]]
+    return section("ledger", "Where every millisecond went", "".join(body))
+
+
 def blame(report: Report) -> str:
     """Each step's device idle time split by cause (the blame analysis), and the largest causes with their lines.
 

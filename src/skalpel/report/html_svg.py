@@ -71,15 +71,26 @@ BLAME_COLORS = {
 BLAME_LEFT, BLAME_RIGHT = 90, 80  # room for the step's name and its total idle time
 
 
-def blame_bars(rows: Sequence[tuple[str, Mapping[str, float]]], *, label: str = "") -> str:
-    """One horizontal bar per step, its length the step's idle ms, split by cause (fixed order and colours).
+# the ledger's causes (analysis/ledger.py), in its order of precedence and these colours
+LEDGER_COLORS = {
+    "one_time": "#edc948", "profiler": "#9c755f", "compile": "#59a14f", "data_wait": "#e15759",
+    "collective_wait": "#b07aa1", "sync_wait": "#f28e2b", "allocator": "#d37295", "launch": "#ff9da7",
+    "launch_overhead": "#ff9da7", "optimizer": "#8cd17d", "backward": "#499894", "compute": "#4e79a7",
+    "collective": "#d4a6c8", "transfer": "#86bcb6", "host_work": "#76b7b2", "other_stream": "#a0cbe8",
+    "python": "#f1ce63", "other_thread": "#79706e", "unrecorded": "#bab0ac",
+}  # fmt: skip
+
+
+def blame_bars(rows: Sequence[tuple[str, Mapping[str, float]]], *, label: str = "",
+               colors: Mapping[str, str] = BLAME_COLORS, of: str = "its idle time") -> str:  # fmt: skip
+    """One horizontal bar per step, its length the step's idle ms (``of``), split by cause (fixed order and colours).
 
     Causes the table above does not know (an older or newer report) follow the known ones, in their order.
     """
     seen = {name for _, parts in rows for name, value in parts.items() if value > 0}
-    names = [name for name in BLAME_COLORS if name in seen]
+    names = [name for name in colors if name in seen]
     names += sorted(seen - set(names))
-    colours = {name: BLAME_COLORS.get(name) or _EXTRA[i % len(_EXTRA)] for i, name in enumerate(names)}
+    colours = {name: colors.get(name) or _EXTRA[i % len(_EXTRA)] for i, name in enumerate(names)}
     top = max((sum(max(v, 0) for v in parts.values()) for _, parts in rows), default=0.0) or 1.0
     bar_h, gap = 20, 6
     plot_w = WIDTH - BLAME_LEFT - BLAME_RIGHT
@@ -99,7 +110,7 @@ def blame_bars(rows: Sequence[tuple[str, Mapping[str, float]]], *, label: str = 
             if value <= 0:
                 continue
             w = value / top * plot_w
-            tip = f"{row_label} · {name}: {value:.2f} ms ({100.0 * value / total:.1f}% of its idle time)"
+            tip = f"{row_label} · {name}: {value:.2f} ms ({100.0 * value / total:.1f}% of {of})"
             out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{colours[name]}"'
                        f'{_tip(tip)}><title>{escape(tip)}</title></rect>')  # fmt: skip
             x += w

@@ -185,7 +185,7 @@ def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Pan
     """A rank's figures and tables; ``brief`` (a job of many ranks): its figures, and its top ops on one line."""
     if brief:
         return brief_panel(report, rank)
-    parts: list = []
+    parts: list = _ledger_lines(rank)
     if rank.step_breakdown_pct:
         parts.append(_breakdown_line(rank))
     if rank.gpu is not None:
@@ -232,6 +232,25 @@ def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Pan
     if not parts:
         parts.append(Text("no per-rank analyses available"))
     return Panel(Group(*parts), title=f"rank {rank.rank}", title_align="left")
+
+
+LEDGER_CAUSES_SHOWN = 6
+
+
+def _ledger_lines(rank: RankReport) -> list[Text]:
+    """The ledger first: what the rank was judged over, and each lane's largest causes (ms per unit and share)."""
+    ledger = rank.ledger
+    if ledger is None or not ledger.lanes:
+        return []
+    unit = {"step": "step", "iteration": "iteration"}.get(ledger.unit, "window")
+    lines = [Text(f"ledger over {ledger.judged_over} (ms per {unit}, skalpel explain ledger):")]
+    for lane in ledger.lanes:
+        causes = sorted(lane.share_pct.items(), key=lambda item: -item[1])
+        shown = [f"{cause.replace('_', ' ')} {lane.ms_per_unit.get(cause, 0.0):.2f} ({share:.0f}%)"
+                 for cause, share in causes if share >= 0.5][:LEDGER_CAUSES_SHOWN]  # fmt: skip
+        name = "device" if lane.lane == "device" else "host (main thread)"
+        lines.append(Text(f"  {name}: " + ", ".join(shown)))
+    return lines
 
 
 def _cause(blamed: dict, key: str, share: float) -> str:

@@ -352,6 +352,42 @@ class MfuSummary:
 
 
 @dataclass(frozen=True)
+class LedgerUnitRow:
+    """One unit of a ledger lane: its length and its time by cause (ms), which add up to the length."""
+
+    number: int
+    length_ms: float
+    ms: dict[str, float]
+
+
+@dataclass(frozen=True)
+class LedgerLane:
+    """The device, or the host's main thread: the time of every unit by cause."""
+
+    lane: str  # "device" or "host"
+    what: str
+    ms_per_unit: dict[str, float]
+    share_pct: dict[str, float]
+    units: tuple[LedgerUnitRow, ...] = ()
+
+
+@dataclass(frozen=True)
+class LedgerSummary:
+    """A rank's ledger (analysis/ledger.py): what it was judged over, and every millisecond of it by cause."""
+
+    unit: str  # "step", "iteration" or "window"
+    units: int
+    judged_over: str  # "6 steps", "one 850.0 ms window, no steps marked; one-time work taken out first"
+    length_ms: float
+    one_time_ms: float
+    lanes: tuple[LedgerLane, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def lane(self, name: str) -> LedgerLane | None:
+        return next((lane for lane in self.lanes if lane.lane == name), None)
+
+
+@dataclass(frozen=True)
 class RankReport:
     """Everything measured on one rank."""
 
@@ -365,6 +401,7 @@ class RankReport:
     data_wait_ms_per_step: float | None = None
     mfu: MfuSummary | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # further analyses: launch delays, syncs, comm
+    ledger: LedgerSummary | None = None  # every millisecond of every unit by cause; None in reports before it
 
 
 @dataclass(frozen=True)
@@ -447,11 +484,25 @@ def _rank_from_dict(data: Any, where: str) -> RankReport:
     values["gpu"] = _build(GpuSummary, data["gpu"], f"{where}.gpu") if data.get("gpu") else None
     values["memory"] = _build(MemorySummary, data["memory"], f"{where}.memory") if data.get("memory") else None
     values["mfu"] = _build(MfuSummary, data["mfu"], f"{where}.mfu") if data.get("mfu") else None
+    values["ledger"] = _ledger_from_dict(data["ledger"], f"{where}.ledger") if data.get("ledger") else None
     values["top_ops"] = tuple(_build(OpRow, row, f"{where}.top_ops[{i}]") for i, row in enumerate(_list(data, "top_ops", where)))
     values["top_kernels"] = tuple(
         _build(KernelRow, row, f"{where}.top_kernels[{i}]") for i, row in enumerate(_list(data, "top_kernels", where))
     )
     return _build(RankReport, values, where)
+
+
+def _ledger_from_dict(data: Any, where: str) -> LedgerSummary:
+    if not isinstance(data, dict):
+        raise ReportFormatError(f"{where}: expected an object, got {_kind(data)}")
+    lanes = []
+    for i, lane in enumerate(_list(data, "lanes", where)):
+        at = f"{where}.lanes[{i}]"
+        if not isinstance(lane, dict):
+            raise ReportFormatError(f"{at}: expected an object, got {_kind(lane)}")
+        units = tuple(_build(LedgerUnitRow, unit, f"{at}.units[{j}]") for j, unit in enumerate(_list(lane, "units", at)))
+        lanes.append(_build(LedgerLane, {**lane, "units": units}, at))
+    return _build(LedgerSummary, {**data, "lanes": tuple(lanes)}, where)
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
