@@ -48,17 +48,18 @@ CASES = [
     ("hta/critical_path/cuda_event_sync/event_sync_trace.json.gz", {"host_device_sync": "info", "gpu_idle": "critical"},
      (), ()),
     ("hta/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz", {"host_device_sync": "info"}, (), ()),
-    # A benchmark from process start: the first aten::to creates the CUDA context (30 s of the 43 s window).
+    # A benchmark from process start: the first aten::to creates the CUDA context (30 s of the 43 s window), and
+    # one-time work is 96% of it: cold_start says so, and no steady-state rule judges the rest (issue 33).
     ("hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz",
-     {"gpu_idle": "critical", "host_device_sync": "info", "cold_start": "critical"}, ("attention_hotspot",
-     "allocator_churn", "device_activity_missing"), ()),
+     {"cold_start": "critical"}, ("gpu_idle", "host_device_sync", "attention_hotspot", "allocator_churn",
+     "device_activity_missing"), ()),
     ("hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", {}, DEVICE_RULES + ("launch_bound",), ()),
     # One compiled region, 0/0; its one 13 s marked step (compiling) runs 2 us of kernels: idle in the step.
     ("hta/triton_example/triton_example.json.gz", {"gpu_idle": "critical"}, ("recompilation",), ()),
     ("hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", {"gpu_idle": "critical"}, (), ()),
     ("hta/with_gpu_user_annotation/step_based_trace_2543932.json.gz", {"gpu_idle": "critical"}, (), ()),
-    ("hta/execution_trace/benchmark_simple_add_trace.json.gz", {"gpu_idle": "critical", "cold_start": "critical"}, (),
-     ()),  # the first aten::rand creates the CUDA context: 19.6 s of the 19.8 s window
+    ("hta/execution_trace/benchmark_simple_add_trace.json.gz", {"cold_start": "critical"}, ("gpu_idle",),
+     ()),  # the first aten::rand creates the CUDA context: 19.6 s of the 19.8 s window, nothing steady to judge
     # A CUPTI range-profiler benchmark: the first conv2d (3 s, later ones 0.3 s) and addmm (1.8 s) are 41% of the
     # window. Its kernels are not linked to launches (range profiler): not "device activity missing".
     ("hta/cupti_profiler/benchmark_result_924719_1679055439_trace.json.gz", {"cold_start": "warning"},

@@ -34,14 +34,32 @@ def judge(rule: Rule, ctx: Context) -> list[Finding] | NotJudged:
     return unmet_need(rule, ctx) or _run(rule, ctx)
 
 
+# families judged on a window of one-time work too: the measurement's own findings (cold_start names that work) and
+# compile's, whose compilations are one-time work by nature
+JUDGED_ON_ONE_TIME = frozenset({"measurement", "verdict", "compile"})
+
+
 def unmet_need(rule: Rule, ctx: Context) -> NotJudged | None:
-    """Why the rule cannot run at all on this trace (no device, no marked steps); None when it can."""
+    """Why the rule cannot run at all on this trace (no device, no marked steps, nothing but one-time work); None
+    when it can."""
+    if rule.family not in JUDGED_ON_ONE_TIME and (share := _one_time_window_pct(ctx)) is not None:
+        return NotJudged(f"the window is {share:.0f}% one-time work (see cold_start), with no steady state to judge: "
+                         "profile later steps (skalpel run warms up first)")  # fmt: skip
     if rule.needs_device and not ctx.result("has_device", lambda: ctx.trace.has_device):  # a scan of every event: once
         recording = ctx.result("recording")
         return NotJudged(NOT_RECORDED if recording is not None and recording.launches_without_work else NO_DEVICE)
     if rule.needs_steps and not ctx.steps.marked:
         return NotJudged(NO_STEPS)
     return None
+
+
+def _one_time_window_pct(ctx: Context) -> float | None:
+    """The share of one-time work of a recording that is nearly all one-time work on every rank; None otherwise."""
+    found = getattr(ctx.analyses, "ledger", None)
+    ranks = list(found.ranks.values()) if found is not None else []
+    if not ranks or not all(rank.all_one_time for rank in ranks):
+        return None
+    return min(100.0 * rank.one_time_ms / rank.length_ms for rank in ranks)
 
 
 def conclude(ctx: Context, outcomes: list[tuple[Rule, list[Finding] | NotJudged]]) -> tuple[Finding, ...]:

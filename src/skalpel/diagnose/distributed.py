@@ -172,13 +172,6 @@ def _median_rank(ranks: list[RankComm], key) -> RankComm:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def _median_step_ms(ctx: Context, rank: RankComm) -> float:
-    """The rank's median step, the statistic the other findings, the footer and the HTML quote (shares stay
-    per-step means over the mean step, so they add up)."""
-    durations = [step.duration_ms for step in ctx.steps.for_rank(rank.rank)]
-    return numeric.median(durations) if durations else rank.step_ms
-
-
 def _check_communication_bound(ctx: Context, rule: Rule) -> Outcome:
     ranks = _with_comm(ctx)
     if isinstance(ranks, NotJudged):
@@ -193,7 +186,7 @@ def _check_communication_bound(ctx: Context, rule: Rule) -> Outcome:
     evidence = {
         "share_pct": share,
         "comm_ms_per_step": ms,
-        "step_ms": _median_step_ms(ctx, typical),
+        "step_ms": typical.step_ms,  # the mean step, the share's own denominator: per-step means never exceed it
         "wait_ms_per_step": waits.get(typical.rank, 0.0),
         "exposed_ms_per_step": typical.exposed_ms_per_step,
         "overlap_pct": typical.overlap_pct,
@@ -229,7 +222,7 @@ def _check_low_overlap(ctx: Context, rule: Rule) -> Outcome:
         "exposed_ms_per_step": exposed[typical.rank],
         "comm_ms_per_step": comm_ms,
         "comm_share_pct": comm_share,
-        "step_ms": _median_step_ms(ctx, typical),
+        "step_ms": typical.step_ms,  # the mean step, the share's own denominator: per-step means never exceed it
         "timed_on": typical.timed_on,
         "collectives": _types(typical),
         "rank": typical.rank,
@@ -415,10 +408,9 @@ COMMUNICATION_BOUND = Rule(
     id="communication_bound",
     family="distributed",
     severity="warning",
-    title="Collectives take {share_pct:.0f}% of the step ({comm_ms_per_step:.1f} ms per step, median step {step_ms:.1f} ms): {collectives}",
+    title="Collectives take {share_pct:.0f}% of the step ({comm_ms_per_step:.1f} ms of the {step_ms:.1f} ms mean step): {collectives}",
     thresholds=thresholds.COMMUNICATION_BOUND,
     check=_check_communication_bound,
-    needs_steps=True,
     scope="job",
     fix="communicate less per sample: gradient accumulation (DDP no_sync() on all but the last micro-step), "
     "a larger per-GPU batch, FSDP or a sharded optimizer (ZeroRedundancyOptimizer) for large models, "
@@ -449,10 +441,9 @@ LOW_COMM_OVERLAP = Rule(
     id="low_comm_overlap",
     family="distributed",
     severity="warning",
-    title="{exposed_pct:.0f}% of communication is not hidden behind compute ({exposed_ms_per_step:.1f} ms/step exposed, median step {step_ms:.1f} ms)",
+    title="{exposed_pct:.0f}% of communication is not hidden behind compute ({exposed_ms_per_step:.1f} ms/step exposed, mean step {step_ms:.1f} ms)",
     thresholds=thresholds.LOW_COMM_OVERLAP,
     check=_check_low_overlap,
-    needs_steps=True,
     scope="job",
     fix="let collectives run during backward: DDP overlaps its bucketed all_reduce with backward (a smaller "
     "bucket_cap_mb starts it earlier; avoid find_unused_parameters=True), issue your own collectives with "
@@ -482,7 +473,6 @@ STRAGGLER_RANK = Rule(
     "{comm_share_max_pct:.0f}% of the step",
     thresholds=thresholds.STRAGGLER_RANK,
     check=_check_straggler,
-    needs_steps=True,
     scope="job",
     fix="give every rank the same work: shard data evenly (same batch size and sequence lengths), keep logging, "
     "evaluation and checkpointing off the step or spread them, and check the slow rank's host and device "

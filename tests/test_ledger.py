@@ -1,0 +1,133 @@
+"""The ledger: every millisecond of every unit charged to exactly one cause, on the device and the main thread.
+
+On every trace of the corpus each lane's causes add up to each unit within 0.1%; on small traces in today's
+Kineto schema (``tests/tracebuilder.py``) the planted cause gets the time, and its look-alike does not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skalpel.analysis.bundle import run_analyses
+from skalpel.analysis.ledger import DEVICE_CAUSES, HOST_CAUSES
+from skalpel.api import analyze
+from skalpel.errors import SkalpelError
+from skalpel.trace.loader import load
+from tests.conftest import TRACES as CORPUS
+from tests.conftest import corpus
+from tests.tracebuilder import TraceBuilder, cpu_rank
+
+TRACES = sorted(str(p.relative_to(CORPUS)) for p in CORPUS.rglob("*")
+                if p.is_file() and p.name.endswith((".json", ".json.gz")) and "README" not in p.name)  # fmt: skip
+LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_every_lane_adds_up_to_its_units_on_the_corpus(name: str) -> None:
+    try:
+        trace = load(corpus(name))
+    except SkalpelError as error:  # a foreign file of the corpus (an execution trace, a capture's details)
+        assert Path(name).name in str(error)
+        return
+    ledger = run_analyses(trace).ledger
+    assert ledger.ranks, "every trace with host ops has a ledger"
+    for rank in ledger.ranks.values():
+        assert rank.lanes and rank.units > 0
+        for lane in rank.lanes:
+            assert set(lane.units[0].ms) <= set(DEVICE_CAUSES if lane.name == "device" else HOST_CAUSES)
+            for unit in lane.units:
+                assert all(ms >= -1e-9 for ms in unit.ms.values()), (lane.name, unit)
+                assert sum(unit.ms.values()) == pytest.approx(unit.length_ms, rel=1e-3, abs=1e-6), (lane.name, unit.number)
+
+
+def _ledger(builder: TraceBuilder, tmp_path: Path):
+    path = builder.write(tmp_path / "trace.json")
+    return run_analyses(load(path)).ledger, path
+
+
+def test_a_main_thread_blocked_in_another_threads_collective_is_waiting_for_it(tmp_path: Path) -> None:
+    """gloo's all_reduce runs on its own thread; the main thread runs no op meanwhile (DDP's backward waits for it)
+    inside a record_function range of the user's: collective wait, not the user's host work."""
+    builder = cpu_rank(0, world_size=1)
+    for step in range(4):
+        t0 = step * 10_000.0
+        builder.step(step + 1, t0, 10_000)
+        builder.host("aten::mm", t0 + 100, 1_500)
+        builder.host("## backward ##", t0 + 1_700, 8_000, cat="user_annotation")
+        builder.host("autograd::engine::evaluate_function: MmBackward0", t0 + 1_800, 700)
+        builder.gloo_all_reduce(t0 + 2_600, 7_000)
+    ledger, _ = _ledger(builder, tmp_path)
+    host = ledger.for_rank(0).lane("host")
+    assert ledger.for_rank(0).lane("device") is None
+    assert host.share_pct("collective_wait") == pytest.approx(70.0, abs=1.5)
+    assert host.share_pct("backward") == pytest.approx(7.0, abs=0.5)
+    assert host.share_pct("python") < 5.0
+
+
+def test_the_loaders_whole_wait_counts_while_the_device_still_runs_queued_work(tmp_path: Path) -> None:
+    """A fetch holds 30% of each step on the host; the device runs the previous step's work for part of it. The
+    host's data wait is 30%; the device's idle share while it fetched is less: two lanes, two true numbers."""
+    builder = TraceBuilder()
+    for step in range(5):
+        t0 = step * 10_000.0
+        builder.step(step + 1, t0, 10_000)
+        builder.host(LOADER, t0, 3_000, cat="user_annotation")
+        external = builder.host("aten::mm", t0 + 3_050, 100)
+        builder.launch(t0 + 3_060, 10, work_ts=t0 + 3_100, work_dur=7_900, external=external)
+    ledger, path = _ledger(builder, tmp_path)
+    rank = ledger.for_rank(0)
+    assert rank.unit == "step" and rank.units == 5
+    assert rank.lane("host").share_pct("data_wait") == pytest.approx(30.0, abs=1.0)
+    assert rank.lane("device").share_pct("data_wait") < rank.lane("host").share_pct("data_wait")
+    assert rank.lane("device").share_pct("compute") == pytest.approx(79.0, abs=2.0)
+    report = analyze(path)
+    assert report.ranks[0].ledger.lane("host").share_pct["data_wait"] == pytest.approx(30.0, abs=1.0)
+
+
+def test_one_time_work_is_its_own_cause_and_a_window_of_it_is_judged_for_nothing_else(tmp_path: Path) -> None:
+    """A window that is a slow first launch (lazy module loading) and little else: the ledger takes it out as
+    one-time work, and the steady-state rules (gpu_idle, host_bound) say they have nothing to judge."""
+    builder = TraceBuilder()
+    for i in range(6):
+        t0 = 100.0 + i * 200.0 + (5_500_000.0 if i else 0.0)
+        external = builder.host("aten::add", t0, (5_500_050.0 if i == 0 else 60.0))
+        builder.launch(t0 + 10, 5_500_000.0 if i == 0 else 20.0, work_ts=t0 + (5_500_020.0 if i == 0 else 40.0),
+                       work_dur=15.0, external=external)  # fmt: skip
+    ledger, path = _ledger(builder, tmp_path)
+    rank = ledger.for_rank(0)
+    assert rank.unit == "window" and rank.all_one_time
+    assert rank.lane("host").share_pct("one_time") > 99.0
+    report = analyze(path)
+    ids = {finding.id for finding in report.findings if finding.severity != "info"}
+    assert "cold_start" in ids and not ids & {"gpu_idle", "host_bound", "launch_bound"}
+    assert any("one-time work" in finding.title and "gpu_idle" in finding.title for finding in report.findings
+               if finding.id == "not_judged")  # fmt: skip
+
+
+def test_the_same_loop_without_one_time_work_is_judged(tmp_path: Path) -> None:
+    """The look-alike: the same launches, all fast: no one-time work, and the rules judge the window."""
+    builder = TraceBuilder()
+    for i in range(6):
+        t0 = 100.0 + i * 200.0
+        external = builder.host("aten::add", t0, 60.0)
+        builder.launch(t0 + 10, 20.0, work_ts=t0 + 40.0, work_dur=15.0, external=external)
+    ledger, path = _ledger(builder, tmp_path)
+    assert not ledger.for_rank(0).all_one_time and ledger.for_rank(0).one_time_ms == 0.0
+    assert not any(finding.id == "not_judged" and "one-time" in finding.title for finding in analyze(path).findings)
+
+
+def test_the_profilers_own_frames_are_the_profilers(tmp_path: Path) -> None:
+    """torch.profiler's stop drains the device inside its own Python frames: the profiler's time, not a sync the
+    user wrote."""
+    builder = TraceBuilder()
+    builder.step(1, 0, 5_000)
+    external = builder.host("aten::mm", 100, 200)
+    builder.launch(110, 10, work_ts=150, work_dur=4_000, external=external)
+    builder.frame("torch/profiler/profiler.py(811): step", 400, 4_500)
+    builder.runtime("cudaDeviceSynchronize", 420, 4_000)
+    ledger, _ = _ledger(builder, tmp_path)
+    host = ledger.for_rank(0).lane("host")
+    assert host.share_pct("profiler") == pytest.approx(90.0, abs=1.0)
+    assert host.share_pct("sync_wait") == 0.0
