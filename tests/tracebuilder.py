@@ -1,6 +1,6 @@
 """A small, readable builder of one rank's Kineto trace, in today's torch.profiler schema, for rule tests.
 
-Host ops, annotations and launch calls go on thread 100, device work on stream 7, linked
+Host ops, annotations and launch calls go on thread 100, device work on stream 7 (others where asked), linked
 as torch.profiler links them (``External id`` from an op to its launch calls, ``correlation``
 from a launch call to its kernel). The tests run the real loader, analyses and rules on
 the written file.
@@ -12,6 +12,13 @@ import json
 from pathlib import Path
 
 HOST, DEVICE, STREAM = 100, 0, 7
+COMM_STREAM = 20  # the stream ProcessGroupNCCL runs its collectives on
+NCCL_KERNELS = {  # collective -> (the c10d name in the args, the kernel as NCCL 2.2x names it)
+    "all_reduce": ("allreduce", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+    "all_gather": ("_allgather_base", "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+    "reduce_scatter": ("_reduce_scatter_base",
+                       "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+}
 
 
 class TraceBuilder:
@@ -45,22 +52,42 @@ class TraceBuilder:
 
     def launch(self, ts: float, dur: float, *, work_ts: float, work_dur: float, external: int = 0,
                name: str = "cudaLaunchKernel", kernel: str = "volta_sgemm_128x64_nn", cat: str = "kernel",
-               nbytes: int = 0) -> None:  # fmt: skip
+               nbytes: int = 0, stream: int = STREAM, tid: int = HOST, args: dict | None = None,
+               api: str = "cuda_runtime") -> None:  # fmt: skip
+        """A launch call on thread ``tid`` and the device work it queued on ``stream`` (``args``: more kernel args;
+        ``api``: the call's category, ``cuda_driver`` for ``cuLaunchKernel``)."""
         correlation = self._next_id()
         self.events.append(
-            {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": HOST, "tid": HOST, "ts": ts, "dur": dur,
+            {"ph": "X", "cat": api, "name": name, "pid": HOST, "tid": tid, "ts": ts, "dur": dur,
              "args": {"correlation": correlation, "external id": external}}
         )  # fmt: skip
-        args = {"device": DEVICE, "stream": STREAM, "correlation": correlation, "external id": external}
+        work_args = {"device": DEVICE, "stream": stream, "correlation": correlation, "external id": external, **(args or {})}
         if nbytes:
-            args["bytes"] = nbytes
+            work_args["bytes"] = nbytes
         self.events.append(
-            {"ph": "X", "cat": cat, "name": kernel, "pid": DEVICE, "tid": STREAM, "ts": work_ts, "dur": work_dur, "args": args}
-        )
+            {"ph": "X", "cat": cat, "name": kernel, "pid": DEVICE, "tid": stream, "ts": work_ts, "dur": work_dur,
+             "args": work_args}
+        )  # fmt: skip
 
-    def runtime(self, name: str, ts: float, dur: float) -> None:
-        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": HOST, "tid": HOST, "ts": ts, "dur": dur,
+    def runtime(self, name: str, ts: float, dur: float, tid: int = HOST) -> None:
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": HOST, "tid": tid, "ts": ts, "dur": dur,
                             "args": {"correlation": self._next_id(), "external id": 0}})  # fmt: skip
+
+    def nccl(self, ts: float, *, work_ts: float, work_dur: float, collective: str = "all_reduce", nelems: int = 1 << 22,
+             group: int = 2, stream: int = COMM_STREAM, dtype: str = "BFloat16") -> None:  # fmt: skip
+        """A collective as torch 2.x records it: ``record_param_comms`` around ``nccl:<collective>`` on the host,
+        the NCCL kernel on ``stream`` with the collective's args (``collective``: all_reduce, all_gather, ...)."""
+        name, kernel = NCCL_KERNELS[collective]
+        meta = {"Collective name": name, "In msg nelems": nelems, "Out msg nelems": nelems, "Group size": group,
+                "dtype": dtype, "Process Group Name": "0", "Process Group Description": "default_pg"}  # fmt: skip
+        if collective == "all_gather":
+            meta["Out msg nelems"] = nelems * group
+        elif collective == "reduce_scatter":
+            meta["In msg nelems"] = nelems * group
+        outer = self.host("record_param_comms", ts, 40, **meta)
+        self.host(f"nccl:{collective}", ts + 2, 36)
+        self.launch(ts + 10, 12, work_ts=work_ts, work_dur=work_dur, external=outer, kernel=kernel, stream=stream,
+                    args=meta)  # fmt: skip
 
     def memory(self, ts: float, nbytes: int, total_allocated: int, *, device_type: int = 1,
                addr: int = 1 << 30) -> None:  # fmt: skip
@@ -88,4 +115,12 @@ def cpu_rank(rank: int, world_size: int = 2) -> TraceBuilder:
     builder = TraceBuilder()
     builder.device_properties = []
     builder.header = {"distributedInfo": {"rank": rank, "world_size": world_size, "backend": "gloo"}, "host_name": "node0"}
+    return builder
+
+
+def gpu_rank(rank: int, world_size: int = 2, *, memory_gib: int = 80) -> TraceBuilder:
+    """One rank of an NCCL job on one H100 each, all on host node0 (one clock: collective ends taken as recorded)."""
+    builder = TraceBuilder()
+    builder.device_properties = [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": memory_gib * 2**30}]
+    builder.header = {"distributedInfo": {"rank": rank, "world_size": world_size, "backend": "nccl"}, "host_name": "node0"}
     return builder
