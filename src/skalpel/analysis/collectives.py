@@ -86,7 +86,13 @@ def collective_type(name: str) -> str:
     for prefix, kind in _TYPE_PREFIXES[:6]:
         if prefix in compact:
             return kind
+    if any(part in compact for part in _EXPERT_PARALLEL):
+        return "all_to_all"
     return "other"
+
+
+# expert parallelism's all-to-all written as kernels of its own: DeepEP's and pplx's dispatch and combine
+_EXPERT_PARALLEL = ("dispatch", "combine", "all2all", "a2a")
 
 
 def busbw_factor(kind: str, ranks: int) -> float:

@@ -44,7 +44,7 @@ DEVICE_IDLE = ("data_wait", "host_work", "compile", "sync_wait", "launch_overhea
 DEVICE_CAUSES = DEVICE_BUSY + DEVICE_IDLE
 HOST_CAUSES = (
     "one_time", "profiler", "compile", "data_wait", "collective_wait", "sync_wait", "allocator", "launch", "optimizer",
-    "backward", "compute", "python", "other_thread", "unrecorded",
+    "backward", "compute", "between_ops", "python", "other_thread", "unrecorded",
 )  # fmt: skip
 CAUSE_WORDS = {
     "one_time": "one-time work (CUDA context, first calls, autotuning, lazy loading), taken out of the steady state",
@@ -63,6 +63,8 @@ CAUSE_WORDS = {
     "transfer": "copies and memsets no compute overlaps",
     "host_work": "idle while the host ran other work (ops, Python) before its next launch",
     "other_stream": "work queued in time that waited on another stream or an event",
+    "between_ops": "gaps under 10 us between back-to-back ops with no Python call in them: dispatch and the "
+    "profiler's own per-op bookkeeping (record_shapes, with_stack), not code of the user's to move",
     "python": "the user's Python between ops (a Python frame or record_function range, no op)",
     "other_thread": "nothing recorded on the main thread while another of the rank's threads ran ops (autograd's)",
     "unrecorded": "nothing recorded that explains it (no event on the thread; on the device: no link to a cause)",
@@ -72,6 +74,7 @@ _BLAME_CAUSE = {
     "launch_overhead": "launch_overhead", "collective_wait": "collective_wait", "one_time_init": "one_time",
     "other_stream": "other_stream", "unexplained": "unrecorded",
 }  # fmt: skip
+BETWEEN_OPS_US = 10.0  # a shorter gap between back-to-back ops, with no Python call in it, is dispatch and bookkeeping
 ALL_ONE_TIME_PCT = 80.0  # a window whose host or device time is this much one-time work holds no steady state
 _HOST_KINDS = [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER, Kind.COMM_OP, Kind.RUNTIME, Kind.DRIVER, Kind.PYTHON,
                Kind.OVERHEAD]  # fmt: skip
@@ -284,15 +287,34 @@ def _host_lane(trace: Trace, rank: int, tid: int, units: list[Step], starts, end
                    intervals.union(trace.ts[ops], trace.ts[ops] + trace.dur[ops]))  # fmt: skip
     # nothing on the main thread while another thread runs ops: it waits for that thread (autograd's backward)
     busy = others[isin_few(trace.kind[others], [Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER])]
-    begin = np.concatenate([trace.ts[mine], waits[0], trace.ts[busy]])
-    finish = np.concatenate([trace.ts[mine] + trace.dur[mine], waits[1], trace.ts[busy] + trace.dur[busy]])
+    gaps = _between_ops(trace, mine)
+    begin = np.concatenate([trace.ts[mine], waits[0], trace.ts[busy], gaps[0]])
+    finish = np.concatenate([trace.ts[mine] + trace.dur[mine], waits[1], trace.ts[busy] + trace.dur[busy], gaps[1]])
     code = np.concatenate([cause, np.full(len(waits[0]), HOST_CAUSES.index("collective_wait")),
-                           np.full(len(busy), HOST_CAUSES.index("other_thread"))])  # fmt: skip
+                           np.full(len(busy), HOST_CAUSES.index("other_thread")),
+                           np.full(len(gaps[0]), HOST_CAUSES.index("between_ops"))])  # fmt: skip
     charged = _charged(begin, finish, code, len(HOST_CAUSES), starts, ends, HOST_CAUSES.index("unrecorded"))
     rows = tuple(LedgerUnit(step.number, step.start_us, step.end_us,
                             {name: float(charged[i, code]) for code, name in enumerate(HOST_CAUSES)})
                  for i, step in enumerate(units))  # fmt: skip
     return Lane("host", f"main thread {tid}", rows)
+
+
+def _between_ops(trace: Trace, mine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The short gaps between back-to-back outermost ops of the main thread in which no other event (a Python call,
+    a range) starts: the dispatch of the next op and the profiler's bookkeeping of the last."""
+    ops = mine[trace.kind[mine] == Kind.CPU_OP]
+    if len(ops) < 2:
+        return np.zeros(0), np.zeros(0)
+    ends = trace.ts[ops] + trace.dur[ops]
+    ops = ops[intervals.outermost(trace.ts[ops], ends, np.zeros(len(ops), dtype=np.int64))]
+    ops = ops[np.argsort(trace.ts[ops], kind="stable")]
+    lows, highs = (trace.ts[ops] + trace.dur[ops])[:-1], trace.ts[ops][1:]
+    short = (highs > lows) & (highs - lows < BETWEEN_OPS_US)
+    others = np.sort(trace.ts[mine[trace.kind[mine] != Kind.CPU_OP]])
+    started = np.searchsorted(others, highs, side="left") - np.searchsorted(others, lows, side="right")
+    keep = short & (started == 0)
+    return lows[keep], highs[keep]
 
 
 def _host_causes(trace: Trace, events: np.ndarray, costs: np.ndarray) -> np.ndarray:

@@ -3,7 +3,11 @@
 An event is one-time work when it is the first call of its name and far slower than the
 later calls of that name (``ratio`` times their median and at least ``min_event_ms``), or
 a runtime call that sets up the device (context creation, device queries) and runs long
-the one time it is called. Host ops and runtime/driver calls are considered; annotations
+the one time it is called. Called once, without a later call to compare with, it is one-time
+work too when it can only be: a launch call of ``min_launch_ms`` or more (a kernel launches in
+microseconds; a millisecond is its module loading), an op whose first call sets up a library
+(cuDNN's algorithm search, cuBLAS's handle) and that ran far longer than its own kernels, or
+any slow call of a window in which no op runs twice (a first pass: ``with profile(): model(x)``). Host ops and runtime/driver calls are considered; annotations
 and steps are not (they wrap the user's own work). Nested one-time events (the first
 ``aten::conv2d`` around the first ``aten::cudnn_convolution``) are counted once, as the
 union of their time ranges, so the total is wall time. Works on traces without steps.
@@ -17,6 +21,7 @@ import numpy as np
 
 from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
 from ..trace.model import Trace, isin_few
+from ..trace.roles import Role, sets_up_on_first_use
 from . import intervals, numeric
 
 _CONSIDERED = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER], dtype=np.int8)
@@ -35,6 +40,7 @@ class OneTimeOptions:
 
     ratio: float = 10.0  # the first call is this many times slower than the median of the later calls
     min_event_ms: float = 10.0  # ... and at least this long
+    min_launch_ms: float = 1.0  # a launch call this long loaded its kernel's module (kernels launch in microseconds)
 
 
 @dataclass(frozen=True)
@@ -104,10 +110,12 @@ def _rank_one_time(trace: Trace, rank: int, options: OneTimeOptions) -> RankOneT
 
 def _flagged(trace: Trace, events: np.ndarray, options: OneTimeOptions) -> list[tuple[int, float | None]]:
     """(event, median us of the later calls) of every one-time event among ``events``."""
-    result: list[tuple[int, float | None]] = []
+    result = [(call, None) for call in _first_slow_launches(trace, events, options)]
+    launch = isin_few(trace.role[events], [Role.LAUNCH, Role.GRAPH_LAUNCH])
+    ops = events[trace.kind[events] == Kind.CPU_OP]
+    first_pass = len(ops) > 0 and len(numeric.unique(trace.name[ops])) == len(ops)  # no op runs twice
     min_us = options.min_event_ms * 1000.0
-    long_names = numeric.unique(trace.name[events[trace.dur[events] >= min_us]])
-    for name_id in long_names:
+    for name_id in numeric.unique(trace.name[events[~launch & (trace.dur[events] >= min_us)]]):
         name = trace.names[name_id]
         if any(part in name for part in _WAITS):
             continue
@@ -117,13 +125,41 @@ def _flagged(trace: Trace, events: np.ndarray, options: OneTimeOptions) -> list[
         if trace.dur[first] < min_us:
             continue
         if len(calls) == 1:
-            if trace.kind[first] != Kind.CPU_OP and name.startswith(_SETUP_CALLS):
+            setup = trace.kind[first] != Kind.CPU_OP and name.startswith(_SETUP_CALLS)
+            library = trace.kind[first] == Kind.CPU_OP and sets_up_on_first_use(name) and _host_bound(trace, first)
+            if setup or library or (first_pass and trace.kind[first] == Kind.CPU_OP):
                 result.append((first, None))
             continue
         later = numeric.median(trace.dur[calls[1:]])
         if trace.dur[first] >= options.ratio * max(later, 1.0):
             result.append((first, later))
     return result
+
+
+def _first_slow_launches(trace: Trace, events: np.ndarray, options: OneTimeOptions) -> list[int]:
+    """Launch calls of ``min_launch_ms`` or more that are the first launch of their kernel: its module loaded then
+    (lazy loading, a JIT compile). A launch returns in microseconds; one that waited for the device (a full launch
+    queue) is left to the caller's checks."""
+    launches = events[isin_few(trace.role[events], [Role.LAUNCH, Role.GRAPH_LAUNCH])]
+    copies = [i for i in numeric.unique(trace.name[launches]) if any(part in trace.names[i] for part in _WAITS)]
+    launches = launches[~numeric.isin(trace.name[launches], copies)]  # a copy waits for its data: not set-up
+    if len(launches) == 0:
+        return []
+    work = np.flatnonzero(trace.launcher >= 0)
+    work = work[np.isin(trace.launcher[work], launches)]
+    kernel = dict(zip(trace.launcher[work].tolist(), trace.name[work].tolist()))  # launch call -> its work's name
+    first_of: dict[int, int] = {}
+    for call in launches[np.argsort(trace.ts[launches], kind="stable")].tolist():
+        first_of.setdefault(kernel.get(call, -1 - int(trace.name[call])), call)
+    slow = options.min_launch_ms * 1000.0
+    return [call for call in first_of.values() if trace.dur[call] >= slow]
+
+
+def _host_bound(trace: Trace, op: int) -> bool:
+    """The op ran at least ten times longer on the host than its own kernels ran on the device."""
+    own = np.flatnonzero(trace.op_of_event == op)
+    device = own[isin_few(trace.kind[own], DEVICE_KIND_ARRAY)]
+    return float(trace.dur[device].sum()) * 10.0 <= float(trace.dur[op])
 
 
 def _waits_for_device(trace: Trace, event: int, device: np.ndarray) -> bool:

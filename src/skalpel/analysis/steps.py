@@ -499,13 +499,16 @@ def _iterations(trace: Trace, rank: int, window: Step) -> tuple[list[Step], str]
 
 
 def main_thread(trace: Trace, rank: int) -> int | None:
-    """The thread that marks the steps, else the one with the most op time (the training loop's)."""
+    """The thread that marks the steps, else the one with the most op time (the training loop's); in a capture of
+    device activity only (no ops), the one with the most runtime-call time."""
     on_rank = trace.rank == rank
     marks = np.flatnonzero(on_rank & (trace.kind == Kind.STEP))
     if len(marks):
         return int(numeric.unique(trace.tid[marks])[0]) if len(numeric.unique(trace.tid[marks])) == 1 else int(
             trace.tid[marks[np.argmax(trace.dur[marks])]])  # fmt: skip
     ops = np.flatnonzero(on_rank & (trace.kind == Kind.CPU_OP))
+    if len(ops) == 0:
+        ops = np.flatnonzero(on_rank & isin_few(trace.kind, _LAUNCH))
     if len(ops) == 0:
         return None
     tids = numeric.unique(trace.tid[ops])

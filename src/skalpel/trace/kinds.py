@@ -88,7 +88,13 @@ _CATEGORY_KINDS = {
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d{1,18})$")  # fits in 64 bits
 _COMM_OP_PREFIXES = ("nccl:", "gloo:", "c10d::", "mpi:", "ucc:", "xccl:", "record_param_comms")
-_COMM_KERNEL_MARKERS = ("nccl", "rccl", "multimem_all_reduce", "cross_device_reduce", "all_reduce_kernel", "allreduce")
+# a kernel that moves data between ranks: NCCL/RCCL's, symmetric memory's and custom all-reduces, and the all-to-all of
+# expert parallelism written as kernels of its own (DeepEP's dispatch/combine, pplx's, NVSHMEM's, userbuffers')
+_COMM_KERNEL_MARKERS = (
+    "nccl", "rccl", "multimem_all_reduce", "multimem_all_gather", "one_shot_all_reduce", "two_shot_all_reduce",
+    "cross_device_reduce", "all_reduce_kernel", "allreduce", "alltoall", "all_to_all", "all2all", "deep_ep::",
+    "pplx::", "nvshmem", "userbuffers",
+)  # fmt: skip
 
 
 _LEGACY_PIDS = {"CPU functions": "cpu_op", "CUDA functions": "kernel"}

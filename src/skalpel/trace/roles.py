@@ -52,6 +52,14 @@ COMPILE_FRAME = re.compile(
 )
 COMPILED_REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 AOT_FUNCTIONS = frozenset({"CompiledFunction", "CompiledFunctionBackward"})
+# ops whose first call sets up a library: cuDNN/MIOpen's algorithm search (convolutions), cuBLAS's handle and
+# workspace (matmuls), the attention backends' kernels; one such call far slower than its kernels is one-time work
+FIRST_USE_SETUP = re.compile(r"conv|cudnn|miopen|^aten::(linear|addmm|mm|bmm|matmul|baddbmm|_scaled_dot_product)")
+
+
+def sets_up_on_first_use(name: str) -> bool:
+    """An op whose first call initialises a library (cuDNN, cuBLAS): slow once, fast after."""
+    return bool(FIRST_USE_SETUP.search(name))
 
 
 class Role(enum.IntEnum):
