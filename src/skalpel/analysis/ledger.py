@@ -241,6 +241,8 @@ def _device_lane(trace: Trace, rank: int, units: list[Step], starts, ends, costs
         rows.append(LedgerUnit(step.number, step.start_us, step.end_us, ms))
     if idle is None and any(unit.ms.get("unrecorded", 0.0) > 0 for unit in rows):
         notes.append("the device's idle time is not charged to causes on this rank (no blame): it is unrecorded")
+    if blamed is not None:
+        notes += [f"device unrecorded: {note}" for note in blamed.notes]  # broken links, clock skew
     return Lane("device", "device (all streams)", tuple(rows)), notes
 
 
