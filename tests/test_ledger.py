@@ -144,3 +144,36 @@ def test_the_profilers_own_frames_are_the_profilers(tmp_path: Path) -> None:
     host = ledger.for_rank(0).lane("host")
     assert host.share_pct("profiler") == pytest.approx(90.0, abs=1.0)
     assert host.share_pct("sync_wait") == 0.0
+
+
+def test_device_work_with_no_host_side_goes_to_unrecorded_with_why(tmp_path: Path) -> None:
+    """A capture of kernels alone (no runtime call, no op): the device lane says what it cannot link; no host lane
+    and no invented cause."""
+    builder = TraceBuilder()
+    for i in range(5):
+        builder.launch(i * 1000.0, 10, work_ts=i * 1000.0 + 20, work_dur=500)
+    builder.events = [event for event in builder.events if event["cat"] != "cuda_runtime"]
+    ledger, _ = _ledger(builder, tmp_path)
+    rank = ledger.for_rank(0)
+    assert [lane.name for lane in rank.lanes] == ["device"] and rank.unit == "window"
+    device = rank.lane("device")
+    assert device.share_pct("compute") + device.share_pct("unrecorded") == pytest.approx(100.0)
+    assert device.share_pct("unrecorded") == pytest.approx(100.0 * 2.0 / 4.5, abs=0.1)
+    assert any("no launch call linked" in note for note in rank.notes)
+
+
+def test_broken_links_leave_the_idle_time_unrecorded_with_a_note(tmp_path: Path) -> None:
+    """Kernels whose correlation ids match no launch call: their idle time before them is unrecorded, and said."""
+    builder = TraceBuilder()
+    for i in range(5):
+        builder.step(i + 1, i * 1000.0, 1000)
+        external = builder.host("aten::mm", i * 1000.0 + 5, 50)
+        builder.launch(i * 1000.0 + 10, 10, work_ts=i * 1000.0 + 300, work_dur=500, external=external)
+    for event in builder.events:
+        if event["cat"] == "kernel":
+            event["args"]["correlation"] = 999_999
+    ledger, _ = _ledger(builder, tmp_path)
+    device = ledger.for_rank(0).lane("device")
+    assert device.share_pct("compute") == pytest.approx(50.0, abs=1.0)
+    assert device.share_pct("unrecorded") == pytest.approx(50.0, abs=1.0)
+    assert any("missing or unmatched correlation" in note for note in ledger.for_rank(0).notes)
