@@ -18,15 +18,10 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
+from ..trace.roles import Role
 from . import intervals, numeric
 from .onetime import OneTimeResult
 from .steps import StepSegmentation, inferred_iterations
-
-ALLOCATOR_CALLS = frozenset(
-    {"cudaMalloc", "cudaFree", "hipMalloc", "hipFree", "cuMemAlloc", "cuMemAlloc_v2", "cuMemFree", "cuMemFree_v2",
-     "hipExtMallocWithFlags", "cudaMallocManaged", "hipMallocManaged"}
-)  # fmt: skip
-
 
 @dataclass(frozen=True)
 class RankAllocatorCalls:
@@ -58,8 +53,7 @@ class AllocatorResult:
 
 def allocator_calls(trace: Trace, steps: StepSegmentation, *, one_time: OneTimeResult | None = None) -> AllocatorResult:
     """Steady-state allocator calls per rank; calls inside ``one_time`` work (a first cuBLAS call) are left out."""
-    ids = [trace.name_id(name) for name in ALLOCATOR_CALLS]
-    calls = np.flatnonzero(numeric.isin(trace.name, [i for i in ids if i >= 0]) & isin_few(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
+    calls = np.flatnonzero(trace.role == Role.ALLOCATOR)  # runtime and driver calls only
     if one_time is not None:
         calls = calls[~_inside_one_time(trace, calls, one_time)]
     return AllocatorResult({rank: _rank_calls(trace, steps, rank, calls[trace.rank[calls] == rank]) for rank in trace.rank_ids})

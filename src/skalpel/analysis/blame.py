@@ -51,13 +51,13 @@ import numpy as np
 
 from ..trace.kinds import DEVICE_KIND_ARRAY, LAUNCH_KINDS, Kind, kind_array
 from ..trace.model import Trace, isin_few
+from ..trace.roles import Role
 from ..trace.stacks import is_user_file, parse_frame
 from . import intervals, numeric
 from .compile import compile_ranges
 from .onetime import OneTimeResult, one_time_work
-from .recorded import is_launch_call
 from .steps import Step, StepSegmentation, judged_units, main_thread
-from .syncs import SYNC_CALLS, SYNC_COPY_CALLS, inside_the_profiler
+from .syncs import inside_the_profiler
 
 CATEGORIES = (
     "data_loading", "host_compute", "compile", "sync", "launch_overhead", "collective_wait", "one_time_init",
@@ -84,6 +84,8 @@ PEER_WORDS = (
 UNTRACED = "host code between recorded ops"
 UNLINKED = "device work the trace links to no cause"
 _LAUNCH = kind_array(LAUNCH_KINDS)
+_LAUNCH_ROLES = (Role.LAUNCH, Role.GRAPH_LAUNCH)
+_SYNC_ROLES = (Role.USER_SYNC, Role.SYNC_COPY)
 _CAT = {name: code for code, name in enumerate(CATEGORIES)}
 _WAITED_US = 1.0  # a sync during which the device ran less than this returned at once: it waited for nothing
 _SYNC_TOLERANCE_US = 2.0  # the device may report going idle this long after the host's sync returned (clock alignment)
@@ -550,12 +552,9 @@ class _Labels:
         self.launches = np.zeros(len(trace), dtype=bool)
         launchers = trace.launcher[trace.launcher >= 0]
         self.launches[launchers] = True
-        runtime = isin_few(trace.kind, _LAUNCH)
-        launch_names = [i for i in numeric.unique(trace.name[runtime]) if is_launch_call(trace.names[i])]
-        self.launch_named = runtime & numeric.isin(trace.name, launch_names)  # launches too, with or without work
-        names = [trace.name_id(name) for name in SYNC_CALLS | SYNC_COPY_CALLS]
-        self.sync = numeric.isin(trace.name, [i for i in names if i >= 0]) & isin_few(trace.kind, _LAUNCH)
-        self.sync[inside_the_profiler(trace, np.flatnonzero(self.sync))] = False  # the measurement's, not the user's
+        self.launch_named = isin_few(trace.role, _LAUNCH_ROLES)  # launches too, with or without work
+        self.sync = isin_few(trace.role, _SYNC_ROLES)  # INTERNAL_SYNC, the profiler's own, left out
+        self.sync[inside_the_profiler(trace, np.flatnonzero(self.sync))] = False  # and its synchronous copies
         self.sync |= _pageable_dtoh_launches(trace)
         self.sync_events = np.flatnonzero(self.sync)
         # the work a sync inside belongs to: fetches, compile ranges, one-time work
@@ -853,9 +852,7 @@ def _busy_between(busy, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 def _pageable_dtoh_launches(trace: Trace) -> np.ndarray:
     """Launch calls of copies into pageable host memory: such a copy returns only when done, as a sync does."""
     mask = np.zeros(len(trace), dtype=bool)
-    copies = np.flatnonzero(trace.kind == Kind.MEMCPY)
-    names = [i for i in numeric.unique(trace.name[copies]) if trace.names[i].startswith("Memcpy DtoH") and "Pageable" in trace.names[i]]
-    copies = copies[numeric.isin(trace.name[copies], names)]
+    copies = np.flatnonzero(trace.role == Role.PAGEABLE_DTOH)
     launcher = trace.launcher[copies]
     mask[launcher[launcher >= 0]] = True
     return mask

@@ -21,16 +21,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..trace.kinds import Kind
-from ..trace.model import Trace
+from ..trace.model import Trace, isin_few
+from ..trace.roles import Role
 from . import numeric
 from .blame import BlameResult, PeerSplit, PeerWait, RankBlame, WaitSpans
 from .ranks import Arrivals, RankComparison
-from .syncs import SYNC_CALLS
 
 TRANSFER = "transfer"
 UNMATCHED = "unmatched"
 ARRIVING = "arriving"  # the host side of a collective this rank itself reached last: no peer to wait for
 _TOP = 8
+_SYNC_ROLES = (Role.USER_SYNC, Role.INTERNAL_SYNC)  # runtime calls that block the host until the device catches up
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,7 +115,7 @@ def _host_side_owners(trace: Trace, rank: int, calls, instants: np.ndarray) -> n
     at, thread, launch_end = trace.ts[launch], trace.tid[launch], ends[launch]
     on_rank = trace.rank == rank
     ops = np.flatnonzero(on_rank & (trace.kind == Kind.COMM_OP))
-    syncs = np.flatnonzero(on_rank & numeric.isin(trace.name, _sync_names(trace)))
+    syncs = np.flatnonzero(on_rank & isin_few(trace.role, _SYNC_ROLES))  # the profiler's own too
     pieces = []  # (launch's position, order within it, event of the op or sync): the ranges in the order found
     for tid in np.unique(thread).tolist():
         mine = np.flatnonzero(thread == tid)
@@ -152,11 +153,6 @@ def _host_side_owners(trace: Trace, rank: int, calls, instants: np.ndarray) -> n
 def _by_start(trace: Trace, events: np.ndarray) -> np.ndarray:
     """``events`` (in event order) sorted by start time, ties kept in event order."""
     return events[np.argsort(trace.ts[events], kind="stable")]
-
-
-def _sync_names(trace: Trace) -> list[int]:
-    """Name ids of the runtime calls that block the host until the device catches up (``syncs.SYNC_CALLS``)."""
-    return [index for index, name in enumerate(trace.names) if name in SYNC_CALLS]
 
 
 def split_waits(waits: CollectiveWaits, arrivals: Arrivals, *, shift_us: float = 0.0, event_offset: int = 0) -> PeerSplit:

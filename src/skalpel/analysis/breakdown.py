@@ -29,8 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace import opnames
 from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
+from ..trace.roles import Role
 from . import numeric
 from .intervals import union
 from .steps import Step, StepSegmentation
@@ -39,9 +41,6 @@ CATEGORIES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloa
 """In the plugin's priority order; ``other`` is what no event claims."""
 
 _DEVICE_CATEGORIES = ("kernel", "memcpy", "memset", "runtime")  # the plugin shows these only with GPU activity
-_PLUGIN_COMM_OPS = frozenset(
-    f"{lib}:{op}" for lib in ("nccl", "gloo") for op in ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter")
-)
 
 
 @dataclass(frozen=True)
@@ -127,31 +126,15 @@ def _role_of_events(trace: Trace, options: BreakdownOptions) -> np.ndarray:
 def _refine_by_name(trace: Trace, roles: np.ndarray, options: BreakdownOptions) -> None:
     """Apply the plugin's name rules to host ranges: which count as DataLoader, which as Communication."""
     host = np.flatnonzero(isin_few(trace.kind, [Kind.DATALOADER, Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.COMM_OP]))
-    host_names = trace.name[host]
-    ids = np.flatnonzero(np.bincount(host_names, minlength=len(trace.names)))  # the names used, without a sort
-    loader = _name_flags(trace, ids, _is_data_wait)[host_names]
+    loader = trace.role[host] == Role.DATA_WAIT  # the plugin's: an iterator's __next__, or a DataPipe iteration
     new_role = roles[host].copy()
     new_role[loader] = CATEGORIES.index("dataloader")
     new_role[(~loader) & (trace.kind[host] == Kind.DATALOADER)] = CATEGORIES.index("cpu_exec")
     if options.plugin_quirks:
-        comm = _name_flags(trace, ids, _PLUGIN_COMM_OPS.__contains__)[host_names]
+        comm = numeric.isin(trace.name[host], opnames.ids_of(trace, opnames.PLUGIN_COMM_OPS))
         new_role[trace.kind[host] == Kind.COMM_OP] = CATEGORIES.index("cpu_exec")
         new_role[comm] = CATEGORIES.index("communication")
     roles[host] = new_role
-
-
-def _name_flags(trace: Trace, ids: np.ndarray, test) -> np.ndarray:
-    """A boolean per interned name: ``test(name)`` for the given ids, False for the others."""
-    flags = np.zeros(len(trace.names), dtype=bool)
-    flags[ids] = [bool(test(trace.names[i])) for i in ids]
-    return flags
-
-
-def _is_data_wait(name: str) -> bool:
-    """The plugin's DataLoader ranges: a DataLoader iterator's ``__next__``, or a DataPipe iteration."""
-    return (name.startswith("enumerate(DataLoader)#") and name.endswith(".__next__")) or name.startswith(
-        "enumerate(DataPipe)#"
-    )
 
 
 def _rank_breakdown(trace: Trace, roles: np.ndarray, rank: int, steps: list[Step]) -> RankBreakdown | None:

@@ -12,25 +12,18 @@ rounding, an op left open when recording stopped) is cut to its parent.
 from __future__ import annotations
 
 import bisect
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..trace import opnames
 from ..trace.kinds import Kind
 from ..trace.model import Trace
 
 MIN_FLAME_FRACTION = 0.0005  # a frame under this share of the total is left out of the flame graph
 _RANGES = np.array([int(Kind.USER_ANNOTATION), int(Kind.DATALOADER)], dtype=np.int8)
 FRAME_KINDS = (Kind.PYTHON, Kind.USER_ANNOTATION, Kind.DATALOADER, Kind.COMM_OP, Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER)
-_ADDRESS = re.compile(r" of [^<>]*? object at 0x[0-9a-fA-F]+>$")  # "<built-in method add_ of Parameter object at 0x7f..>"
-# skalpel's own frames around and inside the user's loop (`skalpel run`, the step hooks, runpy):
-# not the user's code, so the flame graph leaves them out and gives their time to their callers.
-_OWN_FRAME = re.compile(
-    r"^(<frozen runpy>|(.*/)?runpy\.py|(.*/)?bin/skalpel|(.*/)?skalpel/(cli|__main__)\.py"
-    r"|(.*/)?skalpel/capture/\w+\.py)\(\d+\): "
-)
 # At equal start and length the Python frame encloses the op it calls, the op its runtime calls.
 _PRIORITY = np.zeros(max(int(k) for k in Kind) + 1, dtype=np.int8)
 for _order, _kind in enumerate(FRAME_KINDS):
@@ -123,8 +116,7 @@ def _thread(trace: Trace, tid: int, events: np.ndarray, start: np.ndarray, end: 
 
 def _own_frames(trace: Trace, events: np.ndarray) -> np.ndarray:
     python = trace.kind[events] == Kind.PYTHON
-    names = np.unique(trace.name[events[python]])
-    own = [name for name in names.tolist() if _OWN_FRAME.match(trace.names[name])]
+    own = opnames.names_where(trace, opnames.is_skalpel_frame, events[python])
     return python & np.isin(trace.name[events], own)
 
 
@@ -224,7 +216,7 @@ def merged_tree(trace: Trace, threads: list[ThreadStacks]) -> Node:
     ancestor at that depth.
     """
     root = Node("all", -1)
-    canonical = [_ADDRESS.sub(">", name) if name.startswith("<") else name for name in trace.names]
+    canonical = opnames.without_addresses(trace.names)
     for stacks in threads:
         top = root if len(threads) == 1 else root.child(f"thread {stacks.tid}", -1)
         nodes: list[Node] = []

@@ -16,13 +16,14 @@ so that it can be compared with the hardware's link bandwidth whatever the rank 
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace import opnames
 from ..trace.kinds import Kind
+from ..trace.opnames import collective_type  # noqa: F401 (public here: diagnose and tests import it)
 from ..trace.model import Trace
 from . import numeric
 
@@ -35,14 +36,6 @@ TYPES = (
 SYNCHRONISING = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"})
 """Types that end at (nearly) the same true time on every rank: usable to align clocks."""
 
-_HOST_BACKENDS = ("gloo:", "mpi:", "ucc:", "xccl:")
-_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:", "c10d::", "ncclkernel_", "nccldevkernel_", "rcclkernel_")
-_TYPE_PREFIXES = (
-    ("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
-    ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("barrier", "barrier"),
-    ("sendrecv", "send_recv"), ("send", "send_recv"), ("recv", "send_recv"), ("reduce", "reduce"),
-    ("gather", "gather"), ("scatter", "scatter"),
-)
 _DTYPE_BYTES = {
     "float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "uint32": 4, "unsigned int": 4,
     "double": 8, "float64": 8, "long": 8, "long int": 8, "int64": 8, "long long": 8, "uint64": 8,
@@ -72,29 +65,6 @@ class Collective:
         return self.end_us - self.start_us
 
 
-def collective_type(name: str) -> str:
-    """The canonical type of a collective from any of its names (op, kernel, 'Collective name')."""
-    lowered = name.lower()
-    for prefix in _PREFIXES:
-        if lowered.startswith(prefix):
-            lowered = lowered[len(prefix):]
-            break
-    compact = lowered.strip("_").replace("_", "")
-    for prefix, kind in _TYPE_PREFIXES:
-        if compact.startswith(prefix):
-            return kind
-    for prefix, kind in _TYPE_PREFIXES[:6]:
-        if prefix in compact:
-            return kind
-    if any(part in compact for part in _EXPERT_PARALLEL):
-        return "all_to_all"
-    return "other"
-
-
-# expert parallelism's all-to-all written as kernels of its own: DeepEP's and pplx's dispatch and combine
-_EXPERT_PARALLEL = ("dispatch", "combine", "all2all", "a2a")
-
-
 def busbw_factor(kind: str, ranks: int) -> float:
     """nccl-tests' bus-bandwidth factor for a collective of ``ranks`` ranks."""
     n = max(ranks, 1)
@@ -105,11 +75,11 @@ def busbw_factor(kind: str, ranks: int) -> float:
     return 1.0
 
 
-def dtype_bytes(name: object) -> int | None:
+def dtype_bytes(spelled: object) -> int | None:
     """Bytes per element of a dtype as traces spell it ('Float', 'c10::BFloat16', 'long int')."""
-    if not isinstance(name, str):
+    if not isinstance(spelled, str):
         return None
-    lowered = name.lower().strip()
+    lowered = spelled.lower().strip()
     if lowered.startswith("float8") or lowered.startswith("c10::float8"):
         return 1
     return _DTYPE_BYTES.get(lowered) or _DTYPE_BYTES.get(lowered.replace("at::", "").replace("torch.", ""))
@@ -156,11 +126,10 @@ def _world_size(trace: Trace, rank: int) -> int:
 
 def _host_ranges(trace: Trace, rank: int) -> np.ndarray:
     ops = np.flatnonzero(trace.mask(Kind.COMM_OP, rank=rank))
-    names = [trace.name_of(i) for i in ops]
-    backend = [i for i, name in zip(ops, names) if name.startswith(_HOST_BACKENDS)]
-    if backend:
-        return np.array(backend, dtype=np.int64)
-    return np.array([i for i, name in zip(ops, names) if name.startswith("c10d::")], dtype=np.int64)
+    backend = ops[numeric.isin(trace.name[ops], opnames.names_where(trace, opnames.is_host_backend_collective, ops))]
+    if len(backend):
+        return backend.astype(np.int64)
+    return ops[numeric.isin(trace.name[ops], opnames.names_where(trace, opnames.is_c10d_collective, ops))].astype(np.int64)
 
 
 def _from_host(trace: Trace, event: int, world: int) -> Collective:
@@ -203,9 +172,9 @@ def _from_kernels(trace: Trace, kernels: np.ndarray, host: _HostComms, world: in
 
 def _describe(args: dict, op_name: str | None, kernel_name: str, world: int) -> tuple[str, int, int]:
     """(type, nccl-tests size, group size) of a collective kernel from its merged args and names."""
-    kind = _type_of(str(args.get("Collective name") or op_name or kernel_name))
+    kind = collective_type(str(args.get("Collective name") or op_name or kernel_name))
     if kind == "other":
-        kind = _type_of(kernel_name)
+        kind = collective_type(kernel_name)
     group = _group_size(args, world)
     return kind, message_bytes(kind, args, group), group
 
@@ -227,18 +196,12 @@ def _metadata(trace: Trace, event: int) -> dict:
     return {key: value for key, value in trace.args_of(event).items() if key in _METADATA}
 
 
-@functools.lru_cache(maxsize=256)
-def _type_of(name: str) -> str:
-    """``collective_type``, once per distinct name (thousands of kernels share a handful of names)."""
-    return collective_type(name)
-
-
 class _HostComms:
     """The host collective ops of one rank, to find those open when a kernel was launched."""
 
     def __init__(self, trace: Trace, rank: int) -> None:
         self.trace = trace
-        self.record_param_comms = trace.name_id("record_param_comms")
+        self.record_param_comms = opnames.id_of(trace, opnames.RECORD_PARAM_COMMS)
         ops = np.flatnonzero(trace.mask(Kind.COMM_OP, rank=rank))
         ops = ops[np.argsort(trace.ts[ops], kind="stable")]
         self.described = {op for op in ops.tolist() if _has_metadata(trace, op)}  # ops with args to merge

@@ -26,20 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace import opnames
 from ..trace.kinds import LAUNCH_KINDS, Kind, kind_array
 from ..trace.model import Trace, isin_few
+from ..trace.roles import ITEM_OPS, SYNC_COPY_CALLS, Role  # noqa: F401 (the names: diagnose/sync.py reads them here)
 from . import intervals, numeric
 from .steps import StepSegmentation
 
-SYNC_CALLS = frozenset(
-    {
-        "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaThreadSynchronize",
-        "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize",
-        "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
-    }
-)  # fmt: skip
-SYNC_COPY_CALLS = frozenset({"cudaMemcpy", "hipMemcpy", "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cudaMemcpy2D"})
-ITEM_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 CATEGORIES = ("device_sync", "sync_call", "item", "blocking_dtoh")
 _LAUNCH = kind_array(LAUNCH_KINDS)
 
@@ -106,9 +99,8 @@ class SyncResult:
 
 def syncs(trace: Trace, steps: StepSegmentation, *, options: SyncOptions = SyncOptions()) -> SyncResult:
     """Synchronisations per rank. CPU-only traces give empty categories (item ops may still appear)."""
-    sync_call = _named(trace, SYNC_CALLS) & isin_few(trace.kind, _LAUNCH)
-    sync_call[inside_the_profiler(trace, np.flatnonzero(sync_call))] = False
-    item = np.flatnonzero(_named(trace, ITEM_OPS) & (trace.kind == Kind.CPU_OP))
+    sync_call = trace.role == Role.USER_SYNC  # the profiler's own (INTERNAL_SYNC) left out
+    item = np.flatnonzero((trace.role == Role.ITEM) & (trace.kind == Kind.CPU_OP))
     thread = trace.rank[item].astype(np.int64) * (1 << 40) + trace.tid[item]
     # outermost only: not again for the _local_scalar_dense inside an aten::item
     item = item[intervals.outermost(trace.ts[item], trace.ts[item] + trace.dur[item], thread)]
@@ -143,33 +135,13 @@ def inside_the_profiler(trace: Trace, events: np.ndarray) -> np.ndarray:
     has them. They are the measurement's, not the user's code (a capture that stops mid-run shows one)."""
     if len(events) == 0:
         return events
-    names = [i for i, name in enumerate(trace.names) if name.startswith(_PROFILER_FRAMES)]
-    frames = np.flatnonzero((trace.kind == Kind.PYTHON) & numeric.isin(trace.name, names)) if names else events[:0]
+    frames = np.flatnonzero((trace.role == Role.PROFILER) & (trace.kind == Kind.PYTHON))
     inside = np.zeros(len(events), dtype=bool)
     for frame in frames:  # a capture has one or two such frames: its start and its stop
         inside |= ((trace.rank[events] == trace.rank[frame]) & (trace.tid[events] == trace.tid[frame])
                    & (trace.ts[events] >= trace.ts[frame])
                    & (trace.ts[events] + trace.dur[events] <= trace.ts[frame] + trace.dur[frame]))  # fmt: skip
     return events[inside]
-
-
-_PROFILER_FRAMES = ("torch/profiler/profiler.py(", "torch/autograd/profiler.py(")
-
-
-def _named(trace: Trace, names: frozenset[str]) -> np.ndarray:
-    ids = [trace.name_id(name) for name in names]
-    return numeric.isin(trace.name, [i for i in ids if i >= 0])
-
-
-def _names_with(trace: Trace, events: np.ndarray, part: str) -> list[str]:
-    return [trace.names[i] for i in numeric.unique(trace.name[events]) if part in trace.names[i]]
-
-
-def _memcpy_named(trace: Trace, wanted) -> np.ndarray:
-    """Copy events whose name passes ``wanted`` (tested once per distinct copy name)."""
-    copies = np.flatnonzero(trace.kind == Kind.MEMCPY)
-    names = [i for i in numeric.unique(trace.name[copies]) if wanted(trace.names[i])]
-    return copies[numeric.isin(trace.name[copies], names)]
 
 
 def _category(events: np.ndarray, blocked_us: np.ndarray, step_count: int, worst: int) -> SyncCategory:
@@ -185,7 +157,8 @@ def _category(events: np.ndarray, blocked_us: np.ndarray, step_count: int, worst
 
 def _blocking_dtoh(trace: Trace, sync_call: np.ndarray, lookahead: int) -> tuple[np.ndarray, np.ndarray]:
     """DtoH copies the host waited for, and the host time blocked on each (copy call + following sync)."""
-    copies = _memcpy_named(trace, lambda name: name.startswith("Memcpy DtoH"))
+    copies = np.flatnonzero(trace.kind == Kind.MEMCPY)
+    copies = copies[numeric.isin(trace.name[copies], opnames.names_where(trace, opnames.is_dtoh_copy, copies))]
     copies = copies[trace.launcher[copies] >= 0]
     if len(copies) == 0:
         return copies, np.zeros(0)
@@ -196,8 +169,8 @@ def _blocking_dtoh(trace: Trace, sync_call: np.ndarray, lookahead: int) -> tuple
     position[calls] = np.arange(len(calls))
     launch = trace.launcher[copies]
     # A copy to pageable host memory returns only when done, whatever the API (CUDA runtime docs, "API sync behavior").
-    to_pageable = numeric.isin(trace.name[copies], [trace.name_id(n) for n in _names_with(trace, copies, "Pageable")])
-    synchronous = _named(trace, SYNC_COPY_CALLS)[launch] | to_pageable
+    to_pageable = trace.role[copies] == Role.PAGEABLE_DTOH
+    synchronous = (trace.role[launch] == Role.SYNC_COPY) | to_pageable
     blocked = np.where(synchronous, trace.dur[launch], 0.0)
     followed = np.zeros(len(copies), dtype=bool)
     for step in range(1, lookahead + 1):
@@ -219,7 +192,7 @@ def _blocked_union_ms(trace: Trace, rank: int, groups: dict[str, np.ndarray], co
 
 
 def _pageable(trace: Trace, rank: int, worst: int) -> PageableCopies:
-    copies = _memcpy_named(trace, lambda name: name.startswith("Memcpy HtoD") and "Pageable" in name)
+    copies = np.flatnonzero(trace.role == Role.PAGEABLE_HTOD)
     copies = copies[trace.rank[copies] == rank]
     order = np.argsort(-trace.dur[copies], kind="stable")[:worst]
     return PageableCopies(
