@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skalpel.analysis import intervals
-from skalpel.analysis.gpu_time import _HTA_NON_COMPUTE, GpuTimeOptions, gpu_time
+from skalpel.analysis.gpu_time import GpuTimeOptions, gpu_time
+from skalpel.trace.opnames import _HTA_NON_COMPUTE
 from skalpel.analysis.launches import launches
 from skalpel.analysis.steps import segment_steps
 from skalpel.trace.kinds import Kind

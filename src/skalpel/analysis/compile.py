@@ -22,31 +22,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace import opnames
+from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
+from ..trace.roles import AOT_FUNCTIONS, COMPILE_TOP, Role
 from . import intervals, numeric
+from .timeline import device_busy
 from .steps import StepSegmentation
 
-_REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
-_COMPILE_ID = re.compile(r"compile_id=(\d+)/(\d+)")
-_COMPILE_TIME = re.compile(
-    r"^dynamo$|^entire_frame_compile$|\(dynamo_timed\)$|^_compile\b|^compile_fx|^Compile\b"
-    r"|^OutputGraph\.(call_user_compiler|compile_and_call_fx_graph)$|^(inductor|backend)_compile$"
-    r"|^create_aot_dispatcher_function$|^GraphLowering\.|^async_compile\.wait$"
-)
-# The same compilation seen in Python stacks (with_stack): dynamo's and inductor's compile functions, by file.
-# Only functions that run while compiling: compile_fx.py's ``wrapper`` and standalone_compile's ``__call__``
-# run compiled code (vLLM's traces are full of them).
-_COMPILE_FRAME = re.compile(
-    r"torch[/\\](?:_dynamo[/\\](?:convert_frame\.py\(\d+\): (?:_compile|compile_inner)"
-    r"|output_graph\.py\(\d+\): (?:call_user_compiler|compile_and_call_fx_graph))"
-    r"|_inductor[/\\]compile_fx\.py\(\d+\): (?:compile_fx|compile_fx_inner|_compile_fx_inner|fw_compiler_base)"
-    r"|_functorch[/\\]aot_autograd\.py\(\d+\): create_aot_dispatcher_function)$"
-)
-_COMPILE_TOP = ("dynamo", "entire_frame_compile")  # one per compilation
 _HOST = np.array([Kind.CPU_OP, Kind.USER_ANNOTATION], dtype=np.int8)
 _KERNELS = np.array([Kind.KERNEL, Kind.COMM_KERNEL], dtype=np.int8)
-_COMPILING = np.array([Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON], dtype=np.int8)
 
 
 @dataclass(frozen=True)
@@ -86,22 +71,13 @@ class CompileResult:
 
 def compile_events(trace: Trace, steps: StepSegmentation) -> CompileResult:
     """torch.compile activity over all ranks of the trace."""
-    used_names = numeric.unique(trace.name[isin_few(trace.kind, _HOST)])
-    text = {int(i): trace.names[i] for i in used_names}
-    region_ids = [i for i, name in text.items() if _REGION.match(name)]
-    ids: set[tuple[int, int]] = set()
-    for i in region_ids:
-        ids.add(_pair(_REGION.match(text[i])))
-    for name in text.values():
-        found = _COMPILE_ID.search(name)
-        if found:
-            ids.add(_pair(found))
     host = isin_few(trace.kind, _HOST)
-    regions = host & numeric.isin(trace.name, region_ids)
-    lookups = host & (trace.name == trace.name_id("TorchDynamo Cache Lookup"))
-    aot_names = [trace.name_id("CompiledFunction"), trace.name_id("CompiledFunctionBackward")]
-    compiled = host & numeric.isin(trace.name, aot_names)
-    compile_time = _compiling(trace)
+    region_names = opnames.compiled_regions(trace, np.flatnonzero(host))
+    ids = {_pair(pair) for pair in (*region_names.values(), *opnames.compile_ids(trace, np.flatnonzero(host)))}
+    regions = host & numeric.isin(trace.name, list(region_names))
+    lookups = host & (trace.name == opnames.id_of(trace, opnames.CACHE_LOOKUP))
+    compiled = host & numeric.isin(trace.name, opnames.ids_of(trace, AOT_FUNCTIONS))
+    compile_time = trace.role == Role.COMPILE
     top = _outer_compilations(trace, host, compile_time)
     triton = _triton(trace)
     return CompileResult(
@@ -124,16 +100,7 @@ def compile_events(trace: Trace, steps: StepSegmentation) -> CompileResult:
 
 def compile_ranges(trace: Trace) -> np.ndarray:
     """Indices of the host ranges in which torch.compile compiles (dynamo/inductor ranges or Python frames, any rank)."""
-    return np.flatnonzero(_compiling(trace))
-
-
-def _compiling(trace: Trace) -> np.ndarray:
-    """Mask of dynamo/inductor compile ranges: record_function names, and compile functions in Python stacks."""
-    host = isin_few(trace.kind, _HOST)
-    python = trace.kind == Kind.PYTHON
-    names = [i for i in numeric.unique(trace.name[host]) if _COMPILE_TIME.search(trace.names[i])]
-    frames = [i for i in numeric.unique(trace.name[python]) if _COMPILE_FRAME.search(trace.names[i])]
-    return (host & numeric.isin(trace.name, names)) | (python & numeric.isin(trace.name, frames))
+    return np.flatnonzero(trace.role == Role.COMPILE)
 
 
 @dataclass(frozen=True)
@@ -174,23 +141,14 @@ def compile_in_steps(trace: Trace, steps: StepSegmentation) -> CompileInSteps:
 
 
 def _outermost(trace: Trace, events: np.ndarray) -> np.ndarray:
-    """The events not inside another of them on the same rank and thread."""
-    if len(events) == 0:
-        return events
-    order = events[np.lexsort((-trace.dur[events], trace.ts[events], trace.tid[events], trace.rank[events]))]
-    keep = []
-    holder = (None, None, -np.inf)  # (rank, tid, end) of the last outermost event
-    for event in order:
-        rank, tid, start = int(trace.rank[event]), int(trace.tid[event]), float(trace.ts[event])
-        if holder[0] == rank and holder[1] == tid and start < holder[2]:
-            continue
-        keep.append(event)
-        holder = (rank, tid, start + float(trace.dur[event]))
-    return np.array(keep, dtype=np.int64)
+    """The events not inside another of them on the same rank and thread, by (rank, thread, start)."""
+    events = events[np.lexsort((-trace.dur[events], trace.ts[events], trace.tid[events], trace.rank[events]))]
+    thread = trace.rank[events].astype(np.int64) * (1 << 40) + trace.tid[events]
+    return events[intervals.outermost(trace.ts[events], trace.ts[events] + trace.dur[events], thread)]
 
 
-def _pair(match: re.Match) -> tuple[int, int]:
-    return int(match.group(1)), int(match.group(2))
+def _pair(pair: tuple[str, str]) -> tuple[int, int]:
+    return int(pair[0]), int(pair[1])
 
 
 def _union_ms(trace: Trace, mask: np.ndarray) -> float:
@@ -205,8 +163,8 @@ def _union_ms(trace: Trace, mask: np.ndarray) -> float:
 def _outer_compilations(trace: Trace, host: np.ndarray, compiling: np.ndarray) -> np.ndarray:
     """One event per compilation: ``dynamo`` ranges, or ``entire_frame_compile`` where no ``dynamo`` wraps it,
     or else the outermost compile ranges (``_compile.compile_inner``, dynamo's frames in the Python stacks)."""
-    for name in _COMPILE_TOP:
-        events = np.flatnonzero(host & (trace.name == trace.name_id(name)))
+    for name in COMPILE_TOP:
+        events = np.flatnonzero(host & (trace.name == opnames.id_of(trace, name)))
         if len(events):
             return events[np.argsort(trace.ts[events], kind="stable")]
     events = _outermost(trace, np.flatnonzero(compiling))
@@ -229,8 +187,7 @@ def _after_first_step(trace: Trace, events: np.ndarray, steps: StepSegmentation)
 
 def _triton(trace: Trace) -> dict[str, float]:
     kernels = np.flatnonzero(isin_few(trace.kind, _KERNELS))
-    names = numeric.unique(trace.name[kernels])
-    triton_names = [i for i in names if trace.names[i].startswith("triton_")]
+    triton_names = opnames.names_where(trace, opnames.is_triton_kernel, kernels)
     triton = kernels[numeric.isin(trace.name[kernels], triton_names)]
     kernel_us = float(trace.dur[kernels].sum())
     triton_us = float(trace.dur[triton].sum())
@@ -418,17 +375,18 @@ class BreakTime:
 def graph_break_time(trace: Trace, steps: StepSegmentation, frames: set[int]) -> BreakTime:
     """Eager code between the graphs of split functions: the region minus the graphs run inside it."""
     host = isin_few(trace.kind, _HOST)
-    names = {i: _REGION.match(trace.names[i]) for i in numeric.unique(trace.name[host])}
-    all_regions = [i for i, found in names.items() if found]
-    split = [i for i in all_regions if int(names[i].group(1)) in frames]
+    region_names = opnames.compiled_regions(trace, np.flatnonzero(host))
+    all_regions = list(region_names)
+    split = [i for i in all_regions if int(region_names[i][0]) in frames]
     regions = np.flatnonzero(host & numeric.isin(trace.name, split))
     regions = regions[_in_steps(trace, regions, steps)]
-    graphs = np.flatnonzero(host & numeric.isin(trace.name, [*all_regions, trace.name_id("CompiledFunction")]))
+    forward = opnames.id_of(trace, opnames.AOT_FORWARD)
+    graphs = np.flatnonzero(host & numeric.isin(trace.name, [*all_regions, forward]))
     graph_start, graph_end = trace.ts[graphs], trace.ts[graphs] + trace.dur[graphs]
     region_us = eager_us = idle_us = 0.0
     calls = 0
     measured = False
-    busy = _device_busy(trace)
+    busy = trace.has_device  # the device's busy time is known
     outer = (-1, -1.0)  # (rank, end) of the last outermost region
     for event in regions[np.lexsort((trace.ts[regions], trace.rank[regions]))]:
         start, end = float(trace.ts[event]), float(trace.ts[event] + trace.dur[event])
@@ -439,23 +397,14 @@ def graph_break_time(trace: Trace, steps: StepSegmentation, frames: set[int]) ->
         inside &= (trace.tid[graphs] == trace.tid[event]) & (trace.rank[graphs] == trace.rank[event])
         calls += 1
         region_us += end - start
-        if trace.name_id("CompiledFunction") in set(trace.name[graphs[inside]].tolist()):
+        if forward in set(trace.name[graphs[inside]].tolist()):
             measured = True
         eager_us += (end - start) - intervals.length(graph_start[inside], graph_end[inside])
-        if busy is not None:
+        if busy:
             window = (np.array([start]), np.array([end]))
-            idle_us += (end - start) - intervals.intersection_length(busy[int(trace.rank[event])], window)
-    idle_ms = idle_us / 1000.0 if busy is not None else None
+            idle_us += (end - start) - intervals.intersection_length(device_busy(trace, int(trace.rank[event])), window)
+    idle_ms = idle_us / 1000.0 if busy else None
     return BreakTime(region_us / 1000.0, max(eager_us, 0.0) / 1000.0 if measured else 0.0, calls, measured, idle_ms)
-
-
-def _device_busy(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray]] | None:
-    """Each rank's device busy intervals (streams merged); None when the trace has no device work."""
-    if not trace.has_device:
-        return None
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
-    return {rank: intervals.union(trace.ts[on], trace.ts[on] + trace.dur[on])
-            for rank in trace.rank_ids for on in [device[trace.rank[device] == rank]]}  # fmt: skip
 
 
 def _in_steps(trace: Trace, events: np.ndarray, steps: StepSegmentation) -> np.ndarray:
@@ -491,8 +440,8 @@ class SplitFrames:
 def split_frames(trace: Trace, steps: StepSegmentation) -> SplitFrames:
     """Compiled frames nested in other frames' compiled regions, inside the steps."""
     host = isin_few(trace.kind, _HOST)
-    names = {int(i): _REGION.match(trace.names[int(i)]) for i in numeric.unique(trace.name[host])}
-    frame_of = {i: int(found.group(1)) for i, found in names.items() if found}
+    names = opnames.compiled_regions(trace, np.flatnonzero(host))
+    frame_of = {i: int(pair[0]) for i, pair in names.items()}
     regions = np.flatnonzero(host & numeric.isin(trace.name, list(frame_of)))
     regions = regions[_in_steps(trace, regions, steps)]
     order = regions[np.lexsort((-trace.dur[regions], trace.ts[regions], trace.tid[regions], trace.rank[regions]))]
@@ -505,7 +454,7 @@ def split_frames(trace: Trace, steps: StepSegmentation) -> SplitFrames:
         rank, tid, start = int(trace.rank[event]), int(trace.tid[event]), float(trace.ts[event])
         stack = [item for item in stack if item[0] == rank and item[1] == tid and item[2] > start]
         frame = frame_of[int(trace.name[event])]
-        label = "/".join(names[int(trace.name[event])].groups())
+        label = "/".join(names[int(trace.name[event])])
         if stack and stack[0][3] != frame:
             nested += 1
             outer.setdefault(stack[0][3])

@@ -8,18 +8,17 @@ for each frame N, so the tables read "forward (model.py:30)" instead of a hash.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace import opnames
+from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
 from . import numeric
 from .compile import CompileLog
+from .timeline import device_mask
 
-_REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
-_GRAPH = re.compile(r"^## Call CompiledFxGraph (\w+) ##$")
 _HOST = np.array([Kind.CPU_OP, Kind.USER_ANNOTATION], dtype=np.int8)
 
 
@@ -48,11 +47,11 @@ class RegionRow:
 def compiled_regions(trace: Trace, rank: int, log: CompileLog | None = None) -> tuple[RegionRow, ...]:
     """One row per compiled region that ran on ``rank``, most host time first."""
     on_rank = (trace.rank == rank) & isin_few(trace.kind, _HOST)
-    names = {int(i): trace.names[int(i)] for i in numeric.unique(trace.name[on_rank])}
-    region_ids = [i for i, name in names.items() if _REGION.match(name)]
+    region_names = opnames.compiled_regions(trace, np.flatnonzero(on_rank))
+    region_ids = list(region_names)
     if not region_ids:
         return ()
-    graph_ids = {i: _GRAPH.match(name).group(1) for i, name in names.items() if _GRAPH.match(name)}
+    graph_ids = opnames.compiled_graphs(trace, np.flatnonzero(on_rank))
     regions = np.flatnonzero(on_rank & numeric.isin(trace.name, region_ids))
     graphs = np.flatnonzero(on_rank & numeric.isin(trace.name, list(graph_ids)))
     launches, kernel_us, triton = _launched_kernels(trace, rank)  # sorted by launch time
@@ -73,11 +72,11 @@ def compiled_regions(trace: Trace, rank: int, log: CompileLog | None = None) -> 
             device_us += float(cum_us[last] - cum_us[first])
             kernels += int(last - first)
             triton_count += int(cum_triton[last] - cum_triton[first])
-        label = _REGION.match(names[name_id])
-        frame = int(label.group(1))
+        label = region_names[name_id]
+        frame = int(label[0])
         function, location = functions.get(frame, (None, None))
         rows.append(RegionRow(
-            region=f"{label.group(1)}/{label.group(2)}", function=function, location=location, calls=len(events),
+            region=f"{label[0]}/{label[1]}", function=function, location=location, calls=len(events),
             host_ms=float(trace.dur[events].sum()) / 1000.0, device_ms=device_us / 1000.0, kernels=kernels,
             triton_kernels=triton_count, graphs=tuple(sorted(inside_graphs)),
         ))  # fmt: skip
@@ -86,11 +85,11 @@ def compiled_regions(trace: Trace, rank: int, log: CompileLog | None = None) -> 
 
 def _launched_kernels(trace: Trace, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Device events on the rank with a known launch call, by launch time: the launch's host time, duration, Triton or not."""
-    device = np.flatnonzero((trace.rank == rank) & isin_few(trace.kind, DEVICE_KIND_ARRAY))
+    device = np.flatnonzero((trace.rank == rank) & device_mask(trace))
     launcher = trace.launcher[device]
     device = device[launcher >= 0]
     launcher = launcher[launcher >= 0]
-    triton_names = [i for i in numeric.unique(trace.name[device]) if trace.names[int(i)].startswith("triton_")]
+    triton_names = opnames.names_where(trace, opnames.is_triton_kernel, device)
     triton = numeric.isin(trace.name[device], triton_names)
     order = np.argsort(trace.ts[launcher], kind="stable")
     return trace.ts[launcher][order], trace.dur[device][order], triton[order].astype(np.int64)

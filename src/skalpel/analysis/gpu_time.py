@@ -38,20 +38,16 @@ Where we follow HTA although it is debatable, or deliberately differ, it says so
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
-from ..trace.model import Trace, isin_few
+from ..trace import opnames
+from ..trace.kinds import Kind
+from ..trace.model import Trace
 from . import intervals, numeric
+from .timeline import device_mask
 
-# common/types.py:129 of HTA (ComputeKernelGroupingPattern, inverse match), kept verbatim.
-_HTA_NON_COMPUTE = re.compile(
-    r"(^nccl)|(.*Memcpy)|(.*Memset)|(.*dma)|(^.*Sync)|(^Stream Wait Event)|(cuda.*LaunchKernel)|(^runFunction)"
-    r"|(^hip)|(^job_exe)|(^packet)|(^pe_exe)|(^cpum_exe_subgraph)|(^hccl)|(^collective_subgraph_execution)"
-)
 IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
 
 
@@ -145,19 +141,17 @@ def gpu_time(trace: Trace, *, options: GpuTimeOptions = GpuTimeOptions()) -> Gpu
 
 
 def _counted_events(trace: Trace, options: GpuTimeOptions) -> np.ndarray:
-    mask = isin_few(trace.kind, DEVICE_KIND_ARRAY)
+    mask = device_mask(trace)
     if options.count_syncs:
         # HTA keeps any row whose stream is not -1; a Context Sync's stream is 2**32-1, which counts.
-        mask |= (trace.kind == Kind.DEVICE_SYNC) & (trace.stream != -1)
+        mask = mask | ((trace.kind == Kind.DEVICE_SYNC) & (trace.stream != -1))
     return np.flatnonzero(mask)
 
 
 def _compute_name_mask(trace: Trace, events: np.ndarray) -> np.ndarray:
     """Boolean per name id: a kernel of that name is compute by HTA's name rule."""
     is_compute = np.zeros(len(trace.names), dtype=bool)
-    kernel_names = numeric.unique(trace.name[events[trace.kind[events] == Kind.KERNEL]])
-    for name_id in kernel_names:
-        is_compute[name_id] = _HTA_NON_COMPUTE.match(trace.names[name_id]) is None
+    is_compute[opnames.names_where(trace, opnames.is_hta_compute, events[trace.kind[events] == Kind.KERNEL])] = True
     return is_compute
 
 
@@ -206,7 +200,7 @@ def _rank_gpu_time(
         comm_us=float((comm[1] - comm[0]).sum()),
         comm_overlap_us=intervals.intersection_length(comm, compute),
         idle_breakdown_us=_merged_idle_breakdown(trace, events, options.kernel_wait_threshold_us),
-        streams=_stream_idle(trace, events[isin_few(kinds, DEVICE_KIND_ARRAY)], options.kernel_wait_threshold_us),
+        streams=_stream_idle(trace, events[device_mask(trace)[events]], options.kernel_wait_threshold_us),
     )
 
 

@@ -11,11 +11,22 @@ from ..trace.model import Trace, isin_few
 from . import intervals
 
 
+def device_mask(trace: Trace) -> np.ndarray:
+    """Which events are device work (kernels, collectives, copies, memsets), every rank. Read-only."""
+
+    def compute() -> np.ndarray:
+        mask = isin_few(trace.kind, DEVICE_KIND_ARRAY)
+        mask.flags.writeable = False
+        return mask
+
+    return trace.cached("device_mask", compute)
+
+
 def device_events(trace: Trace, rank: int | None = None) -> np.ndarray:
     """Indices of the device work (kernels, collectives, copies, memsets) of one rank, or of every rank, by start."""
 
     def compute() -> np.ndarray:
-        every = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
+        every = np.flatnonzero(device_mask(trace))
         every = every[np.argsort(trace.ts[every], kind="stable")]
         return every if rank is None else every[trace.rank[every] == rank]
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from .model import Trace
+from .roles import COMPILED_REGION
 
 
 def names_where(trace: Trace, test: Callable[[str], object], events: np.ndarray | None = None) -> list[int]:
@@ -101,3 +102,47 @@ def collective_type(name: str) -> str:
     if any(part in compact for part in _EXPERT_PARALLEL):
         return "all_to_all"
     return "other"
+
+
+CACHE_LOOKUP = "TorchDynamo Cache Lookup"  # dynamo's guard check before each compiled call
+AOT_FORWARD = "CompiledFunction"  # AOTAutograd's forward graph (CompiledFunctionBackward its backward)
+_COMPILE_ID = re.compile(r"compile_id=(\d+)/(\d+)")
+
+
+def compiled_regions(trace: Trace, events: np.ndarray) -> dict[int, tuple[str, str]]:
+    """Name id -> (frame N, compile id M) of the ``Torch-Compiled Region: N/M`` names among ``events``, by id."""
+    found = {}
+    for i in names_where(trace, COMPILED_REGION.match, events):
+        frame, attempt = COMPILED_REGION.match(trace.names[i]).groups()
+        found[i] = (frame, attempt)
+    return found
+
+
+def compile_ids(trace: Trace, events: np.ndarray) -> list[tuple[str, str]]:
+    """The (N, M) of every ``compile_id=N/M`` the names of ``events`` carry."""
+    return [_COMPILE_ID.search(trace.names[i]).groups() for i in names_where(trace, _COMPILE_ID.search, events)]
+
+
+def is_triton_kernel(name: str) -> bool:
+    """A kernel Triton generated (torch.compile's inductor names them ``triton_...``)."""
+    return name.startswith("triton_")
+
+
+_GRAPH = re.compile(r"^## Call CompiledFxGraph (\w+) ##$")  # inductor's generated graph, by its hash
+
+
+def compiled_graphs(trace: Trace, events: np.ndarray) -> dict[int, str]:
+    """Name id -> hash of the ``## Call CompiledFxGraph HASH ##`` names among ``events``, by id."""
+    return {i: _GRAPH.match(trace.names[i]).group(1) for i in names_where(trace, _GRAPH.match, events)}
+
+
+# common/types.py:129 of HTA (ComputeKernelGroupingPattern, inverse match), kept verbatim.
+_HTA_NON_COMPUTE = re.compile(
+    r"(^nccl)|(.*Memcpy)|(.*Memset)|(.*dma)|(^.*Sync)|(^Stream Wait Event)|(cuda.*LaunchKernel)|(^runFunction)"
+    r"|(^hip)|(^job_exe)|(^packet)|(^pe_exe)|(^cpum_exe_subgraph)|(^hccl)|(^collective_subgraph_execution)"
+)
+
+
+def is_hta_compute(name: str) -> bool:
+    """A compute kernel by HTA's name rule (not a collective, copy, memset, sync...)."""
+    return _HTA_NON_COMPUTE.match(name) is None

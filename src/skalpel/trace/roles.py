@@ -43,12 +43,16 @@ COMPILE_TOP = ("dynamo", "entire_frame_compile")  # one range per torch.compile 
 COMPILE_RANGE = re.compile(
     r"^dynamo$|^entire_frame_compile$|\(dynamo_timed\)$|^_compile\b|^compile_fx|^Compile\b"
     r"|^OutputGraph\.(call_user_compiler|compile_and_call_fx_graph)$|^(inductor|backend)_compile$"
+    r"|^create_aot_dispatcher_function$|^GraphLowering\.|^async_compile\.wait$"
 )
+# The same compilation seen in Python stacks (with_stack): dynamo's and inductor's compile functions, by file.
+# Only functions that run while compiling: compile_fx.py's ``wrapper`` and standalone_compile's ``__call__``
+# run compiled code (vLLM's traces are full of them).
 COMPILE_FRAME = re.compile(
     r"torch[/\\](?:_dynamo[/\\](?:convert_frame\.py\(\d+\): (?:_compile|compile_inner)"
-    r"|output_graph\.py\(\d+\): (?:compile_and_call_fx_graph|call_user_compiler))"
+    r"|output_graph\.py\(\d+\): (?:call_user_compiler|compile_and_call_fx_graph))"
     r"|_inductor[/\\]compile_fx\.py\(\d+\): (?:compile_fx|compile_fx_inner|_compile_fx_inner|fw_compiler_base)"
-    r"|_functorch[/\\]aot_autograd\.py\(\d+\): (?:aot_module_simplified|create_aot_dispatcher_function))"
+    r"|_functorch[/\\]aot_autograd\.py\(\d+\): create_aot_dispatcher_function)$"
 )
 COMPILED_REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 AOT_FUNCTIONS = frozenset({"CompiledFunction", "CompiledFunctionBackward"})
