@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..trace.kinds import Kind
-from ..trace.model import Trace, isin_few
+from ..trace.model import Trace
 from ..trace.roles import Role
 from . import intervals, numeric
 from .onetime import OneTimeResult

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY, LAUNCH_KINDS, Kind, kind_array
+from ..trace.kinds import LAUNCH_KINDS, Kind, kind_array
 from ..trace.model import Trace, isin_few
 from ..trace.roles import Role
 from ..trace.stacks import is_user_file, parse_frame
@@ -58,6 +58,7 @@ from .compile import compile_ranges
 from .onetime import OneTimeResult, one_time_work
 from .steps import Step, StepSegmentation, judged_units, main_thread
 from .syncs import inside_the_profiler
+from .timeline import device_busy, device_events
 
 CATEGORIES = (
     "data_loading", "host_compute", "compile", "sync", "launch_overhead", "collective_wait", "one_time_init",
@@ -328,10 +329,9 @@ class _Pieces:
 
 
 def _rank_blame(trace: Trace, rank: int, rank_steps: list[Step], labels: "_Labels", options: BlameOptions) -> RankBlame:
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
-    device = device[np.argsort(trace.ts[device], kind="stable")]
+    device = device_events(trace, rank)  # by start
     end = labels.end
-    busy = intervals.union(trace.ts[device], end[device])
+    busy = device_busy(trace, rank)
     step_starts = np.array([step.start_us for step in rank_steps])
     step_ends = np.array([step.end_us for step in rank_steps])
     g0, g1, step_of = _idle_in_steps(busy, step_starts, step_ends)
@@ -593,7 +593,7 @@ class _Labels:
         drained = np.zeros(len(starts))
         if found.any():
             sync_events = syncs[which[found]]
-            drained[found] = _busy_between(busy, trace.ts[sync_events], starts[found])
+            drained[found] = intervals.busy_between(busy, trace.ts[sync_events], starts[found])
         charged = np.minimum(drained, ends - starts)
         waited = charged > 0
         sync_event = np.where(waited, syncs[np.maximum(which, 0)] if len(syncs) else -1, -1)
@@ -624,7 +624,7 @@ class _Labels:
         inside a fetch, a compile range or one-time work (cuDNN's autotuning syncs) belong to that work."""
         trace = self.trace
         syncs = self.sync_events[trace.rank[self.sync_events] == rank]
-        drained = _busy_between(busy, trace.ts[syncs], self.end[syncs])
+        drained = intervals.busy_between(busy, trace.ts[syncs], self.end[syncs])
         syncs = syncs[drained >= _WAITED_US]
         syncs = syncs[~covered(trace, self.end, self.work, syncs)]
         return tuple(int(event) for event in syncs[np.argsort(trace.ts[syncs], kind="stable")])
@@ -832,21 +832,6 @@ def _overlapping(starts: np.ndarray, ends: np.ndarray, union_starts: np.ndarray,
 
 def _thread_key(trace: Trace, events: np.ndarray) -> np.ndarray:
     return trace.rank[events].astype(np.int64) * (1 << 40) + trace.tid[events].astype(np.int64)
-
-
-def _busy_between(busy, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Device busy time inside each [start, end), from the sorted, disjoint busy intervals."""
-    busy_starts, busy_ends = busy
-    if len(busy_starts) == 0:
-        return np.zeros(len(starts))
-    before = np.concatenate([[0.0], np.cumsum(busy_ends - busy_starts)])
-
-    def until(t: np.ndarray) -> np.ndarray:
-        index = np.searchsorted(busy_starts, t, side="right") - 1
-        inside = np.clip(t - busy_starts[np.maximum(index, 0)], 0.0, (busy_ends - busy_starts)[np.maximum(index, 0)])
-        return np.where(index >= 0, before[np.maximum(index, 0)] + inside, 0.0)
-
-    return np.maximum(until(ends) - until(starts), 0.0)
 
 
 def _pageable_dtoh_launches(trace: Trace) -> np.ndarray:

@@ -94,3 +94,18 @@ def containing(starts: np.ndarray, ends: np.ndarray, points: np.ndarray) -> np.n
     index = np.searchsorted(starts, points, side="right") - 1
     inside = (index >= 0) & (points < ends[np.maximum(index, 0)])
     return np.where(inside, index, -1)
+
+
+def busy_between(busy: tuple[np.ndarray, np.ndarray], starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Device busy time inside each [start, end), from the sorted, disjoint busy intervals."""
+    busy_starts, busy_ends = busy
+    if len(busy_starts) == 0:
+        return np.zeros(len(starts))
+    before = np.concatenate([[0.0], np.cumsum(busy_ends - busy_starts)])
+
+    def until(t: np.ndarray) -> np.ndarray:
+        index = np.searchsorted(busy_starts, t, side="right") - 1
+        inside = np.clip(t - busy_starts[np.maximum(index, 0)], 0.0, (busy_ends - busy_starts)[np.maximum(index, 0)])
+        return np.where(index >= 0, before[np.maximum(index, 0)] + inside, 0.0)
+
+    return np.maximum(until(ends) - until(starts), 0.0)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
-from ..trace.model import Trace, isin_few
+from ..trace.kinds import Kind
+from ..trace.model import Trace
+from .timeline import device_mask
 
 _TYPES = {Kind.KERNEL: "COMP", Kind.COMM_KERNEL: "COMM", Kind.MEMCPY: "MEMORY", Kind.MEMSET: "MEMORY"}
 
@@ -55,7 +56,7 @@ class KernelTable:
 
 def kernel_table(trace: Trace) -> KernelTable:
     """Group each rank's device events by name."""
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
+    device = np.flatnonzero(device_mask(trace))
     ranks = []
     for rank in trace.rank_ids:
         mine = device[trace.rank[device] == rank]

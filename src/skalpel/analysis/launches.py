@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
 from . import numeric
 from .steps import StepSegmentation
+from .timeline import device_mask
 
 _KERNELS = np.array([Kind.KERNEL, Kind.COMM_KERNEL], dtype=np.int8)
 
@@ -76,7 +77,7 @@ def launches(trace: Trace, steps: StepSegmentation, *, options: LaunchOptions = 
     if not trace.has_device:
         return None
     launcher = trace.launcher
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (launcher >= 0))
+    device = np.flatnonzero(device_mask(trace) & (launcher >= 0))
     ranks = {
         rank: _rank_launches(trace, rank, device[trace.rank[device] == rank], steps, options) for rank in trace.rank_ids
     }

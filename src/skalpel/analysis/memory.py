@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace import opnames
 from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
 from . import numeric
@@ -213,7 +214,7 @@ def allocating_ops(trace: Trace, rank: int, tids: np.ndarray, times: np.ndarray)
             continue
         order = np.lexsort((-trace.dur[inside], trace.ts[inside]))  # outermost first
         names = [trace.names[int(trace.name[i])] for i in inside[order]]
-        found.append(next((name for name in names if name.startswith("aten::")), names[-1]))
+        found.append(next((name for name in names if opnames.is_aten_op(name)), names[-1]))
     return found
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..trace import opnames
 from ..trace.model import Trace
 from . import numeric
 from .steps import StepSegmentation
@@ -119,12 +120,6 @@ def mfu(trace: Trace, steps: StepSegmentation, *, dtype: str = DEFAULT_DTYPE) ->
     return tuple(results)
 
 
-_MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-# The (batch, heads, length, dim) entry points only: the kernels' own ops below them would count twice.
-_ATTENTION = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
-              "aten::_scaled_dot_product_cudnn_attention")  # fmt: skip
-
-
 def op_flops(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """(event indices, FLOPs) of the ops with a count: the trace's own, else from their input shapes."""
     events, flops, _ = _counted(trace)
@@ -143,8 +138,7 @@ def _counted(trace: Trace) -> tuple[np.ndarray, np.ndarray, int]:
                 unreadable.add(index)  # counted from its shapes below, if it has them
             else:
                 counted[index] = value
-    names = {trace.name_id(name): name for name in (*_MATMUL, *_ATTENTION)}
-    names.pop(-1, None)
+    names = opnames.flop_formula_ops(trace)
     candidates = np.flatnonzero(numeric.isin(trace.name, list(names)) & (trace.shapes >= 0))
     by_shapes: dict[tuple[int, int], float | None] = {}
     for index in candidates.tolist():
@@ -152,7 +146,7 @@ def _counted(trace: Trace) -> tuple[np.ndarray, np.ndarray, int]:
             continue
         key = (int(trace.name[index]), int(trace.shapes[index]))
         if key not in by_shapes:
-            by_shapes[key] = _from_shapes(names[key[0]], trace.names[key[1]])
+            by_shapes[key] = opnames.flops_from_shapes(names[key[0]], trace.names[key[1]])
         flops = by_shapes[key]
         if flops is None:
             unreadable.add(index)
@@ -162,9 +156,6 @@ def _counted(trace: Trace) -> tuple[np.ndarray, np.ndarray, int]:
     counted.update(_convolution_flops(trace, counted))
     events = np.array(sorted(counted), dtype=np.int64)
     return events, np.array([counted[int(index)] for index in events], dtype=np.float64), len(unreadable)
-
-
-_CONV, _CONV_BACKWARD = "aten::convolution", "aten::convolution_backward"
 
 
 def _convolution_flops(trace: Trace, counted: dict[int, float]) -> dict[int, float]:
@@ -178,11 +169,10 @@ def _convolution_flops(trace: Trace, counted: dict[int, float]) -> dict[int, flo
     one forward of that layer per step.
     A trace whose profiler counted its convolutions itself (``with_flops``) is not counted again.
     """
-    if any("conv" in trace.name_of(index) for index in counted):
+    if opnames.names_where(trace, opnames.is_convolution_like, np.fromiter(counted, dtype=np.int64, count=len(counted))):
         return {}
-    ids = {trace.name_id(name): name for name in (_CONV, _CONV_BACKWARD)}
-    ids.pop(-1, None)
-    calls = np.flatnonzero(numeric.isin(trace.name, list(ids)) & (trace.shapes >= 0)).tolist()
+    forward_id, backward_id = opnames.id_of(trace, opnames.CONVOLUTION), opnames.id_of(trace, opnames.CONVOLUTION_BACKWARD)
+    calls = np.flatnonzero(numeric.isin(trace.name, [i for i in (forward_id, backward_id) if i >= 0]) & (trace.shapes >= 0)).tolist()
     dims_of: dict[int, list] = {}
     for shape_id in {int(trace.shapes[index]) for index in calls}:
         try:
@@ -195,7 +185,7 @@ def _convolution_flops(trace: Trace, counted: dict[int, float]) -> dict[int, flo
     flops: dict[int, float] = {}
     for index in calls:
         dims = dims_of.get(int(trace.shapes[index]))
-        if ids[int(trace.name[index])] != _CONV_BACKWARD or dims is None:
+        if int(trace.name[index]) != backward_id or dims is None:
             continue
         grad_output, inputs, weight = dims[0], dims[1], dims[2]
         forward = _conv_forward(inputs, weight, grad_output[2:])
@@ -204,7 +194,7 @@ def _convolution_flops(trace: Trace, counted: dict[int, float]) -> dict[int, flo
             flops[index] = 2.0 * forward
     for index in calls:
         dims = dims_of.get(int(trace.shapes[index]))
-        if ids[int(trace.name[index])] != _CONV or dims is None:
+        if int(trace.name[index]) != forward_id or dims is None:
             continue
         pixels = output_of.get(json.dumps([dims[0], dims[1]]))
         forward = _conv_forward(dims[0], dims[1], pixels) if pixels is not None else 0.0
@@ -238,31 +228,6 @@ def _number(value: object) -> float | None:
         return None
     number = float(value)
     return number if math.isfinite(number) and number >= 0 else None
-
-
-def _from_shapes(name: str, dims_json: str) -> float | None:
-    """FLOPs of one call from its 'Input Dims', as torch's with_flops counts them; 0 when the shapes do not fit
-    (too few inputs), None when the field is not a list of lists of numbers."""
-    try:
-        dims = json.loads(dims_json)
-    except ValueError:
-        return None
-    if not isinstance(dims, list):
-        return None
-    shapes = [shape for shape in dims if isinstance(shape, list)]
-    if any(isinstance(size, bool) or not isinstance(size, (int, float)) for shape in shapes for size in shape):
-        return None
-    try:
-        if name in ("aten::mm", "aten::addmm"):
-            a, b = (shapes[1], shapes[2]) if name == "aten::addmm" else (shapes[0], shapes[1])
-            return 2.0 * a[0] * a[1] * b[1]
-        if name in ("aten::bmm", "aten::baddbmm"):
-            a, b = (shapes[1], shapes[2]) if name == "aten::baddbmm" else (shapes[0], shapes[1])
-            return 2.0 * a[0] * a[1] * a[2] * b[2]
-        q, k = shapes[0], shapes[1]  # (batch, heads, length, dim) x (batch, heads, source length, dim)
-        return 4.0 * q[0] * q[1] * q[2] * k[2] * q[3]
-    except IndexError:
-        return 0.0
 
 
 def utilisation(rank: int, device: str | None, flops_per_step: float, step_s: float, dtype: str, *,

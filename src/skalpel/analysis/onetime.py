@@ -19,19 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace import opnames
+from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
 from ..trace.roles import Role, sets_up_on_first_use
 from . import intervals, numeric
+from .timeline import device_mask
 
 _CONSIDERED = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER], dtype=np.int8)
-_SETUP_CALLS = (
-    "cuInit", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cudaFree", "cudaSetDevice", "cudaGetDeviceCount",
-    "cudaGetDevice", "cudaGetDeviceProperties", "cudaStreamIsCapturing", "cudaDeviceGetAttribute", "cudaMalloc",
-    "hipInit", "hipFree", "hipSetDevice", "hipGetDeviceCount", "hipGetDeviceProperties", "hipMalloc",
-)  # fmt: skip
-_WAITS = ("Synchronize", "Memcpy", "StreamWait", "EventQuery", "EventRecord")  # long because they wait, not set up
-_LAUNCHES = ("LaunchKernel", "LaunchCooperativeKernel", "ModuleLaunchKernel", "ModuleLoad")
 
 
 @dataclass(frozen=True)
@@ -87,7 +82,7 @@ def _rank_one_time(trace: Trace, rank: int, options: OneTimeOptions) -> RankOneT
     timed = on_rank[trace.kind[on_rank] != Kind.PYTHON]
     window_ms = float(trace.end[timed].max() - trace.ts[timed].min()) / 1000.0 if len(timed) else 0.0
     flagged = _flagged(trace, on_rank[isin_few(trace.kind[on_rank], _CONSIDERED)], options)
-    device = on_rank[isin_few(trace.kind[on_rank], DEVICE_KIND_ARRAY)]
+    device = on_rank[device_mask(trace)[on_rank]]
     runtime = on_rank[isin_few(trace.kind[on_rank], [Kind.RUNTIME, Kind.DRIVER])]
     flagged = [
         (event, later) for event, later in flagged
@@ -115,9 +110,12 @@ def _flagged(trace: Trace, events: np.ndarray, options: OneTimeOptions) -> list[
     ops = events[trace.kind[events] == Kind.CPU_OP]
     first_pass = len(ops) > 0 and len(numeric.unique(trace.name[ops])) == len(ops)  # no op runs twice
     min_us = options.min_event_ms * 1000.0
-    for name_id in numeric.unique(trace.name[events[~launch & (trace.dur[events] >= min_us)]]):
-        name = trace.names[name_id]
-        if any(part in name for part in _WAITS):
+    long_events = events[~launch & (trace.dur[events] >= min_us)]
+    waiting = set(opnames.names_where(trace, opnames.is_waiting_call, long_events))
+    setup_names = set(opnames.names_where(trace, opnames.is_setup_call, long_events))
+    library_names = set(opnames.names_where(trace, sets_up_on_first_use, long_events))
+    for name_id in numeric.unique(trace.name[long_events]).tolist():
+        if name_id in waiting:
             continue
         calls = events[trace.name[events] == name_id]
         calls = calls[np.argsort(trace.ts[calls], kind="stable")]
@@ -125,8 +123,8 @@ def _flagged(trace: Trace, events: np.ndarray, options: OneTimeOptions) -> list[
         if trace.dur[first] < min_us:
             continue
         if len(calls) == 1:
-            setup = trace.kind[first] != Kind.CPU_OP and name.startswith(_SETUP_CALLS)
-            library = trace.kind[first] == Kind.CPU_OP and sets_up_on_first_use(name) and _host_bound(trace, first)
+            setup = trace.kind[first] != Kind.CPU_OP and name_id in setup_names
+            library = trace.kind[first] == Kind.CPU_OP and name_id in library_names and _host_bound(trace, first)
             if setup or library or (first_pass and trace.kind[first] == Kind.CPU_OP):
                 result.append((first, None))
             continue
@@ -141,7 +139,7 @@ def _first_slow_launches(trace: Trace, events: np.ndarray, options: OneTimeOptio
     (lazy loading, a JIT compile). A launch returns in microseconds; one that waited for the device (a full launch
     queue) is left to the caller's checks."""
     launches = events[isin_few(trace.role[events], [Role.LAUNCH, Role.GRAPH_LAUNCH])]
-    copies = [i for i in numeric.unique(trace.name[launches]) if any(part in trace.names[i] for part in _WAITS)]
+    copies = opnames.names_where(trace, opnames.is_waiting_call, launches)
     launches = launches[~numeric.isin(trace.name[launches], copies)]  # a copy waits for its data: not set-up
     if len(launches) == 0:
         return []
@@ -158,7 +156,7 @@ def _first_slow_launches(trace: Trace, events: np.ndarray, options: OneTimeOptio
 def _host_bound(trace: Trace, op: int) -> bool:
     """The op ran at least ten times longer on the host than its own kernels ran on the device."""
     own = np.flatnonzero(trace.op_of_event == op)
-    device = own[isin_few(trace.kind[own], DEVICE_KIND_ARRAY)]
+    device = own[device_mask(trace)[own]]
     return float(trace.dur[device].sum()) * 10.0 <= float(trace.dur[op])
 
 
@@ -189,7 +187,7 @@ def _longest_call_inside(trace: Trace, event: int, runtime: np.ndarray) -> int |
 def _inside_a_wait(trace: Trace, event: int, runtime: np.ndarray) -> bool:
     """Most of the call is a synchronous copy or a synchronize nested in it (waiting, not setting up)."""
     longest = _longest_call_inside(trace, event, runtime)
-    return longest is not None and any(part in trace.name_of(longest) for part in _WAITS) and (
+    return longest is not None and opnames.is_waiting_call(trace.name_of(longest)) and (
         trace.dur[longest] >= 0.5 * trace.dur[event]
     )
 
@@ -199,11 +197,11 @@ def _what(trace: Trace, event: int, runtime: np.ndarray) -> str:
     name = trace.name_of(event)
     longest = _longest_call_inside(trace, event, runtime)
     inner = trace.name_of(longest) if longest is not None and trace.dur[longest] >= 0.5 * trace.dur[event] else ""
-    if (trace.kind[event] != Kind.CPU_OP and name.startswith(_SETUP_CALLS)) or inner.startswith(_SETUP_CALLS):
+    if (trace.kind[event] != Kind.CPU_OP and opnames.is_setup_call(name)) or opnames.is_setup_call(inner):
         return "CUDA context creation and device set-up"
-    if "cudnn" in name.lower() or "miopen" in name.lower() or "conv" in name.lower():
+    if opnames.is_cudnn_like(name):
         return "first cuDNN/MIOpen call (algorithm search or autotuning, lazy loading of its kernels)"
-    if name.endswith(_LAUNCHES) or inner.endswith(_LAUNCHES):
+    if opnames.is_kernel_load_call(name) or opnames.is_kernel_load_call(inner):
         return "first launch of a kernel (lazy loading or JIT compilation of its module)"
     if len(runtime) and trace.ts[event] <= trace.ts[runtime].min() and trace.kind[event] == Kind.CPU_OP:
         return "lazy CUDA initialisation (context creation) in the first op that uses the GPU"

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY, HOST_OP_KINDS, Kind, kind_array
+from ..trace.kinds import HOST_OP_KINDS, Kind, kind_array
 from ..trace.model import Trace, isin_few
 from . import numeric
+from .timeline import device_mask
 
 _ROWS = kind_array(HOST_OP_KINDS)
 _NESTING = kind_array(HOST_OP_KINDS | {Kind.STEP})
@@ -76,7 +77,7 @@ def op_table(trace: Trace) -> OpTable:
     self_us[nesting] = self_times(trace, nesting)
     device_us = _device_time_by_op(trace, nesting)
     rows = np.flatnonzero(isin_few(trace.kind, _ROWS))
-    has_device = isin_few(trace.kind, DEVICE_KIND_ARRAY)
+    has_device = device_mask(trace)
     ranks = []
     for rank in trace.rank_ids:
         mine = rows[trace.rank[rows] == rank]
@@ -175,7 +176,7 @@ def _device_time_by_op(trace: Trace, nesting: np.ndarray) -> np.ndarray:
     correlation id); there the launch call's innermost enclosing host op on its thread
     stands in, which is the op Kineto would have named.
     """
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
+    device = np.flatnonzero(device_mask(trace))
     op = trace.op_of_event[device]
     launcher = trace.launcher[device]
     missing = (op < 0) & (launcher >= 0)

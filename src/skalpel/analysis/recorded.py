@@ -8,16 +8,17 @@ is missing therefore mean a GPU run whose device side the trace does not have.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
+from ..trace import opnames
+from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
+from ..trace.roles import Role
 from . import numeric
+from .timeline import device_mask
 
-_LAUNCH_PARTS = ("LaunchKernel", "LaunchCooperativeKernel", "GraphLaunch", "MemcpyAsync", "MemcpyWithStream", "MemsetAsync")
 
 
 @dataclass(frozen=True)
@@ -58,16 +59,11 @@ class RecordingResult:
         return any(rank.launch_calls > 0 and rank.device_events == 0 for rank in self.ranks.values())
 
 
-def is_launch_call(name: str) -> bool:
-    return any(part in name for part in _LAUNCH_PARTS)
-
-
 def _during_graph_capture(trace: Trace, runtime: np.ndarray, launches: np.ndarray) -> np.ndarray:
     """Launches between a stream's BeginCapture and EndCapture are recorded into a graph, not run."""
     inside = np.zeros(len(launches), dtype=bool)
-    names = numeric.unique(trace.name[runtime])
-    begins = runtime[numeric.isin(trace.name[runtime], [i for i in names if trace.names[i].endswith("StreamBeginCapture")])]
-    ends = runtime[numeric.isin(trace.name[runtime], [i for i in names if trace.names[i].endswith("StreamEndCapture")])]
+    begins = runtime[numeric.isin(trace.name[runtime], opnames.names_where(trace, opnames.is_capture_begin, runtime))]
+    ends = runtime[numeric.isin(trace.name[runtime], opnames.names_where(trace, opnames.is_capture_end, runtime))]
     for begin in begins:
         later = ends[(trace.ts[ends] > trace.ts[begin]) & (trace.rank[ends] == trace.rank[begin])]
         stop = float(trace.ts[later].min()) if len(later) else np.inf
@@ -77,10 +73,8 @@ def _during_graph_capture(trace: Trace, runtime: np.ndarray, launches: np.ndarra
 
 def device_recording(trace: Trace) -> RecordingResult:
     runtime = np.flatnonzero(isin_few(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
-    names = numeric.unique(trace.name[runtime])
-    launch_names = [name for name in names if is_launch_call(trace.names[name])]
-    launches = runtime[numeric.isin(trace.name[runtime], launch_names)]
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
+    launches = runtime[isin_few(trace.role[runtime], (Role.LAUNCH, Role.GRAPH_LAUNCH))]
+    device = np.flatnonzero(device_mask(trace))
     linked = np.zeros(len(trace), dtype=bool)
     if len(device):
         launcher = trace.launcher[device]
@@ -98,10 +92,6 @@ def device_recording(trace: Trace) -> RecordingResult:
     return RecordingResult(ranks)
 
 
-# Host-side signs that a run used a GPU even where no device event was recorded (activities=[CPU] only).
-_GPU_OP = re.compile(r"cudnn|miopen|cublas|\bcuda\b|_cuda|nccl:|^cuda|^hip|^cu[A-Z]", re.I)
-
-
 @dataclass(frozen=True)
 class HostSigns:
     """What the host side of a trace says about the GPU, whatever device events were recorded."""
@@ -117,10 +107,10 @@ def host_signs(trace: Trace) -> HostSigns:
     memory = trace.memory
     gpu_work = bool(len(memory)) and bool((memory.device_type != 0).any())
     host = isin_few(trace.kind, [Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER, Kind.COMM_OP])
-    gpu_work = gpu_work or any(_GPU_OP.search(trace.names[i]) for i in numeric.unique(trace.name[host]))
-    calls = [trace.names[i] for i in numeric.unique(trace.name[isin_few(trace.kind, [Kind.RUNTIME, Kind.DRIVER])])]
-    runtime = "ROCm" if any(name.startswith("hip") for name in calls) else (
-        "CUDA" if any(name.startswith("cu") for name in calls) else "")  # fmt: skip
+    gpu_work = gpu_work or bool(opnames.names_where(trace, opnames.is_gpu_op, np.flatnonzero(host)))
+    calls = np.flatnonzero(isin_few(trace.kind, [Kind.RUNTIME, Kind.DRIVER]))
+    runtime = "ROCm" if opnames.names_where(trace, opnames.is_hip_call, calls) else (
+        "CUDA" if opnames.names_where(trace, opnames.is_cuda_call, calls) else "")  # fmt: skip
     return HostSigns(gpu_work, runtime)
 
 

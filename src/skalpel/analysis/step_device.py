@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY
-from ..trace.model import Trace, isin_few
+from ..trace.model import Trace
 from . import intervals, numeric
+from .timeline import device_busy, device_events
 from .steps import StepSegmentation
 
 
@@ -88,25 +88,17 @@ def device_in_steps(trace: Trace, steps: StepSegmentation) -> StepDeviceResult |
     """Device busy time inside every step, per rank; None when the trace has no device work."""
     if not trace.has_device:
         return None
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY))
     ranks: dict[int, RankStepDevice | None] = {}
     for rank in trace.rank_ids:
-        on_rank = device[trace.rank[device] == rank]
         rank_steps = sorted(steps.for_rank(rank), key=lambda step: step.start_us)
-        if len(on_rank) == 0 or not rank_steps:
+        if len(device_events(trace, rank)) == 0 or not rank_steps:
             ranks[rank] = None
             continue
-        busy = intervals.union(trace.ts[on_rank], trace.ts[on_rank] + trace.dur[on_rank])
+        busy_us = intervals.busy_between(device_busy(trace, rank), np.array([step.start_us for step in rank_steps]),
+                                         np.array([step.end_us for step in rank_steps]))  # fmt: skip
         ranks[rank] = RankStepDevice(
             rank=rank,
             step_ms=tuple(step.duration_ms for step in rank_steps),
-            busy_ms=tuple(_busy_between(busy, step.start_us, step.end_us) / 1000.0 for step in rank_steps),
+            busy_ms=tuple(float(us) / 1000.0 for us in busy_us),
         )
     return StepDeviceResult(ranks=ranks, marked=steps.marked)
-
-
-def _busy_between(busy: tuple[np.ndarray, np.ndarray], start_us: float, end_us: float) -> float:
-    """Length of the disjoint busy intervals inside [start_us, end_us)."""
-    starts, ends = busy
-    clipped = np.minimum(ends, end_us) - np.maximum(starts, start_us)
-    return float(clipped[clipped > 0].sum())

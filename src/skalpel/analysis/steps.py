@@ -51,22 +51,22 @@ from functools import cached_property
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY, HOST_OP_KINDS, LAUNCH_KINDS, Kind, kind_array, step_number
+from ..trace import opnames
+from ..trace.kinds import HOST_OP_KINDS, LAUNCH_KINDS, Kind, kind_array, step_number
 from ..trace.model import Trace, isin_few
+from ..trace.roles import CLOSING_RANGE, COMPILE_TOP, Role
 from . import numeric
+from .timeline import device_mask
 
 _DEFECT_RATIO = 0.1  # a step under a tenth of the median step is a marking defect, not a step
 _UNEQUAL_RATIO = 3.0  # a step three times the median step ...
 _UNEQUAL_OPS = 1.5  # ... with half as many ops again holds other work than an iteration
 _FIRST_UNEQUAL_OPS = 3.0  # the first step: warm-up adds some ops (optimizer state, lazy modules), not 3x
-_BACKWARD_PREFIX = "autograd::engine::evaluate_function:"  # one per backward node run: a step's backward work
 _UNEQUAL_MIN_STEPS = 4  # with fewer steps there is no "the others" to compare with
 _PARTIAL_SHAPES = 0.25  # a step with this share of its ops on shapes no other step ran is a partial batch
-_COMPILE_RANGES = ("dynamo", "entire_frame_compile")  # one per torch.compile compilation (analysis/compile.py)
 _TAIL_RATIO = 0.8  # the plugin drops a last step with fewer than 80% of the previous step's device events
 _LAUNCH = kind_array(LAUNCH_KINDS)
 _OPS = kind_array(HOST_OP_KINDS | LAUNCH_KINDS)  # what a real step holds
-CLOSING_RANGE = "skalpel: closing the recording"  # a record_function range around our own work in the last step
 _HOST_SPAN = kind_array(HOST_OP_KINDS | {Kind.STEP})
 
 
@@ -225,7 +225,7 @@ def _before_closing(trace: Trace, rank: int, starts: np.ndarray, host_ends: np.n
     """Step ends moved back to where skalpel's own closing work began (``CLOSING_RANGE``): it runs in the last
     recorded step, before the profiler stops (reading /proc, the line samples into the header), and under load
     took 10 ms of a 0.5 ms step."""
-    closing_id = trace.name_id(CLOSING_RANGE)
+    closing_id = opnames.id_of(trace, CLOSING_RANGE)
     if closing_id < 0:
         return host_ends
     closing = np.flatnonzero((trace.name == closing_id) & (trace.rank == rank) & (trace.kind == Kind.USER_ANNOTATION))
@@ -296,7 +296,7 @@ def _unequal_steps(trace: Trace, rank: int, steps: list[Step], inside: np.ndarra
     median_ms = numeric.median(np.array([steps[i].duration_ms for i in others]))
     median_ops = numeric.median(inside[others].astype(np.float64))
     median_fetches = numeric.median(fetches[others].astype(np.float64))
-    backward = _named_inside(trace, rank, starts, ends, _BACKWARD_PREFIX)
+    backward = _role_inside(trace, rank, starts, ends, Role.BACKWARD_NODE)
     median_backward = numeric.median(backward[others].astype(np.float64))
     return {
         int(i): UnequalStep(steps[i], float(median_ms), int(inside[i]), float(median_ops), int(fetches[i]),
@@ -306,11 +306,10 @@ def _unequal_steps(trace: Trace, rank: int, steps: list[Step], inside: np.ndarra
     }
 
 
-def _named_inside(trace: Trace, rank: int, starts: np.ndarray, ends: np.ndarray, prefix: str) -> np.ndarray:
-    """How many host ops whose name starts with ``prefix`` start inside each step's host range."""
-    ops = np.flatnonzero((trace.rank == rank) & (trace.kind == Kind.CPU_OP))
-    names = [i for i in numeric.unique(trace.name[ops]) if trace.names[i].startswith(prefix)]
-    at = np.sort(trace.ts[ops[numeric.isin(trace.name[ops], names)]]) if names else np.zeros(0)
+def _role_inside(trace: Trace, rank: int, starts: np.ndarray, ends: np.ndarray, role: Role) -> np.ndarray:
+    """How many host ops of ``role`` start inside each step's host range."""
+    ops = np.flatnonzero((trace.rank == rank) & (trace.kind == Kind.CPU_OP) & (trace.role == role))
+    at = np.sort(trace.ts[ops])
     return np.searchsorted(at, ends, side="left") - np.searchsorted(at, starts, side="left")
 
 
@@ -333,7 +332,7 @@ def _novel_shapes(trace: Trace, rank: int, starts: np.ndarray, ends: np.ndarray,
 
 def _compiles_inside(trace: Trace, rank: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Which steps hold a torch.compile compilation (its ``dynamo`` / ``entire_frame_compile`` range)."""
-    names = [i for i in (trace.name_id(name) for name in _COMPILE_RANGES) if i >= 0]
+    names = [i for i in (opnames.id_of(trace, name) for name in COMPILE_TOP) if i >= 0]
     found = np.flatnonzero((trace.rank == rank) & isin_few(trace.name, names)) if names else []
     if len(found) == 0:
         return np.zeros(len(starts), dtype=bool)
@@ -381,7 +380,7 @@ def _host_span(trace: Trace, rank: int) -> tuple[float, float]:
 
 
 def _device_work(trace: Trace, rank: int) -> _DeviceWork:
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
+    device = np.flatnonzero(device_mask(trace) & (trace.rank == rank))
     launcher = trace.launcher[device]
     launched = launcher >= 0
     # A device event linked to something other than a launch call (a cuda_sync) has no launcher.
@@ -463,8 +462,7 @@ def inferred_iterations(trace: Trace, rank: int, *, minimum: int = 3) -> tuple[n
         starts, source = np.sort(trace.ts[fetches]), "DataLoader fetches"
     else:
         annotations = np.flatnonzero(host & isin_few(trace.kind, [Kind.USER_ANNOTATION, Kind.CPU_OP]))
-        names = [i for i in numeric.unique(trace.name[annotations]) if trace.names[i].startswith("Optimizer.step#")]
-        steps = annotations[numeric.isin(trace.name[annotations], names)]
+        steps = annotations[trace.role[annotations] == Role.OPTIMIZER_STEP]
         if len(steps) < minimum:
             return None
         starts, source = np.sort(trace.end[steps])[:-1], "optimizer steps"

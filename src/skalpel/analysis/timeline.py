@@ -15,9 +15,7 @@ def device_mask(trace: Trace) -> np.ndarray:
     """Which events are device work (kernels, collectives, copies, memsets), every rank. Read-only."""
 
     def compute() -> np.ndarray:
-        mask = isin_few(trace.kind, DEVICE_KIND_ARRAY)
-        mask.flags.writeable = False
-        return mask
+        return _frozen(isin_few(trace.kind, DEVICE_KIND_ARRAY))
 
     return trace.cached("device_mask", compute)
 
@@ -28,7 +26,7 @@ def device_events(trace: Trace, rank: int | None = None) -> np.ndarray:
     def compute() -> np.ndarray:
         every = np.flatnonzero(device_mask(trace))
         every = every[np.argsort(trace.ts[every], kind="stable")]
-        return every if rank is None else every[trace.rank[every] == rank]
+        return _frozen(every if rank is None else every[trace.rank[every] == rank])
 
     return trace.cached(f"device_events:{rank}", compute)
 
@@ -38,6 +36,13 @@ def device_busy(trace: Trace, rank: int) -> tuple[np.ndarray, np.ndarray]:
 
     def compute() -> tuple[np.ndarray, np.ndarray]:
         events = device_events(trace, rank)
-        return intervals.union(trace.ts[events], trace.ts[events] + trace.dur[events])
+        starts, ends = intervals.union(trace.ts[events], trace.ts[events] + trace.dur[events])
+        return _frozen(starts), _frozen(ends)
 
     return trace.cached(f"device_busy:{rank}", compute)
+
+
+def _frozen(values: np.ndarray) -> np.ndarray:
+    """Cached and shared: read-only, so that no reader changes another's."""
+    values.flags.writeable = False
+    return values

@@ -12,8 +12,8 @@ from ..analysis.gpu_time import gpu_time
 from ..analysis.launches import launches
 from ..analysis.ops import op_table
 from ..analysis.step_device import device_in_steps
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
-from ..trace.model import isin_few
+from ..analysis.timeline import device_busy, device_events
+from ..trace.kinds import Kind
 from . import thresholds
 from .common import named_at
 from .overhead import check_cpu_overhead, source_fix, tiny_op_sources
@@ -235,8 +235,7 @@ def _idle_in_dataloader_pct(ctx: Context, rank: int, idle_ms: float) -> float:
     if idle_ms <= 0 or len(waits) == 0:
         return 0.0
     loader = intervals.union(trace.ts[waits], trace.end[waits])
-    on_device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
-    busy = intervals.union(trace.ts[on_device], trace.end[on_device])
+    busy = device_busy(trace, rank)
     idle_inside = intervals.length(*loader) - intervals.intersection_length(loader, busy)
     return min(100.0 * idle_inside / 1000.0 / idle_ms, 100.0)
 
@@ -244,10 +243,9 @@ def _idle_in_dataloader_pct(ctx: Context, rank: int, idle_ms: float) -> float:
 def _after_longest_gaps(ctx: Context, rank: int, count: int = 20) -> np.ndarray:
     """The device events that end the longest idle gaps: their launch sites are where the host was late."""
     trace = ctx.trace
-    events = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
+    events = device_events(trace, rank)  # by start
     if len(events) < 2:
         return events
-    events = events[np.argsort(trace.ts[events], kind="stable")]
     ends = np.maximum.accumulate(trace.ts[events] + trace.dur[events])
     gaps = trace.ts[events[1:]] - ends[:-1]
     return events[1:][np.argsort(-gaps)[:count]]

@@ -16,8 +16,8 @@ import json
 import numpy as np
 
 from ..result.report import Finding
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
-from ..trace.model import isin_few
+from ..analysis.timeline import device_mask
+from ..trace.kinds import Kind
 from .rule import Context, Rule
 
 SDPA = "aten::scaled_dot_product_attention"
@@ -84,7 +84,7 @@ def _backend(trace, call: int) -> str:
 def _kernel_ms_inside(ctx: Context, rank: int):
     """ms of the device work launched by ops inside a host call (on its thread, within its time range)."""
     trace = ctx.trace
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
+    device = np.flatnonzero(device_mask(trace) & (trace.rank == rank))
     launcher = trace.launcher[device]
     device, launcher = device[launcher >= 0], launcher[launcher >= 0]
 

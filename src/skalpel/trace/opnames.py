@@ -6,6 +6,7 @@ name themselves; each helper tests each distinct name once, never each event.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Callable, Iterable
 
@@ -146,3 +147,110 @@ _HTA_NON_COMPUTE = re.compile(
 def is_hta_compute(name: str) -> bool:
     """A compute kernel by HTA's name rule (not a collective, copy, memset, sync...)."""
     return _HTA_NON_COMPUTE.match(name) is None
+
+
+# Ops with a FLOP formula from their 'Input Dims' (torch's with_flops counts them the same way).
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+# The (batch, heads, length, dim) entry points only: the kernels' own ops below them would count twice.
+ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+                 "aten::_scaled_dot_product_cudnn_attention")  # fmt: skip
+CONVOLUTION, CONVOLUTION_BACKWARD = "aten::convolution", "aten::convolution_backward"
+
+
+def flop_formula_ops(trace: Trace) -> dict[int, str]:
+    """Name id -> name of the matmul and attention ops the trace has, whose FLOPs ``flops_from_shapes`` counts."""
+    return {i: name for name in (*MATMUL_OPS, *ATTENTION_OPS) if (i := trace.name_id(name)) >= 0}
+
+
+def is_convolution_like(name: str) -> bool:
+    """Any op with "conv" in its name: a trace that counted one's FLOPs itself counted its convolutions."""
+    return "conv" in name
+
+
+def flops_from_shapes(name: str, dims_json: str) -> float | None:
+    """FLOPs of one call from its 'Input Dims', as torch's with_flops counts them; 0 when the shapes do not fit
+    (too few inputs), None when the field is not a list of lists of numbers."""
+    try:
+        dims = json.loads(dims_json)
+    except ValueError:
+        return None
+    if not isinstance(dims, list):
+        return None
+    shapes = [shape for shape in dims if isinstance(shape, list)]
+    if any(isinstance(size, bool) or not isinstance(size, (int, float)) for shape in shapes for size in shape):
+        return None
+    try:
+        if name in ("aten::mm", "aten::addmm"):
+            a, b = (shapes[1], shapes[2]) if name == "aten::addmm" else (shapes[0], shapes[1])
+            return 2.0 * a[0] * a[1] * b[1]
+        if name in ("aten::bmm", "aten::baddbmm"):
+            a, b = (shapes[1], shapes[2]) if name == "aten::baddbmm" else (shapes[0], shapes[1])
+            return 2.0 * a[0] * a[1] * a[2] * b[2]
+        q, k = shapes[0], shapes[1]  # (batch, heads, length, dim) x (batch, heads, source length, dim)
+        return 4.0 * q[0] * q[1] * q[2] * k[2] * q[3]
+    except IndexError:
+        return 0.0
+
+
+# One-time work (analysis/onetime.py): the calls that set a device up, those long because they wait, and those that
+# load a kernel's module on its first launch.
+_SETUP_CALLS = (
+    "cuInit", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cudaFree", "cudaSetDevice", "cudaGetDeviceCount",
+    "cudaGetDevice", "cudaGetDeviceProperties", "cudaStreamIsCapturing", "cudaDeviceGetAttribute", "cudaMalloc",
+    "hipInit", "hipFree", "hipSetDevice", "hipGetDeviceCount", "hipGetDeviceProperties", "hipMalloc",
+)  # fmt: skip
+_WAITS = ("Synchronize", "Memcpy", "StreamWait", "EventQuery", "EventRecord")  # long because they wait, not set up
+_LAUNCHES = ("LaunchKernel", "LaunchCooperativeKernel", "ModuleLaunchKernel", "ModuleLoad")
+
+
+def is_setup_call(name: str) -> bool:
+    """A call that creates the device context or sets the device up (slow once, by design)."""
+    return name.startswith(_SETUP_CALLS)
+
+
+def is_waiting_call(name: str) -> bool:
+    """A call long because it waits for the device (a synchronize, a copy, an event query), not because it sets up."""
+    return any(part in name for part in _WAITS)
+
+
+def is_kernel_load_call(name: str) -> bool:
+    """A launch or module load: slow the first time when its module loads lazily or compiles."""
+    return name.endswith(_LAUNCHES)
+
+
+def is_cudnn_like(name: str) -> bool:
+    """A cuDNN / MIOpen call or a convolution op: its first call searches algorithms."""
+    lowered = name.lower()
+    return "cudnn" in lowered or "miopen" in lowered or "conv" in lowered
+
+
+def is_capture_begin(name: str) -> bool:
+    """cudaStreamBeginCapture and its twins: launches after it are recorded into a CUDA graph, not run."""
+    return name.endswith("StreamBeginCapture")
+
+
+def is_capture_end(name: str) -> bool:
+    return name.endswith("StreamEndCapture")
+
+
+# Host-side signs that a run used a GPU even where no device event was recorded (activities=[CPU] only).
+_GPU_OP = re.compile(r"cudnn|miopen|cublas|\bcuda\b|_cuda|nccl:|^cuda|^hip|^cu[A-Z]", re.I)
+
+
+def is_gpu_op(name: str) -> bool:
+    """A host op or call that only a GPU run makes (cuDNN, cuBLAS, CUDA, HIP, NCCL)."""
+    return _GPU_OP.search(name) is not None
+
+
+def is_hip_call(name: str) -> bool:
+    """A ROCm runtime call."""
+    return name.startswith("hip")
+
+
+def is_cuda_call(name: str) -> bool:
+    """A CUDA runtime or driver call."""
+    return name.startswith("cu")
+
+
+def is_aten_op(name: str) -> bool:
+    return name.startswith("aten::")
