@@ -30,6 +30,11 @@ def ids_of(trace: Trace, names: Iterable[str]) -> list[int]:
     return [i for i in (trace.name_id(name) for name in names) if i >= 0]
 
 
+def id_of(trace: Trace, name: str) -> int:
+    """The id of ``name`` (one of this module's names), or -1 when no event has it."""
+    return trace.name_id(name)
+
+
 def is_dtoh_copy(name: str) -> bool:
     """A device-to-host copy (pinned or pageable)."""
     return name.startswith("Memcpy DtoH")
@@ -69,11 +74,6 @@ _TYPE_PREFIXES = (
     ("sendrecv", "send_recv"), ("send", "send_recv"), ("recv", "send_recv"), ("reduce", "reduce"),
     ("gather", "gather"), ("scatter", "scatter"),
 )  # fmt: skip
-
-
-def id_of(trace: Trace, name: str) -> int:
-    """The id of ``name`` (one of this module's names), or -1 when no event has it."""
-    return trace.name_id(name)
 
 
 def is_host_backend_collective(name: str) -> bool:
