@@ -74,6 +74,8 @@ _TYPE_PREFIXES = (
     ("sendrecv", "send_recv"), ("send", "send_recv"), ("recv", "send_recv"), ("reduce", "reduce"),
     ("gather", "gather"), ("scatter", "scatter"),
 )  # fmt: skip
+# expert parallelism's all-to-all written as kernels of its own: DeepEP's and pplx's dispatch and combine
+_EXPERT_PARALLEL = ("dispatch", "combine", "all2all", "a2a")
 
 
 def is_host_backend_collective(name: str) -> bool:
