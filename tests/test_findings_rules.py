@@ -571,17 +571,21 @@ def test_a_share_just_past_its_threshold_is_borderline(tmp_path, wait_us, border
 def test_launch_bound_names_the_fix_of_every_large_source_of_tiny_ops():
     """A CPU loop of 1,732 ops a step: the model 44%, the optimizer 32%, the loader 24% of the tiny ops. The
     optimizer's fused=True saved 16% of the step and whole batches 8% (both 23%, 8.34 -> 6.42 ms), while the fix
-    named only the model's; a source under ``ALSO_NAMED_PCT`` stays out."""
+    named only the model's; a source under ``also_named_pct`` stays out."""
     import numpy as np
 
-    from skalpel.diagnose.overhead import ALSO_NAMED_PCT, CPU_FIX, DATA, MODEL, OPTIMIZER, source_fix
+    from skalpel.analysis.op_sources import DATA, MODEL, OPTIMIZER, OpSource
+    from skalpel.diagnose.overhead import CPU_FIX, source_fix
+    from skalpel.diagnose.thresholds import LAUNCH_BOUND
 
+    also = LAUNCH_BOUND.param("also_named_pct")
     ops = np.arange(3)
-    fix, events = source_fix(None, [(MODEL, 43.6, ops[:1]), (OPTIMIZER, 32.2, ops[1:2]), (DATA, 24.2, ops[2:])], CPU_FIX)
+    sources = (OpSource(MODEL, 43.6, ops[:1]), OpSource(OPTIMIZER, 32.2, ops[1:2]), OpSource(DATA, 24.2, ops[2:]))
+    fix, events = source_fix(sources, CPU_FIX, also)
     assert fix.startswith(f"44% of the tiny ops come from the {MODEL}: {CPU_FIX}") and events.tolist() == [0]
     assert "32% of the tiny ops come from the optimizer step" in fix and "fused=True" in fix
     assert "24% of the tiny ops come from the data loading" in fix and "whole batches" in fix
-    alone, _ = source_fix(None, [(MODEL, 100 - ALSO_NAMED_PCT + 1, ops), (OPTIMIZER, ALSO_NAMED_PCT - 1, ops)], CPU_FIX)
+    alone, _ = source_fix((OpSource(MODEL, 100 - also + 1, ops), OpSource(OPTIMIZER, also - 1, ops)), CPU_FIX, also)
     assert alone == CPU_FIX
-    led, _ = source_fix(None, [(DATA, 65.0, ops), (MODEL, 35.0, ops)], CPU_FIX)
+    led, _ = source_fix((OpSource(DATA, 65.0, ops), OpSource(MODEL, 35.0, ops)), CPU_FIX, also)
     assert led.startswith("65% of the tiny ops come from the data loading") and led.endswith(CPU_FIX)

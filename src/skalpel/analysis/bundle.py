@@ -11,12 +11,17 @@ from ..trace.model import Trace
 from .blame import BlameResult, blame
 from .blame_peers import with_late_peers
 from .breakdown import StepBreakdown, step_breakdown
+from .attention import Attention, attention
 from .comm import CommAnalysis, analyze_comm
 from .compile import CompileLog, CompileResult, compile_events, compile_log
+from .cpu_ops import CpuOps, cpu_ops
 from .gpu_time import GpuTimeResult, gpu_time
+from .idle_gaps import IdleGaps, idle_gaps
+from .kernel_launchers import KernelLaunchers, kernel_launchers
 from .kernels import KernelTable, kernel_table
 from .launches import LaunchResult, launches
 from .ledger import Ledger, ledger
+from .loader_ranges import LoaderRanges, loader_ranges
 from .memory import MemoryResult, memory
 from .mfu import Mfu, mfu
 from .onetime import one_time_work
@@ -25,6 +30,7 @@ from .ranks import RankComparison, compare_ranks
 from .recorded import RecordingResult, device_recording
 from .step_device import StepDeviceResult, device_in_steps
 from .steps import StepSegmentation, segment_steps
+from .sync_causes import SyncCauses, sync_causes
 from .syncs import SyncResult, syncs
 
 
@@ -55,6 +61,15 @@ class Analyses:
     comm: CommAnalysis | None = None  # collectives per rank: by type, bandwidth, share, overlap
     rank_comparison: RankComparison | None = None  # aligned clocks, waits, straggler; None for one rank
     results: dict[str, Any] = field(default_factory=dict)  # name -> typed result, for analyses added later
+    # rules1
+    has_device: bool | None = None  # any device activity (None: not asked, as on a job's driver)
+    has_stacks: bool | None = None  # Python stacks or frames recorded (user-code lines can be named)
+    loader_ranges: LoaderRanges | None = None  # DataLoader ranges per rank and the iterator types they name
+    idle_gaps: IdleGaps | None = None  # the device work ending the longest gaps, idle time inside DataLoader ranges
+    kernel_launchers: KernelLaunchers | None = None  # kernels launched by graph launches, their ops by source
+    cpu_ops: CpuOps | None = None  # CPU-only runs: host ops in the steps, self times, sources, collectives' time
+    attention: Attention | None = None  # SDPA's backends and their device time, eager bmm + softmax attention
+    sync_causes: SyncCauses | None = None  # the syncs that blocked on device work inside the steps, by cause
 
 
 # From this many events, with a second idle core, the op table and the step breakdown are computed in a forked
@@ -81,10 +96,16 @@ def run_analyses(trace: Trace, *, processes: int = 1) -> Analyses:
     done = elsewhere.result() if elsewhere is not None else None
     # the child's results, or computed here (no second core, or the child died: killed for memory?)
     analyses.ops, analyses.breakdown = done if done is not None else (op_table(trace), step_breakdown(trace, steps))
+    analyses.attention = attention(trace, analyses.ops, analyses.kernels)
     return analyses
 
 
 def _run_the_rest(trace: Trace, steps: StepSegmentation, analyses: Analyses) -> None:
+    analyses.has_device, analyses.has_stacks = trace.has_device, trace.has_stacks
+    analyses.loader_ranges = loader_ranges(trace)
+    analyses.idle_gaps = idle_gaps(trace, analyses.loader_ranges)
+    analyses.kernel_launchers = kernel_launchers(trace, analyses.loader_ranges)
+    analyses.cpu_ops = cpu_ops(trace, steps, analyses.loader_ranges) if not analyses.has_device else None
     analyses.kernels = kernel_table(trace)
     analyses.gpu_time = gpu_time(trace)
     analyses.step_device = device_in_steps(trace, steps)
@@ -102,3 +123,4 @@ def _run_the_rest(trace: Trace, steps: StepSegmentation, analyses: Analyses) -> 
         analyses.rank_comparison = compare_ranks(trace, steps, analyses.comm)
         analyses.blame = with_late_peers(trace, analyses.blame, analyses.rank_comparison)  # the peer each waited for
     analyses.ledger = ledger(trace, steps, analyses.blame, one_time)
+    analyses.sync_causes = sync_causes(trace, steps, analyses.blame)

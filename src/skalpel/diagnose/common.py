@@ -2,56 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from ..analysis import numeric
-from ..analysis.steps import Step
+from ..analysis.step_window import Window
 from .rule import Context
-
-
-@dataclass(frozen=True)
-class Window:
-    """The profiled steps of one rank."""
-
-    rank: int
-    steps: tuple[Step, ...]
-
-    @property
-    def count(self) -> int:
-        return len(self.steps)
-
-    @property
-    def mean_step_ms(self) -> float:
-        return float(np.mean([step.duration_ms for step in self.steps])) if self.steps else 0.0
-
-    @property
-    def median_step_ms(self) -> float:
-        """The step time a finding quotes: the report's footer and HTML give the median too."""
-        return numeric.median([step.duration_ms for step in self.steps]) if self.steps else 0.0
-
-    @property
-    def starts(self) -> np.ndarray:
-        return np.array([step.start_us for step in self.steps], dtype=np.float64)
-
-    @property
-    def ends(self) -> np.ndarray:
-        return np.array([step.end_us for step in self.steps], dtype=np.float64)
-
-    def inside(self, ts_us: np.ndarray) -> np.ndarray:
-        """Which instants fall inside one of the steps."""
-        return self.step_of(ts_us) >= 0
-
-    def step_of(self, ts_us: np.ndarray) -> np.ndarray:
-        """Position (0-based, in time order) of the step containing each instant; -1 outside."""
-        starts, ends = self.starts, self.ends
-        order = np.argsort(starts)
-        starts, ends = starts[order], ends[order]
-        index = np.searchsorted(starts, ts_us, side="right") - 1
-        valid = index >= 0
-        valid[valid] = ts_us[valid] < ends[index[valid]]
-        return np.where(valid, index, -1)
 
 
 def windows(ctx: Context) -> list[Window]:
@@ -62,6 +16,11 @@ def windows(ctx: Context) -> list[Window]:
         if steps:
             result.append(Window(rank, steps))
     return result
+
+
+def window_of(ctx: Context, rank: int) -> Window:
+    """The window of one rank's steps."""
+    return Window(rank, tuple(ctx.steps.for_rank(rank)))
 
 
 def events_of(ctx: Context, window: Window, mask: np.ndarray) -> np.ndarray:

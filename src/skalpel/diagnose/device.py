@@ -6,19 +6,12 @@ import dataclasses
 
 import numpy as np
 
-from ..analysis import intervals, numeric
-from ..analysis.blame import UNTRACED, blame
-from ..analysis.gpu_time import gpu_time
-from ..analysis.launches import launches
-from ..analysis.ops import op_table
-from ..analysis.step_device import device_in_steps
-from ..analysis.timeline import device_busy, device_events
-from ..trace.kinds import Kind
+from ..analysis.blame import UNTRACED
 from . import thresholds
 from .common import named_at
-from .overhead import check_cpu_overhead, source_fix, tiny_op_sources
+from .overhead import check_cpu_overhead, source_fix
 from .rule import Context, Docs, NotJudged, Outcome, Rule
-from .sdpa import SDPA, check_sdpa
+from .sdpa import check_sdpa
 
 
 def _steps_on(ctx: Context, rank: int) -> int:
@@ -27,9 +20,8 @@ def _steps_on(ctx: Context, rank: int) -> int:
 
 def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
     """Idle share of the marked steps; without markers, of HTA's device span (the window's edges are set-up)."""
-    result = ctx.result("step_device", lambda: device_in_steps(ctx.trace, ctx.steps))
-    hta = ctx.result("gpu_time", lambda: gpu_time(ctx.trace))
-    if result is None or hta is None:
+    result, hta, gaps = ctx.analyses.step_device, ctx.analyses.gpu_time, ctx.analyses.idle_gaps
+    if result is None or hta is None or gaps is None:
         return NotJudged("no device activity")
     limits = rule.thresholds
     findings = []
@@ -47,7 +39,7 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
         if idle_pct < limits.share_pct or (idle_ms < limits.floor and not held):
             continue
         split = gpu.idle_breakdown_pct
-        loader = _idle_in_dataloader_pct(ctx, rank, idle_ms * steps)
+        loader = _idle_in_dataloader_pct(gaps.for_rank(rank), idle_ms * steps)
         evidence = {
             "idle_pct": idle_pct,
             "idle_ms_per_step": idle_ms,
@@ -68,12 +60,12 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
         if blamed is not None:  # per step as judged here: the window's total without markers
             evidence["blame_ms_per_step"] = {key: value / steps for key, value in blamed.by_category_ms.items() if value > 0}
             evidence["culprits"] = culprits
-        title, fix, events = None, rule.fix, _after_longest_gaps(ctx, rank)
+        title, fix, events = None, rule.fix, gaps.for_rank(rank).after_longest_gaps
         lead = _lead(ctx, blamed, limits.param("cause_pct")) if blamed is not None else None
         if loader >= limits.param("loader_idle_pct"):
             title = rule.title.format(**evidence) + f"; {loader:.0f}% of it inside DataLoader.__next__"
             fix = "the device waits for the next batch: " + DATALOADER_FIX
-            events = np.flatnonzero((ctx.trace.kind == Kind.DATALOADER) & (ctx.trace.rank == rank))
+            events = ctx.analyses.loader_ranges.for_rank(rank).ranges
         elif lead is not None:  # one cause dominates: lead with it, its lines and its fix
             lead["waiting_for"] = peer if lead["category"] == "collective_wait" else None
             title = rule.title.format(**evidence) + f"; {lead['share_pct']:.0f}% of it {_cause_words(lead)}"
@@ -91,7 +83,7 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
 
 
 def _blame_of(ctx: Context, rank: int):
-    result = ctx.result("blame", lambda: blame(ctx.trace, ctx.steps))
+    result = ctx.analyses.blame
     found = result.for_rank(rank) if result is not None and result.applies else None
     return found if found is not None and found.idle_ms > 0 else None
 
@@ -228,27 +220,11 @@ SMALL_STEP_FIX = (
 )
 
 
-def _idle_in_dataloader_pct(ctx: Context, rank: int, idle_ms: float) -> float:
-    """Share of the rank's device idle time (``idle_ms`` in all) that falls inside DataLoader.__next__ ranges."""
-    trace = ctx.trace
-    waits = np.flatnonzero((trace.kind == Kind.DATALOADER) & (trace.rank == rank))
-    if idle_ms <= 0 or len(waits) == 0:
+def _idle_in_dataloader_pct(gaps, idle_ms: float) -> float:
+    """Share of the rank's device idle time (``idle_ms`` in all) that falls inside DataLoader ranges."""
+    if idle_ms <= 0:
         return 0.0
-    loader = intervals.union(trace.ts[waits], trace.end[waits])
-    busy = device_busy(trace, rank)
-    idle_inside = intervals.length(*loader) - intervals.intersection_length(loader, busy)
-    return min(100.0 * idle_inside / 1000.0 / idle_ms, 100.0)
-
-
-def _after_longest_gaps(ctx: Context, rank: int, count: int = 20) -> np.ndarray:
-    """The device events that end the longest idle gaps: their launch sites are where the host was late."""
-    trace = ctx.trace
-    events = device_events(trace, rank)  # by start
-    if len(events) < 2:
-        return events
-    ends = np.maximum.accumulate(trace.ts[events] + trace.dur[events])
-    gaps = trace.ts[events[1:]] - ends[:-1]
-    return events[1:][np.argsort(-gaps)[:count]]
+    return min(100.0 * gaps.idle_in_loader_us / 1000.0 / idle_ms, 100.0)
 
 
 GPU_IDLE = Rule(
@@ -293,16 +269,16 @@ GPU_IDLE = Rule(
 
 
 def _check_launch_bound(ctx: Context, rule: Rule) -> Outcome:
-    if not ctx.trace.has_device:
+    if not ctx.analyses.has_device:
         return check_cpu_overhead(ctx, rule)
-    result = ctx.result("launches", lambda: launches(ctx.trace, ctx.steps))
-    idle = ctx.result("gpu_time", lambda: gpu_time(ctx.trace))
-    if result is None:
+    result, idle, launchers = ctx.analyses.launches, ctx.analyses.gpu_time, ctx.analyses.kernel_launchers
+    if result is None or launchers is None:
         return NotJudged("no device work with a known launch call")
     limits = rule.thresholds
     findings = []
     for rank, stats in result.ranks.items():
-        if stats is None or _graph_launched_pct(ctx, rank) >= 50.0:
+        kernels = launchers.for_rank(rank)
+        if stats is None or kernels.graph_launched_pct >= limits.param("graph_launched_pct"):
             continue  # kernels replayed from a CUDA graph do not pay a launch each
         per_step = stats.kernels_per_step if stats.steps else float(stats.kernels)
         idle_pct = _idle_not_waiting_for_data(ctx, idle, rank)
@@ -315,25 +291,11 @@ def _check_launch_bound(ctx: Context, rule: Rule) -> Outcome:
             "launch_call_median_us": stats.launch_call_median_us,
             "gpu_idle_pct": idle_pct,  # idle share of the step, the waits taken out
         }
-        kernels = np.flatnonzero((ctx.trace.kind == Kind.KERNEL) & (ctx.trace.rank == rank))
-        launching_ops = ctx.trace.op_of_event[kernels]
-        sources = tiny_op_sources(ctx, rank, numeric.unique(launching_ops[launching_ops >= 0]))
-        evidence["tiny_ops_by_source_pct"] = {name: share for name, share, _ in sources}
-        fix, events = source_fix(ctx, sources, rule.fix)
-        locations = ctx.locations(events) if len(events) and fix != rule.fix else ctx.locations(kernels)
+        evidence["tiny_ops_by_source_pct"] = {source.name: source.share_pct for source in kernels.sources}
+        fix, events = source_fix(kernels.sources, rule.fix, limits.param("also_named_pct"))
+        locations = ctx.locations(events) if len(events) and fix != rule.fix else ctx.locations(kernels.kernels)
         findings.append(rule.finding(evidence, locations=locations, rank=rank, fix=fix))
     return findings
-
-
-def _graph_launched_pct(ctx: Context, rank: int) -> float:
-    """Share of the rank's kernels launched by a graph launch (cudaGraphLaunch, hipGraphLaunch)."""
-    trace = ctx.trace
-    kernels = np.flatnonzero((trace.kind == Kind.KERNEL) & (trace.rank == rank) & (trace.launcher >= 0))
-    if len(kernels) == 0:
-        return 0.0
-    launch_names = numeric.unique(trace.name[trace.launcher[kernels]])
-    graph = [name for name in launch_names if "GraphLaunch" in trace.names[name]]
-    return 100.0 * float(numeric.isin(trace.name[trace.launcher[kernels]], graph).sum()) / len(kernels)
 
 
 # idle time spent waiting is not the host's per-op cost, whatever the kernels' size. Compiling and one-time work
@@ -348,13 +310,13 @@ def _idle_not_waiting_for_data(ctx: Context, idle, rank: int) -> float:
     Of the marked steps when there are markers, else of HTA's device span.
     """
     blamed = _blame_of(ctx, rank)
-    breakdown = ctx.result("breakdown")
+    breakdown = ctx.analyses.breakdown
     rank_breakdown = breakdown.for_rank(rank) if breakdown is not None else None
     data_ms = rank_breakdown.ms_per_step.get("dataloader", 0.0) if rank_breakdown is not None else 0.0
     waiting_share = 0.0
     if blamed is not None:
         waiting_share = sum(blamed.by_category_ms[key] for key in _NOT_OVERHEAD) / blamed.idle_ms
-    in_steps = ctx.result("step_device", lambda: device_in_steps(ctx.trace, ctx.steps))
+    in_steps = ctx.analyses.step_device
     device = in_steps.for_rank(rank) if in_steps is not None and ctx.steps.marked else None
     if device is not None and device.mean_step_ms > 0:  # the marked steps, as gpu_idle judges them
         if blamed is None:
@@ -398,7 +360,7 @@ LAUNCH_BOUND = Rule(
         "graphs: there is no device to replay them on). Both: the tiny ops by source (`tiny_ops_by_source_pct`: data loading inside "
         "DataLoader.__next__, the optimizer step inside Optimizer.step#..., the model and the rest); the fix leads "
         "with the largest source's, then names each other source with 20% of the tiny ops or more "
-        "(`ALSO_NAMED_PCT`); the locations follow the largest source. Locations: the user code issuing the ops.",
+        "(`also_named_pct`); the locations follow the largest source. Locations: the user code issuing the ops.",
         fix="Fuse: `torch.compile(model)`; replay with CUDA graphs (`mode='reduce-overhead'`); replace Python loops "
         "over elements or small tensors by batched tensor ops; increase the batch size. When the data loading makes "
         "most tiny ops (a Dataset indexed one sample at a time, then collated): fetch whole batches. When the "
@@ -409,54 +371,31 @@ LAUNCH_BOUND = Rule(
 )
 
 
-_ATTENTION_MATMUL = frozenset({"aten::bmm", "aten::baddbmm"})
-_SOFTMAX = frozenset({"aten::_softmax", "aten::_safe_softmax", "aten::softmax"})
-_FUSED_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "_fused_attention", "flex_attention")
-_FUSED_KERNELS = ("flash", "fmha", "attn_fwd", "attn_bwd", "efficient_attention", "fused_attention")
-
-
 def _check_attention(ctx: Context, rule: Rule) -> Outcome:
-    table = ctx.result("ops", lambda: op_table(ctx.trace))
-    kernels = ctx.result("kernels")
     findings = []
-    for rank_ops in table.ranks:
-        rows = {row.name: row for row in rank_ops.rows}
-        device_ms = sum(row.device_ms for row in rank_ops.rows)
-        steps = _steps_on(ctx, rank_ops.rank)
-        if SDPA in rows:  # its math path runs bmm + softmax inside: judged as SDPA, with the backend it used
-            findings.extend(check_sdpa(ctx, rule, rank_ops.rank, steps, device_ms))
+    for rank in ctx.analyses.attention.ranks:
+        steps = _steps_on(ctx, rank.rank)
+        if rank.sdpa is not None:  # its math path runs bmm + softmax inside: judged as SDPA, with the backend it used
+            findings.extend(check_sdpa(ctx, rule, rank, steps))
             continue
-        softmax = [rows[name] for name in _SOFTMAX if name in rows]
-        matmul = [rows[name] for name in _ATTENTION_MATMUL if name in rows]
-        softmax_calls = max((row.calls for row in softmax), default=0)  # softmax wraps _softmax: count once
-        matmul_calls = sum(row.calls for row in matmul)
-        if softmax_calls == 0 or matmul_calls < softmax_calls:
+        eager = rank.eager
+        if eager is None:
             continue  # no softmax between batched matmuls: not the eager attention pattern
-        softmax_ms = sum(row.device_ms for row in softmax)
-        matmul_ms = sum(row.device_ms for row in matmul)
-        share = 100.0 * (softmax_ms + matmul_ms) / device_ms if device_ms > 0 else 0.0
-        ms = (softmax_ms + matmul_ms) / steps
+        share = 100.0 * (eager.softmax_ms + eager.matmul_ms) / rank.device_ms if rank.device_ms > 0 else 0.0
+        ms = (eager.softmax_ms + eager.matmul_ms) / steps
         if share < rule.thresholds.share_pct or ms < rule.thresholds.floor:
             continue
-        fused = any(any(part in name for part in _FUSED_OPS) for name in rows) or _has_fused_kernel(kernels, rank_ops.rank)
         evidence = {
             "share_pct": share,
             "ms_per_step": ms,
-            "bmm_ms": matmul_ms / steps,
-            "softmax_ms": softmax_ms / steps,
-            "bmm_calls": matmul_calls,
-            "softmax_calls": softmax_calls,
-            "fused_attention_seen": fused,
+            "bmm_ms": eager.matmul_ms / steps,
+            "softmax_ms": eager.softmax_ms / steps,
+            "bmm_calls": eager.matmul_calls,
+            "softmax_calls": eager.softmax_calls,
+            "fused_attention_seen": eager.fused_seen,
         }
-        names = {ctx.trace.name_id(name) for name in _SOFTMAX} - {-1}
-        events = np.flatnonzero(numeric.isin(ctx.trace.name, list(names)) & (ctx.trace.rank == rank_ops.rank))
-        findings.append(rule.finding(evidence, locations=ctx.locations(events), rank=rank_ops.rank))
+        findings.append(rule.finding(evidence, locations=ctx.locations(eager.softmax_events), rank=rank.rank))
     return findings
-
-
-def _has_fused_kernel(kernels, rank: int) -> bool:
-    table = kernels.for_rank(rank) if kernels is not None else None
-    return table is not None and any(any(part in row.name.lower() for part in _FUSED_KERNELS) for row in table.rows)
 
 
 ATTENTION_HOTSPOT = Rule(

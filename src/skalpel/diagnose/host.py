@@ -11,7 +11,7 @@ names the largest pieces, each with its share and line. A fetch or a collective 
 
 from __future__ import annotations
 
-from ..analysis.blame import UNTRACED, blame
+from ..analysis.blame import UNTRACED
 from . import thresholds
 from .common import named_at
 from .device import LAUNCH_BOUND
@@ -24,9 +24,9 @@ _FIX = ("take it off the training thread or out of the step: data built or augme
 
 
 def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
-    if ctx.trace.has_device:
+    if ctx.analyses.has_device:
         return NotJudged("a device run: the device's idle time is gpu_idle's", applies=False)
-    result = ctx.result("blame", lambda: blame(ctx.trace, ctx.steps))
+    result = ctx.analyses.blame
     if result is None or not result.ranks:
         return NotJudged("no steps with host ops")
     limits = rule.thresholds
@@ -77,7 +77,7 @@ def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
         events = top[0].events
         # time no op, range or user function covers may be a sleep, I/O or a lock as well as Python: an info note
         severity = "info" if lead["label"] == UNTRACED else rule.severity_for(outside_pct)
-        if lead["label"] == UNTRACED and not ctx.trace.has_stacks:
+        if lead["label"] == UNTRACED and not ctx.analyses.has_stacks:
             fix = "profile with Python stacks (with_stack=True; skalpel run records them) to name the host work"
         findings.append(rule.finding(evidence, locations=ctx.locations(events), rank=rank, title=title, fix=fix,
                                      severity=severity))  # fmt: skip

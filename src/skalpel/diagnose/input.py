@@ -6,31 +6,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis.breakdown import step_breakdown
-from ..analysis.syncs import syncs
 from ..cores import WORKER_HANDOFF_MS, loader_workers, threads_beside_workers
-from ..trace.kinds import Kind
 from . import thresholds
-from .common import pct, windows
+from .common import pct, window_of
 from .cpu import contended, usable_cores
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
-def _breakdown(ctx: Context):
-    return ctx.result("breakdown", lambda: step_breakdown(ctx.trace, ctx.steps))
-
-
 def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
-    breakdown = _breakdown(ctx)
+    breakdown = ctx.analyses.breakdown
     limits = rule.thresholds
     findings = []
     for rank in breakdown.ranks:
         share, ms = rank.pct.get("dataloader", 0.0), rank.ms_per_step.get("dataloader", 0.0)
         if share < limits.share_pct or ms < limits.floor:
             continue
-        waits = np.flatnonzero((ctx.trace.kind == Kind.DATALOADER) & (ctx.trace.rank == rank.rank))
-        iterators = sorted({ctx.trace.name_of(index).split("#", 1)[-1].split(".")[0] for index in waits})
-        single = any("SingleProcess" in name for name in iterators)
+        loader = ctx.analyses.loader_ranges.for_rank(rank.rank)
+        waits, single = loader.ranges, loader.single_process
         evidence = {
             "share_pct": share,
             "ms_per_step": ms,
@@ -38,13 +30,13 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
             "mean_step_ms": rank.avg_step_ms,
             "steps": len(rank.step_ms),
             "worst_step_wait_ms": max(rank.per_step_ms.get("dataloader", (0.0,))),
-            "iterator": ", ".join(iterators),
+            "iterator": ", ".join(loader.iterators),
             "judged_over": "marked steps" if ctx.steps.marked else "the whole window (no ProfilerStep markers)",
         }
         cpu = ctx.capture.cpu if ctx.capture is not None else None
         ratio = ctx.capture.unprofiled_ratio() if ctx.capture is not None else None
         batches = len(waits) / max(len(rank.step_ms), 1)  # gradient accumulation fetches several a step
-        plan = loader_plan(cpu, wait_ms=ms, step_ms=rank.avg_step_ms, single=single, device=ctx.trace.has_device,
+        plan = loader_plan(cpu, wait_ms=ms, step_ms=rank.avg_step_ms, single=single, device=ctx.analyses.has_device,
                            min_speedup=limits.param("min_speedup"), batches_per_step=batches,
                            unprofiled_ratio=ratio)  # fmt: skip
         evidence.update(plan.evidence)
@@ -251,7 +243,7 @@ def _check_oversubscribed(ctx: Context, rule: Rule) -> Outcome:
     asked = threads * processes + workers
     if 100.0 * asked / cores < rule.thresholds.share_pct or asked - cores < rule.thresholds.floor:
         return []
-    ranks = _breakdown(ctx).ranks
+    ranks = ctx.analyses.breakdown.ranks
     wait = float(np.mean([rank.ms_per_step.get("dataloader", 0.0) for rank in ranks])) if ranks else 0.0
     step = float(np.mean([rank.avg_step_ms for rank in ranks])) if ranks else 0.0
     compute = max(step - wait, 0.0)
@@ -302,11 +294,13 @@ LOADER_OVERSUBSCRIBED = Rule(
 
 
 def _check_pageable(ctx: Context, rule: Rule) -> Outcome:
-    result = ctx.result("syncs", lambda: syncs(ctx.trace, ctx.steps))
+    result = ctx.analyses.syncs
     limits = rule.thresholds
     findings = []
-    for window in windows(ctx):
-        rank = result.for_rank(window.rank)
+    for rank_id, rank in result.ranks.items():  # every rank of the trace, in its order
+        window = window_of(ctx, rank_id)
+        if not window.count:
+            continue
         copies = rank.pageable_htod if rank is not None else None
         if copies is None or copies.count == 0:
             continue

@@ -12,115 +12,66 @@ drained. Below the thresholds a finding is an info note that still locates the s
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..analysis import intervals, numeric
-from ..analysis.blame import blame, holding_range
-from ..analysis.syncs import ITEM_OPS, SYNC_COPY_CALLS
-from ..trace.kinds import Kind
+from ..analysis.sync_causes import BLOCKING_DTOH, ITEM, SYNC_CALL
 from . import thresholds
-from .common import named_at, pct, windows
+from .common import named_at, pct, window_of
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 _CAUSES = {
-    "sync_call": "explicit synchronize (torch.cuda.synchronize(), stream/event.synchronize())",
-    "item": ".item() / .tolist() / Python control flow on a device tensor",
-    "blocking_dtoh": "blocking device-to-host copy (.cpu(), .to('cpu'), .numpy())",
+    SYNC_CALL: "explicit synchronize (torch.cuda.synchronize(), stream/event.synchronize())",
+    ITEM: ".item() / .tolist() / Python control flow on a device tensor",
+    BLOCKING_DTOH: "blocking device-to-host copy (.cpu(), .to('cpu'), .numpy())",
 }
 
 
 def _check_sync(ctx: Context, rule: Rule) -> Outcome:
-    result = ctx.result("blame", lambda: blame(ctx.trace, ctx.steps))
+    result = ctx.analyses.blame
     if result is None or not result.applies:
         return NotJudged(result.reason if result is not None else "no device activity")
     limits = rule.thresholds
-    trace = ctx.trace
     findings = []
-    for window in windows(ctx):
-        blamed = result.for_rank(window.rank)
-        if blamed is None:
-            continue
-        waited = np.array(blamed.syncs_waited, dtype=np.int64)
-        waited = waited[window.inside(trace.ts[waited])] if len(waited) else waited
-        if len(waited) == 0:
-            continue  # no sync blocked on device work: .item() on CPU tensors, syncs that returned at once
-        causes, first = _causes(ctx, waited)
-        counts = {name: int(((causes == name) & first).sum()) for name in _CAUSES}
+    for rank, syncs in ctx.analyses.sync_causes.ranks.items():  # the ranks whose syncs blocked on device work
+        window, blamed = window_of(ctx, rank), result.for_rank(rank)
         idle_ms = blamed.by_category_ms["sync"] / window.count
         share = pct(idle_ms, window.mean_step_ms)
         severity = rule.severity_for(share) if share >= limits.share_pct and idle_ms >= limits.floor else "info"
-        inside = set(waited.tolist())
-        charged = [event for event in blamed.syncs_charged if event in inside]
-        longest = waited[np.argsort(-trace.dur[waited], kind="stable")[:8]]
-        shown = np.array((charged or longest.tolist())[:8], dtype=np.int64)  # the syncs after which the device idled most
-        main = max(counts, key=lambda name: float(trace.dur[waited[causes == name]].sum()) if counts[name] else -1.0)
-        blocked = intervals.length(trace.ts[waited], trace.ts[waited] + trace.dur[waited]) / 1000.0 / window.count
         evidence = {
             "share_pct": share,
             "idle_after_ms_per_step": idle_ms,
-            "blocked_ms_per_step": blocked,
-            "syncs_per_step": int(first.sum()) / window.count,
+            "blocked_ms_per_step": syncs.blocked_us / 1000.0 / window.count,
+            "syncs_per_step": syncs.points_total / window.count,
             "step_ms": window.median_step_ms,
-            "main_cause": _CAUSES[main],
-            **{f"{name}_count": count for name, count in counts.items()},
-            "device_sync_events": int(((trace.kind == Kind.DEVICE_SYNC) & (trace.rank == window.rank)).sum()),
-            "events": sorted(int(index) for index in shown),  # the sync calls themselves
-            "sync_calls": sorted({trace.name_of(index) for index in shown}),
+            "main_cause": _CAUSES[syncs.main_cause],
+            **{f"{name}_count": syncs.points[name] for name in _CAUSES},
+            "device_sync_events": syncs.device_sync_events,
+            "events": sorted(int(index) for index in syncs.shown),  # the sync calls themselves
+            "sync_calls": list(syncs.shown_names),
         }
         title = None
-        after = _host_work_after(ctx, blamed, window.count, limits.floor)
+        after = _host_work_after(ctx, blamed, window.count, limits.floor, limits.param("host_work_after_pct"))
         if after:
             evidence["host_work_after"] = after
             lead = after[0]
             title = rule.title.format(**evidence) + (
                 f" while the host runs {named_at(lead['label'], lead['location'])} ({lead['ms_per_step']:.2f} ms/step), "
                 "which the sync keeps from overlapping the device's work")  # fmt: skip
-        findings.append(rule.finding(evidence, locations=ctx.locations(shown), severity=severity, rank=window.rank,
+        findings.append(rule.finding(evidence, locations=ctx.locations(syncs.shown), severity=severity, rank=rank,
                                      title=title))  # fmt: skip
     return findings
 
 
-def _host_work_after(ctx: Context, blamed, steps: int, floor_ms: float, count: int = 3) -> list[dict]:
+def _host_work_after(ctx: Context, blamed, steps: int, floor_ms: float, share_pct: float, count: int = 3) -> list[dict]:
     """What the host ran while the device idled after the syncs (the time charged to them): the work the sync
-    exposes, named apart from the sync, each with its time per step (the rule's floor or more) and the statement
-    sampled while it ran."""
+    exposes, named apart from the sync, each with its time per step (the rule's floor or more, ``share_pct`` of
+    that idle time or more) and the statement sampled while it ran."""
     total = blamed.by_category_ms["sync"]
     found = []
     for item in blamed.after_syncs[:count]:
-        if total <= 0 or item.ms < 0.1 * total or item.ms / steps < floor_ms or item.category != "host_compute":
+        if total <= 0 or item.ms < share_pct / 100.0 * total or item.ms / steps < floor_ms or item.category != "host_compute":
             continue
         where = ctx.location_in(item.events[0], item.spans) if item.events else None
         found.append({"label": item.label, "ms_per_step": item.ms / steps, "location": where})
     return found
-
-
-def _causes(ctx: Context, syncs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What each sync call is, from the op it runs in (.item(), a copy to the host, or an explicit synchronize),
-    and which calls are one sync point: the copy and the synchronize that one .item() makes count once."""
-    trace = ctx.trace
-    end = trace.end
-    ops = np.flatnonzero((trace.kind == Kind.CPU_OP) & (trace.rank == trace.rank[syncs[0]]))
-    names = trace.name[ops]
-    item = holding_range(trace, end, ops[numeric.isin(names, _ids(trace, ITEM_OPS))], syncs)
-    copy = holding_range(trace, end, ops[numeric.isin(names, _ids(trace, _COPY_OPS))], syncs)
-    copy_call = numeric.isin(trace.name[syncs], _ids(trace, SYNC_COPY_CALLS))
-    copy_call |= np.array(["Memcpy" in trace.name_of(event) for event in syncs.tolist()], dtype=bool)
-    causes = np.where(item >= 0, "item", np.where((copy >= 0) | copy_call, "blocking_dtoh", "sync_call"))
-    point = np.where(item >= 0, item, np.where(copy >= 0, copy, -1))  # the op the call belongs to
-    first = np.ones(len(syncs), dtype=bool)
-    for cause, held in (("item", item), ("blocking_dtoh", copy)):
-        inside = np.flatnonzero((causes == cause) & (held >= 0))
-        _, keep = np.unique(point[inside], return_index=True)
-        first[inside] = False
-        first[inside[keep]] = True
-    return causes, first
-
-
-def _ids(trace, names) -> list[int]:
-    return [found for found in (trace.name_id(name) for name in names) if found >= 0]
-
-
-_COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_", "aten::cpu", "aten::numpy_T"})
 
 
 HOST_DEVICE_SYNC = Rule(
