@@ -23,13 +23,6 @@ def window_of(ctx: Context, rank: int) -> Window:
     return Window(rank, tuple(ctx.steps.for_rank(rank)))
 
 
-def events_of(ctx: Context, window: Window, mask: np.ndarray) -> np.ndarray:
-    """Indices of events selected by ``mask`` on the window's rank that start inside its steps."""
-    trace = ctx.trace
-    events = np.flatnonzero(mask & (trace.rank == window.rank))
-    return events[window.inside(trace.ts[events])]
-
-
 def pct(part: float, whole: float) -> float:
     return 100.0 * part / whole if whole > 0 else 0.0
 
