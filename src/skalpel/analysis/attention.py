@@ -95,9 +95,10 @@ def _eager(trace: Trace, rank: int, rows: dict, kernels: KernelTable | None) -> 
 
 def _sdpa(trace: Trace, rank: int) -> tuple[SdpaBackend, ...]:
     calls = np.flatnonzero((trace.name == trace.name_id(op_names.SDPA)) & (trace.rank == rank))
+    backend_of = _backend_inside(trace, rank)
     by_backend: dict[str, list[int]] = {}
     for call in calls.tolist():
-        by_backend.setdefault(_backend(trace, call), []).append(call)
+        by_backend.setdefault(backend_of(call), []).append(call)
     kernel_ms = _kernel_ms_inside(trace, rank)
     found = []
     for backend, events in by_backend.items():
@@ -106,12 +107,16 @@ def _sdpa(trace: Trace, rank: int) -> tuple[SdpaBackend, ...]:
     return tuple(found)
 
 
-def _backend(trace: Trace, call: int) -> str:
-    inside = np.flatnonzero(
-        (trace.rank == trace.rank[call]) & (trace.tid == trace.tid[call]) & (trace.kind == Kind.CPU_OP)
-        & (trace.ts >= trace.ts[call]) & (trace.end <= trace.end[call])
-    )  # fmt: skip
-    return op_names.sdpa_backend(trace.name_of(index) for index in inside)
+def _backend_inside(trace: Trace, rank: int):
+    """The backend an SDPA call ran: the one the host ops inside the call, on its thread, name."""
+    ops = np.flatnonzero((trace.kind == Kind.CPU_OP) & (trace.rank == rank))
+    tid, ts, end = trace.tid[ops], trace.ts[ops], trace.end[ops]
+
+    def backend(call: int) -> str:
+        inside = ops[(tid == trace.tid[call]) & (ts >= trace.ts[call]) & (end <= trace.ts[call] + trace.dur[call])]
+        return op_names.sdpa_backend(trace.name_of(index) for index in inside)
+
+    return backend
 
 
 def _kernel_ms_inside(trace: Trace, rank: int):
@@ -119,10 +124,11 @@ def _kernel_ms_inside(trace: Trace, rank: int):
     device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
     launcher = trace.launcher[device]
     device, launcher = device[launcher >= 0], launcher[launcher >= 0]
+    tid, ts, end, dur = trace.tid[launcher], trace.ts[launcher], trace.end[launcher], trace.dur[device]
 
     def kernel_ms(call: int) -> float:
-        inside = (trace.tid[launcher] == trace.tid[call]) & (trace.ts[launcher] >= trace.ts[call]) & (trace.end[launcher] <= trace.end[call])
-        return float(trace.dur[device[inside]].sum()) / 1000.0
+        inside = (tid == trace.tid[call]) & (ts >= trace.ts[call]) & (end <= trace.ts[call] + trace.dur[call])
+        return float(dur[inside].sum()) / 1000.0
 
     return kernel_ms
 
