@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace import op_names
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
-from ..trace.model import Trace, isin_few
+from ..trace import opnames
+from ..trace.kinds import Kind
+from ..trace.model import Trace
 from .kernels import KernelTable
 from .ops import OpTable, RankOps
+from .timeline import device_events
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class SdpaBackend:
 
     @property
     def slower_than_flash(self) -> bool:
-        return self.backend in op_names.SLOWER_THAN_FLASH
+        return self.backend in opnames.SLOWER_THAN_FLASH
 
 
 @dataclass(frozen=True)
@@ -72,29 +73,29 @@ def attention(trace: Trace, ops: OpTable, kernels: KernelTable | None) -> Attent
 def _rank_attention(trace: Trace, rank_ops: RankOps, kernels: KernelTable | None) -> RankAttention:
     rows = {row.name: row for row in rank_ops.rows}
     device_ms = sum(row.device_ms for row in rank_ops.rows)
-    if op_names.SDPA in rows:
+    if opnames.SDPA in rows:
         return RankAttention(rank_ops.rank, device_ms, _sdpa(trace, rank_ops.rank), None)
     return RankAttention(rank_ops.rank, device_ms, None, _eager(trace, rank_ops.rank, rows, kernels))
 
 
 def _eager(trace: Trace, rank: int, rows: dict, kernels: KernelTable | None) -> EagerAttention | None:
-    softmax = [rows[name] for name in op_names.SOFTMAX if name in rows]
-    matmul = [rows[name] for name in op_names.ATTENTION_MATMUL if name in rows]
+    softmax = [rows[name] for name in opnames.SOFTMAX if name in rows]
+    matmul = [rows[name] for name in opnames.ATTENTION_MATMUL if name in rows]
     softmax_calls = max((row.calls for row in softmax), default=0)
     matmul_calls = sum(row.calls for row in matmul)
     if softmax_calls == 0 or matmul_calls < softmax_calls:
         return None  # no softmax between batched matmuls: not the eager attention pattern
     table = kernels.for_rank(rank) if kernels is not None else None
-    fused = any(op_names.fused_attention_op(name) for name in rows) or (
-        table is not None and any(op_names.fused_attention_kernel(row.name) for row in table.rows)
+    fused = any(opnames.fused_attention_op(name) for name in rows) or (
+        table is not None and any(opnames.fused_attention_kernel(row.name) for row in table.rows)
     )
-    events = np.flatnonzero(op_names.named(trace, op_names.SOFTMAX) & (trace.rank == rank))
+    events = np.flatnonzero(opnames.named(trace, opnames.SOFTMAX) & (trace.rank == rank))
     return EagerAttention(matmul_calls, softmax_calls, sum(row.device_ms for row in matmul),
                           sum(row.device_ms for row in softmax), fused, events)  # fmt: skip
 
 
 def _sdpa(trace: Trace, rank: int) -> tuple[SdpaBackend, ...]:
-    calls = np.flatnonzero((trace.name == trace.name_id(op_names.SDPA)) & (trace.rank == rank))
+    calls = np.flatnonzero(opnames.named(trace, (opnames.SDPA,)) & (trace.rank == rank))
     backend_of = _backend_inside(trace, rank)
     by_backend: dict[str, list[int]] = {}
     for call in calls.tolist():
@@ -102,7 +103,7 @@ def _sdpa(trace: Trace, rank: int) -> tuple[SdpaBackend, ...]:
     kernel_ms = _kernel_ms_inside(trace, rank)
     found = []
     for backend, events in by_backend.items():
-        ms = sum(kernel_ms(event) for event in events) if backend in op_names.SLOWER_THAN_FLASH else None
+        ms = sum(kernel_ms(event) for event in events) if backend in opnames.SLOWER_THAN_FLASH else None
         found.append(SdpaBackend(backend, tuple(events), ms, *_inputs(trace, events[0])))
     return tuple(found)
 
@@ -114,14 +115,14 @@ def _backend_inside(trace: Trace, rank: int):
 
     def backend(call: int) -> str:
         inside = ops[(tid == trace.tid[call]) & (ts >= trace.ts[call]) & (end <= trace.ts[call] + trace.dur[call])]
-        return op_names.sdpa_backend(trace.name_of(index) for index in inside)
+        return opnames.sdpa_backend(trace.name_of(index) for index in inside)
 
     return backend
 
 
 def _kernel_ms_inside(trace: Trace, rank: int):
     """ms of the device work launched by ops inside a host call (on its thread, within its time range)."""
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
+    device = device_events(trace, rank)
     launcher = trace.launcher[device]
     device, launcher = device[launcher >= 0], launcher[launcher >= 0]
     tid, ts, end, dur = trace.tid[launcher], trace.ts[launcher], trace.end[launcher], trace.dur[device]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace import op_names
+from ..trace import opnames
 from ..trace.kinds import Kind
 from ..trace.model import Trace
 from . import numeric
@@ -23,7 +23,7 @@ class RankLoaderRanges:
     @property
     def single_process(self) -> bool:
         """A loader with num_workers=0: every batch is made in the training process."""
-        return any(op_names.single_process(name) for name in self.iterators)
+        return any(opnames.single_process(name) for name in self.iterators)
 
 
 @dataclass(frozen=True)
@@ -41,5 +41,5 @@ def loader_ranges(trace: Trace) -> LoaderRanges:
     for rank in trace.rank_ids:
         ranges = every[trace.rank[every] == rank]
         names = (trace.names[int(name)] for name in numeric.unique(trace.name[ranges]))
-        ranks[rank] = RankLoaderRanges(rank, ranges, tuple(sorted({op_names.loader_iterator(name) for name in names})))
+        ranks[rank] = RankLoaderRanges(rank, ranges, tuple(sorted({opnames.loader_iterator(name) for name in names})))
     return LoaderRanges(ranks)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace import op_names
+from ..trace import opnames
 from ..trace.kinds import Kind
 from ..trace.model import Trace
 from ..trace.roles import Role
@@ -88,8 +88,8 @@ def _causes(trace: Trace, syncs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     end = trace.end
     ops = np.flatnonzero((trace.kind == Kind.CPU_OP) & (trace.rank == trace.rank[syncs[0]]))
     item = holding_range(trace, end, ops[trace.role[ops] == Role.ITEM], syncs)
-    copy = holding_range(trace, end, ops[op_names.named(trace, op_names.COPY_OPS)[ops]], syncs)
-    copy_call = op_names.memcpy_calls(trace, syncs)  # the synchronous copy calls (cudaMemcpy) and copies by name
+    copy = holding_range(trace, end, ops[opnames.named(trace, opnames.COPY_OPS)[ops]], syncs)
+    copy_call = opnames.memcpy_calls(trace, syncs)  # the synchronous copy calls (cudaMemcpy) and copies by name
     causes = np.where(item >= 0, ITEM, np.where((copy >= 0) | copy_call, BLOCKING_DTOH, SYNC_CALL))
     point = np.where(item >= 0, item, np.where(copy >= 0, copy, -1))  # the op the call belongs to
     first = np.ones(len(syncs), dtype=bool)

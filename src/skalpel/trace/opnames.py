@@ -1,5 +1,6 @@
 """Op-specific knowledge of event names that is not a role: which copies go device to host, which kernels Triton
-generated, which aten ops have a FLOP formula, a collective's type. Analyses ask here, by name id, and never test a
+generated, which aten ops have a FLOP formula, a collective's type, a DataLoader's iterator, the attention ops and
+SDPA's backend. Analyses ask here, by name id, and never test a
 name themselves; each helper tests each distinct name once, never each event.
 """
 
@@ -256,3 +257,67 @@ def is_cuda_call(name: str) -> bool:
 
 def is_aten_op(name: str) -> bool:
     return name.startswith("aten::")
+
+
+# --- the DataLoader ------------------------------------------------------------------------
+
+
+def loader_iterator(name: str) -> str:
+    """The iterator type of a DataLoader range: ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`` ->
+    ``_SingleProcessDataLoaderIter``."""
+    return name.split("#", 1)[-1].split(".")[0]
+
+
+def single_process(iterator: str) -> bool:
+    """The iterator of a DataLoader with num_workers=0: every batch is made in the training process."""
+    return "SingleProcess" in iterator
+
+
+# --- attention ------------------------------------------------------------------------------
+
+SDPA = "aten::scaled_dot_product_attention"
+ATTENTION_MATMUL = frozenset({"aten::bmm", "aten::baddbmm"})
+SOFTMAX = frozenset({"aten::_softmax", "aten::_safe_softmax", "aten::softmax"})
+_FUSED_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "_fused_attention", "flex_attention")
+_FUSED_KERNELS = ("flash", "fmha", "attn_fwd", "attn_bwd", "efficient_attention", "fused_attention")
+_SDPA_BACKENDS = (  # (part of the inner op's name, backend)
+    ("attention_math", "math (eager fallback)"),
+    ("efficient_attention", "memory-efficient"),
+    ("flash_attention", "flash"),
+    ("cudnn_attention", "cuDNN"),
+)
+SLOWER_THAN_FLASH = ("math (eager fallback)", "memory-efficient")  # the math path keeps the whole score matrix
+
+
+def sdpa_backend(inner: Iterable[str]) -> str:
+    """The backend an SDPA call ran, from the names of the ops inside it; "unknown" when none names one."""
+    names = list(inner)
+    for part, backend in _SDPA_BACKENDS:
+        if any(part in name for name in names):
+            return backend
+    return "unknown"
+
+
+def fused_attention_op(name: str) -> bool:
+    return any(part in name for part in _FUSED_OPS)
+
+
+def fused_attention_kernel(name: str) -> bool:
+    return any(part in name.lower() for part in _FUSED_KERNELS)
+
+
+# --- copies ---------------------------------------------------------------------------------
+
+COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_", "aten::cpu", "aten::numpy_T"})
+
+
+def memcpy_calls(trace: Trace, events: np.ndarray) -> np.ndarray:
+    """Which of these events are copies by name (``cudaMemcpy``, ``Memcpy DtoH (Device -> Pageable)``, ...)."""
+    ids, inverse = np.unique(trace.name[events], return_inverse=True)
+    return np.array(["Memcpy" in trace.names[int(i)] for i in ids], dtype=bool)[inverse].reshape(len(events))
+
+
+def named(trace: Trace, names: Iterable[str]) -> np.ndarray:
+    """Mask of the events with one of these names."""
+    ids = ids_of(trace, names)
+    return np.isin(trace.name, ids) if ids else np.zeros(len(trace), dtype=bool)
