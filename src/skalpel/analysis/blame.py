@@ -55,7 +55,8 @@ from ..trace.roles import Role
 from ..trace.stacks import is_user_file, parse_frame
 from . import intervals, numeric
 from .compile import compile_ranges
-from .onetime import OneTimeResult, one_time_work
+from .onetime import OneTimeResult
+from .options import KERNEL_WAIT_US
 from .steps import Step, StepSegmentation, judged_units, main_thread
 from .syncs import inside_the_profiler
 from .timeline import device_busy, device_events
@@ -95,7 +96,7 @@ _TOP = 8  # contributors kept per rank
 
 @dataclass(frozen=True)
 class BlameOptions:
-    kernel_wait_us: float = 30.0  # HTA's consecutive_kernel_delay: shorter gaps between queued kernels are dispatch
+    kernel_wait_us: float = KERNEL_WAIT_US  # HTA's consecutive_kernel_delay: shorter gaps between queued kernels are dispatch
 
 
 @dataclass(frozen=True)
@@ -267,14 +268,12 @@ class BlameResult:
 
 
 def blame(
-    trace: Trace, steps: StepSegmentation, *, one_time: OneTimeResult | None = None,
-    options: BlameOptions = BlameOptions(),
-) -> BlameResult:  # fmt: skip
+    trace: Trace, steps: StepSegmentation, *, one_time: OneTimeResult, options: BlameOptions = BlameOptions()
+) -> BlameResult:
     """Idle time of every step charged to its causes, per rank (per inferred iteration without step markers).
 
     On a CPU-only trace the idle time is the main thread's, outside its compute (see the module's docstring).
     """
-    one_time = one_time if one_time is not None else one_time_work(trace)
     labels = _Labels(trace, one_time)
     ranks = {}
     for rank in trace.rank_ids:

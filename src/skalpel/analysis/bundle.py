@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..forking import Child
 from ..trace.model import Trace
+from .allocator import AllocatorResult, allocator_calls
 from .blame import BlameResult, blame
 from .blame_peers import with_late_peers
 from .breakdown import StepBreakdown, step_breakdown
 from .attention import Attention, attention
-from .comm import CommAnalysis, analyze_comm
-from .compile import CompileLog, CompileResult, compile_events, compile_log
+from .broadcast import LargestAlloc, largest_allocs
+from .comm import CommAnalysis, analyze_comm, c10d_issuers
+from .compile import (
+    CompileInSteps,
+    CompileLog,
+    CompileResult,
+    GraphBreaks,
+    compile_events,
+    compile_in_steps,
+    compile_log,
+    graph_breaks,
+)
 from .cpu_ops import CpuOps, cpu_ops
 from .gpu_time import GpuTimeResult, gpu_time
 from .idle_gaps import IdleGaps, idle_gaps
+from .kept_memory import KeptMemory
 from .kernel_launchers import KernelLaunchers, kernel_launchers
 from .kernels import KernelTable, kernel_table
 from .launches import LaunchResult, launches
@@ -24,9 +35,11 @@ from .ledger import Ledger, ledger
 from .loader_ranges import LoaderRanges, loader_ranges
 from .memory import MemoryResult, memory
 from .mfu import Mfu, mfu
-from .onetime import one_time_work
+from .onetime import OneTimeResult, one_time_work
 from .ops import OpTable, op_table
+from .rankprofile import RankLocations
 from .ranks import RankComparison, compare_ranks
+from .rankwork import WorkComparison, slower_rank_work
 from .recorded import RecordingResult, device_recording
 from .step_device import StepDeviceResult, device_in_steps
 from .steps import StepSegmentation, segment_steps
@@ -60,8 +73,6 @@ class Analyses:
     mfu: tuple[Mfu, ...] = ()  # achieved FLOP/s and MFU per rank; empty without flop counts (with_flops)
     comm: CommAnalysis | None = None  # collectives per rank: by type, bandwidth, share, overlap
     rank_comparison: RankComparison | None = None  # aligned clocks, waits, straggler; None for one rank
-    results: dict[str, Any] = field(default_factory=dict)  # name -> typed result, for analyses added later
-    # rules1
     has_device: bool | None = None  # any device activity (None: not asked, as on a job's driver)
     has_stacks: bool | None = None  # Python stacks or frames recorded (user-code lines can be named)
     loader_ranges: LoaderRanges | None = None  # DataLoader ranges per rank and the iterator types they name
@@ -70,6 +81,16 @@ class Analyses:
     cpu_ops: CpuOps | None = None  # CPU-only runs: host ops in the steps, self times, sources, collectives' time
     attention: Attention | None = None  # SDPA's backends and their device time, eager bmm + softmax attention
     sync_causes: SyncCauses | None = None  # the syncs that blocked on device work inside the steps, by cause
+    one_time: OneTimeResult | None = None  # one-time work per rank: cold_start's, and blame's and the allocator's
+    allocator: AllocatorResult | None = None  # steady-state cudaMalloc/cudaFree calls per rank
+    compile_in_steps: CompileInSteps | None = None  # compile time inside the steps; None without torch.compile
+    graph_breaks: GraphBreaks | None = None  # the graph breaks and their time; None without one
+    largest_allocs: dict[tuple[int, str], LargestAlloc] = field(default_factory=dict)  # (rank, device) -> its op
+    kept_memory: KeptMemory | None = None  # what a device keeps through the steps (read per device)
+    c10d_issuers: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # host-timed ranks' c10d ops
+    rank_work: WorkComparison | None = None  # the slower rank's work against the others'; None for one rank
+    # a job reduced rank by rank: what each rank's worker located for the job-level rules (None: a whole trace)
+    rank_locations: dict[int, RankLocations] | None = None
 
 
 # From this many events, with a second idle core, the op table and the step breakdown are computed in a forked
@@ -97,11 +118,14 @@ def run_analyses(trace: Trace, *, processes: int = 1) -> Analyses:
     # the child's results, or computed here (no second core, or the child died: killed for memory?)
     analyses.ops, analyses.breakdown = done if done is not None else (op_table(trace), step_breakdown(trace, steps))
     analyses.attention = attention(trace, analyses.ops, analyses.kernels)
+    if analyses.rank_comparison is not None:
+        analyses.rank_work = slower_rank_work(analyses.rank_comparison, analyses.ops, steps)
     return analyses
 
 
 def _run_the_rest(trace: Trace, steps: StepSegmentation, analyses: Analyses) -> None:
     analyses.has_device, analyses.has_stacks = trace.has_device, trace.has_stacks
+    analyses.one_time = one_time_work(trace)
     analyses.loader_ranges = loader_ranges(trace)
     analyses.idle_gaps = idle_gaps(trace, analyses.loader_ranges)
     analyses.kernel_launchers = kernel_launchers(trace, analyses.loader_ranges)
@@ -112,15 +136,21 @@ def _run_the_rest(trace: Trace, steps: StepSegmentation, analyses: Analyses) -> 
     analyses.recording = device_recording(trace)
     analyses.launches = launches(trace, steps)
     analyses.syncs = syncs(trace, steps)
-    one_time = one_time_work(trace)
-    analyses.blame = blame(trace, steps, one_time=one_time)
+    analyses.blame = blame(trace, steps, one_time=analyses.one_time)
+    analyses.allocator = allocator_calls(trace, steps, one_time=analyses.one_time)
     analyses.memory = memory(trace, steps)
+    analyses.largest_allocs = largest_allocs(trace, analyses.memory)
+    analyses.kept_memory = KeptMemory(trace, steps) if analyses.memory is not None else None
     analyses.compile = compile_events(trace, steps)
     analyses.compile_log = compile_log(trace, steps)
+    if analyses.compile.used or analyses.compile_log is not None:
+        analyses.compile_in_steps = compile_in_steps(trace, steps)
+    analyses.graph_breaks = graph_breaks(trace, steps, analyses.compile, analyses.compile_log)
     analyses.mfu = mfu(trace, steps)
     analyses.comm = analyze_comm(trace, steps)
+    analyses.c10d_issuers = c10d_issuers(trace, analyses.comm)
     if len(trace.ranks) > 1:
         analyses.rank_comparison = compare_ranks(trace, steps, analyses.comm)
         analyses.blame = with_late_peers(trace, analyses.blame, analyses.rank_comparison)  # the peer each waited for
-    analyses.ledger = ledger(trace, steps, analyses.blame, one_time)
+    analyses.ledger = ledger(trace, steps, analyses.blame, analyses.one_time)
     analyses.sync_causes = sync_causes(trace, steps, analyses.blame)

@@ -24,7 +24,8 @@ import numpy as np
 from ..trace.kinds import Kind
 from ..trace.model import Trace
 from . import intervals, numeric
-from .collectives import TYPES, Collective, busbw_factor, find_collectives
+from ..trace.named import c10d_ops
+from .collectives import TYPES, Collective, busbw_factor, collective_type, find_collectives
 from .steps import Step, StepSegmentation
 
 
@@ -97,6 +98,20 @@ class CommAnalysis:
 def analyze_comm(trace: Trace, steps: StepSegmentation) -> CommAnalysis:
     """Communication of every rank, over its steps."""
     return CommAnalysis(tuple(_rank_comm(trace, rank, steps.for_rank(rank)) for rank in trace.rank_ids))
+
+
+def c10d_issuers(trace: Trace, comm: CommAnalysis) -> dict[int, dict[str, tuple[int, ...]]]:
+    """The c10d ops of each rank whose collectives are timed on the host, by collective type: gloo runs them on its
+    own thread, so the user's code that issued them is the c10d op's."""
+    found: dict[int, dict[str, tuple[int, ...]]] = {}
+    for rank in comm.ranks:
+        if rank.timed_on != "host":
+            continue
+        by_type: dict[str, list[int]] = defaultdict(list)
+        for event in c10d_ops(trace, rank.rank).tolist():
+            by_type[collective_type(trace.name_of(event))].append(event)
+        found[rank.rank] = {kind: tuple(events) for kind, events in by_type.items()}
+    return found
 
 
 def _rank_comm(trace: Trace, rank: int, steps: list[Step]) -> RankComm:

@@ -111,6 +111,7 @@ class CompileInSteps:
     steady_ms: float  # of which in a rank's later steps (not its first): compilation that repeats
     steps_compiling: int  # steps with any compile time
     events: tuple[int, ...]  # the outermost compile ranges that overlap the steps, by start
+    first_name: str | None = None  # the first one's name
 
 
 def compile_in_steps(trace: Trace, steps: StepSegmentation) -> CompileInSteps:
@@ -137,7 +138,8 @@ def compile_in_steps(trace: Trace, steps: StepSegmentation) -> CompileInSteps:
             steady += us
         overlapping.update(int(i) for i in on_rank[inside] if int(i) in outer)
     events = sorted(overlapping, key=lambda i: float(trace.ts[i]))
-    return CompileInSteps(total / 1000.0, steady / 1000.0, compiling, tuple(events))
+    first = trace.name_of(events[0]) if events else None
+    return CompileInSteps(total / 1000.0, steady / 1000.0, compiling, tuple(events), first)
 
 
 def _outermost(trace: Trace, events: np.ndarray) -> np.ndarray:
@@ -463,3 +465,25 @@ def split_frames(trace: Trace, steps: StepSegmentation) -> SplitFrames:
         stack.append((rank, tid, start + float(trace.dur[event]), frame, label))
     inner = {frame: event for frame, event in inner.items() if frame not in outer}
     return SplitFrames(tuple(outer), tuple(inner), nested, tuple(inner.values()), tuple(pairs))
+
+
+@dataclass(frozen=True)
+class GraphBreaks:
+    """The graph breaks of the steps: from the compile log where ``skalpel run`` wrote one (``split`` None), else
+    from the compiled frames nested in each other (``split``; ``time`` None when none is)."""
+
+    split: SplitFrames | None
+    time: BreakTime | None
+
+
+def graph_breaks(trace: Trace, steps: StepSegmentation, result: CompileResult | None,
+                 log: CompileLog | None) -> GraphBreaks | None:  # fmt: skip
+    """The graph breaks and their time; None without a break logged, or without compiled regions and a log."""
+    if log is not None:
+        if not log.graph_breaks:
+            return None
+        return GraphBreaks(None, graph_break_time(trace, steps, log.region_ids(log.broken_frames)))
+    if result is None or not result.regions:
+        return None
+    split = split_frames(trace, steps)
+    return GraphBreaks(split, graph_break_time(trace, steps, split.frames) if split.inner else None)

@@ -9,7 +9,7 @@ Definitions follow Holistic Trace Analysis (traceinsight 0.6.1; see tests/golden
 * **Idle-time breakdown** (per stream, HTA's own definition): each gap between consecutive
   events on a stream is *host wait* when the runtime call that launched the next event
   started after the previous event ended, else *kernel wait* when the gap is shorter than
-  ``kernel_wait_threshold_us``, else *other*. The rank-level split applies the same rule
+  ``kernel_wait_us``, else *other*. The rank-level split applies the same rule
   to the gaps of the merged timeline, so that it divides exactly the rank's idle time.
 * **Overlap**: the share of the communication union during which compute also runs.
 
@@ -46,6 +46,7 @@ from ..trace import opnames
 from ..trace.kinds import Kind
 from ..trace.model import Trace
 from . import intervals, numeric
+from .options import KERNEL_WAIT_US
 from .timeline import device_mask
 
 IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
@@ -57,7 +58,7 @@ class GpuTimeOptions:
 
     exclude_last_step: bool = False  # True: HTA's default window (device work launched before the last step starts)
     count_syncs: bool = True  # cuda_sync rows with a stream count as non-compute busy time, as in HTA
-    kernel_wait_threshold_us: float = 30.0  # HTA's consecutive_kernel_delay
+    kernel_wait_us: float = KERNEL_WAIT_US  # HTA's consecutive_kernel_delay
 
 
 @dataclass(frozen=True)
@@ -199,8 +200,8 @@ def _rank_gpu_time(
         non_compute_us=busy - compute_us,
         comm_us=float((comm[1] - comm[0]).sum()),
         comm_overlap_us=intervals.intersection_length(comm, compute),
-        idle_breakdown_us=_merged_idle_breakdown(trace, events, options.kernel_wait_threshold_us),
-        streams=_stream_idle(trace, events[device_mask(trace)[events]], options.kernel_wait_threshold_us),
+        idle_breakdown_us=_merged_idle_breakdown(trace, events, options.kernel_wait_us),
+        streams=_stream_idle(trace, events[device_mask(trace)[events]], options.kernel_wait_us),
     )
 
 

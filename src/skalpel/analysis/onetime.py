@@ -1,7 +1,7 @@
 """One-time work: costs a process pays once (CUDA context, cuDNN autotuning, lazy kernel loading).
 
 An event is one-time work when it is the first call of its name and far slower than the
-later calls of that name (``ratio`` times their median and at least ``min_event_ms``), or
+later calls of that name (``first_call_ratio`` times their median and at least ``min_event_ms``), or
 a runtime call that sets up the device (context creation, device queries) and runs long
 the one time it is called. Called once, without a later call to compare with, it is one-time
 work too when it can only be: a launch call of ``min_launch_ms`` or more (a kernel launches in
@@ -24,6 +24,7 @@ from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
 from ..trace.roles import Role, sets_up_on_first_use
 from . import intervals, numeric
+from .options import FIRST_CALL_MIN_MS, FIRST_CALL_RATIO
 from .timeline import device_mask
 
 _CONSIDERED = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER], dtype=np.int8)
@@ -33,8 +34,8 @@ _CONSIDERED = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER], dtype=np.int8)
 class OneTimeOptions:
     """When a first call counts as one-time work."""
 
-    ratio: float = 10.0  # the first call is this many times slower than the median of the later calls
-    min_event_ms: float = 10.0  # ... and at least this long
+    first_call_ratio: float = FIRST_CALL_RATIO  # the first call is this many times slower than the later calls' median
+    min_event_ms: float = FIRST_CALL_MIN_MS  # ... and at least this long
     min_launch_ms: float = 1.0  # a launch call this long loaded its kernel's module (kernels launch in microseconds)
 
 
@@ -129,7 +130,7 @@ def _flagged(trace: Trace, events: np.ndarray, options: OneTimeOptions) -> list[
                 result.append((first, None))
             continue
         later = numeric.median(trace.dur[calls[1:]])
-        if trace.dur[first] >= options.ratio * max(later, 1.0):
+        if trace.dur[first] >= options.first_call_ratio * max(later, 1.0):
             result.append((first, later))
     return result
 

@@ -144,3 +144,17 @@ def _top_level(trace: Trace, events: np.ndarray) -> np.ndarray:
     ends = trace.ts[events] + trace.dur[events]
     top = events[intervals.outermost(trace.ts[events], ends, np.zeros(len(events), dtype=np.int64))]
     return top[np.argsort(trace.ts[top], kind="stable")]
+
+
+@dataclass(frozen=True)
+class RankLocations:
+    """The user-code locations the job-level rules may cite for one rank, found where its trace is loaded.
+
+    A job reduced rank by rank keeps no trace on the driver: each worker locates what the
+    job-level rules could cite for its rank (where it issues its costliest collective, and
+    each category of its time profile, should it be the straggler) and the rules read them
+    from ``Analyses.rank_locations``.
+    """
+
+    issued_at: tuple[str, ...]
+    by_category: dict[str, tuple[str, ...]]

@@ -13,9 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from . import numeric
 from .ops import OpStats, OpTable
+from .options import MIN_CALL_RATIO
 from .steps import StepSegmentation
+
+if TYPE_CHECKING:
+    from .ranks import RankComparison
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,15 @@ def rank_work(rows: tuple[OpStats, ...], steps: int, kinds: list[dict[str, tuple
 
 
 WORK_KINDS = 16
+
+
+def slower_rank_work(comparison: RankComparison, ops: OpTable | None, steps: StepSegmentation, *,
+                     works: dict[int, RankWork] | None = None) -> WorkComparison | None:  # fmt: skip
+    """The slower rank's work (the straggler's, or the first rank's without one) against the other ranks'."""
+    if not comparison.ranks:
+        return None
+    rank = comparison.straggler.rank if comparison.straggler is not None else comparison.ranks[0].rank
+    return compare_work(ops, steps, rank, min_call_ratio=MIN_CALL_RATIO, works=works)
 
 
 def compare_work(ops: OpTable | None, steps: StepSegmentation, rank: int, *, min_call_ratio: float,

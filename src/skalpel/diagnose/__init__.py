@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..result.report import SEVERITIES, CaptureInfo, Finding
 from . import thresholds
 from .registry import BY_ID, REDIRECTS, RULES, judged_rules, lookup
 from .rule import Context, NotJudged, Rule
 from .verdict import no_bottleneck, not_judged
+
+if TYPE_CHECKING:
+    from ..analysis.bundle import Analyses
 
 __all__ = ["BY_ID", "REDIRECTS", "RULES", "Rule", "conclude", "diagnose", "judge", "lookup", "unmet_need"]
 
@@ -24,7 +27,7 @@ NOT_RECORDED = "kernels were launched but not recorded (see device_activity_miss
 NO_STEPS = "no steps marked (call prof.step() per iteration or use skalpel run): cannot judge per step"
 
 
-def diagnose(analyses: Any, capture: CaptureInfo | None = None) -> tuple[Finding, ...]:
+def diagnose(analyses: Analyses, capture: CaptureInfo | None = None) -> tuple[Finding, ...]:
     ctx = Context(analyses, capture)
     return conclude(ctx, [(rule, judge(rule, ctx)) for rule in judged_rules()])
 
@@ -45,8 +48,8 @@ def unmet_need(rule: Rule, ctx: Context) -> NotJudged | None:
     if rule.family not in JUDGED_ON_ONE_TIME and (share := _one_time_window_pct(ctx)) is not None:
         return NotJudged(f"the window is {share:.0f}% one-time work (see cold_start), with no steady state to judge: "
                          "profile later steps (skalpel run warms up first)")  # fmt: skip
-    if rule.needs_device and not ctx.result("has_device", lambda: ctx.trace.has_device):  # a scan of every event: once
-        recording = ctx.result("recording")
+    if rule.needs_device and not ctx.analyses.has_device:
+        recording = ctx.analyses.recording
         return NotJudged(NOT_RECORDED if recording is not None and recording.launches_without_work else NO_DEVICE)
     if rule.needs_steps and not ctx.steps.marked:
         return NotJudged(NO_STEPS)
@@ -55,7 +58,7 @@ def unmet_need(rule: Rule, ctx: Context) -> NotJudged | None:
 
 def _one_time_window_pct(ctx: Context) -> float | None:
     """The share of one-time work of a recording that is nearly all one-time work on every rank; None otherwise."""
-    found = getattr(ctx.analyses, "ledger", None)
+    found = ctx.analyses.ledger
     ranks = list(found.ranks.values()) if found is not None else []
     if not ranks or not all(rank.all_one_time for rank in ranks):
         return None

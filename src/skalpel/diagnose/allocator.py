@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from ..analysis.allocator import allocator_calls
-from ..analysis.onetime import one_time_work
 from . import thresholds
-from .coldstart import cold_start_options
 from .rule import Context, Docs, Outcome, Rule
 
 
 def _check_churn(ctx: Context, rule: Rule) -> Outcome:
     limits = rule.thresholds
-    one_time = ctx.result("one_time", lambda: one_time_work(ctx.trace, options=cold_start_options()))
-    result = ctx.result("allocator", lambda: allocator_calls(ctx.trace, ctx.steps, one_time=one_time))
+    result = ctx.analyses.allocator
     findings = []
     for rank, calls in result.ranks.items():
         if calls.calls < limits.floor or calls.share_pct < limits.share_pct or calls.total_ms < limits.param("min_ms"):

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from ..analysis.onetime import OneTimeOptions, one_time_work
 from . import thresholds
 from .rule import Context, Docs, Outcome, Rule
 
 
-def cold_start_options() -> OneTimeOptions:
-    limits = thresholds.COLD_START
-    return OneTimeOptions(ratio=limits.param("first_call_ratio"), min_event_ms=limits.param("min_event_ms"))
-
-
 def _check_cold_start(ctx: Context, rule: Rule) -> Outcome:
     limits = rule.thresholds
-    result = ctx.result("one_time", lambda: one_time_work(ctx.trace, options=cold_start_options()))
+    result = ctx.analyses.one_time
     findings = []
     for rank, work in result.ranks.items():
         if work.share_pct < limits.share_pct or work.total_ms < limits.floor:

@@ -10,15 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ..analysis.compile import (
-    CompileLog,
-    LoggedCompilation,
-    compile_events,
-    compile_in_steps,
-    compile_log,
-    graph_break_time,
-    split_frames,
-)
+from ..analysis.compile import CompileLog, GraphBreaks, LoggedCompilation
 from . import thresholds
 from .common import pct
 from .rule import Context, Docs, NotJudged, Outcome, Rule
@@ -51,8 +43,7 @@ _GENERIC_FIX = (
 
 
 def _check_recompilation(ctx: Context, rule: Rule) -> Outcome:
-    result = ctx.result("compile", lambda: compile_events(ctx.trace, ctx.steps))
-    log = ctx.result("compile_log", lambda: compile_log(ctx.trace, ctx.steps))
+    result, log = ctx.analyses.compile, ctx.analyses.compile_log
     used = (result is not None and result.used) or (log is not None and bool(log.compilations))
     if not used:
         return []  # no torch.compile in this trace: nothing to judge
@@ -128,19 +119,15 @@ def _short(text: str | None, limit: int = 240) -> str:
 
 # -- graph breaks ----------------------------------------------------------------------------------
 def _check_graph_break(ctx: Context, rule: Rule) -> Outcome:
-    log: CompileLog | None = ctx.result("compile_log", lambda: compile_log(ctx.trace, ctx.steps))
+    log, found = ctx.analyses.compile_log, ctx.analyses.graph_breaks
+    if found is None:
+        return []
     if log is None:
-        result = ctx.result("compile", lambda: compile_events(ctx.trace, ctx.steps))
-        if result is not None and result.regions:
-            return _graph_break_from_regions(ctx, rule)
-        return []
-    if not log.graph_breaks:
-        return []
+        return _graph_break_from_regions(ctx, rule, found)
     steps = ctx.steps.steps
     step_ms = sum(step.duration_ms for step in steps) or 1.0
     step_count = max(len(steps), 1)
-    frames = log.region_ids(log.broken_frames)
-    time = graph_break_time(ctx.trace, ctx.steps, frames)
+    time = found.time
     breaks = log.graph_breaks
     evidence = {
         "graph_breaks": len(breaks),
@@ -195,18 +182,17 @@ def _cost_text(evidence: dict) -> str:
 _NO_REASON = "why is not in the trace: run it under `skalpel run` (or with TORCH_LOGS=graph_breaks) for the reason and the line"
 
 
-def _graph_break_from_regions(ctx: Context, rule: Rule) -> Outcome:
+def _graph_break_from_regions(ctx: Context, rule: Rule, found: GraphBreaks) -> Outcome:
     """Without the compile log: compiled frames that ran inside another frame's region are the breaks' resume frames.
 
     One frame, or frames side by side (a compiled model and a compiled loss), show no break and stay quiet.
     """
-    split = split_frames(ctx.trace, ctx.steps)
-    if not split.inner:
+    split, time = found.split, found.time
+    if time is None:
         return []
     steps = ctx.steps.steps
     step_ms = sum(step.duration_ms for step in steps) or 1.0
     step_count = max(len(steps), 1)
-    time = graph_break_time(ctx.trace, ctx.steps, split.frames)
     breaks = len(split.inner)
     located = ctx.locations(list(split.events))
     evidence = {
@@ -234,8 +220,7 @@ def _graph_break_from_regions(ctx: Context, rule: Rule) -> Outcome:
 
 # -- compile time inside the steps, the recompile limit ---------------------------------------------
 def _check_compile_overhead(ctx: Context, rule: Rule) -> Outcome:
-    result = ctx.result("compile", lambda: compile_events(ctx.trace, ctx.steps))
-    log: CompileLog | None = ctx.result("compile_log", lambda: compile_log(ctx.trace, ctx.steps))
+    result, log = ctx.analyses.compile, ctx.analyses.compile_log
     if (result is None or not result.used) and log is None:
         return []
     findings = []
@@ -254,7 +239,7 @@ def _check_compile_overhead(ctx: Context, rule: Rule) -> Outcome:
         findings.append(rule.finding(evidence, title=title, fix=fix, locations=_limit_locations(log)))
     steps = ctx.steps.steps
     step_ms = sum(step.duration_ms for step in steps) or 1.0
-    traced = ctx.result("compile_in_steps", lambda: compile_in_steps(ctx.trace, ctx.steps))
+    traced = ctx.analyses.compile_in_steps
     logged = [item for item in (log.compilations if log else ()) if item.in_window] if ctx.steps.marked else []
     logged_ms = sum(item.duration_ms for item in logged)
     compile_ms = max(traced.ms, logged_ms)
@@ -269,7 +254,7 @@ def _check_compile_overhead(ctx: Context, rule: Rule) -> Outcome:
     where = "inside the profiled steps" if ctx.steps.marked else "in the profiled window (no steps marked)"
     title = f"torch.compile compiles for {compile_ms:.0f} ms {where} ({share:.0f}% of their time)"
     locations = _locations(ctx, logged, result) if logged else ctx.locations(list(traced.events))
-    locations = locations or tuple(ctx.trace.names[int(ctx.trace.name[i])] for i in traced.events[:1])
+    locations = locations or ((traced.first_name,) if traced.first_name is not None else ())
     if steady or not ctx.steps.marked:
         findings.append(rule.finding(evidence, title=title, locations=locations))
     else:

@@ -10,28 +10,26 @@ also read as a slow network.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..analysis import numeric
-from ..analysis.collectives import SYNCHRONISING, collective_type
-from ..analysis.comm import CommAnalysis, RankComm, analyze_comm
-from ..analysis.ops import op_table
-from ..analysis.ranks import OUTSIDE_OPS, RankComparison, compare_ranks
-from ..analysis.rankwork import ExtraWork, WorkComparison, compare_work
+from ..analysis.collectives import SYNCHRONISING
+from ..analysis.comm import CommAnalysis, RankComm
+from ..analysis.rankprofile import RankLocations
+from ..analysis.ranks import OUTSIDE_OPS, RankComparison
+from ..analysis.rankwork import ExtraWork
 from ..result.report import AcrossRanks, Finding
-from ..trace.kinds import Kind
 from . import thresholds
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
 def _comm(ctx: Context) -> CommAnalysis:
-    return ctx.result("comm", lambda: analyze_comm(ctx.trace, ctx.steps))
+    return ctx.analyses.comm
 
 
 def _ranks(ctx: Context) -> RankComparison:
-    return ctx.result("rank_comparison", lambda: compare_ranks(ctx.trace, ctx.steps, _comm(ctx)))
+    return ctx.analyses.rank_comparison  # set wherever several ranks are loaded, the only case asking for it
 
 
 def _waits(ctx: Context) -> dict[int, float]:
@@ -42,7 +40,7 @@ def _waits(ctx: Context) -> dict[int, float]:
     in the communication time, so a job losing most of its step in collectives never reads
     as "no bottleneck".
     """
-    if len(ctx.trace.ranks) < 2:
+    if len(ctx.ranks) < 2:
         return {}
     if not _consistent_straggler(ctx) and not _machine_load(ctx):
         return {}
@@ -68,12 +66,12 @@ def _machine_load(ctx: Context) -> bool:
     and which rank that is moves from run to run. The waits are then neither a straggler's
     nor the network's; straggler_rank says so in an info note that keeps the numbers.
     """
-    if len(ctx.trace.ranks) < 2:
+    if len(ctx.ranks) < 2:
         return False
     comparison = _ranks(ctx)
     if len(comparison.ranks) < 2 or any(timing.clock not in ("reference", "same host") for timing in comparison.ranks):
         return False
-    work = _work(ctx)
+    work = ctx.analyses.rank_work
     if work is None or not work.matched:
         return False
     straggler = comparison.straggler
@@ -81,21 +79,10 @@ def _machine_load(ctx: Context) -> bool:
     return top is None or (top.category != OUTSIDE_OPS and not top.category.startswith("kernel: "))
 
 
-def _work(ctx: Context) -> WorkComparison | None:
-    """The slower rank's work (the straggler's, or the first rank's without one) against the other ranks'."""
-    comparison = _ranks(ctx)
-    if not comparison.ranks:
-        return None
-    rank = comparison.straggler.rank if comparison.straggler is not None else comparison.ranks[0].rank
-    ratio = thresholds.STRAGGLER_RANK.param("min_call_ratio")
-    return ctx.result("rank_work", lambda: compare_work(ctx.result("ops", lambda: op_table(ctx.trace)), ctx.steps, rank,
-                                                        min_call_ratio=ratio, works=ctx.result("rank_works")))  # fmt: skip
-
-
 def _extra_work(ctx: Context) -> ExtraWork | None:
     """What the straggler runs more of than the others, when it costs a material part of the wait it imposes."""
     straggler = _ranks(ctx).straggler
-    work = _work(ctx)
+    work = ctx.analyses.rank_work
     if straggler is None or work is None or not work.extra:
         return None
     top = work.extra[0]
@@ -120,7 +107,7 @@ def _extra_work_words(rank: int, extra: ExtraWork) -> str:
 
 def _is_distributed_job(ctx: Context) -> bool:
     """Several ranks loaded, or a rank file that says it belongs to a job of several ranks."""
-    return len(ctx.trace.ranks) > 1 or any((info.world_size or 1) > 1 for info in ctx.trace.ranks)
+    return len(ctx.ranks) > 1 or any((info.world_size or 1) > 1 for info in ctx.ranks)
 
 
 NEVER_COMMUNICATE = "no collective on any rank: the ranks never communicate"
@@ -144,8 +131,8 @@ def _with_comm(ctx: Context) -> list[RankComm] | NotJudged:
 
 def _no_communication_note(ctx: Context, rule: Rule) -> Finding:
     """The ranks of a distributed job exchange nothing: each trains (or runs) its own copy of the model."""
-    ranks = [info.rank for info in ctx.trace.ranks]
-    world = max((info.world_size or 1 for info in ctx.trace.ranks), default=1)
+    ranks = [info.rank for info in ctx.ranks]
+    world = max((info.world_size or 1 for info in ctx.ranks), default=1)
     steps = sum(rank.steps for rank in _comm(ctx).ranks)
     who = f"The {len(ranks)} ranks never communicate" if len(ranks) > 1 else f"Rank {ranks[0]} of {world} never communicates"
     title = (f"{who}: no collective (all_reduce, broadcast, barrier, ...) in {steps} profiled steps, so every rank "
@@ -241,8 +228,8 @@ def _with_spread(ctx: Context, finding: Finding, key: str, values: dict[int, flo
     spread of ``key`` over them and the worst, as a finding merged across ranks says (``job/across.py``)."""
     if len(values) < 2 or not holds:
         return finding
-    across = AcrossRanks.spread_of(values, ranks=holds, of=max(len(ctx.trace.rank_ids), len(values)), key=key,
-                                   worst=3, title_rank=typical)  # fmt: skip
+    across = AcrossRanks.spread_of(values, ranks=holds, of=max(len(ctx.rank_ids), len(values)), key=key,
+                                   worst=thresholds.WORST_RANKS, title_rank=typical)  # fmt: skip
     return dataclasses.replace(finding, across=across)
 
 
@@ -258,7 +245,7 @@ def _one_small_bucket(rank: RankComm, rule: Rule) -> bool:
 
 def _issued_at(ctx: Context, rank: RankComm) -> tuple[str, ...]:
     """Where the user's code issues the costliest type of collective (backward for DDP's all_reduce)."""
-    known = ctx.result("rank_locations")  # a job reduced rank by rank: located where each rank was loaded
+    known = ctx.analyses.rank_locations  # a job reduced rank by rank: located where each rank was loaded
     if known is not None:
         return known[rank.rank].issued_at if rank.rank in known else ()
     if not rank.by_type:
@@ -266,14 +253,12 @@ def _issued_at(ctx: Context, rank: RankComm) -> tuple[str, ...]:
     kind = rank.by_type[0].type
     events = [c.event for c in rank.collectives if c.type == kind]
     if rank.timed_on == "host":  # gloo runs them on its own thread: locate the c10d op that issued them
-        trace = ctx.trace
-        issued = np.flatnonzero((trace.kind == Kind.COMM_OP) & (trace.rank == rank.rank))
-        events = [int(i) for i in issued if trace.name_of(i).startswith("c10d::") and collective_type(trace.name_of(i)) == kind] or events
+        events = list(ctx.analyses.c10d_issuers.get(rank.rank, {}).get(kind, ())) or events
     return ctx.locations(np.array(events[:200]))
 
 
 def _check_straggler(ctx: Context, rule: Rule) -> Outcome:
-    if len(ctx.trace.ranks) < 2:
+    if len(ctx.ranks) < 2:
         return NotJudged(
             "one rank in the trace: load every rank's file to compare them", applies=_is_distributed_job(ctx)
         )
@@ -367,7 +352,7 @@ def _load_note(ctx: Context, rule: Rule, comparison: RankComparison) -> Finding:
 
 
 def _straggler_locations(ctx: Context, rank: int, top) -> tuple[str, ...]:
-    known = ctx.result("rank_locations")
+    known = ctx.analyses.rank_locations
     if known is not None:
         return known[rank].by_category.get(top.category, ()) if rank in known else ()
     return _located(ctx, rank, top.events, top.instants_us, top.tid)
@@ -379,20 +364,6 @@ def _located(ctx: Context, rank: int, events: tuple[int, ...], instants_us: tupl
     if instants_us:
         return ctx.locations_at(rank, tid, instants_us)
     return ()
-
-
-@dataclass(frozen=True)
-class RankLocations:
-    """The user-code locations these rules may cite for one rank, found where its trace is loaded.
-
-    A job reduced rank by rank keeps no trace on the driver: each worker locates what the
-    job-level rules could cite for its rank (where it issues its costliest collective, and
-    each category of its time profile, should it be the straggler) and the rules read them
-    from ``Analyses.results['rank_locations']``.
-    """
-
-    issued_at: tuple[str, ...]
-    by_category: dict[str, tuple[str, ...]]
 
 
 def rank_locations(ctx: Context, rank: int, profile) -> RankLocations:

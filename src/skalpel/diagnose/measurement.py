@@ -48,7 +48,7 @@ def _slow_first_steps(ctx: Context, limits) -> list[dict]:
     """Ranks whose first profiled step is much slower than the median of the others (3 steps or more)."""
     result = []
     for window in windows(ctx):
-        if window.count < 3 or not ctx.steps.marked:
+        if window.count < thresholds.NO_WARMUP_MIN_STEPS or not ctx.steps.marked:
             continue
         ordered = sorted(window.steps, key=lambda step: step.start_us)
         durations = [step.duration_ms for step in ordered]

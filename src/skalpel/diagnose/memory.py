@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..analysis import numeric
-from ..analysis.memory import allocating_ops, memory
+from ..analysis.kept_memory import DeviceKept
 from ..display import rough_duration
-from ..trace.kinds import Kind
 from . import thresholds
-from .broadcast import materialised_broadcast
 from .common import pct
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
@@ -20,12 +17,8 @@ MIB = 2**20
 _NO_MEMORY = "no [memory] events: profile with profile_memory=True (skalpel run records them)"
 
 
-def _memory(ctx: Context):
-    return ctx.result("memory", lambda: memory(ctx.trace, ctx.steps))
-
-
 def _check_growth(ctx: Context, rule: Rule) -> Outcome:
-    result = _memory(ctx)
+    result = ctx.analyses.memory
     if result is None:
         return NotJudged(_NO_MEMORY)
     limits = rule.thresholds
@@ -57,22 +50,22 @@ def _check_growth(ctx: Context, rule: Rule) -> Outcome:
             **(projection.evidence(limits) if projection else {}),
         }
         title = rule.title.format(**evidence) + (f"; {projection.text()}" if projection else "")
-        allocs = _held_allocations(ctx, device)
-        by_op = _kept_by_op(ctx, device, allocs, len(deltas))
+        kept = ctx.analyses.kept_memory.of(device)
+        by_op = _kept_by_op(kept, len(deltas))
         if by_op:
             evidence["kept_by_op"] = by_op
             title += f"; kept blocks allocated in {by_op[0]['op']} ({by_op[0]['mib_per_step']:.1f} MiB/step)"
-        history = _lbfgs_history(ctx, device, allocs)
+        history = _lbfgs_history(kept)
         if history is not None:  # bounded, not a leak: said as such, with no leak fix
             evidence["lbfgs_history_bound_mib"] = history / MIB
             title = rule.title.format(**evidence) + _LBFGS_TITLE.format(bound_mib=history / MIB)
             findings.append(rule.finding(evidence, severity="info", title=title, fix=_LBFGS_FIX,
-                                         locations=_leak_sites(ctx, device, allocs), rank=device.rank))  # fmt: skip
+                                         locations=_leak_sites(ctx, device, kept), rank=device.rank))  # fmt: skip
             continue
         buffer_loss = next((entry["op"] for entry in by_op if entry["op"] in _LOSS_KEEPS_BUFFER), None)
         fix = _LOSS_KEEPS_BUFFER_FIX.format(op=buffer_loss) if buffer_loss else None
         findings.append(rule.finding(evidence, severity=severity, title=title, fix=fix,
-                                     locations=_leak_sites(ctx, device, allocs), rank=device.rank))  # fmt: skip
+                                     locations=_leak_sites(ctx, device, kept), rank=device.rank))  # fmt: skip
     if not judged:
         return NotJudged(f"fewer than {limits.param('min_steps'):g} marked steps with memory events: cannot judge growth per step")
     return findings
@@ -143,61 +136,19 @@ def _two_digits(value: float) -> float:
 
 
 def _main_devices(ctx: Context, result) -> list:
-    """Per rank, the accelerator with the highest peak, else the host: host memory of a GPU job is not judged."""
-    devices = [result.main_device(rank) for rank in ctx.trace.rank_ids]
+    devices = [result.main_device(rank) for rank in ctx.rank_ids]
     return [device for device in devices if device is not None]
 
 
-def _held_allocations(ctx: Context, device) -> np.ndarray:
-    """The allocations that are never freed during the steps: rows of ``ctx.trace.memory``.
-
-    Those are the sizes allocated more often than freed during the steps (allocations and frees
-    paired by size); where the trace gives each block's address, only the blocks of those sizes
-    still held at the last step's end: a leak of activations shares its size with the
-    activations, gradients and temporaries that every step frees again.
-    """
-    events = ctx.trace.memory
-    steps = sorted(ctx.steps.for_rank(device.rank), key=lambda step: step.start_us)
-    start, end = steps[0].host_begin_us, steps[-1].host_end_us  # allocations happen on the host's timeline
-    on_device = events.device_type == 0 if device.device == "cpu" else events.device_type != 0
-    rows = np.flatnonzero((events.rank == device.rank) & on_device & (events.ts >= start) & (events.ts < end))
-    rows = rows[np.argsort(events.ts[rows], kind="stable")]
-    sizes = events.nbytes[rows]
-    surplus = Counter(sizes[sizes > 0].tolist())
-    surplus.subtract(Counter((-sizes[sizes < 0]).tolist()))
-    kept = {size for size, count in surplus.items() if count > 0 and size >= MIB // 16}
-    allocs = rows[np.isin(sizes, list(kept))] if kept else rows[:0]
-    held = _held_at_end(events, rows) if len(allocs) else None
-    return np.intersect1d(allocs, held) if held is not None else allocs
-
-
-def _leak_sites(ctx: Context, device, allocs: np.ndarray) -> tuple[str, ...]:
-    """Where the allocations that are never freed happen: the user frames open at them."""
-    events = ctx.trace.memory
-    # per thread, most allocations first: a GPU step's backward allocates on autograd's thread, which has no user frames
-    threads = Counter(events.tid[allocs].tolist())
+def _leak_sites(ctx: Context, device, kept: DeviceKept) -> tuple[str, ...]:
     found: dict[str, None] = {}
-    for tid, _ in threads.most_common():
-        on_thread = allocs[events.tid[allocs] == tid]
-        found.update(dict.fromkeys(ctx.locations_at(device.rank, int(tid), events.ts[on_thread])))
+    for tid, times in kept.threads:
+        found.update(dict.fromkeys(ctx.locations_at(device.rank, tid, times)))
     return tuple(found)[:3]
 
 
-_OPS_NAMED = 64  # the largest held blocks whose op is looked up
-
-
-def _kept_by_op(ctx: Context, device, allocs: np.ndarray, steps: int) -> list[dict]:
-    """The ops that allocated the blocks never freed, most memory first: the op, MiB kept a step, blocks."""
-    events = ctx.trace.memory
-    largest = allocs[np.argsort(-events.nbytes[allocs], kind="stable")[:_OPS_NAMED]]
-    kept: Counter[str] = Counter()
-    blocks: Counter[str] = Counter()
-    ops = allocating_ops(ctx.trace, device.rank, events.tid[largest], events.ts[largest].astype(float))
-    for row, op in zip(largest.tolist(), ops):
-        kept[op or "(no op)"] += int(events.nbytes[row])
-        blocks[op or "(no op)"] += 1
-    return [{"op": op, "mib_per_step": size / MIB / max(steps, 1), "blocks": blocks[op]}
-            for op, size in kept.most_common(3)]
+def _kept_by_op(kept: DeviceKept, steps: int) -> list[dict]:
+    return [{"op": item.op, "mib_per_step": item.nbytes / MIB / max(steps, 1), "blocks": item.blocks} for item in kept.by_op]
 
 
 # reduced losses whose 0-dim result keeps the whole elementwise-loss buffer as its storage (pytorch/pytorch#185647)
@@ -209,11 +160,8 @@ _LOSS_KEEPS_BUFFER_FIX = (
 )
 
 
-# LBFGS keeps history_size (100 by default) pairs of flat parameter-sized vectors (a step and a gradient change),
-# made inside its step: memory that grows there stops once the history is full
-_LBFGS_STEP = "Optimizer.step#LBFGS.step"
-_LBFGS_HISTORY = 100  # torch.optim.LBFGS's default history_size
-_LBFGS_SHARE = 0.8  # of the kept bytes allocated inside its steps
+# LBFGS's curvature history (thresholds.LBFGS_HISTORY, LBFGS_SHARE): memory that grows inside its step stops once
+# the history is full
 _LBFGS_TITLE = (
     ", allocated inside LBFGS's step: its curvature history, history_size pairs of parameter-sized vectors, which "
     "stops growing once full (~{bound_mib:.0f} MiB with the default history_size=100), not a leak"
@@ -225,37 +173,12 @@ _LBFGS_FIX = (
 )
 
 
-def _lbfgs_history(ctx: Context, device, allocs: np.ndarray) -> float | None:
-    """Where the kept blocks were allocated inside LBFGS's steps: the bytes its full history would hold (two
+def _lbfgs_history(kept: DeviceKept) -> float | None:
+    """The bound of LBFGS's history where the kept blocks were allocated inside its steps (2 x history_size
     blocks of the common kept size a pair), else None."""
-    trace, events = ctx.trace, ctx.trace.memory
-    name = trace.name_id(_LBFGS_STEP)
-    if name < 0 or len(allocs) == 0:
+    if kept.lbfgs_bytes is None or kept.lbfgs_bytes < thresholds.LBFGS_SHARE * kept.kept_bytes:
         return None
-    ranges = np.flatnonzero((trace.name == name) & (trace.rank == device.rank))
-    ranges = ranges[np.argsort(trace.ts[ranges], kind="stable")]
-    at = events.ts[allocs].astype(np.float64)
-    before = np.searchsorted(trace.ts[ranges], at, side="right") - 1
-    inside = (before >= 0) & (at < trace.end[ranges][np.maximum(before, 0)])
-    sizes = events.nbytes[allocs].astype(np.float64)
-    if sizes[inside].sum() < _LBFGS_SHARE * sizes.sum():
-        return None
-    block = Counter(events.nbytes[allocs[inside]].tolist()).most_common(1)[0][0]
-    return 2.0 * _LBFGS_HISTORY * block
-
-
-def _held_at_end(events, rows: np.ndarray) -> np.ndarray | None:
-    """The allocations among ``rows`` (in time order) whose block is not freed again before the last row;
-    None where the addresses cannot pair them (absent, or a block allocated twice without a free between)."""
-    held: dict[int, int] = {}
-    for row, addr, size in zip(rows.tolist(), events.addr[rows].tolist(), events.nbytes[rows].tolist()):
-        if addr < 0 or (size > 0 and addr in held):
-            return None
-        if size > 0:
-            held[addr] = row
-        elif size < 0:
-            held.pop(addr, None)
-    return np.array(sorted(held.values()), dtype=np.int64)
+    return 2.0 * thresholds.LBFGS_HISTORY * kept.lbfgs_block_bytes
 
 
 MEMORY_GROWTH = Rule(
@@ -316,7 +239,7 @@ _TRANSIENT_FIX = (
 
 
 def _check_spike(ctx: Context, rule: Rule) -> Outcome:
-    result = _memory(ctx)
+    result = ctx.analyses.memory
     if result is None:
         return NotJudged(_NO_MEMORY)
     limits = rule.thresholds
@@ -325,8 +248,8 @@ def _check_spike(ctx: Context, rule: Rule) -> Outcome:
         size, peak = device.largest_alloc_bytes, device.peak_bytes
         share = pct(size, peak)
         op_event = device.largest_alloc_op_event
-        outer = _outer_event(ctx, op_event)
-        broadcast = materialised_broadcast(ctx, outer) if share >= limits.share_pct else None
+        largest = ctx.analyses.largest_allocs[(device.rank, device.device)]
+        broadcast = largest.broadcast if share >= limits.share_pct else None
         if broadcast is not None and broadcast.ratio < limits.param("min_broadcast_ratio"):
             broadcast = None
         floor = limits.param("broadcast_floor_mib") if broadcast is not None else limits.floor
@@ -340,7 +263,7 @@ def _check_spike(ctx: Context, rule: Rule) -> Outcome:
             "steady_mib": device.steady_bytes / MIB,
             "capacity_mib": capacity / MIB if capacity else None,
             "peak_of_capacity_pct": pct(peak, capacity) if capacity else None,
-            "op": ctx.trace.name_of(outer) if outer >= 0 else device.largest_alloc_op or "unknown",
+            "op": largest.op if largest.op_event >= 0 else device.largest_alloc_op or "unknown",
             "inner_op": device.largest_alloc_op or "unknown",
             "device": device.device,
             "op_event": device.largest_alloc_op_event,
@@ -391,18 +314,6 @@ def _transient_severity(device, limits) -> str | None:
     if size >= limits.param("large_mib") * MIB:
         return "info"
     return None
-
-
-def _outer_event(ctx: Context, event: int) -> int:
-    """The outermost host op around an op on its thread: what the user called (aten::contiguous, not aten::empty)."""
-    if event < 0:
-        return -1
-    trace = ctx.trace
-    same = (trace.rank == trace.rank[event]) & (trace.pid == trace.pid[event]) & (trace.tid == trace.tid[event])
-    around = np.flatnonzero(
-        same & (trace.kind == Kind.CPU_OP) & (trace.ts <= trace.ts[event]) & (trace.ts + trace.dur >= trace.ts[event] + trace.dur[event])
-    )
-    return int(around[np.argmin(trace.ts[around])]) if len(around) else event
 
 
 MEMORY_SPIKE = Rule(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ..analysis.recorded import device_recording
 from . import thresholds
 from .rule import Context, Docs, Outcome, Rule
 
@@ -11,7 +10,7 @@ CANNOT_JUDGE = "device idle time, kernels, copies, launch delays, syncs' cost, a
 
 def _check_missing(ctx: Context, rule: Rule) -> Outcome:
     limits = rule.thresholds
-    result = ctx.result("recording", lambda: device_recording(ctx.trace))
+    result = ctx.analyses.recording
     findings = []
     for rank, recording in result.ranks.items():
         if recording.launch_calls < limits.floor or recording.missing_pct < limits.share_pct or not recording.linking_works:
@@ -34,7 +33,7 @@ def _check_missing(ctx: Context, rule: Rule) -> Outcome:
 
 
 def _device_names(ctx: Context, rank: int) -> tuple[str, ...]:
-    return next((info.device_names for info in ctx.trace.ranks if info.rank == rank), ())
+    return next((info.device_names for info in ctx.ranks if info.rank == rank), ())
 
 
 DEVICE_ACTIVITY_MISSING = Rule(

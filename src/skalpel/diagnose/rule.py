@@ -25,12 +25,17 @@ Writing a rule::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Union
 
 import numpy as np
 
 from ..result.report import CaptureInfo, Finding
 from .thresholds import Threshold
+
+if TYPE_CHECKING:
+    from ..analysis.bundle import Analyses
+    from ..analysis.steps import StepSegmentation
+    from ..trace.model import RankInfo, Trace
 
 DOC_HEADINGS = ("What it detects", "Why it matters", "Evidence", "How to fix", "Known false positives")
 
@@ -119,39 +124,37 @@ class Rule:
 class Context:
     """What a check may read: the analysis results, the capture settings, and user-code locations."""
 
-    analyses: Any  # analysis.bundle.Analyses
+    analyses: Analyses
     capture: CaptureInfo | None = None
     _locator: Any = field(default=None, repr=False)
 
     @property
-    def trace(self) -> Any:
+    def trace(self) -> Trace:
+        """The events, for user-code locations only (a job's driver holds a JobView without events)."""
         return self.analyses.trace
 
     def result(self, name: str, compute: Callable[[], Any] | None = None) -> Any:
-        """An analysis result by its field name on Analyses (or in Analyses.results).
-
-        When the bundle does not carry it, ``compute`` (the analysis's own public function)
-        is called once and its result kept; without ``compute`` the answer is None.
-        """
+        """An analysis result by its field name on Analyses. Kept only for the modules that still call it (every
+        name they ask for is a field the bundle always fills); read ``ctx.analyses.<field>`` instead."""
         value = getattr(self.analyses, name, None)
-        if value is None:
-            value = self.analyses.results.get(name)
-        if value is None and compute is not None:
-            value = compute()
-            self.analyses.results[name] = value
-        return value
+        return compute() if value is None and compute is not None else value
 
     @property
-    def steps(self) -> Any:
+    def steps(self) -> StepSegmentation:
         return self.analyses.steps
+
+    @property
+    def ranks(self) -> tuple[RankInfo, ...]:
+        """What the trace says of each rank loaded (a whole trace's and a job's driver's alike)."""
+        return self.analyses.trace.ranks
+
+    @property
+    def rank_ids(self) -> list[int]:
+        return [info.rank for info in self.ranks]
 
     def locations(self, events: Iterable[int] | np.ndarray, *, limit: int = 3) -> tuple[str, ...]:
         """The innermost user-code frames around these events, most frequent first."""
-        if self._locator is None:
-            from ..trace.stacks import Locator
-
-            self._locator = Locator(self.trace)
-        return self._locator.locations(events, limit=limit)
+        return self._get_locator().locations(events, limit=limit)
 
     def location_in(self, event: int, spans) -> str | None:
         """The user's line of one event, at the statement sampled inside these (start, end) spans."""
@@ -170,11 +173,7 @@ class Context:
 
     def locations_at(self, rank: int, tid: int | None, ts_us: Iterable[float], *, limit: int = 3) -> tuple[str, ...]:
         """The innermost user-code frames open at these instants on a host thread (memory events)."""
-        if self._locator is None:
-            from ..trace.stacks import Locator
-
-            self._locator = Locator(self.trace)
-        return self._locator.locations_at(rank, tid, ts_us, limit=limit)
+        return self._get_locator().locations_at(rank, tid, ts_us, limit=limit)
 
 
 def _plain(value: Any) -> Any:

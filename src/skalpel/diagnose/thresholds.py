@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..analysis import options
+
 
 @dataclass(frozen=True)
 class Threshold:
@@ -157,6 +159,11 @@ MEMORY_SPIKE = Threshold(
     params=(("min_broadcast_ratio", 8.0), ("broadcast_floor_mib", 1.0), ("tight_capacity_pct", 50.0),
             ("large_mib", 1024.0)),  # fmt: skip
 )
+# LBFGS keeps history_size pairs of flat parameter-sized vectors (a step and a gradient change), made inside its
+# step: a growth whose kept bytes are LBFGS_SHARE or more allocated inside its steps is that history, bounded at
+# LBFGS_HISTORY pairs (torch.optim.LBFGS's default history_size), not a leak
+LBFGS_HISTORY = 100
+LBFGS_SHARE = 0.8
 
 # --- compile -------------------------------------------------------------------------------
 RECOMPILATION = Threshold(10.0, "of the profiled steps recompiling", 1.0, "recompiles in the profiled steps")
@@ -170,6 +177,7 @@ COMPILE_OVERHEAD = Threshold(10.0, "of the profiled steps' time spent compiling"
 
 # --- measurement ---------------------------------------------------------------------------
 NO_WARMUP = Threshold(50.0, "slower first step than the median of the others", 2.0, "ms")
+NO_WARMUP_MIN_STEPS = 3  # a first step and at least two others to take the median of
 TOO_FEW_STEPS = Threshold(None, "", 3.0, "profiled steps", fires_below=True)
 NOISY_MEASUREMENT = Threshold(
     20.0, "spread between capture windows (or step-time cv)", 0.5, "ms", params=(("warning_pct", 50.0), ("min_steps", 5))
@@ -192,7 +200,7 @@ STRAGGLER_RANK = Threshold(
     # least min_extra_work_pct of the wait it imposes is the straggler whatever the machine's load, when it
     # arrived last at half the collectives or more (min_last_arrival_pct_extra_work): a loaded CPU delays the
     # other ranks now and then too, but cannot make a rank call an op more often.
-    params=(("min_last_arrival_pct", 75.0), ("min_call_ratio", 1.5), ("min_extra_work_pct", 25.0),
+    params=(("min_last_arrival_pct", 75.0), ("min_call_ratio", options.MIN_CALL_RATIO), ("min_extra_work_pct", 25.0),
             ("min_last_arrival_pct_extra_work", 50.0)),  # fmt: skip
 )
 
@@ -205,7 +213,7 @@ COLD_START = Threshold(
     50.0,
     "ms",
     critical_share_pct=50.0,
-    params=(("first_call_ratio", 10.0), ("min_event_ms", 10.0)),
+    params=(("first_call_ratio", options.FIRST_CALL_RATIO), ("min_event_ms", options.FIRST_CALL_MIN_MS)),
 )
 # The caching allocator calls cudaMalloc/cudaFree only while the pool grows; in steady state
 # each call (0.1-10 ms, and a device sync for a free) means the cache is off or emptied.
@@ -233,6 +241,7 @@ RANK_GROUP_STEP = 0.10
 RANK_OUTLIER_MIN_MS = 0.05  # ... and by this much at least, for figures in ms
 RANK_OUTLIER_MIN_PP = 1.0  # ... or in percentage points, for shares
 RANK_OUTLIER_MAX_SHARE = 0.10  # more ranks than this beyond the cut are a group of their own, not outliers
+WORST_RANKS = 3  # a finding merged across ranks (or judged at the job's median rank) names this many worst ranks
 RANK_SLOW_BANDWIDTH = 0.5  # a rank whose collective's bus bandwidth is under this share of the ranks' median: a slow link
 
 # --- skalpel tune's verdict (tune/stats.py) --------------------------------------------------

@@ -67,13 +67,13 @@ def no_bottleneck(ctx: Context) -> Finding:
         "largest_category": "unknown",
         "largest_pct": 0.0,
     }
-    breakdown = ctx.result("breakdown")
+    breakdown = ctx.analyses.breakdown
     if breakdown is not None and breakdown.ranks:
         shares = breakdown.ranks[0].pct
         if shares:
             name = max(shares, key=shares.get)
             evidence.update(largest_category=name, largest_pct=shares[name], breakdown_pct=shares)
-    gpu = ctx.result("step_device") if ctx.steps.marked else ctx.result("gpu_time")  # the steps the user waits for
+    gpu = ctx.analyses.step_device if ctx.steps.marked else ctx.analyses.gpu_time  # the steps the user waits for
     if gpu is not None:
         idle = [rank.idle_pct for rank in gpu.ranks.values() if rank is not None]
         if idle:

@@ -33,7 +33,7 @@ from ..analysis.comm import CommAnalysis, RankComm
 from ..analysis.gpu_time import GpuTimeResult
 from ..analysis.ops import OpTable
 from ..analysis.ranks import IndexedRanks, compare_ranks, index_calls
-from ..analysis.rankwork import RankWork, rank_work
+from ..analysis.rankwork import RankWork, rank_work, slower_rank_work
 from ..analysis.recorded import HostSigns, RecordingResult
 from ..analysis.step_device import StepDeviceResult
 from ..analysis.steps import Step, StepSegmentation
@@ -149,7 +149,7 @@ def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None,
         host_signs=_host_signs(summaries),
     )
     steps = _steps(summaries, shifts)
-    analyses = Analyses(trace=job, steps=steps)  # type: ignore[arg-type] - a JobView stands for the trace
+    analyses = Analyses(trace=job, steps=steps, has_device=job.has_device)  # type: ignore[arg-type] - a JobView stands for the trace
     analyses.breakdown = _breakdown(summaries)
     analyses.ops = _ops(summaries)
     analyses.gpu_time = _gpu_time(summaries)
@@ -160,12 +160,12 @@ def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None,
     if len(summaries) > 1:
         profiles = {summary.info.rank: summary.profile for summary in summaries if summary.profile is not None}
         analyses.rank_comparison = compare_ranks(job, steps, analyses.comm, profiles=profiles, indexed=indexed)  # type: ignore[arg-type]
-        analyses.results["rank_works"] = works
-    analyses.results["rank_locations"] = {s.info.rank: s.locations for s in summaries if s.locations is not None}
+        analyses.rank_work = slower_rank_work(analyses.rank_comparison, analyses.ops, steps, works=works)
+    analyses.rank_locations = {s.info.rank: s.locations for s in summaries if s.locations is not None}
     ctx = Context(analyses, capture)
     peers = _late_peers(summaries, analyses, shifts, offsets, split)
     findings = conclude(ctx, [(rule, _outcome(rule, ctx, summaries, offsets, peers)) for rule in judged_rules()])
-    works.clear()  # read by the rules only: the driver holds no more than it did when the join made them at the end
+    works.clear()  # read for rank_work only: the driver holds no more than it did when the join made them at the end
     ranks = tuple(_rank_report(summary, analyses, shifts[summary.info.rank], peers.get(summary.info.rank))
                   for summary in summaries)  # fmt: skip
     return assemble_report(analyses, findings, ranks, capture), summaries

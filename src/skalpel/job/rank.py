@@ -26,12 +26,12 @@ from ..analysis.comm import CommAnalysis
 from ..analysis.gpu_time import GpuTimeResult
 from ..analysis.memory import DeviceMemory
 from ..analysis.ops import OpTable
-from ..analysis.rankprofile import Profile, time_profile
+from ..analysis.rankprofile import Profile, RankLocations, time_profile
 from ..analysis.recorded import HostSigns, RecordingResult, host_signs
 from ..analysis.step_device import StepDeviceResult
 from ..analysis.steps import StepSegmentation
 from ..diagnose import judge
-from ..diagnose.distributed import RankLocations, rank_locations
+from ..diagnose.distributed import rank_locations
 from ..diagnose.registry import JOB_RULES, judged_rules
 from ..diagnose.rule import Context, NotJudged
 from ..errors import TraceError

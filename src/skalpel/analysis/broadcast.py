@@ -1,4 +1,4 @@
-"""A materialised broadcast: the op that made the largest allocation copied an expanded view.
+"""The op behind each device's largest allocation, as the user wrote it, and the broadcast it materialised.
 
 ``x.expand(n, n, d).contiguous()`` (or ``.clone()``, ``.reshape()`` of a non-viewable shape,
 ``.repeat()``) writes out what ``expand`` only pretended to have: the output is as many times
@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis import numeric
 from ..trace.kinds import Kind
-from .rule import Context
-
-_EXPANDS = ("aten::expand", "aten::expand_as", "aten::broadcast_to")
-_LOOK_BACK_US = 1000.0  # the expand is issued just before the copy: the same Python line in practice
+from ..trace.model import Trace
+from ..trace.named import expand_ops
+from .memory import MemoryResult
+from .options import BROADCAST_LOOK_BACK_US
 
 
 @dataclass(frozen=True)
@@ -33,16 +32,50 @@ class Broadcast:
     ratio: float  # elements written / elements of the tensor expanded
 
 
-def materialised_broadcast(ctx: Context, op_event: int) -> Broadcast | None:
+@dataclass(frozen=True)
+class LargestAlloc:
+    """The outermost host op around a device's largest allocation, and the broadcast that op materialised."""
+
+    op_event: int  # -1: no op encloses the allocation
+    op: str | None  # its name
+    broadcast: Broadcast | None
+
+
+def largest_allocs(trace: Trace, memory: MemoryResult | None) -> dict[tuple[int, str], LargestAlloc]:
+    """Each rank's main device's largest allocation, by (rank, device)."""
+    if memory is None:
+        return {}
+    found = {}
+    for rank in trace.rank_ids:
+        device = memory.main_device(rank)
+        if device is None:
+            continue
+        outer = _outer_event(trace, device.largest_alloc_op_event)
+        op = trace.name_of(outer) if outer >= 0 else None
+        found[(rank, device.device)] = LargestAlloc(outer, op, materialised_broadcast(trace, outer))
+    return found
+
+
+def _outer_event(trace: Trace, event: int) -> int:
+    if event < 0:
+        return -1
+    same = (trace.rank == trace.rank[event]) & (trace.pid == trace.pid[event]) & (trace.tid == trace.tid[event])
+    around = np.flatnonzero(
+        same & (trace.kind == Kind.CPU_OP) & (trace.ts <= trace.ts[event]) & (trace.ts + trace.dur >= trace.ts[event] + trace.dur[event])
+    )
+    return int(around[np.argmin(trace.ts[around])]) if len(around) else event
+
+
+def materialised_broadcast(trace: Trace, op_event: int) -> Broadcast | None:
     """The expand whose view ``op_event`` (the outermost op around the largest allocation) materialised."""
-    trace = ctx.trace
     to_dims = _first_input_dims(trace, op_event)
     if op_event < 0 or not to_dims:
         return None
     same = (trace.rank == trace.rank[op_event]) & (trace.tid == trace.tid[op_event]) & (trace.kind == Kind.CPU_OP)
     start = float(trace.ts[op_event])
-    names = [trace.name_id(name) for name in _EXPANDS]
-    candidates = np.flatnonzero(same & numeric.isin(trace.name, names) & (trace.end <= start) & (trace.end >= start - _LOOK_BACK_US))
+    candidates = np.flatnonzero(
+        same & expand_ops(trace) & (trace.end <= start) & (trace.end >= start - BROADCAST_LOOK_BACK_US)
+    )
     for event in candidates[np.argsort(-trace.ts[candidates])]:
         from_dims = _first_input_dims(trace, int(event))
         if len(from_dims) == len(to_dims) and all(a in (1, b) for a, b in zip(from_dims, to_dims)):
@@ -52,7 +85,7 @@ def materialised_broadcast(ctx: Context, op_event: int) -> Broadcast | None:
     return None
 
 
-def _first_input_dims(trace, event: int) -> list[int]:
+def _first_input_dims(trace: Trace, event: int) -> list[int]:
     if event < 0 or trace.shapes[event] < 0:
         return []
     try:
