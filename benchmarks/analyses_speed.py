@@ -40,17 +40,26 @@ def timed(name, run):
 steps = timed("segment_steps", lambda: bundle.segment_steps(trace))
 analyses = bundle.Analyses(trace=trace, steps=steps)
 for field, run in (
+    ("has_device", lambda: trace.has_device), ("one_time", lambda: bundle.one_time_work(trace)),
     ("breakdown", lambda: bundle.step_breakdown(trace, steps)), ("ops", lambda: bundle.op_table(trace)),
     ("kernels", lambda: bundle.kernel_table(trace)), ("gpu_time", lambda: bundle.gpu_time(trace)),
     ("step_device", lambda: bundle.device_in_steps(trace, steps)), ("recording", lambda: bundle.device_recording(trace)),
     ("launches", lambda: bundle.launches(trace, steps)), ("syncs", lambda: bundle.syncs(trace, steps)),
-    ("memory", lambda: bundle.memory(trace, steps)), ("compile", lambda: bundle.compile_events(trace, steps)),
-    ("compile_log", lambda: bundle.compile_log(trace, steps)), ("mfu", lambda: bundle.mfu(trace, steps)),
-    ("comm", lambda: bundle.analyze_comm(trace, steps)),
+    ("blame", lambda: bundle.blame(trace, steps, one_time=analyses.one_time)),
+    ("allocator", lambda: bundle.allocator_calls(trace, steps, one_time=analyses.one_time)),
+    ("memory", lambda: bundle.memory(trace, steps)), ("largest_allocs", lambda: bundle.largest_allocs(trace, analyses.memory)),
+    ("kept_memory", lambda: bundle.KeptMemory(trace, steps) if analyses.memory is not None else None),
+    ("compile", lambda: bundle.compile_events(trace, steps)), ("compile_log", lambda: bundle.compile_log(trace, steps)),
+    ("compile_in_steps", lambda: bundle.compile_in_steps(trace, steps)
+     if analyses.compile.used or analyses.compile_log is not None else None),
+    ("graph_breaks", lambda: bundle.graph_breaks(trace, steps, analyses.compile, analyses.compile_log)),
+    ("mfu", lambda: bundle.mfu(trace, steps)), ("comm", lambda: bundle.analyze_comm(trace, steps)),
+    ("c10d_issuers", lambda: bundle.c10d_issuers(trace, analyses.comm)),
 ):
     setattr(analyses, field, timed(field, run))
 if len(trace.ranks) > 1:
     analyses.rank_comparison = timed("rank_comparison", lambda: bundle.compare_ranks(trace, steps, analyses.comm))
+    analyses.rank_work = timed("rank_work", lambda: bundle.slower_rank_work(analyses.rank_comparison, analyses.ops, steps))
 timed("diagnose", lambda: _diagnose(analyses, None))
 print(json.dumps(times))
 """

@@ -96,7 +96,7 @@ _TOP = 8  # contributors kept per rank
 
 @dataclass(frozen=True)
 class BlameOptions:
-    kernel_wait_us: float = KERNEL_WAIT_US  # HTA's consecutive_kernel_delay: shorter gaps between queued kernels are dispatch
+    kernel_wait_us: float = KERNEL_WAIT_US  # HTA's consecutive_kernel_delay: shorter gaps are the device's dispatch
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..trace.model import MemoryEvents, Trace
-from ..trace.named import lbfgs_steps
+from ..trace.named import keeps_loss_buffer, lbfgs_steps
 from .memory import DeviceMemory, allocating_ops
 from .steps import StepSegmentation
 
@@ -35,6 +35,11 @@ class KeptOp:
     op: str  # "(no op)" where none was open
     nbytes: int
     blocks: int
+
+    @property
+    def keeps_loss_buffer(self) -> bool:
+        """A reduced loss whose kept 0-dim result holds its whole elementwise-loss buffer."""
+        return keeps_loss_buffer(self.op)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def _check_growth(ctx: Context, rule: Rule) -> Outcome:
             findings.append(rule.finding(evidence, severity="info", title=title, fix=_LBFGS_FIX,
                                          locations=_leak_sites(ctx, device, kept), rank=device.rank))  # fmt: skip
             continue
-        buffer_loss = next((entry["op"] for entry in by_op if entry["op"] in _LOSS_KEEPS_BUFFER), None)
+        buffer_loss = next((item.op for item in kept.by_op if item.keeps_loss_buffer), None)
         fix = _LOSS_KEEPS_BUFFER_FIX.format(op=buffer_loss) if buffer_loss else None
         findings.append(rule.finding(evidence, severity=severity, title=title, fix=fix,
                                      locations=_leak_sites(ctx, device, kept), rank=device.rank))  # fmt: skip
@@ -151,8 +151,6 @@ def _kept_by_op(kept: DeviceKept, steps: int) -> list[dict]:
     return [{"op": item.op, "mib_per_step": item.nbytes / MIB / max(steps, 1), "blocks": item.blocks} for item in kept.by_op]
 
 
-# reduced losses whose 0-dim result keeps the whole elementwise-loss buffer as its storage (pytorch/pytorch#185647)
-_LOSS_KEEPS_BUFFER = frozenset({"aten::mse_loss", "aten::smooth_l1_loss"})
 _LOSS_KEEPS_BUFFER_FIX = (
     "a kept {op} result holds its whole elementwise-loss buffer, not 4 bytes (its storage is the buffer: "
     "pytorch/pytorch#185647), even after .detach(): keep loss.detach().clone() or a running sum "

@@ -227,6 +227,10 @@ ALLOCATOR_CHURN = Threshold(
 # A GPU run: launch calls on the host but (almost) none of their device work recorded.
 DEVICE_ACTIVITY_MISSING = Threshold(90.0, "of the launch calls with no device work recorded", 10.0, "launch calls")
 
+# --- the dispatcher's own notes (verdict.py) --------------------------------------------------
+NOT_JUDGED = Threshold(None, "", 1.0, "rule that cannot answer")
+NO_BOTTLENECK = Threshold(None, "", 1.0, "finding at warning or above", fires_below=True)
+
 # --- a job of many ranks (job/summary.py, job/across.py) ------------------------------------------
 # A rank is an outlier by a figure (step time, compute, communication, collective wait, idle) when its
 # robust z-score, 0.6745 (x - median) / MAD, is beyond RANK_OUTLIER_Z (3.5: Iglewicz and Hoaglin's

@@ -17,7 +17,7 @@ NOT_JUDGED = Rule(
     family="verdict",
     severity="info",
     title="Not judged ({reason}): {rules}",
-    thresholds=thresholds.Threshold(None, "", 1.0, "rule that cannot answer"),
+    thresholds=thresholds.NOT_JUDGED,
     check=_written_by_dispatcher,
     fix="",
     docs=Docs(
@@ -37,7 +37,7 @@ NO_BOTTLENECK = Rule(
     family="verdict",
     severity="info",
     title="No bottleneck found: median step {median_step_ms:.2f} ms, largest share {largest_category} {largest_pct:.0f}%",
-    thresholds=thresholds.Threshold(None, "", 1.0, "finding at warning or above", fires_below=True),
+    thresholds=thresholds.NO_BOTTLENECK,
     check=_written_by_dispatcher,
     fix="",
     docs=Docs(

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 LBFGS_STEP = OPTIMIZER_PREFIX + "LBFGS.step"  # torch.optim.LBFGS's step: it makes its curvature history inside
 EXPAND_OPS = ("aten::expand", "aten::expand_as", "aten::broadcast_to")  # a broadcast view, free until materialised
 C10D_PREFIX = "c10d::"  # the dispatcher's collective ops (c10d::allreduce_), issued by the user's code
+# reduced losses whose 0-dim result keeps the whole elementwise-loss buffer as its storage (pytorch/pytorch#185647)
+LOSS_KEEPS_BUFFER = frozenset({"aten::mse_loss", "aten::smooth_l1_loss"})
 
 
 def lbfgs_steps(trace: Trace, rank: int) -> np.ndarray:
@@ -33,6 +35,10 @@ def lbfgs_steps(trace: Trace, rank: int) -> np.ndarray:
 def expand_ops(trace: Trace) -> np.ndarray:
     """A mask of the events that are broadcast views (aten::expand, expand_as, broadcast_to)."""
     return np.isin(trace.name, np.array([trace.name_id(name) for name in EXPAND_OPS], dtype=np.int64))
+
+
+def keeps_loss_buffer(op: str) -> bool:
+    return op in LOSS_KEEPS_BUFFER
 
 
 def is_c10d_op(name: str) -> bool:
