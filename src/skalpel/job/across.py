@@ -19,10 +19,9 @@ from collections import defaultdict
 from typing import Any
 
 from ..analysis import numeric
+from ..diagnose.thresholds import WORST_RANKS
 from ..result.report import SEVERITIES, AcrossRanks, Finding, RankReport
 from .summary import FIGURES, rank_figures
-
-WORST_RANKS = 3
 
 
 def across_ranks(findings: tuple[Finding, ...], ranks: tuple[RankReport, ...]) -> tuple[Finding, ...]:
