@@ -308,12 +308,12 @@ def _shifted(waits, shift_us: float, event_offset: int):
 
 def _host_side_owners_one_by_one(trace, rank, calls, instants):
     """The rule as first written, a scan of the rank's ops and syncs for each collective: the reference."""
-    from skalpel.analysis.blame_peers import _sync_names
     from skalpel.trace.kinds import Kind
+    from skalpel.trace.roles import Role
 
     ranges = []
     ops = np.flatnonzero((trace.rank == rank) & (trace.kind == Kind.COMM_OP))
-    syncs = np.flatnonzero((trace.rank == rank) & np.isin(trace.name, _sync_names(trace)))
+    syncs = np.flatnonzero((trace.rank == rank) & np.isin(trace.role, [Role.USER_SYNC, Role.INTERNAL_SYNC]))
     ends = trace.ts + trace.dur
     for call in calls:
         launch = int(trace.launcher[call.event]) if call.on_device else -1

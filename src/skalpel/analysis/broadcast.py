@@ -17,7 +17,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
-from ..trace.named import expand_ops
+from ..trace.opnames import expand_ops
 from .memory import MemoryResult
 from .options import BROADCAST_LOOK_BACK_US
 

@@ -24,7 +24,7 @@ import numpy as np
 from ..trace.kinds import Kind
 from ..trace.model import Trace
 from . import intervals, numeric
-from ..trace.named import c10d_ops
+from ..trace.opnames import c10d_ops
 from .collectives import TYPES, Collective, busbw_factor, collective_type, find_collectives
 from .steps import Step, StepSegmentation
 

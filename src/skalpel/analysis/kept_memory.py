@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..trace.model import MemoryEvents, Trace
-from ..trace.named import keeps_loss_buffer, lbfgs_steps
+from ..trace.opnames import keeps_loss_buffer, lbfgs_steps
 from .memory import DeviceMemory, allocating_ops
 from .steps import StepSegmentation
 

@@ -32,7 +32,7 @@ import numpy as np
 from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
 from ..trace.roles import Phase, Role
-from . import intervals
+from . import intervals, numeric
 from .blame import BlameResult
 from .onetime import OneTimeResult
 from .steps import Step, StepSegmentation, judged_units, main_thread
@@ -354,7 +354,7 @@ def _charged(begin, finish, cause, count: int, starts, ends, rest: int | None) -
         merged = intervals.union(begin[picked], finish[picked]) if picked.any() else (np.zeros(0), np.zeros(0))
         unions.append(merged)
         cuts += list(merged)
-    cuts = np.unique(np.concatenate(cuts))
+    cuts = numeric.unique(np.concatenate(cuts))
     result = np.zeros((len(starts), count))
     if len(cuts) < 2:
         return result

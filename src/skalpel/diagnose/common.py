@@ -11,7 +11,7 @@ from .rule import Context
 def windows(ctx: Context) -> list[Window]:
     """One window per rank that has steps."""
     result = []
-    for rank in ctx.trace.rank_ids:
+    for rank in ctx.rank_ids:
         steps = tuple(ctx.steps.for_rank(rank))
         if steps:
             result.append(Window(rank, steps))

@@ -35,7 +35,7 @@ from .thresholds import Threshold
 if TYPE_CHECKING:
     from ..analysis.bundle import Analyses
     from ..analysis.steps import StepSegmentation
-    from ..trace.model import RankInfo, Trace
+    from ..trace.model import RankInfo
 
 DOC_HEADINGS = ("What it detects", "Why it matters", "Evidence", "How to fix", "Known false positives")
 
@@ -129,17 +129,6 @@ class Context:
     _locator: Any = field(default=None, repr=False)
 
     @property
-    def trace(self) -> Trace:
-        """The events, for user-code locations only (a job's driver holds a JobView without events)."""
-        return self.analyses.trace
-
-    def result(self, name: str, compute: Callable[[], Any] | None = None) -> Any:
-        """An analysis result by its field name on Analyses. Kept only for the modules that still call it (every
-        name they ask for is a field the bundle always fills); read ``ctx.analyses.<field>`` instead."""
-        value = getattr(self.analyses, name, None)
-        return compute() if value is None and compute is not None else value
-
-    @property
     def steps(self) -> StepSegmentation:
         return self.analyses.steps
 
@@ -158,7 +147,7 @@ class Context:
 
     def location_in(self, event: int, spans) -> str | None:
         """The user's line of one event, at the statement sampled inside these (start, end) spans."""
-        return self._get_locator().location_in(event, spans) if self.trace.has_stacks else None
+        return self._get_locator().location_in(event, spans) if self.analyses.trace.has_stacks else None
 
     def inner_locations(self, events: Iterable[int] | np.ndarray, *, limit: int = 2) -> tuple[str, ...]:
         """User frames that run inside these events, by time spent (what a slow range is busy with)."""
@@ -168,7 +157,7 @@ class Context:
         if self._locator is None:
             from ..trace.stacks import Locator
 
-            self._locator = Locator(self.trace)
+            self._locator = Locator(self.analyses.trace)  # the events, for user-code locations only
         return self._locator
 
     def locations_at(self, rank: int, tid: int | None, ts_us: Iterable[float], *, limit: int = 3) -> tuple[str, ...]:

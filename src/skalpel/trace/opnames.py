@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from .kinds import Kind
 from .model import Trace
-from .roles import COMPILED_REGION
+from .roles import COMPILED_REGION, OPTIMIZER_PREFIX
 
 
 def names_where(trace: Trace, test: Callable[[str], object], events: np.ndarray | None = None) -> list[int]:
@@ -321,3 +322,33 @@ def named(trace: Trace, names: Iterable[str]) -> np.ndarray:
     """Mask of the events with one of these names."""
     ids = ids_of(trace, names)
     return np.isin(trace.name, ids) if ids else np.zeros(len(trace), dtype=bool)
+
+
+# --- an LBFGS step, a broadcast view, a loss that keeps its buffer, c10d's ops ---------------------
+
+LBFGS_STEP = OPTIMIZER_PREFIX + "LBFGS.step"  # torch.optim.LBFGS's step: it makes its curvature history inside
+EXPAND_OPS = ("aten::expand", "aten::expand_as", "aten::broadcast_to")  # a broadcast view, free until materialised
+# reduced losses whose 0-dim result keeps the whole elementwise-loss buffer as its storage (pytorch/pytorch#185647)
+LOSS_KEEPS_BUFFER = frozenset({"aten::mse_loss", "aten::smooth_l1_loss"})
+
+
+def lbfgs_steps(trace: Trace, rank: int) -> np.ndarray:
+    """The LBFGS optimizer steps of a rank, by start (empty without one)."""
+    ranges = np.flatnonzero(named(trace, (LBFGS_STEP,)) & (trace.rank == rank))
+    return ranges[np.argsort(trace.ts[ranges], kind="stable")]
+
+
+def expand_ops(trace: Trace) -> np.ndarray:
+    """A mask of the events that are broadcast views (aten::expand, expand_as, broadcast_to)."""
+    return named(trace, EXPAND_OPS)
+
+
+def keeps_loss_buffer(op: str) -> bool:
+    return op in LOSS_KEEPS_BUFFER
+
+
+def c10d_ops(trace: Trace, rank: int) -> np.ndarray:
+    """A rank's c10d collective ops (host side), in event order."""
+    issued = np.flatnonzero((trace.kind == Kind.COMM_OP) & (trace.rank == rank))
+    ids = names_where(trace, is_c10d_collective, issued)
+    return issued[np.isin(trace.name[issued], ids)] if ids else issued[:0]

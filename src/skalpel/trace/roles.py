@@ -239,7 +239,7 @@ def _mark_inside(phases, host, ranges, phase, rank, tid, ts, end) -> None:
     """Set ``phase`` on the host events lying inside any of ``ranges`` on the same thread."""
     key_host = rank[host].astype(np.int64) * (1 << 40) + tid[host]
     key_ranges = rank[ranges].astype(np.int64) * (1 << 40) + tid[ranges]
-    for key in np.unique(key_ranges).tolist():
+    for key in sorted(set(key_ranges.tolist())):  # a few threads (np.unique would import numpy.ma)
         mine = ranges[key_ranges == key]
         order = np.argsort(ts[mine], kind="stable")
         starts, ends = ts[mine][order], end[mine][order]
