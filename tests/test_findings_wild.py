@@ -48,7 +48,7 @@ def test_unmarked_trace_judges_the_loader_over_the_whole_window(tmp_path):
     report = _report(builder, tmp_path)
     assert report.steps.marked is False
     (loader,) = _found(report, "dataloader_bound")
-    assert loader.evidence["judged_over"].startswith("the whole window")
+    assert loader.evidence["judged_over"] == "6 iterations found from the loop, no steps marked"
     assert loader.evidence["share_pct"] == pytest.approx(100 * 6 / 9.2, abs=2)
     assert loader.severity == "critical"
     assert any("data.py:12" in where for where in loader.locations)

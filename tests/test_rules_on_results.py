@@ -14,6 +14,7 @@ from skalpel.analysis.gpu_time import GpuTimeOptions, GpuTimeResult, RankGpuTime
 from skalpel.analysis.idle_gaps import IdleGaps, RankIdleGaps
 from skalpel.analysis.kernel_launchers import KernelLaunchers, RankKernelLaunchers
 from skalpel.analysis.launches import LaunchOptions, LaunchResult, RankLaunches
+from skalpel.analysis.ledger import Ledger
 from skalpel.analysis.loader_ranges import LoaderRanges, RankLoaderRanges
 from skalpel.analysis.op_sources import MODEL, OpSource
 from skalpel.analysis.step_device import RankStepDevice, StepDeviceResult
@@ -24,6 +25,7 @@ from skalpel.diagnose.host import HOST_BOUND
 from skalpel.diagnose.input import DATALOADER_BOUND
 from skalpel.diagnose.rule import Context, NotJudged
 from skalpel.diagnose.sync import HOST_DEVICE_SYNC
+from tests.ledger_fixtures import rank_ledger
 
 
 class _Lines:
@@ -61,8 +63,15 @@ def _breakdown(wait_ms: float, step_ms: float) -> StepBreakdown:
                                         {"dataloader": wait_ms}, {"dataloader": 100.0 * wait_ms / step_ms}, True),))  # fmt: skip
 
 
+def _waiting(wait_ms: float, step_ms: float) -> Ledger:
+    """The host waits ``wait_ms`` of each step for its batch; the device idles all of it."""
+    rest = step_ms - wait_ms
+    return Ledger({0: rank_ledger(host={"data_wait": wait_ms, "compute": rest},
+                                  device={"data_wait": wait_ms, "compute": rest})})  # fmt: skip
+
+
 def test_dataloader_bound_fires_on_a_single_process_loader():
-    ctx = _context(breakdown=_breakdown(6.0, 10.0), loader_ranges=_loader(), has_device=True)
+    ctx = _context(ledger=_waiting(6.0, 10.0), loader_ranges=_loader(), has_device=True)
     [finding] = _run(DATALOADER_BOUND, ctx)
     assert finding.evidence["share_pct"] == 60.0 and finding.evidence["iterator"] == "_SingleProcessDataLoaderIter"
     assert finding.fix.startswith("num_workers=0 loads every batch in the training process")
@@ -71,7 +80,7 @@ def test_dataloader_bound_fires_on_a_single_process_loader():
 
 def test_dataloader_bound_quiet_on_a_large_share_of_a_short_step():
     """Half of a 2 ms step is under the 5 ms floor: not worth a user's hour."""
-    ctx = _context(step_ms=2.0, breakdown=_breakdown(1.0, 2.0), loader_ranges=_loader(), has_device=True)
+    ctx = _context(step_ms=2.0, ledger=_waiting(1.0, 2.0), loader_ranges=_loader(), has_device=True)
     assert _run(DATALOADER_BOUND, ctx) == []
 
 
@@ -87,9 +96,10 @@ def _host_blame(by_category_ms: dict[str, float], top: str) -> BlameResult:
 
 def test_host_bound_fires_on_python_between_the_ops():
     blame = _host_blame({"host_compute": 20.0, "unexplained": 4.0}, "host_compute")
-    ctx = _context(blame=blame, cpu_ops=CpuOps({}), has_device=False, has_stacks=True)
+    ledger = Ledger({0: rank_ledger(host={"python": 6.0, "compute": 4.0})})  # the ledger's host work: its Python
+    ctx = _context(blame=blame, ledger=ledger, cpu_ops=CpuOps({}), has_device=False, has_stacks=True)
     [finding] = _run(HOST_BOUND, ctx)
-    assert finding.evidence["outside_ops_pct"] == 60.0 and finding.evidence["culprits"][0]["share_pct"] == 50.0
+    assert finding.evidence["host_work_pct"] == 60.0 and finding.evidence["culprits"][0]["share_pct"] == 50.0
     assert finding.severity == "critical"  # 60% of the step: at the critical share
     assert finding.fix.startswith("augment() in train.py:12 at train.py:5 holds the step's ops back")
 
@@ -97,7 +107,17 @@ def test_host_bound_fires_on_python_between_the_ops():
 def test_host_bound_quiet_when_the_time_outside_the_ops_is_a_fetch():
     """The same time outside the ops, spent in a DataLoader fetch: dataloader_bound's, not host work."""
     blame = _host_blame({"data_loading": 20.0, "host_compute": 4.0}, "data_loading")
-    ctx = _context(blame=blame, cpu_ops=CpuOps({}), has_device=False, has_stacks=True)
+    ledger = Ledger({0: rank_ledger(host={"data_wait": 5.0, "python": 1.0, "compute": 4.0})})
+    ctx = _context(blame=blame, ledger=ledger, cpu_ops=CpuOps({}), has_device=False, has_stacks=True)
+    assert _run(HOST_BOUND, ctx) == []
+
+
+def test_host_bound_quiet_when_the_main_thread_waits_in_another_threads_collective():
+    """gloo's all_reduce on its own thread while the main thread runs no op (DDP's backward waits for it): the
+    ledger's collective wait, not host work, even inside a record_function range the blame names (issue 33)."""
+    blame = _host_blame({"host_compute": 20.0}, "host_compute")
+    ledger = Ledger({0: rank_ledger(host={"collective_wait": 8.0, "backward": 1.0, "compute": 1.0})})
+    ctx = _context(blame=blame, ledger=ledger, cpu_ops=CpuOps({}), has_device=False, has_stacks=True)
     assert _run(HOST_BOUND, ctx) == []
 
 

@@ -52,7 +52,9 @@ def largest_allocs(trace: Trace, memory: MemoryResult | None) -> dict[tuple[int,
             continue
         outer = _outer_event(trace, device.largest_alloc_op_event)
         op = trace.name_of(outer) if outer >= 0 else None
-        found[(rank, device.device)] = LargestAlloc(outer, op, materialised_broadcast(trace, outer))
+        # a block freed before its op returned is the op's workspace (cuBLAS's, an algorithm's): nothing materialised
+        broadcast = None if device.largest_alloc_in_op else materialised_broadcast(trace, outer)
+        found[(rank, device.device)] = LargestAlloc(outer, op, broadcast)
     return found
 
 

@@ -57,6 +57,7 @@ class DeviceMemory:
     curve: tuple[tuple[float, int], ...]  # (us from trace origin, allocated bytes), downsampled
     largest_alloc_at_peak: bool = False  # the largest allocation is still held when the peak is reached (paired by size)
     largest_alloc_freed: bool = False  # and freed again before the trace ends: a temporary, not weights or state
+    largest_alloc_in_op: bool = False  # freed before the op around it returned: its workspace, not its output
     steady_bytes: int = 0  # the footprint between steps (median at step boundaries; at the end without steps)
     capacity_bytes: int | None = None  # the device's memory from the trace's deviceProperties; None for the host
 
@@ -135,6 +136,7 @@ def _device_memory(
         curve=_downsample(ts, allocated, options.max_points),
         largest_alloc_at_peak=_held_at(events.nbytes[rows], largest_row, peak),
         largest_alloc_freed=not _held_at(events.nbytes[rows], largest_row, len(rows) - 1),
+        largest_alloc_in_op=op >= 0 and _freed_by(events.nbytes[rows], ts, largest_row) <= float(trace.end[op]),
         steady_bytes=int(numeric.median(at_boundaries)) if len(at_boundaries) >= 2 else int(allocated[-1]),
         capacity_bytes=_capacity(trace, rank, device_id) if device_type != 0 else None,
     )
@@ -151,6 +153,15 @@ def _held_at(nbytes: np.ndarray, row: int, at: int) -> bool:
     size = nbytes[row]
     between = nbytes[row + 1 : at + 1]
     return int((between == -size).sum()) <= int((between == size).sum())
+
+
+def _freed_by(nbytes: np.ndarray, ts: np.ndarray, row: int) -> float:
+    """When the allocation at ``row`` is freed (paired by size, as ``_held_at``); infinity while it is held."""
+    size = nbytes[row]
+    later = nbytes[row + 1 :]
+    balance = np.cumsum((later == -size).astype(np.int64) - (later == size).astype(np.int64))
+    freed = np.flatnonzero(balance > 0)
+    return float(ts[row + 1 + freed[0]]) if len(freed) else float("inf")
 
 
 def _capacity(trace: Trace, rank: int, device_id: int) -> int | None:

@@ -18,6 +18,8 @@ from .device import LAUNCH_BOUND
 from .overhead import check_cpu_overhead
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
+HOST_WORK = ("python", "unrecorded")  # the ledger's causes that are the user's host work on the main thread
+
 _FIX = ("take it off the training thread or out of the step: data built or augmented there goes to DataLoader "
         "workers (num_workers > 0) or is prepared once before training; per-item Python loops become numpy/torch "
         "ops on whole arrays; checkpoints, logging and metrics run every N steps (or in a background thread)")  # fmt: skip
@@ -34,16 +36,20 @@ def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
     tiny_op_ranks = {finding.rank for finding in tiny_ops} if isinstance(tiny_ops, list) else set()
     findings = []
     for rank, blamed in result.ranks.items():
-        if rank in tiny_op_ranks:
+        ledger = ctx.analyses.ledger.for_rank(rank) if ctx.analyses.ledger is not None else None
+        host = ledger.lane("host") if ledger is not None else None
+        if rank in tiny_op_ranks or host is None:
             continue
         count = max(len(blamed.steps), 1)
         span_ms = sum(step.end_us - step.start_us for step in blamed.steps) / 1000.0
-        host_ms = blamed.by_category_ms.get("host_compute", 0.0)
+        # the host work is the ledger's: the user's Python between ops, and time nothing recorded covers; not a
+        # fetch, a collective (another thread's included), the gaps between back-to-back ops, one-time work
+        work_pct = host.share_pct(*HOST_WORK, steady=True)
+        host_ms = host.ms_per_unit(*HOST_WORK) * count
         if span_ms <= 0 or blamed.idle_ms <= 0:
             continue
         outside_pct = 100.0 * blamed.idle_ms / span_ms
-        host_pct = 100.0 * host_ms / blamed.idle_ms
-        if outside_pct < limits.share_pct or blamed.idle_ms / count < limits.floor or host_pct < limits.param("cause_pct"):
+        if work_pct < limits.share_pct or host_ms / count < limits.floor:
             continue
         top = blamed.top("host_compute")
         culprits = []
@@ -58,17 +64,18 @@ def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
             continue
         lead = culprits[0]
         evidence = {
-            "outside_ops_pct": outside_pct,
-            "outside_ops_ms_per_step": blamed.idle_ms / count,
-            "step_ms": span_ms / count,
+            "host_work_pct": work_pct,
             "host_work_ms_per_step": host_ms / count,
+            "step_ms": span_ms / count,
+            "judged_over": ledger.describe(),
+            "outside_ops_pct": outside_pct,
             "culprits": culprits,
         }
         ratio = ctx.capture.unprofiled_ratio() if ctx.capture is not None else None
         saving = _saving_without_profiler(evidence, ratio) if ratio else None
         what = "Python no op or function of the user's covers" if lead["label"] == UNTRACED else lead["label"]
-        title = (f"The main thread spends {outside_pct:.0f}% of the step outside torch ops "
-                 f"({blamed.idle_ms / count:.1f} ms/step); {lead['share_pct']:.0f}% of the step in {what}")  # fmt: skip
+        title = (f"The main thread spends {work_pct:.0f}% of the step in host work outside torch ops "
+                 f"({host_ms / count:.1f} ms/step); {lead['share_pct']:.0f}% of the step in {what}")  # fmt: skip
         others = [f"{item['label']} {item['share_pct']:.0f}%" for item in culprits[1:]]
         title += f" ({', '.join(others)} next)" if others else ""
         fix = f"{named_at(what, lead['location'])} holds the step's ops back: {_FIX}"
@@ -76,7 +83,7 @@ def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
             fix += f"; {saving}"
         events = top[0].events
         # time no op, range or user function covers may be a sleep, I/O or a lock as well as Python: an info note
-        severity = "info" if lead["label"] == UNTRACED else rule.severity_for(outside_pct)
+        severity = "info" if lead["label"] == UNTRACED else rule.severity_for(work_pct)
         if lead["label"] == UNTRACED and not ctx.analyses.has_stacks:
             fix = "profile with Python stacks (with_stack=True; skalpel run records them) to name the host work"
         findings.append(rule.finding(evidence, locations=ctx.locations(events), rank=rank, title=title, fix=fix,
@@ -111,7 +118,7 @@ HOST_BOUND = Rule(
     id="host_bound",
     family="device",
     severity="warning",
-    title="The main thread spends {outside_ops_pct:.0f}% of the step outside torch ops",
+    title="The main thread spends {host_work_pct:.0f}% of the step in host work outside torch ops",
     thresholds=thresholds.HOST_BOUND,
     check=_check_host_bound,
     fix=_FIX,
@@ -122,8 +129,11 @@ HOST_BOUND = Rule(
         "(\"augment() in train.py:12\") with their share of the step and their line.",
         why="On a CPU the ops are the compute; every millisecond the training thread spends elsewhere is a "
         "millisecond the model does not train, and it adds to every step.",
-        evidence="`outside_ops_pct` and ms per step of the main thread outside its ops (the blame's idle time on a "
-        "CPU-only trace, see `skalpel explain blame`), the host work's part of it, and `culprits`: up to three "
+        evidence="`host_work_pct` and ms per step of the main thread in host work: the ledger's `python` and "
+        "`unrecorded` time (skalpel explain ledger), with one-time work taken out; a DataLoader fetch, a "
+        "collective (another thread's too: gloo's, DDP's reducer), the short gaps between back-to-back ops and the "
+        "profiler's own frames are not host work. Beside it, `outside_ops_pct` (the main thread outside its ops, "
+        "see `skalpel explain blame`) and `culprits`: up to three "
         "pieces of host work with their share of the step, ms per step and the user's line (the statement most "
         "sampled inside them where the capture sampled lines). Where the capture measured the profiler's overhead "
         "(`unprofiled_ratio`, un-profiled / profiled step), what removing the host work saves on the un-profiled "

@@ -14,29 +14,35 @@ from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
 def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
-    breakdown = ctx.analyses.breakdown
+    """The host's wait for its batches, from the ledger: the main thread inside a DataLoader fetch, whatever the
+    device did meanwhile (the part it idled, the most a fix saves there, is said beside)."""
     limits = rule.thresholds
     findings = []
-    for rank in breakdown.ranks:
-        share, ms = rank.pct.get("dataloader", 0.0), rank.ms_per_step.get("dataloader", 0.0)
+    for rank, ledger in ctx.analyses.ledger.ranks.items() if ctx.analyses.ledger is not None else ():
+        host, device = ledger.lane("host"), ledger.lane("device")
+        if host is None:
+            continue
+        share, ms = host.share_pct("data_wait", steady=True), host.ms_per_unit("data_wait")
         if share < limits.share_pct or ms < limits.floor:
             continue
-        loader = ctx.analyses.loader_ranges.for_rank(rank.rank)
+        loader = ctx.analyses.loader_ranges.for_rank(rank)
         waits, single = loader.ranges, loader.single_process
+        unit_ms = host.length_ms / max(ledger.units, 1)
+        # what a faster fetch can save: on a device, the part of the wait the device idled; on a CPU, all of it
+        saving = device.ms_per_unit("data_wait") if device is not None else ms
         evidence = {
             "share_pct": share,
             "ms_per_step": ms,
-            "step_ms": rank.median_step_ms,
-            "mean_step_ms": rank.avg_step_ms,
-            "steps": len(rank.step_ms),
-            "worst_step_wait_ms": max(rank.per_step_ms.get("dataloader", (0.0,))),
+            "mean_step_ms": unit_ms,
+            **({"device_idle_ms_per_step": saving} if device is not None else {}),
+            "judged_over": ledger.describe(),
+            "worst_step_wait_ms": max(unit.ms.get("data_wait", 0.0) for unit in host.units),
             "iterator": ", ".join(loader.iterators),
-            "judged_over": "marked steps" if ctx.steps.marked else "the whole window (no ProfilerStep markers)",
         }
         cpu = ctx.capture.cpu if ctx.capture is not None else None
         ratio = ctx.capture.unprofiled_ratio() if ctx.capture is not None else None
-        batches = len(waits) / max(len(rank.step_ms), 1)  # gradient accumulation fetches several a step
-        plan = loader_plan(cpu, wait_ms=ms, step_ms=rank.avg_step_ms, single=single, device=ctx.analyses.has_device,
+        batches = len(waits) / max(ledger.units, 1)  # gradient accumulation fetches several a step
+        plan = loader_plan(cpu, wait_ms=saving, step_ms=unit_ms, single=single, device=ctx.analyses.has_device,
                            min_speedup=limits.param("min_speedup"), batches_per_step=batches,
                            unprofiled_ratio=ratio)  # fmt: skip
         evidence.update(plan.evidence)
@@ -44,12 +50,14 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
         if single:
             fix = "num_workers=0 loads every batch in the training process: " + fix
         locations = _unique(ctx.inner_locations(waits) + ctx.locations(waits))
-        title = None if ctx.steps.marked else (
-            f"Waiting for data takes {share:.0f}% of the whole window ({ms:.1f} ms of {rank.avg_step_ms:.1f} ms; "
-            "no ProfilerStep markers)"
+        title = None if ledger.unit == "step" else (
+            f"Waiting for data takes {share:.0f}% of {ledger.describe()} ({ms:.1f} ms of {unit_ms:.1f} ms a unit)"
         )  # fmt: skip
+        if title is None and device is not None and saving < 0.8 * ms:  # the device ran queued work for part of it
+            title = (f"The step waits for data {share:.0f}% of the time ({ms:.1f} ms of the {unit_ms:.1f} ms mean "
+                     f"step; the device idles {saving:.1f} ms of it)")  # fmt: skip
         findings.append(
-            rule.finding(evidence, locations=locations, severity=rule.severity_for(share), fix=fix, rank=rank.rank, title=title)
+            rule.finding(evidence, locations=locations, severity=rule.severity_for(share), fix=fix, rank=rank, title=title)
         )
     return findings
 
@@ -204,14 +212,18 @@ DATALOADER_BOUND = Rule(
     "persistent_workers=True, prefetch_factor=2); make __getitem__ cheap (decode/augment once, cache, or move "
     "transforms to the device)",
     docs=Docs(
-        what="The training loop waits for the next batch: the time inside `enumerate(DataLoader)#...__next__` "
-        "that no device work hides, as the PyTorch Profiler TensorBoard plugin's DataLoader category counts it.",
+        what="The training loop waits for the next batch: the main thread's time inside a DataLoader fetch "
+        "(`enumerate(DataLoader)#...__next__`, or the loader's start), the ledger's `data_wait` on the host "
+        "(skalpel explain ledger), with one-time work taken out. The part the device idled meanwhile, what a "
+        "faster fetch saves there, is said beside it (`device_idle_ms_per_step`): the PyTorch Profiler "
+        "TensorBoard plugin's DataLoader category counts only that part.",
         why="While the loop waits for data the device and the host compute nothing. That time is pure loss, "
         "and it grows with a faster model or device.",
-        evidence="`share_pct` of the mean step and `ms_per_step` (both from the step-time breakdown), the median and mean "
-        "step times (`step_ms`, `mean_step_ms`: the title quotes the mean, so that its figures agree), "
-        "what it was judged over (`judged_over`: the marked steps, or the whole window from the first to the last "
-        "host op when the trace has no ProfilerStep markers), "
+        evidence="`share_pct` of the mean unit and `ms_per_step` (both from the ledger), the mean step "
+        "(`mean_step_ms`: the title quotes it, so that its figures agree), on a device the part of the wait it "
+        "idled (`device_idle_ms_per_step`; the title says it where the device ran queued work for a fifth of the "
+        "wait or more), what it was judged over (`judged_over`: the marked steps; without markers the loop's "
+        "iterations, or the whole window), "
         "the worst step's wait, and the DataLoader iterator type (`_SingleProcessDataLoaderIter` means num_workers=0). "
         "With the capture's CPU facts, what the fix weighed: the compute per step, the most a cheap `__getitem__` "
         "and the workers can gain (`workers_speedup_up_to` 1.0 where workers are not advised), the batches per "

@@ -122,15 +122,14 @@ LAUNCH_BOUND = Threshold(
             # whole batches 8%, both 23% (8.34 -> 6.42 ms), where the fix named only the model's
             ("also_named_pct", 20.0)),
 )
-# CPU-only runs: the main thread outside its ops, host_compute holding cause_pct of it (a DataLoader fetch or a
-# collective there is dataloader_bound's or communication_bound's)
+# CPU-only runs: the main thread in host work outside its ops, the ledger's python and unrecorded time (a DataLoader
+# fetch or a collective there is dataloader_bound's or communication_bound's, the gaps between ops launch_bound's)
 HOST_BOUND = Threshold(
     30.0,
-    "of the step on the main thread outside its ops (CPU-only runs), host work holding cause_pct of it",
+    "of the step on the main thread in host work outside its ops (CPU-only runs)",
     2.0,
     "ms/step",
     critical_share_pct=60.0,
-    params=(("cause_pct", 50.0),),
 )
 # SDPA's flash kernel takes head dims up to flash_max_head_dim, in multiples of flash_head_dim_multiple
 ATTENTION_HOTSPOT = Threshold(

@@ -147,9 +147,15 @@ def _finding_text(finding: Finding, *, brief: bool = False, said: set[tuple[str,
 
 
 def _evidence(evidence: dict, limit: int | None) -> str:
-    """The evidence in words; past ``limit`` characters, the items that fit and '…' (report.json has them all)."""
+    """The few numbers that prove the finding: its first ``EVIDENCE_SHOWN`` items in words (a rule puts them
+    first), then how many more report.json and the HTML page hold; past ``limit`` characters (a job's screen), the
+    items that fit and '…'."""
+    if limit is None:
+        shown = dict(list(evidence.items())[:EVIDENCE_SHOWN])
+        more = len(evidence) - len(shown)
+        return evidence_text(shown) + (f", … {more} more (--json, --html)" if more else "")
     whole = evidence_text(evidence)
-    if limit is None or len(whole) <= limit:
+    if len(whole) <= limit:
         return whole
     items: list[str] = []
     first = {"rank": evidence["rank"]} if "rank" in evidence else {}  # whose figures they are, never cut
@@ -235,6 +241,7 @@ def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Pan
 
 
 LEDGER_CAUSES_SHOWN = 6
+EVIDENCE_SHOWN = 5  # the evidence a finding shows in the terminal; the rest is in the JSON and the HTML
 
 
 def _ledger_lines(rank: RankReport) -> list[Text]:
