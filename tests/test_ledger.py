@@ -177,3 +177,27 @@ def test_broken_links_leave_the_idle_time_unrecorded_with_a_note(tmp_path: Path)
     assert device.share_pct("compute") == pytest.approx(50.0, abs=1.0)
     assert device.share_pct("unrecorded") == pytest.approx(50.0, abs=1.0)
     assert any("missing or unmatched correlation" in note for note in ledger.for_rank(0).notes)
+
+
+def test_the_fix_follows_the_cause_not_the_symptom(tmp_path: Path) -> None:
+    """The device idles while the host is inside an op of the forward (its dispatch): the fix is about the ops, never
+    "do it in DataLoader workers"; the same idle time inside a cudaFree gets the allocator's fix."""
+    fixes = {}
+    for what in ("aten::layer_norm", "cudaFree"):
+        builder = TraceBuilder()
+        for step in range(5):
+            t0 = step * 3_000.0
+            builder.step(step + 1, t0, 3_000)
+            if what == "cudaFree":
+                builder.runtime("cudaFree", t0 + 10, 2_000)
+                external = builder.host("aten::mm", t0 + 2_020, 30)
+            else:
+                external = builder.host(what, t0 + 10, 2_040)
+            builder.launch(t0 + 2_030, 10, work_ts=t0 + 2_050, work_dur=900, external=external)
+        folder = tmp_path / what.replace(":", "_")
+        folder.mkdir()
+        report = analyze(builder.write(folder / "trace.json"))
+        (idle,) = [f for f in report.findings if f.id == "gpu_idle"]
+        fixes[what] = idle.fix
+    assert "DataLoader" not in fixes["aten::layer_norm"] and "torch.compile" in fixes["aten::layer_norm"]
+    assert "expandable_segments" in fixes["cudaFree"] and "DataLoader" not in fixes["cudaFree"]

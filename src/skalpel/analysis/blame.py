@@ -109,6 +109,7 @@ class Contributor:
     events: tuple[int, ...]  # evidence: the ranges, syncs or launches charged, most time first
     spans: tuple[tuple[float, float], ...] = ()  # where the time lies (kept for the host work after syncs)
     python: bool = False  # Python between ops, named by the user's function running it
+    source: str = ""  # what the events are: "op", "range", "python", "allocator", "collective", "sync", "runtime"
 
 
 @dataclass(frozen=True)
@@ -860,9 +861,21 @@ def _contributors(trace: Trace, category, event, label, length) -> tuple[Contrib
         code, name = divmod(int(keys[position]), len(trace.names) + 1)
         text = trace.names[name - 1] if name > 0 else (UNLINKED if CATEGORIES[code] == "unexplained" else UNTRACED)
         python = bool(len(events)) and trace.kind[events[0]] == Kind.PYTHON
+        source = _source(trace, int(events[0])) if len(events) and events[0] >= 0 else ""
         result.append(Contributor(CATEGORIES[code], frame_label(text) if python else text, float(totals[position]) / 1000.0,
-                                  tuple(int(e) for e in events if e >= 0), python=python))  # fmt: skip
+                                  tuple(int(e) for e in events if e >= 0), python=python, source=source))  # fmt: skip
     return tuple(result)
+
+
+_SOURCES = {Role.ALLOCATOR: "allocator", Role.COLLECTIVE: "collective", Role.USER_SYNC: "sync",
+            Role.SYNC_COPY: "sync", Role.ITEM: "sync"}  # fmt: skip
+_KIND_SOURCES = {Kind.PYTHON: "python", Kind.CPU_OP: "op", Kind.USER_ANNOTATION: "range", Kind.RUNTIME: "runtime",
+                 Kind.DRIVER: "runtime", Kind.DATALOADER: "range", Kind.COMM_OP: "collective"}  # fmt: skip
+
+
+def _source(trace: Trace, event: int) -> str:
+    """What a contributor's event is, for the fix its cause calls for (a cudaFree is not Python to move)."""
+    return _SOURCES.get(Role(int(trace.role[event])), _KIND_SOURCES.get(Kind(int(trace.kind[event])), ""))
 
 
 def _sum_by(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

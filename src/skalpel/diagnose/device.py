@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from ..analysis.blame import UNTRACED
+from ..analysis.ledger import DEVICE_IDLE
 from . import thresholds
 from .common import named_at
 from .overhead import check_cpu_overhead, source_fix
@@ -32,6 +33,10 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
         if result.marked:
             idle_pct, idle_ms, steps, step_ms = device.idle_pct, device.idle_ms_per_step, device.steps, device.median_step_ms
             consistent, judged_over = device.steps_idle_at_least(limits.share_pct), "marked steps"
+            lane = _device_lane(ctx, rank)
+            if lane is not None and lane.ms_per_unit("one_time") > 0:  # one-time work taken out: the steady state's
+                idle_pct, idle_ms = lane.share_pct(*DEVICE_IDLE, steady=True), lane.ms_per_unit(*DEVICE_IDLE)
+                judged_over = "marked steps, one-time work taken out"
         else:
             idle_pct, idle_ms, steps, step_ms = gpu.idle_pct, gpu.idle_us / 1000.0, 1, gpu.span_us / 1000.0
             consistent, judged_over = 100.0, "the device's span (no ProfilerStep markers)"
@@ -82,6 +87,11 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
     return findings
 
 
+def _device_lane(ctx: Context, rank: int):
+    ledger = ctx.analyses.ledger.for_rank(rank) if ctx.analyses.ledger is not None else None
+    return ledger.lane("device") if ledger is not None else None
+
+
 def _blame_of(ctx: Context, rank: int):
     result = ctx.analyses.blame
     found = result.for_rank(rank) if result is not None and result.applies else None
@@ -119,7 +129,7 @@ def _lead(ctx: Context, blamed, cause_pct: float) -> dict | None:
         return None
     top = blamed.top(category)[0]
     return {"category": category, "label": top.label, "share_pct": blamed.share_pct[category],
-            "location": _line(ctx, top.events), "python": top.python}  # fmt: skip
+            "location": _line(ctx, top.events), "python": top.python, "source": top.source}  # fmt: skip
 
 
 def _line(ctx: Context, events) -> str | None:
@@ -169,8 +179,21 @@ _CAUSE_WORDS = {
 
 
 # what to do with host work the device waits for, whether a recorded op covers it or not
-_OFF_THE_PATH = ("move it off the step's critical path (precompute it, do it in DataLoader workers, or overlap it "
+_OFF_THE_PATH = ("move it off the step's critical path (precompute it once, run it every N steps, or overlap it "
                  "with device work), or make it cheaper")  # fmt: skip
+# host work by what it is: the fix follows the cause, not the symptom (a cudaFree is not Python to move to workers)
+_HOST_WORK_FIXES = {
+    "op": "the host dispatches {what} while the device waits: the ops are too small for the device to hide "
+    "their launch; fewer, larger ops (torch.compile, a bigger batch) or CUDA graphs (mode='reduce-overhead')",
+    "runtime": "the host is in {what} while the device waits: a runtime call inside the step; keep it out of the "
+    "loop",
+    "allocator": "{what} runs inside the step: the caching allocator goes to the driver (torch.cuda.empty_cache() "
+    "in the loop, or fragmentation); drop empty_cache, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    "collective": "the host waits in {what} while the device idles: see communication_bound and straggler_rank; "
+    "issue collectives with async_op=True and overlap them with compute",
+    "sync": "{what} blocks the host until the device drains, then the device waits for the next launch: keep "
+    "values on the device, read them every N steps, use non_blocking copies",
+}
 
 
 def _cause_fix(lead: dict, small_steps: bool) -> str:
@@ -182,6 +205,8 @@ def _cause_fix(lead: dict, small_steps: bool) -> str:
     if category == "host_compute" and lead["label"] == UNTRACED:
         before = f" (up to {lead['location']})" if lead.get("location") else ""
         return f"the host runs Python that no recorded op covers{before} while the device waits: {_OFF_THE_PATH}"
+    if category == "host_compute" and lead.get("source") in _HOST_WORK_FIXES:
+        return _HOST_WORK_FIXES[lead["source"]].format(what=named_at(_short(lead["label"]), lead.get("location")))
     if category == "collective_wait" and lead.get("waiting_for"):
         category = "collective_wait_for_peer"
     template = _CAUSE_FIXES.get(category, _UNLINKED_FIX)
