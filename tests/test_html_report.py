@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -332,3 +333,17 @@ def test_no_blame_section_without_blame() -> None:
                    Report(plain.source, plain.steps, (RankReport(0, (20.0,), {}, extra={"blame": {"steps": []}}),))):  # fmt: skip
         page = html.render(report)
         assert "Why the device was idle" not in page and 'id="blame"' not in page
+
+
+def test_the_ledger_draws_a_bar_per_unit_and_lane_and_escapes_what_it_quotes() -> None:
+    """Where every millisecond went: one bar per step on the device and one on the main thread, each as long as the
+    step, split by cause; a note from the trace is escaped."""
+    report = analyze(corpus(RESNET_NW0))
+    page = html.render(report)
+    section = page[page.index('<section id="ledger">'):page.index("</section>", page.index('<section id="ledger">'))]
+    assert section.count("step 5 · data_wait:") == 4  # the device's and the main thread's: hover tip and title each
+    assert "device time by cause per step" in section and "main thread time by cause per step" in section
+    assert f'fill="{html_svg.LEDGER_COLORS["compute"]}"' in section and "Judged over 6 steps." in section
+    rank = dataclasses.replace(report.ranks[0], ledger=dataclasses.replace(report.ranks[0].ledger, notes=(EVIL,)))
+    page = html.render(dataclasses.replace(report, ranks=(rank,)))
+    assert escape(EVIL) in page and EVIL not in page

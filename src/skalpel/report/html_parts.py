@@ -193,7 +193,10 @@ def ledger(report: Report) -> str:
         for lane in found.lanes:
             units = list(lane.units)
             every = -(-len(units) // BLAME_STEPS) if len(units) > BLAME_STEPS else 1
-            rows = [(f"{unit} {row.number}" if unit != "window" else "window", dict(row.ms)) for row in units[::every]]
+            rows = [(f"{unit} {row.number}" if unit != "window" else "window", dict(row.ms)) for row in units[::every]
+                    if sum(row.ms.values()) > 0]  # fmt: skip
+            if not rows:  # units of no length (a one-event trace): nothing to draw
+                continue
             what = "device" if lane.lane == "device" else "main thread"
             body.append(svg.blame_bars(rows, label=f"{what} time by cause per {unit}", colors=svg.LEDGER_COLORS,
                                        of=f"the {unit}"))  # fmt: skip
