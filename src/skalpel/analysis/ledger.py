@@ -26,6 +26,7 @@ definition. One-time work is its own cause, so the steady state is the unit less
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -103,12 +104,12 @@ class Lane:
     what: str  # "device (all streams)", "main thread 4512"
     units: tuple[LedgerUnit, ...]
 
-    @property
+    @cached_property
     def total_ms(self) -> dict[str, float]:
         causes = DEVICE_CAUSES if self.name == "device" else HOST_CAUSES
         return {cause: sum(unit.ms.get(cause, 0.0) for unit in self.units) for cause in causes}
 
-    @property
+    @cached_property
     def length_ms(self) -> float:
         return sum(unit.length_ms for unit in self.units)
 
@@ -264,12 +265,15 @@ def _blamed_idle(units: list[Step], blamed) -> list[dict[str, float]] | None:
 def _launched_inside(trace: Trace, events: np.ndarray, costs: np.ndarray) -> np.ndarray:
     """Mask of ``events`` (device work) launched by a call made inside one-time work (cuDNN's autotuning runs)."""
     inside = np.zeros(len(events), dtype=bool)
+    if len(costs) == 0:
+        return inside
     launcher = trace.launcher[events]
     known = launcher >= 0
-    end = trace.ts + trace.dur
+    call = np.maximum(launcher, 0)
+    starts, ends, threads = trace.ts[call], trace.ts[call] + trace.dur[call], trace.tid[call]
     for cost in costs.tolist():  # a few slow first calls
-        call = np.maximum(launcher, 0)
-        inside |= known & (trace.ts[call] >= trace.ts[cost]) & (end[call] <= end[cost]) & (trace.tid[call] == trace.tid[cost])
+        end = trace.ts[cost] + trace.dur[cost]
+        inside |= known & (starts >= trace.ts[cost]) & (ends <= end) & (threads == trace.tid[cost])
         inside[launcher == cost] = True  # the one-time work is the launch call itself (a module's first load)
     return inside
 

@@ -140,18 +140,19 @@ def _first_slow_launches(trace: Trace, events: np.ndarray, options: OneTimeOptio
     (lazy loading, a JIT compile). A launch returns in microseconds; one that waited for the device (a full launch
     queue) is left to the caller's checks."""
     launches = events[isin_few(trace.role[events], [Role.LAUNCH, Role.GRAPH_LAUNCH])]
-    copies = opnames.names_where(trace, opnames.is_waiting_call, launches)
-    launches = launches[~numeric.isin(trace.name[launches], copies)]  # a copy waits for its data: not set-up
-    if len(launches) == 0:
+    slow = launches[trace.dur[launches] >= options.min_launch_ms * 1000.0]
+    copies = opnames.names_where(trace, opnames.is_waiting_call, slow)
+    slow = slow[~numeric.isin(trace.name[slow], copies)]  # a copy waits for its data: not set-up
+    if len(slow) == 0:
         return []
-    work = np.flatnonzero(trace.launcher >= 0)
-    work = work[np.isin(trace.launcher[work], launches)]
-    kernel = dict(zip(trace.launcher[work].tolist(), trace.name[work].tolist()))  # launch call -> its work's name
-    first_of: dict[int, int] = {}
-    for call in launches[np.argsort(trace.ts[launches], kind="stable")].tolist():
-        first_of.setdefault(kernel.get(call, -1 - int(trace.name[call])), call)
-    slow = options.min_launch_ms * 1000.0
-    return [call for call in first_of.values() if trace.dur[call] >= slow]
+    # each launch's kernel by name (a launch of no recorded work: its own name, kept apart by the sign)
+    key = np.full(len(trace), -1, dtype=np.int64)
+    key[launches] = -1 - trace.name[launches].astype(np.int64)
+    work = np.flatnonzero(trace.launcher >= 0)  # device work and the call that launched it
+    key[trace.launcher[work]] = trace.name[work]
+    keys, starts = key[launches], trace.ts[launches]
+    earliest = {kernel: float(starts[keys == kernel].min()) for kernel in set(key[slow].tolist())}  # a few kernels
+    return [int(call) for call in slow if trace.ts[call] <= earliest[int(key[call])]]  # the first launch of its kernel
 
 
 def _host_bound(trace: Trace, op: int) -> bool:

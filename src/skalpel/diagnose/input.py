@@ -27,7 +27,7 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
             continue
         loader = ctx.analyses.loader_ranges.for_rank(rank)
         waits, single = loader.ranges, loader.single_process
-        unit_ms = host.length_ms / max(ledger.units, 1)
+        unit_ms = (host.length_ms - host.total_ms["one_time"]) / max(ledger.units, 1)  # the steady unit: the share's
         # what a faster fetch can save: on a device, the part of the wait the device idled; on a CPU, all of it
         saving = device.ms_per_unit("data_wait") if device is not None else ms
         evidence = {
