@@ -26,7 +26,7 @@ from string import Template
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from skalpel.analysis.ledger import DEVICE_CAUSES, HOST_CAUSES  # noqa: E402 - after the path is set
+from skalpel.analysis.ledger import DEVICE_CAUSES, HOST_CAUSES  # after the path is set
 
 RULE = Template('''"""$id: TODO one line: what the finding says, in the user's words."""
 
@@ -113,8 +113,8 @@ def add(root: Path, finding_id: str, family: str, lane: str, cause: str, share: 
         raise SystemExit(f"add_finding: {module} exists")
     const = finding_id.upper()
     other = next(name for name in ("compute", "python") if name in causes and name != cause)
-    words = dict(id=finding_id, module=finding_id, const=const, family=family, lane=lane, cause=cause, other=other,
-                 words=cause.replace("_", " ").capitalize(), share=f"{share:g}", floor=f"{floor:g}")  # fmt: skip
+    words = {"id": finding_id, "module": finding_id, "const": const, "family": family, "lane": lane, "cause": cause,
+             "other": other, "words": cause.replace("_", " ").capitalize(), "share": f"{share:g}", "floor": f"{floor:g}"}
     module.write_text(RULE.substitute(words))
     thresholds = diagnose / "thresholds.py"
     thresholds.write_text(thresholds.read_text() + THRESHOLD.substitute(words))

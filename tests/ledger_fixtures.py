@@ -31,3 +31,24 @@ def ledger_context(**lanes) -> Context:
     analyses = Analyses(trace=None, steps=StepSegmentation(steps, marked=found.unit == "step"),  # type: ignore[arg-type]
                         ledger=Ledger({found.rank: found}))  # fmt: skip
     return Context(analyses, None)
+
+
+SHARES = ("share_pct", "exposed_pct", "idle_pct", "overlap_pct", "comm_share_pct")  # parts of a whole: at most 100
+
+
+def assert_no_number_exceeds_its_unit(report) -> None:
+    """Every ledger lane adds up to its units, and no finding quotes a share above 100% or a per-step time above
+    the step it is a part of."""
+    for rank in report.ranks:
+        for lane in rank.ledger.lanes if rank.ledger is not None else ():
+            for unit in lane.units:
+                assert abs(sum(unit.ms.values()) - unit.length_ms) <= max(1e-3 * unit.length_ms, 1e-3), (rank.rank, lane)
+    for finding in report.findings:
+        evidence = finding.evidence
+        for key, value in evidence.items():
+            if (key in SHARES or "share" in key) and isinstance(value, (int, float)):
+                assert value <= 100.0 + 1e-6, (finding.id, key, value)
+        step = evidence.get("step_ms")
+        for key in ("comm_ms_per_step", "ms_per_step", "exposed_ms_per_step"):
+            if isinstance(step, (int, float)) and isinstance(evidence.get(key), (int, float)):
+                assert evidence[key] <= step + 1e-6, (finding.id, key, evidence[key], step)

@@ -17,14 +17,12 @@ from skalpel.errors import SkalpelError
 from skalpel.trace.loader import load
 from tests.conftest import TRACES as CORPUS
 from tests.conftest import corpus
+from tests.ledger_fixtures import assert_no_number_exceeds_its_unit
 from tests.tracebuilder import TraceBuilder, cpu_rank
 
 TRACES = sorted(str(p.relative_to(CORPUS)) for p in CORPUS.rglob("*")
                 if p.is_file() and p.name.endswith((".json", ".json.gz")) and "README" not in p.name)  # fmt: skip
 LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
-
-
-SHARES = ("share_pct", "exposed_pct", "idle_pct", "overlap_pct", "comm_share_pct")  # parts of a whole: at most 100
 
 
 @pytest.mark.parametrize("name", TRACES)
@@ -44,15 +42,7 @@ def test_every_lane_adds_up_to_its_units_on_the_corpus(name: str) -> None:
             for unit in lane.units:
                 assert all(ms >= -1e-9 for ms in unit.ms.values()), (lane.name, unit)
                 assert sum(unit.ms.values()) == pytest.approx(unit.length_ms, rel=1e-3, abs=1e-6), (lane.name, unit.number)
-    for finding in analyze(corpus(name)).findings:
-        evidence = finding.evidence
-        for key, value in evidence.items():
-            if (key in SHARES or "share" in key) and isinstance(value, (int, float)):
-                assert value <= 100.0 + 1e-6, (finding.id, key, value)
-        step = evidence.get("step_ms")
-        for key in ("comm_ms_per_step", "ms_per_step", "exposed_ms_per_step"):
-            if isinstance(step, (int, float)) and isinstance(evidence.get(key), (int, float)):
-                assert evidence[key] <= step + 1e-6, (finding.id, key, evidence[key], step)
+    assert_no_number_exceeds_its_unit(analyze(corpus(name)))
 
 
 def _ledger(builder: TraceBuilder, tmp_path: Path):

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from skalpel.api import analyze
+from tests.ledger_fixtures import assert_no_number_exceeds_its_unit
 from tests.ledger_lookalikes import CASES, write
 
 ORDER = ("info", "warning", "critical")
-SHARES = ("share_pct", "exposed_pct", "idle_pct", "overlap_pct", "comm_share_pct")  # parts of a whole: at most 100
 # case -> ({finding id: lowest severity it must have}, ids that must not appear at warning or above)
 VERDICTS = {
     "1-unmarked-comm-heavy": ({"communication_bound": "warning", "low_comm_overlap": "warning"}, ()),
@@ -64,20 +64,7 @@ def test_the_verdict_is_the_engineers(reports: dict, name: str) -> None:
 
 @pytest.mark.parametrize("name", list(VERDICTS))
 def test_no_number_exceeds_its_unit(reports: dict, name: str) -> None:
-    report = reports[name]
-    for rank in report.ranks:
-        for lane in rank.ledger.lanes:
-            for unit in lane.units:
-                assert sum(unit.ms.values()) == pytest.approx(unit.length_ms, rel=1e-3, abs=1e-3), (rank.rank, lane.lane)
-    for finding in report.findings:
-        evidence = finding.evidence
-        for key, value in evidence.items():
-            if (key in SHARES or "share" in key) and isinstance(value, (int, float)):
-                assert value <= 100.0 + 1e-6, (finding.id, key, value)
-        step = evidence.get("step_ms")
-        for key in ("comm_ms_per_step", "ms_per_step", "exposed_ms_per_step"):
-            if isinstance(step, (int, float)) and isinstance(evidence.get(key), (int, float)):
-                assert evidence[key] <= step + 1e-6, (finding.id, key, evidence[key], step)
+    assert_no_number_exceeds_its_unit(reports[name])
 
 
 def test_the_loader_share_is_the_hosts_wait(reports: dict) -> None:

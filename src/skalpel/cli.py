@@ -285,17 +285,14 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             Console().print(f"the causes the findings read: skalpel explain {explain.LEDGER}; the device's idle time: "
                             f"skalpel explain {explain.BLAME}")  # fmt: skip
         return 0
-    if args.finding_id == explain.LEDGER:
+    pages = {explain.LEDGER: (explain.ledger_dict, explain.render_ledger),  # not findings: what they read
+             explain.BLAME: (explain.blame_dict, explain.render_blame)}  # fmt: skip
+    if args.finding_id in pages:
+        as_dict, render = pages[args.finding_id]
         if args.json:
-            sys.stdout.buffer.write(orjson.dumps(explain.ledger_dict(), option=orjson.OPT_INDENT_2) + b"\n")
+            sys.stdout.buffer.write(orjson.dumps(as_dict(), option=orjson.OPT_INDENT_2) + b"\n")
         else:
-            Console().print(explain.render_ledger())
-        return 0
-    if args.finding_id == explain.BLAME:
-        if args.json:
-            sys.stdout.buffer.write(orjson.dumps(explain.blame_dict(), option=orjson.OPT_INDENT_2) + b"\n")
-        else:
-            Console().print(explain.render_blame())
+            Console().print(render())
         return 0
     rule = explain.find(args.finding_id)
     if rule is None:

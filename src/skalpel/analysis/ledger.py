@@ -37,7 +37,7 @@ from . import intervals, numeric
 from .blame import BlameResult
 from .onetime import OneTimeResult
 from .steps import Step, StepSegmentation, judged_units, main_thread
-from .timeline import device_busy, device_events
+from .timeline import device_events
 
 DEVICE_BUSY = ("one_time", "backward", "optimizer", "compute", "collective", "transfer")
 DEVICE_IDLE = ("data_wait", "host_work", "compile", "sync_wait", "launch_overhead", "collective_wait", "other_stream",
