@@ -204,7 +204,8 @@ class _HostComms:
         self.record_param_comms = opnames.id_of(trace, opnames.RECORD_PARAM_COMMS)
         ops = np.flatnonzero(trace.mask(Kind.COMM_OP, rank=rank))
         ops = ops[np.argsort(trace.ts[ops], kind="stable")]
-        self.described = {op for op in ops.tolist() if _has_metadata(trace, op)}  # ops with args to merge
+        # ops with args to merge: looked up among the few events that carry args at all, not op by op
+        self.described = {op for op in trace.extra.keys() & set(ops.tolist()) if _has_metadata(trace, op)}
         self.name_of_op = dict(zip(ops.tolist(), trace.name[ops].tolist()))
         # reach[i]: the latest end among ops 0..i, so that the scan back stops where nothing can still be open.
         self.by_thread = {}

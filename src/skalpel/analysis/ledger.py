@@ -36,6 +36,7 @@ from ..trace.roles import Phase, Role
 from . import intervals, numeric
 from .blame import BlameResult
 from .onetime import OneTimeResult
+from .options import ALL_ONE_TIME_PCT, BETWEEN_OPS_US
 from .steps import Step, StepSegmentation, judged_units, main_thread
 from .timeline import device_events
 
@@ -64,7 +65,7 @@ CAUSE_WORDS = {
     "transfer": "copies and memsets no compute overlaps",
     "host_work": "idle while the host ran other work (ops, Python) before its next launch",
     "other_stream": "work queued in time that waited on another stream or an event",
-    "between_ops": "gaps under 10 us between back-to-back ops with no Python call in them: dispatch and the "
+    "between_ops": f"gaps under {BETWEEN_OPS_US:g} us between back-to-back ops with no Python call in them: dispatch and the "
     "profiler's own per-op bookkeeping (record_shapes, with_stack), not code of the user's to move",
     "python": "the user's Python between ops (a Python frame or record_function range, no op)",
     "other_thread": "nothing recorded on the main thread while another of the rank's threads ran ops (autograd's)",
@@ -75,8 +76,6 @@ _BLAME_CAUSE = {
     "launch_overhead": "launch_overhead", "collective_wait": "collective_wait", "one_time_init": "one_time",
     "other_stream": "other_stream", "unexplained": "unrecorded",
 }  # fmt: skip
-BETWEEN_OPS_US = 10.0  # a shorter gap between back-to-back ops, with no Python call in it, is dispatch and bookkeeping
-ALL_ONE_TIME_PCT = 80.0  # a window whose host or device time is this much one-time work holds no steady state
 _HOST_KINDS = [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DATALOADER, Kind.COMM_OP, Kind.RUNTIME, Kind.DRIVER, Kind.PYTHON,
                Kind.OVERHEAD]  # fmt: skip
 _THREAD_BITS = 1 << 40

@@ -24,7 +24,7 @@ from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
 from ..trace.roles import Role, sets_up_on_first_use
 from . import intervals, numeric
-from .options import FIRST_CALL_MIN_MS, FIRST_CALL_RATIO
+from .options import FIRST_CALL_MIN_MS, FIRST_CALL_RATIO, FIRST_LAUNCH_MIN_MS
 from .timeline import device_mask
 
 _CONSIDERED = np.array([Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER], dtype=np.int8)
@@ -36,7 +36,7 @@ class OneTimeOptions:
 
     first_call_ratio: float = FIRST_CALL_RATIO  # the first call is this many times slower than the later calls' median
     min_event_ms: float = FIRST_CALL_MIN_MS  # ... and at least this long
-    min_launch_ms: float = 1.0  # a launch call this long loaded its kernel's module (kernels launch in microseconds)
+    min_launch_ms: float = FIRST_LAUNCH_MIN_MS  # a kernel's first launch this long loaded its module
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,14 @@ from __future__ import annotations
 # calls of its name, and at least this long
 FIRST_CALL_RATIO = 10.0
 FIRST_CALL_MIN_MS = 10.0
+# a kernel's first launch this long loaded its module (a launch takes microseconds): one-time work even called once
+FIRST_LAUNCH_MIN_MS = 1.0
+# the ledger (ledger.py): a recording this much one-time work on every rank has no steady state to judge
+# (diagnose/__init__.py says so for every rule but the measurement's and compile's)
+ALL_ONE_TIME_PCT = 80.0
+# the ledger's host lane: a gap shorter than this between back-to-back ops, with no Python call in it, is the next
+# op's dispatch and the profiler's bookkeeping (between_ops), not the user's Python (host_bound's)
+BETWEEN_OPS_US = 10.0
 
 # HTA's consecutive_kernel_delay: a gap between queued kernels shorter than this is the device's own dispatch
 # (blame.py's launch_overhead, gpu_time.py's kernel_wait)

@@ -9,7 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.blame import CATEGORIES, CATEGORY_WORDS, PEER_WORDS
-from ..analysis.ledger import ALL_ONE_TIME_PCT, CAUSE_WORDS, DEVICE_CAUSES, HOST_CAUSES
+from ..analysis.ledger import CAUSE_WORDS, DEVICE_CAUSES, HOST_CAUSES
+from ..analysis.options import ALL_ONE_TIME_PCT
 from .registry import RULES, lookup
 from .rule import Rule
 from .watch import BY_ID as WATCH_KINDS

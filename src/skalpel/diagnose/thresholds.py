@@ -212,7 +212,8 @@ COLD_START = Threshold(
     50.0,
     "ms",
     critical_share_pct=50.0,
-    params=(("first_call_ratio", options.FIRST_CALL_RATIO), ("min_event_ms", options.FIRST_CALL_MIN_MS)),
+    params=(("first_call_ratio", options.FIRST_CALL_RATIO), ("min_event_ms", options.FIRST_CALL_MIN_MS),
+            ("first_launch_min_ms", options.FIRST_LAUNCH_MIN_MS), ("no_steady_state_pct", options.ALL_ONE_TIME_PCT)),
 )
 # The caching allocator calls cudaMalloc/cudaFree only while the pool grows; in steady state
 # each call (0.1-10 ms, and a device sync for a free) means the cache is off or emptied.
