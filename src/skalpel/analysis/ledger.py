@@ -65,8 +65,8 @@ CAUSE_WORDS = {
     "transfer": "copies and memsets no compute overlaps",
     "host_work": "idle while the host ran other work (ops, Python) before its next launch",
     "other_stream": "work queued in time that waited on another stream or an event",
-    "between_ops": f"gaps under {BETWEEN_OPS_US:g} us between back-to-back ops with no Python call in them: dispatch and the "
-    "profiler's own per-op bookkeeping (record_shapes, with_stack), not code of the user's to move",
+    "between_ops": f"gaps under {BETWEEN_OPS_US:g} us between back-to-back ops with no Python call in them: dispatch "
+    "and the profiler's own per-op bookkeeping (record_shapes, with_stack), not code of the user's to move",
     "python": "the user's Python between ops (a Python frame or record_function range, no op)",
     "other_thread": "nothing recorded on the main thread while another of the rank's threads ran ops (autograd's)",
     "unrecorded": "nothing recorded that explains it (no event on the thread; on the device: no link to a cause)",
@@ -163,7 +163,8 @@ class RankLedger:
             said = f"one {_duration(self.length_ms)} window, no steps marked"
         else:
             word = "step" if self.unit == "step" else "iteration"
-            said = f"{self.units} {word}{'s' if self.units != 1 else ''}" + ("" if self.unit == "step" else " found from the loop, no steps marked")
+            said = f"{self.units} {word}{'s' if self.units != 1 else ''}"
+            said += "" if self.unit == "step" else " found from the loop, no steps marked"
         return said + ("; one-time work taken out first" if self.one_time_ms > 0 else "")
 
 
