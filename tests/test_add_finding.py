@@ -19,6 +19,8 @@ def test_a_new_findings_skeleton_registers_and_its_tests_pass(tmp_path: Path) ->
     for part in ("src", "tests", "scripts"):
         shutil.copytree(REPO / part, copy / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     shutil.copy(REPO / "pyproject.toml", copy / "pyproject.toml")
+    if (REPO.parent / "shared").exists():  # beside the copy as beside the checkout: the registry reads DESIGN.md there
+        (tmp_path / "shared").symlink_to(REPO.parent / "shared")
     env = dict(os.environ, PYTHONPATH=str(copy / "src"))
     made = subprocess.run([sys.executable, str(copy / "scripts" / "add_finding.py"), "optimizer_heavy", "--family",
                            "host", "--lane", "host", "--cause", "optimizer", "--root", str(copy)],
