@@ -105,7 +105,7 @@ def run_analyses(trace: Trace, *, processes: int = 1) -> Analyses:
     analyses = Analyses(trace=trace, steps=steps)
     elsewhere = None
     if processes > 1 and len(trace) >= FORK_FROM_EVENTS and hasattr(os, "fork"):
-        trace.launcher, trace.op_of_event  # noqa: B018 - derived once here, before the fork: both processes read them
+        trace.launcher, trace.op_of_event, trace.role  # noqa: B018 - derived once here, before the fork: both read them
         # the trace and steps the results refer to come back as this process's own objects, not copies
         elsewhere = Child(lambda: (op_table(trace), step_breakdown(trace, steps)), shared=(trace, steps))
     try:
