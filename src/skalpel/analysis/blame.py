@@ -51,7 +51,7 @@ import numpy as np
 
 from ..trace.kinds import LAUNCH_KINDS, Kind, kind_array
 from ..trace.model import Trace, isin_few
-from ..trace.roles import Role
+from ..trace.roles import SYNC_ROLES, Role
 from ..trace.stacks import is_user_file, parse_frame
 from . import intervals, numeric
 from .compile import compile_ranges
@@ -87,7 +87,6 @@ UNTRACED = "host code between recorded ops"
 UNLINKED = "device work the trace links to no cause"
 _LAUNCH = kind_array(LAUNCH_KINDS)
 _LAUNCH_ROLES = (Role.LAUNCH, Role.GRAPH_LAUNCH)
-_SYNC_ROLES = (Role.USER_SYNC, Role.SYNC_COPY)
 _CAT = {name: code for code, name in enumerate(CATEGORIES)}
 _WAITED_US = 1.0  # a sync during which the device ran less than this returned at once: it waited for nothing
 _SYNC_TOLERANCE_US = 2.0  # the device may report going idle this long after the host's sync returned (clock alignment)
@@ -553,7 +552,7 @@ class _Labels:
         launchers = trace.launcher[trace.launcher >= 0]
         self.launches[launchers] = True
         self.launch_named = isin_few(trace.role, _LAUNCH_ROLES)  # launches too, with or without work
-        self.sync = isin_few(trace.role, _SYNC_ROLES)  # INTERNAL_SYNC, the profiler's own, left out
+        self.sync = isin_few(trace.role, SYNC_ROLES)  # INTERNAL_SYNC, the profiler's own, left out
         self.sync[inside_the_profiler(trace, np.flatnonzero(self.sync))] = False  # and its synchronous copies
         self.sync |= _pageable_dtoh_launches(trace)
         self.sync_events = np.flatnonzero(self.sync)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
-from ..trace.roles import Phase, Role
+from ..trace.roles import SYNC_ROLES, Phase, Role
 from . import intervals, numeric
 from .blame import BlameResult
 from .onetime import OneTimeResult
@@ -324,7 +324,7 @@ def _between_ops(trace: Trace, mine: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 def _host_causes(trace: Trace, events: np.ndarray, costs: np.ndarray) -> np.ndarray:
-    """The ledger cause of each host event of the main thread, by its role, phase and kind (-1: none: a step range)."""
+    """The ledger cause of each host event of the main thread, by its role, phase and kind."""
     code = HOST_CAUSES.index
     role, kind, phase = trace.role[events], trace.kind[events], trace.phase[events]
     cause = np.full(len(events), code("python"), dtype=np.int64)  # annotations and frames: the user's code
@@ -335,7 +335,7 @@ def _host_causes(trace: Trace, events: np.ndarray, costs: np.ndarray) -> np.ndar
     cause[(phase == Phase.OPTIMIZER) | isin_few(role, [Role.OPTIMIZER_STEP, Role.ZERO_GRAD])] = code("optimizer")
     cause[isin_few(role, [Role.LAUNCH, Role.GRAPH_LAUNCH])] = code("launch")
     cause[role == Role.ALLOCATOR] = code("allocator")
-    syncs = [Role.USER_SYNC, Role.SYNC_COPY] + ([Role.ITEM] if trace.has_device else [])
+    syncs = [*SYNC_ROLES, *([Role.ITEM] if trace.has_device else [])]  # .item() waits only for a device
     cause[isin_few(role, syncs)] = code("sync_wait")
     cause[role == Role.COLLECTIVE] = code("collective_wait")
     cause[isin_few(role, [Role.DATA_WAIT, Role.DATA_OTHER])] = code("data_wait")  # a batch, or the loader's start

@@ -91,8 +91,7 @@ class Role(enum.IntEnum):
     MODULE = 19  # nn.Module: Name ranges (with_modules)
 
 
-DATA_ROLES = (Role.DATA_WAIT,)
-SYNC_ROLES = (Role.USER_SYNC, Role.SYNC_COPY)
+SYNC_ROLES = (Role.USER_SYNC, Role.SYNC_COPY)  # the syncs the user's code made: a sync call, a synchronous copy
 _LAUNCH_KINDS = (Kind.RUNTIME, Kind.DRIVER)
 _LAUNCH_PARTS = ("LaunchKernel", "LaunchCooperativeKernel", "GraphLaunch", "MemcpyAsync", "MemcpyWithStream", "MemsetAsync")
 
