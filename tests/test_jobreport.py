@@ -298,3 +298,26 @@ def test_a_rank_loaded_alone_has_the_whole_traces_times(tmp_path: Path) -> None:
     shift = alone.origin_us - whole.origin_us
     assert ((alone.ts + alone.dur) + shift).tolist() == (whole.ts + whole.dur)[whole.rank == 1].tolist()
     assert (alone.ts + shift).tolist() == whole.ts[whole.rank == 1].tolist()
+
+
+def test_rank_rules_in_workers_read_the_runs_capture_facts(tmp_path: Path) -> None:
+    """A rank rule that reads the capture (host_bound's saving without the profiler) says the same in a worker as in
+    one process: the run's measured overhead travels with each rank's request."""
+    from skalpel.result.report import CaptureInfo
+
+    from .ledger_lookalikes import _ddp_cpu_step, write
+    from .tracebuilder import cpu_rank
+
+    ranks = [cpu_rank(rank) for rank in (0, 1)]
+    for builder in ranks:
+        for number in range(5):
+            _ddp_cpu_step(builder, number, wait_us=0, python_us=36_000)
+    folder = write(ranks, tmp_path, "python_busy_job")
+    capture = CaptureInfo(warmup_steps=2, active_steps=5, overhead_pct=118.0, overhead_noise_pct=10.0,
+                          baseline_steps=5, unprofiled_step_ms=23.0, profiled_step_ms=50.0)  # fmt: skip
+    whole = build_report(load(folder), capture=capture)
+    (host,) = [f for f in whole.findings if f.id == "host_bound"]
+    assert host.evidence["unprofiled_ratio"] == pytest.approx(0.46)
+    files = find_trace_files([folder])
+    results = summarize_all([SummaryRequest(path, len(files), capture=capture) for path in files], workers=2)
+    assert join_summaries(results, capture=capture)[0].to_json() == whole.to_json()

@@ -90,7 +90,8 @@ def analyze_job(
 
     if while_loading is not None:
         while_loading()
-    requests = [SummaryRequest(path, len(files), flame=flame and index == 0) for index, path in enumerate(files)]
+    requests = [SummaryRequest(path, len(files), flame=flame and index == 0, capture=capture)
+                for index, path in enumerate(files)]
     joining = Joining()  # each rank's own part of the join as its summary arrives, beside the workers
     if ray:
         summarize_on_ray(requests, None if ray is True else ray, on_progress=on_rank_progress, on_result=joining.add)

@@ -35,7 +35,7 @@ from ..diagnose.distributed import rank_locations
 from ..diagnose.registry import JOB_RULES, judged_rules
 from ..diagnose.rule import Context, NotJudged
 from ..errors import TraceError
-from ..result.report import Finding, RankReport
+from ..result.report import CaptureInfo, Finding, RankReport
 from ..trace.loader import collector_paused, load_one
 from ..trace.model import RankInfo
 from .build import rank_report
@@ -89,6 +89,7 @@ class SummaryRequest:
     path: Path
     job_ranks: int  # rank files in the job
     flame: bool = False
+    capture: CaptureInfo | None = None  # the run's capture facts: rank rules read them as in one process
 
 
 def summarize_rank(
@@ -109,7 +110,7 @@ def _summarize(request: SummaryRequest, on_fraction: Callable[[float], None] | N
         return RankFailure(request.path, str(error))
     rank = trace.rank_ids[0]
     analyses = run_analyses(trace)
-    ctx = Context(analyses)
+    ctx = Context(analyses, request.capture)
     outcomes = {rule.id: judge(rule, ctx) for rule in judged_rules() if rule.id not in JOB_RULES}
     profile = time_profile(trace, analyses.steps, analyses.comm, rank) if request.job_ranks > 1 else None
     locations = rank_locations(ctx, rank, profile)
