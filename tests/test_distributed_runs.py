@@ -141,12 +141,17 @@ def test_communication_heavy_run_is_communication_bound(runs: dict[str, Path]) -
         # On a loaded machine the ranks mostly wait for each other and for a core, and waiting is not
         # transfer: the transfer alone falls under the line, and the waits' share follows the load (one
         # rank's collectives with waits were 22% of its step at load 8). The report must then name the
-        # load as the cause and give each rank's collective share, waits included: in straggler_rank's
-        # note when the ranks waited for each other over its line, and always in each rank's figures.
-        assert any(f.id == "cpu_contention" for f in report.findings), [f.id for f in report.findings]
-        for note in [f for f in report.findings if f.id == "straggler_rank" and f.severity == "info"]:
+        # load as the cause: cpu_contention where the process's own run-queue wait is over its line, else
+        # straggler_rank's note that the ranks wait for each other as the load falls (CI under xdist: 54%
+        # waits, run-queue wait under cpu_contention's line), with each rank's collective share, waits
+        # included; and always each rank's figures.
+        notes = [f for f in report.findings if f.id == "straggler_rank" and f.severity == "info"]
+        for note in notes:
+            assert "follows the machine's load" in note.title, note.title
             shares = note.evidence["comm_share_with_waits_pct_by_rank"]
             assert len(shares) == 2 and all(0 < share <= 100 for share in shares.values()), note.title
+        named = any(f.id == "cpu_contention" for f in report.findings) or notes
+        assert named, [(f.id, f.title) for f in report.findings]
         assert all(0 < rank.extra["comm"]["share_pct"] <= 100 for rank in report.ranks), report.ranks
     rank0 = report.ranks[0].extra["comm"]
     all_reduce = next(row for row in rank0["by_type"] if row["type"] == "all_reduce")

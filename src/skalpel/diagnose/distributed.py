@@ -35,10 +35,12 @@ def _ranks(ctx: Context) -> RankComparison:
 def _waits(ctx: Context) -> dict[int, float]:
     """Each rank's wait for a consistent straggler, to leave out of its communication time.
 
-    Only when one rank arrives last consistently: then the wait is that rank's fault and
-    straggler_rank reports it. Waits that move from rank to rank (jitter, contention) stay
-    in the communication time, so a job losing most of its step in collectives never reads
-    as "no bottleneck".
+    When one rank arrives last consistently the wait is that rank's fault and straggler_rank
+    reports it; when the ranks do identical work on one loaded machine (``_machine_load``) the
+    wait is the load's, and straggler_rank's info note keeps it (with the collectives' share,
+    waits included). Waits that move from rank to rank otherwise (jitter) stay in the
+    communication time, so a job losing most of its step in collectives never reads as
+    "no bottleneck".
     """
     if len(ctx.ranks) < 2:
         return {}
