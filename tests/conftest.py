@@ -139,6 +139,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: -slow[item.path])
 
 
+# ---- files that need the machine to themselves ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """A file marked ``alone`` (``pytestmark``: real multi-rank jobs, straggler and contention verdicts that follow
+    the load) runs while no other file does; the other files share the machine. Under xdist on 2 cores, a
+    torchrun job beside another file's real runs was judged on a machine at twice its load, and its verdict
+    changed with it (CI, 2026-12-05: a straggler from 3x the calls not named). A file lock: shared for the other
+    files, exclusive for an ``alone`` one; a turnstile lets the exclusive one in as soon as the current file ends,
+    instead of waiting for a moment when no worker holds its share."""
+    alone = request.node.get_closest_marker("alone") is not None
+    root = _run_root(tmp_path_factory)
+    with open(root / "machine.turnstile", "a") as turnstile, open(root / "machine.lock", "a") as share:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(share, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(share, fcntl.LOCK_UN)
+
+
 # ---- negative controls that run on a busy machine instead of skipping -------------------------------------------
 
 

@@ -21,7 +21,7 @@ from skalpel.analysis.ranks import OUTSIDE_OPS
 from skalpel.cli import main
 from skalpel.result.report import Report
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # real multi-rank jobs judged on the load they see: conftest
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "examples" / "scenarios"
 CAPTURE = ["--wait", "0", "--warmup", "1", "--active", "3"]

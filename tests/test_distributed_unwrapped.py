@@ -15,7 +15,7 @@ import pytest
 
 from skalpel.result.report import Report
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # real multi-rank jobs judged on the load they see: conftest
 
 SCRIPT = """
 import sys

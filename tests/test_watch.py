@@ -19,7 +19,7 @@ import pytest
 from skalpel.diagnose.thresholds import WATCH_WINDOW_STEPS
 from tests.conftest import skip
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # real multi-rank jobs judged on the load they see: conftest
 
 # Thousands of ms-scale steps over a DataLoader; planted at known steps (batch index = step):
 # a loader that stalls (60 ms a batch for 40 batches), a leak of 1 MiB a step for 400 steps, and a

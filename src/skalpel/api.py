@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import stat
-import sys
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import orjson
 
 from .errors import SkalpelError, TraceError
-from .trace.loader import ProgressCallback, find_trace_files, load, load_one, path_mode
-from .trace.parallel import process_count
+from .trace.loader import ProgressCallback, find_trace_files, path_mode
 from .trace.source import without_bom
 
 if TYPE_CHECKING:  # the report model is imported where it is used: while forked processes decode a large file
     from .job.pool import RankProgressCallback
+    from .job.report_of import JobAnalysis
     from .result.report import CaptureInfo, Report
 
 RUN_REPORT = "report.json"
@@ -43,13 +40,6 @@ def analyze(
     return analyze_job(paths, workers=workers, ray=ray, on_rank_progress=_in_bytes(files, on_progress)).report
 
 
-@dataclass(frozen=True)
-class JobAnalysis:
-    report: Report
-    files: tuple[Path, ...]
-    flame: dict[str, Any] | None = None  # the HTML report's flame graph (lowest rank), when asked for
-
-
 def analyze_job(
     paths: list[str | Path],
     *,
@@ -59,57 +49,12 @@ def analyze_job(
     on_rank_progress: RankProgressCallback | None = None,
     while_loading: Callable[[], object] | None = None,
 ) -> JobAnalysis:
-    """``analyze`` with the flame graph and progress per rank file (what the CLI needs).
+    """``analyze`` with the flame graph and progress per rank file (what the CLI needs): ``job.report_of`` with the
+    capture facts of a run folder, when ``paths`` is one."""
+    from .job.report_of import report_of
 
-    One file is loaded whole here; the files of a job (or any file with ``ray``) are
-    reduced rank by rank (``skalpel.job.rank``) and joined (``skalpel.job.join``).
-    ``while_loading`` is called once: while forked processes decode one large file when they do
-    (the caller's imports then cost no time), else after its load, or before a job's ranks.
-    """
-    files = find_trace_files(paths)
-    capture = stored_capture(paths)
-    if len(files) == 1 and not ray:
-        report_progress = (lambda done, total: on_rank_progress(0, done / max(total, 1))) if on_rank_progress else None
-
-        def imports() -> None:  # while forked processes decode a large file: then they cost no time
-            from . import diagnose  # noqa: F401
-            from .job import build  # noqa: F401
-
-            if while_loading is not None:
-                while_loading()
-
-        meanwhile = imports if "skalpel.job.build" not in sys.modules else while_loading  # none: a full share here
-        trace = load(files, on_progress=report_progress, workers=workers, while_decoding=meanwhile)
-        from .job.build import build_report
-
-        report = build_report(trace, capture=capture, processes=process_count(workers))
-        return JobAnalysis(report, tuple(files), _flame(trace) if flame else None)
-    from .job.join import Joining
-    from .job.pool import split_all, split_on_ray, summarize_all, summarize_on_ray
-    from .job.rank import SummaryRequest
-
-    if while_loading is not None:
-        while_loading()
-    requests = [SummaryRequest(path, len(files), flame=flame and index == 0, capture=capture)
-                for index, path in enumerate(files)]
-    joining = Joining()  # each rank's own part of the join as its summary arrives, beside the workers
-    if ray:
-        summarize_on_ray(requests, None if ray is True else ray, on_progress=on_rank_progress, on_result=joining.add)
-        split = split_on_ray
-    else:
-        summarize_all(requests, workers=workers, on_progress=on_rank_progress, on_result=joining.add)
-        split = partial(split_all, workers=workers)
-    report, summaries = joining.finish(capture=capture, split=split)
-    graph = None
-    if flame:  # from the lowest rank, as for a whole trace; loaded again only when it was not the first file
-        graph = summaries[0].flame if summaries[0].flame is not None else _flame(load_one(summaries[0].path))
-    return JobAnalysis(report, tuple(files), graph)
-
-
-def _flame(trace) -> dict[str, Any] | None:
-    from .analysis.call_tree import flame_tree
-
-    return flame_tree(trace, rank=trace.rank_ids[0] if trace.ranks else 0)
+    return report_of(paths, capture=stored_capture(paths), workers=workers, ray=ray, flame=flame,
+                     on_rank_progress=on_rank_progress, while_loading=while_loading)  # fmt: skip
 
 
 def _in_bytes(files: list[Path], on_progress: ProgressCallback | None) -> RankProgressCallback | None:

@@ -93,7 +93,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             while_loading=_import_terminal if printing else None,
         )  # fmt: skip
     report = _with_commbench(job.report, args.commbench)
-    options = {"html": {"flame": job.flame}}
+    options = {"html": {"flame": job.flame_tree}}
     if not printing:
         write(report, files, options)
         sys.stdout.buffer.write(named("json", RENDERERS)().render(report) + b"\n")

@@ -137,9 +137,8 @@ def launch_and_merge(target: Target, args: argparse.Namespace) -> tuple[int, Rep
 
     Returns (exit status, report or None, files written).
     """
-    from ..job.build import build_report
+    from ..job.report_of import report_of
     from ..result.report import CaptureInfo
-    from ..trace.loader import load
     from . import distributed, runfolder
     from .target import check_target
 
@@ -155,17 +154,15 @@ def launch_and_merge(target: Target, args: argparse.Namespace) -> tuple[int, Rep
         if not args.out:
             runfolder.remove_if_empty(folder)  # a run that recorded nothing leaves no folder
         return status, None, []
-    trace = load(traces)
-    ranks = {info.rank for info in trace.ranks}
-    missing = [str(rank) for rank in range(args.nproc) if rank not in ranks]
-    if missing:
-        trace.warnings.append(f"rank(s) {', '.join(missing)} wrote no trace (exit status {status}); the report covers the others")
+    missing = [str(rank) for rank in range(args.nproc) if folder / runfolder.trace_file_name(rank) not in traces]
+    notes = [f"rank(s) {', '.join(missing)} wrote no trace (exit status {status}); the report covers the others"]
     capture = distributed.load_capture(folder) or CaptureInfo(
         warmup_steps=args.wait + args.warmup, wait_steps=args.wait, active_steps=args.active, repeats=args.repeat,
     )  # fmt: skip
     capture = dataclasses.replace(capture, script=target.name, exit_status=status)
-    report = build_report(trace, capture=capture)
-    return status, report, runfolder.write_outputs(report, trace, folder, traces=traces)
+    analysis = report_of(traces, capture=capture, notes=notes if missing else (), flame_files=True)
+    assert analysis.flame is not None
+    return status, analysis.report, runfolder.write_outputs(analysis.report, analysis.flame, folder, traces=traces)
 
 
 def forwarded_options(args: argparse.Namespace) -> list[str]:

@@ -15,12 +15,14 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from ..errors import SkalpelError
 from ..files import write_file
 from ..result.report import Report
-from ..trace.model import Trace
+
+if TYPE_CHECKING:
+    from ..job.rank import FlameGraphs
 
 DEFAULT_PARENT = "skalpel-runs"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -92,30 +94,24 @@ def holdings(folder: Path) -> str:
                      for path in files)  # fmt: skip
 
 
-def write_outputs(report: Report, trace: Trace, folder: Path, *, traces: Iterable[Path] = ()) -> list[Path]:
+def write_outputs(report: Report, flame: FlameGraphs, folder: Path, *, traces: Iterable[Path] = ()) -> list[Path]:
     """Write every derived output of a capture into ``folder``; return all files of the run.
 
-    ``traces`` are the trace files already in the folder (written by the profiler);
-    they head the returned list so the caller can print every file of the run.
+    ``flame``: the lowest rank's flame graphs (``job.report_of(..., flame_files=True)``); ``traces`` are the trace
+    files already in the folder (written by the profiler); they head the returned list so the caller can print
+    every file of the run.
     """
-    from ..analysis.call_tree import flame_tree, thread_stacks
-    from ..report import flamegraph
     from ..report.base import RENDERERS, named, write
 
     written = [Path(path) for path in traces]
-    rank = trace.rank_ids[0] if trace.ranks else 0
-    threads = thread_stacks(trace, rank)  # once for the three renderings: on a big trace, two thirds of their time
-    # The flame graph and the speedscope profile export the Trace itself, so they are no renderers of a Report.
-    exports: list[tuple[str, str | bytes]] = [
-        ("flamegraph.svg", flamegraph.render_svg(trace, rank=rank, threads=threads)),
-        ("flamegraph.speedscope.json", flamegraph.render_speedscope(trace, rank=rank, threads=threads)),
-    ]
-    for name, content in exports:
-        written.append(write_file(folder / name, content))
+    # The flame graph and the speedscope profile draw the trace itself, so they are no renderers of a Report.
+    for name, content in (("flamegraph.svg", flame.svg), ("flamegraph.speedscope.json", flame.speedscope)):
+        if content is not None:
+            written.append(write_file(folder / name, content))
     # Each renderer of a Report writes report.<extension>, but the text one: that is summary.txt, written last
     # because it lists every file of the run.
     files = [(folder / f"report{renderer.extension}", renderer) for renderer in RENDERERS if renderer.name != "text"]
-    written += write(report, files, {"html": {"flame": flame_tree(trace, rank=rank, threads=threads)}})
+    written += write(report, files, {"html": {"flame": flame.tree}})
     summary = folder / "summary.txt"
     listing = "\n".join(f"wrote {path}" for path in [*written, summary])  # every file of the run, itself included
     written.append(write_file(summary, named("text", RENDERERS)().render(report) + listing + "\n"))

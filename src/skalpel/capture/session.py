@@ -366,8 +366,7 @@ class ProfileRun:
 
     def finish(self) -> list[Path]:
         """Analyse the recorded trace and write the run folder; returns every file of the run."""
-        from ..job.build import build_report
-        from ..trace.loader import load
+        from ..job.report_of import report_of
 
         self.stop()
         if self.export_error is not None:
@@ -379,16 +378,16 @@ class ProfileRun:
             distributed.save_capture(self.folder, _rank(), self.capture_info())
             return self.written
         paths, missing = distributed.rank_traces(self.folder, self.trace_paths)
-        trace = load(paths)
-        if missing:
-            trace.warnings.append(missing)
-        report = with_noise_note(build_report(trace, capture=self.capture_info()))
+        analysis = report_of(paths, capture=self.capture_info(), notes=[missing] if missing else (),
+                             flame_files=self.write)  # fmt: skip
+        report = with_noise_note(analysis.report)
         if self.notes:
             report = dataclasses.replace(report, warnings=report.warnings + tuple(self.notes))
         self._report = report
         assert self.folder is not None
         if self.write:
-            self.written = runfolder.write_outputs(report, trace, self.folder, traces=paths)
+            assert analysis.flame is not None
+            self.written = runfolder.write_outputs(report, analysis.flame, self.folder, traces=paths)
         else:
             self.written = list(self.trace_paths)
         return self.written
@@ -398,10 +397,9 @@ class ProfileRun:
         if self._report is None:
             self.finish()
         if self._report is None:  # a rank that leaves the merged report to rank 0: its own trace only
-            from ..job.build import build_report
-            from ..trace.loader import load
+            from ..job.report_of import report_of
 
-            self._report = build_report(load(self.trace_paths), capture=self.capture_info())
+            self._report = report_of(self.trace_paths, capture=self.capture_info()).report
         assert self._report is not None
         return self._report
 

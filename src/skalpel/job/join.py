@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from ..analysis.blame import PeerSplit
 from ..analysis.breakdown import StepBreakdown
 from ..analysis.bundle import Analyses
 from ..analysis.comm import CommAnalysis, RankComm
 from ..analysis.gpu_time import GpuTimeResult
+from ..analysis.ledger import Ledger, RankLedger
 from ..analysis.ops import OpTable
 from ..analysis.ranks import IndexedRanks, compare_ranks, index_calls
 from ..analysis.rankwork import RankWork, rank_work, slower_rank_work
@@ -69,7 +70,8 @@ class JobView:
 
 
 def join_summaries(
-    results: list[RankSummary | RankFailure], *, capture: CaptureInfo | None = None, split: Splitter = split_here
+    results: list[RankSummary | RankFailure], *, capture: CaptureInfo | None = None, split: Splitter = split_here,
+    notes: Sequence[str] = (),
 ) -> tuple[Report, list[RankSummary]]:
     """The job's Report from its ranks' summaries (failed ranks are named in its warnings).
 
@@ -83,7 +85,7 @@ def join_summaries(
     with collector_paused():
         for index, result in enumerate(results):
             joining.add(index, result)
-    return joining.finish(capture=capture, split=split)
+    return joining.finish(capture=capture, split=split, notes=notes)
 
 
 class Joining:
@@ -121,16 +123,19 @@ class Joining:
             for item in result.ops.ranks:
                 self.works[item.rank] = rank_work(item.rows, len(result.steps.for_rank(item.rank)), self.work_kinds)
 
-    def finish(self, *, capture: CaptureInfo | None = None, split: Splitter = split_here) -> tuple[Report, list[RankSummary]]:
-        """The job's Report, once every rank's result is in (``join_summaries``)."""
+    def finish(self, *, capture: CaptureInfo | None = None, split: Splitter = split_here,
+               notes: Sequence[str] = ()) -> tuple[Report, list[RankSummary]]:  # fmt: skip
+        """The job's Report, once every rank's result is in (``join_summaries``); ``notes`` (the capture's: a rank
+        that wrote no trace) follow the ranks' own warnings."""
         results = [self.results[index] for index in sorted(self.results)]
         done = (IndexedRanks(), {}) if self.repeated else (self.indexed, self.works)
         with collector_paused():
-            return _join(results, capture, split, *done)
+            return _join(results, capture, split, tuple(notes), *done)
 
 
 def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None, split: Splitter,
-          indexed: IndexedRanks, works: dict[int, RankWork]) -> tuple[Report, list[RankSummary]]:  # fmt: skip
+          notes: tuple[str, ...], indexed: IndexedRanks, works: dict[int, RankWork]
+          ) -> tuple[Report, list[RankSummary]]:  # fmt: skip
     failures = [item for item in results if isinstance(item, RankFailure)]
     summaries = [item for item in results if isinstance(item, RankSummary)]
     if not summaries:  # the whole-trace loader's words
@@ -145,7 +150,7 @@ def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None,
     job = JobView(
         ranks=tuple(summary.info for summary in summaries),
         has_device=any(summary.has_device for summary in summaries),
-        warnings=[text for summary in summaries for text in summary.warnings],
+        warnings=[text for summary in summaries for text in summary.warnings] + list(notes),
         host_signs=_host_signs(summaries),
     )
     steps = _steps(summaries, shifts)
@@ -155,6 +160,8 @@ def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None,
     analyses.gpu_time = _gpu_time(summaries)
     analyses.step_device = _step_device(summaries)
     analyses.recording = _recording(summaries)
+    analyses.ledger = Ledger({s.info.rank: _shifted_ledger(s.ledger, shifts[s.info.rank]) for s in summaries
+                              if s.ledger is not None})  # fmt: skip
     analyses.compile_log = next((s.compile_log for s in summaries if s.compile_log is not None), None)  # for its stacks-off note
     analyses.comm = CommAnalysis(tuple(_shifted_comm(s, shifts, offsets) for s in summaries if s.comm is not None))
     if len(summaries) > 1:
@@ -209,6 +216,15 @@ def _shifted_step(step: Step, shift: float) -> Step:
         step, start_us=step.start_us + shift, host_end_us=step.host_end_us + shift, end_us=step.end_us + shift,
         host_start_us=host_start,
     )  # fmt: skip
+
+
+def _shifted_ledger(ledger: RankLedger, shift: float) -> RankLedger:
+    if not shift:
+        return ledger
+    lanes = tuple(dataclasses.replace(lane, units=tuple(
+        dataclasses.replace(unit, start_us=unit.start_us + shift, end_us=unit.end_us + shift) for unit in lane.units
+    )) for lane in ledger.lanes)  # fmt: skip
+    return dataclasses.replace(ledger, lanes=lanes)
 
 
 def _breakdown(summaries: list[RankSummary]) -> StepBreakdown | None:

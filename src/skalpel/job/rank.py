@@ -24,6 +24,7 @@ from ..analysis.breakdown import StepBreakdown
 from ..analysis.bundle import run_analyses
 from ..analysis.comm import CommAnalysis
 from ..analysis.gpu_time import GpuTimeResult
+from ..analysis.ledger import RankLedger
 from ..analysis.memory import DeviceMemory
 from ..analysis.ops import OpTable
 from ..analysis.rankprofile import Profile, RankLocations, time_profile
@@ -37,7 +38,7 @@ from ..diagnose.rule import Context, NotJudged
 from ..errors import TraceError
 from ..result.report import CaptureInfo, Finding, RankReport
 from ..trace.loader import collector_paused, load_one
-from ..trace.model import RankInfo
+from ..trace.model import RankInfo, Trace
 from .build import rank_report
 from .transfer import PackedWaits, packed_comm, packed_memory, packed_waits
 
@@ -58,11 +59,12 @@ class RankSummary:
     comm: CommAnalysis | None
     compile_log: Any  # analysis.compile_log's CompileLog from the rank's header (skalpel run), or None
     memory: DeviceMemory | None  # the main device's, curve decimated
+    ledger: RankLedger | None  # every millisecond of its units by cause
     report: RankReport  # this rank's part of the report (memory and cross-rank figures are set on the join)
     outcomes: dict[str, list[Finding] | NotJudged]  # rule id -> outcome, for the rules judged per rank
     profile: Profile | None = None  # where its step time goes (jobs of several ranks)
     locations: RankLocations | None = None  # what the job-level findings may cite for it
-    flame: dict | None = None  # the HTML report's flame graph, when asked for
+    flame: FlameGraphs | None = None  # its flame graphs, when asked for
     host_signs: HostSigns | None = None  # what its host side says of a GPU (to name the job's device)
     # Its blame's collective wait, for the join to split by peer; a PackedWaits once it reached the driver.
     collective_waits: CollectiveWaits | PackedWaits | None = None
@@ -88,7 +90,8 @@ class RankFailure:
 class SummaryRequest:
     path: Path
     job_ranks: int  # rank files in the job
-    flame: bool = False
+    flame: bool = False  # the rank's flame graph for the HTML report
+    flame_files: bool = False  # and the run folder's flamegraph.svg and speedscope profile
     capture: CaptureInfo | None = None  # the run's capture facts: rank rules read them as in one process
 
 
@@ -108,17 +111,19 @@ def _summarize(request: SummaryRequest, on_fraction: Callable[[float], None] | N
         trace = load_one(request.path, on_fraction=on_fraction, job_ranks=request.job_ranks)
     except TraceError as error:
         return RankFailure(request.path, str(error))
+    return summarize_loaded(trace, request)
+
+
+def summarize_loaded(trace: Trace, request: SummaryRequest, *, processes: int = 1) -> RankSummary:
+    """The summary of one rank's trace already loaded (a job's single file is loaded in the caller's process, by
+    forked decoders when large); with ``processes`` > 1 some analyses of a large trace run in a forked process."""
     rank = trace.rank_ids[0]
-    analyses = run_analyses(trace)
+    analyses = run_analyses(trace, processes=processes)
     ctx = Context(analyses, request.capture)
     outcomes = {rule.id: judge(rule, ctx) for rule in judged_rules() if rule.id not in JOB_RULES}
     profile = time_profile(trace, analyses.steps, analyses.comm, rank) if request.job_ranks > 1 else None
     locations = rank_locations(ctx, rank, profile)
-    flame = None
-    if request.flame:
-        from ..analysis.call_tree import flame_tree
-
-        flame = flame_tree(trace, rank=rank)
+    flame = flame_graphs(trace, rank, files=request.flame_files) if request.flame or request.flame_files else None
     return RankSummary(
         path=Path(request.path),
         info=trace.ranks[0],
@@ -134,6 +139,7 @@ def _summarize(request: SummaryRequest, on_fraction: Callable[[float], None] | N
         comm=analyses.comm,
         compile_log=analyses.compile_log,
         memory=analyses.memory.main_device(rank) if analyses.memory else None,
+        ledger=analyses.ledger.for_rank(rank) if analyses.ledger is not None else None,
         report=rank_report(analyses, rank),
         outcomes=outcomes,
         profile=profile,
@@ -142,6 +148,28 @@ def _summarize(request: SummaryRequest, on_fraction: Callable[[float], None] | N
         host_signs=host_signs(trace),
         collective_waits=_collective_waits(trace, analyses, rank) if request.job_ranks > 1 else None,
     )
+
+
+@dataclass(frozen=True)
+class FlameGraphs:
+    """A rank's recorded steps as flame graphs: the HTML report's tree, and the run folder's files (an SVG and a
+    speedscope profile) where asked for. Drawn from the trace itself, so in the process that holds it."""
+
+    tree: dict | None
+    svg: str | None = None
+    speedscope: str | None = None
+
+
+def flame_graphs(trace: Trace, rank: int, *, files: bool) -> FlameGraphs:
+    from ..analysis.call_tree import flame_tree, thread_stacks
+    from ..report import flamegraph
+
+    threads = thread_stacks(trace, rank)  # once for the three: on a big trace, two thirds of their time
+    tree = flame_tree(trace, rank=rank, threads=threads)
+    if not files:
+        return FlameGraphs(tree)
+    return FlameGraphs(tree, flamegraph.render_svg(trace, rank=rank, threads=threads),
+                       flamegraph.render_speedscope(trace, rank=rank, threads=threads))  # fmt: skip
 
 
 def _collective_waits(trace, analyses, rank: int) -> CollectiveWaits | None:

@@ -49,19 +49,18 @@ def collect(folder: Path, world_size: int, wait_s: float) -> str:
     from ..capture import runfolder
     from ..capture.distributed import capture_from_dict
     from ..capture.timing import with_noise_note
-    from ..job.build import build_report
+    from ..job.report_of import report_of
     from ..result.report import CaptureInfo
-    from ..trace.loader import load
 
-    trace = load(traces)
-    trace.warnings.extend(notes)
     timing = next((marker["capture"] for _, marker in sorted(markers.items()) if marker.get("capture")), None)
     capture = None
     if timing is not None:  # only the fields CaptureInfo has
         known = {field.name for field in dataclasses.fields(CaptureInfo)}
         capture = capture_from_dict({key: value for key, value in timing.items() if key in known})
-    report = with_noise_note(build_report(trace, capture=capture))
-    runfolder.write_outputs(report, trace, folder, traces=traces)
+    analysis = report_of(traces, capture=capture, notes=notes, flame_files=True)
+    assert analysis.flame is not None
+    report = with_noise_note(analysis.report)
+    runfolder.write_outputs(report, analysis.flame, folder, traces=traces)
     return capture_summary(report)
 
 
