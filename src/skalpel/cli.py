@@ -431,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 INTERNAL_ERROR = 3
 _QUICK_EXIT_COMMANDS = ("analyze", "diff", "explain")
+_SCRIPT_COMMANDS = ("run", "demo")  # they run a script in this process
 
 
 def entry() -> None:
@@ -453,6 +454,10 @@ def entry() -> None:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     code = main()
     _forget_caught_interrupts()
+    if words and words[0] in _SCRIPT_COMMANDS:
+        from .capture.exits import end
+
+        end(code)  # the script's threads, exit handlers and teardown as python's; returns for the usual exit
     if code == 0 and words and words[0] in _QUICK_EXIT_COMMANDS and "--ray" not in sys.argv:
         try:
             sys.stdout.flush()

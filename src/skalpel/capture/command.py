@@ -55,7 +55,6 @@ def execute(target: Target, args: argparse.Namespace, *,
             advise: Callable[[Report, Path | None], Report] | None = None) -> int:  # fmt: skip
     """Profile ``target`` with the options in ``args``; returns the exit status to use. ``advise`` may add to
     the printed report's advice (``skalpel run``: what ``skalpel tune`` measured, given by the CLI layer)."""
-    from ..report import terminal
     from . import distributed
     from .runner import run
     from .signals import Terminated
@@ -70,10 +69,18 @@ def execute(target: Target, args: argparse.Namespace, *,
     out = Path(args.out) if args.out else None
     try:
         result = run(target, settings, out=out, name=args.name, stop_after_capture=args.stop_after_capture,
-                     step_on=args.step_on, step_timeout_s=args.step_timeout)  # fmt: skip
+                     step_on=args.step_on, step_timeout_s=args.step_timeout,
+                     shown=lambda result: _present(result, target, advise))  # fmt: skip
     except Terminated as stopped:  # SIGTERM or SIGHUP as `skalpel run` let go of its signal handlers
         print(f"skalpel: stopped by {stopped}", file=sys.stderr)
         return stopped.exit_status
+    return _present(result, target, advise)
+
+
+def _present(result: RunResult, target: Target, advise: Callable[[Report, Path | None], Report] | None) -> int:
+    """Print the report, the files written and the script's own error; the exit status to use."""
+    from ..report import terminal
+
     if result.forked_child:
         print(f"skalpel: process {os.getpid()}, forked by {target.name}, ended (exit status {result.exit_status}); "
               "it was not profiled, its parent writes the run", file=sys.stderr)  # fmt: skip

@@ -65,7 +65,7 @@ def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int
     compile_log.uninstall()
     notes = [note for note in chosen.notes if note not in chosen.said]  # for stderr: those not said as they happened
     if late is not None:  # interrupted after the script, before the analysis: the file is whole, the analysis skipped
-        notes.append(f"{signals.name(late)} while the trace was written: {_holding(chosen)}")
+        notes.append(f"{signals.name(late)} while the trace was written: {holding(chosen)}")
         return RunResult(status or 128 + late, None, list(chosen.trace_paths), error, chosen.folder, notes)
     if chosen.export_error is not None:
         held = "part of" if chosen.export_error.kept is not None else "none of"
@@ -78,7 +78,7 @@ def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int
         written = chosen.written if chosen.written else chosen.finish()
     except (KeyboardInterrupt, signals.Terminated) as stopped:
         code = stopped.exit_status if isinstance(stopped, signals.Terminated) else 130
-        notes.append(f"interrupted during the analysis: {_holding(chosen)}")
+        notes.append(f"interrupted during the analysis: {holding(chosen)}")
         return RunResult(status or code, None, list(chosen.trace_paths), error, chosen.folder, notes)
     if guard.late is not None:  # came just as the analysis started, and was noted, not raised: the run is whole
         status = status or 128 + guard.late
@@ -100,7 +100,8 @@ def _stop_whole(chosen: ProfileRun) -> int | None:
     return late if late is not None else held.signum
 
 
-def _holding(chosen: ProfileRun) -> str:
+def holding(chosen: ProfileRun) -> str:
+    """What the run folder holds, and how to get the report from it."""
     folder = chosen.folder
     if folder is None or not chosen.trace_paths:
         return "no trace was written"

@@ -5,10 +5,11 @@ picks the signal); a script that opens its own ``skalpel.profile()`` keeps its o
 steps. While steps are awaited, a watchdog says when none came for ``step_timeout_s``. Once every window is
 recorded the profiler is gone and the script runs on to its end, unless
 ``stop_after_capture``. Whatever happens to the script (an exception, Ctrl-C, SIGTERM,
-SIGHUP, ``sys.exit``), the trace recorded so far is kept, analysed, and the exit status
-is kept; an interruption while the trace is written waits for the file to be whole, and
-one during the analysis leaves the trace and says so. A run that recorded nothing leaves
-no folder behind.
+SIGHUP, ``sys.exit``, ``os._exit``), the trace recorded so far is kept, analysed, and the
+exit status is kept; an interruption while the trace is written waits for the file to be
+whole, and one during the analysis leaves the trace and says so. A run that recorded
+nothing leaves no folder behind. Threads the script leaves running do not crash the
+process's end (``exits.py``).
 
 Scripts that would break the capture: one that starts ``torch.profiler`` itself makes
 skalpel stop its own session there (``aside.py``); steps are marked in the thread that
@@ -22,13 +23,15 @@ import dataclasses
 import runpy
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
-from . import compile_log, distributed, malloc, session, signals
+from ..errors import SkalpelError
+from . import compile_log, distributed, exits, malloc, session, signals
 from .aside import ProfilerWatch
 from .budget import OverBudget, RecordingBudget, lighter
 from .children import Children
-from .conclude import RunResult, conclude
+from .conclude import RunResult, conclude, holding
 from .kineto_noise import filtered_stderr
 from .session import ProfileRun
 from .settings import STEP_SIGNALS, CaptureSettings
@@ -44,8 +47,13 @@ class CaptureComplete(BaseException):
 
 
 def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, name: str | None = None,
-        stop_after_capture: bool = False, step_on: str | None = None, step_timeout_s: float = 30.0) -> RunResult:  # fmt: skip
-    """Run ``target`` under the profiler; the report is None when nothing was recorded (``notes`` say why)."""
+        stop_after_capture: bool = False, step_on: str | None = None, step_timeout_s: float = 30.0,
+        shown: Callable[[RunResult], int] | None = None) -> RunResult:  # fmt: skip
+    """Run ``target`` under the profiler; the report is None when nothing was recorded (``notes`` say why).
+
+    ``shown`` presents a result and returns the exit status: it is called here, before the process ends, when
+    the script calls ``os._exit`` (which never returns).
+    """
     code_path = check_target(target)
     label = name or target.label
     reused = out is not None and Path(out).exists()
@@ -59,8 +67,31 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
     if held:
         own.notes.append(held)
         own.said.add(held)  # with the report, not as the run goes
-    with guard, filtered_stderr():  # until the trace is written and analysed
-        with capture.installed(), as_main(target, code_path):
+    exits.ran_script()
+    filtering, installed = filtered_stderr(), capture.installed()
+
+    def concluded_at_exit(status: int) -> int:
+        """The script calls os._exit(status): the run is written and shown first, as at the script's end."""
+        guard.hold()
+        installed.__exit__()
+        capture.result_run.notes.append(
+            f"the script ended its process with os._exit({status}): skalpel wrote the run first; the rest of the "
+            "script, its finally blocks and its exit handlers did not run, as os._exit does"
+        )
+        try:
+            result = conclude(capture, guard, target, status, None, folder, removable=not reused)
+        except SkalpelError as error:
+            _say(f"error: {error}")
+            return error.exit_code
+        finally:
+            filtering.__exit__()
+            guard.__exit__()
+        return shown(result) if shown is not None else result.exit_status
+
+    with guard, filtering:  # until the trace is written and analysed
+        ending = exits.os_exit_concludes(concluded_at_exit, owner=signals.is_owner,
+                                         holding=lambda: holding(capture.result_run))  # fmt: skip
+        with installed, as_main(target, code_path), ending:
             status, error = run_script(target, code_path, guard)
         if not signals.is_owner():  # a child the script forked came back here
             return RunResult(status, None, error=error, forked_child=True)
@@ -155,6 +186,7 @@ class _Capture:
         run = self.own
         self.runs_on = threading.Timer(RUNS_ON_S, lambda: _say(runs_on_note(run, RUNS_ON_S)))
         self.runs_on.daemon = True
+        self.runs_on.name = f"{exits.OWN_THREAD_PREFIX}runs-on"  # skalpel's: never keeps the process's end waiting
         self.runs_on.start()
 
     def _record_again(self) -> None:
