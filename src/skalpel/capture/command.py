@@ -162,8 +162,9 @@ def launch_and_merge(target: Target, args: argparse.Namespace) -> tuple[int, Rep
             runfolder.remove_if_empty(folder)  # a run that recorded nothing leaves no folder
         return status, None, []
     missing = [str(rank) for rank in range(args.nproc) if folder / runfolder.trace_file_name(rank) not in traces]
-    notes = [f"rank(s) {', '.join(missing)} wrote no trace (exit status {status}); the report covers the others"
-             for _ in missing[:1]]  # fmt: skip
+    notes = []
+    if missing:
+        notes.append(f"rank(s) {', '.join(missing)} wrote no trace (exit status {status}); the report covers the others")
     capture = distributed.load_capture(folder) or CaptureInfo(
         warmup_steps=args.wait + args.warmup, wait_steps=args.wait, active_steps=args.active, repeats=args.repeat,
     )  # fmt: skip
