@@ -30,6 +30,7 @@ import io
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 
 OWN_THREAD_PREFIX = "skalpel-"  # skalpel's own helper threads are named so: they never hold the process open
@@ -114,13 +115,15 @@ def running_threads() -> list[threading.Thread]:
 def _flush_files() -> None:
     """What the teardown would have done for a script's file left open: its buffer reaches the file."""
     _flush_streams()
-    for obj in gc.get_objects():
-        if isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
-            try:
-                if not obj.closed and obj.writable():
-                    obj.flush()
-            except (OSError, ValueError, RuntimeError):
-                pass
+    with warnings.catch_warnings():  # isinstance on a deprecated module attribute warns (torch.distributed.reduce_op)
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            if isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
+                try:
+                    if not obj.closed and obj.writable():
+                        obj.flush()
+                except (OSError, ValueError, RuntimeError):
+                    pass
 
 
 def _flush_streams() -> None:
