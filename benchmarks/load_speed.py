@@ -68,14 +68,14 @@ def _child(mode: str, path: str) -> None:
         with opener(path, "rb") as handle:
             json.load(handle)
     elif mode == "skalpel":
-        from skalpel.job.build import build_report
+        from skalpel.job.report_of import report_of_trace
         from skalpel.trace import load
 
         import_s = time.perf_counter() - started
         started = time.perf_counter()
         trace = load(path)
         result["load_s"] = time.perf_counter() - started
-        build_report(trace)
+        report_of_trace(trace)
         result["import_s"] = import_s
         result["events"] = len(trace)
     elif mode == "generate":

@@ -82,9 +82,9 @@ import json, sys, time
 paths, mode = sys.argv[1:3]
 joined, own = [], []
 if mode == "whole":
-    from skalpel.job.build import build_report
+    from skalpel.job.report_of import report_of
     from skalpel.trace.loader import load
-    report = build_report(load([paths]))
+    report = report_of([paths]).report
 else:
     from skalpel.api import analyze
     from skalpel.job.join import Joining

@@ -10,7 +10,7 @@ import pytest
 
 from skalpel.analysis import bundle
 from skalpel.forking import Child
-from skalpel.job.build import build_report
+from skalpel.job.report_of import report_of_trace
 from skalpel.trace.loader import load
 
 from .conftest import corpus
@@ -35,9 +35,9 @@ def test_df_index_resolver_report_is_the_same_from_two_processes(
 ) -> None:
     trace = load(corpus("hta/df_index_resolver/df_index_resolver.json.gz"))  # 123k events: the largest corpus trace
     monkeypatch.setattr(bundle, "FORK_FROM_EVENTS", len(trace))
-    alone = build_report(trace, processes=1)
+    alone = report_of_trace(trace, processes=1)
     assert forks == []
-    split = build_report(trace, processes=2)
+    split = report_of_trace(trace, processes=2)
     assert len(forks) == 1 and forks[0] > 0
     assert split.to_json() == alone.to_json()
     assert split.ranks[0].top_ops and split.ranks[0].step_breakdown_pct  # the child's share is in it
@@ -54,15 +54,15 @@ def test_df_index_resolver_report_is_the_same_from_two_processes(
 def test_small_corpus_traces_split_the_same(name: str, forks: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bundle, "FORK_FROM_EVENTS", 0)
     trace = load(corpus(name))
-    alone = build_report(trace, processes=1).to_json()
-    assert build_report(trace, processes=2).to_json() == alone
+    alone = report_of_trace(trace, processes=1).to_json()
+    assert report_of_trace(trace, processes=2).to_json() == alone
     assert len(forks) == 1
 
 
 def test_small_traces_stay_in_one_process(forks: list[int]) -> None:
     trace = load(corpus("hta/trace_filter/sampled_rank-0.json.gz"))
     assert len(trace) < bundle.FORK_FROM_EVENTS
-    build_report(trace, processes=4)
+    report_of_trace(trace, processes=4)
     assert forks == []
 
 
@@ -70,7 +70,7 @@ def test_a_child_that_dies_leaves_its_work_to_this_process(forks: list[int], mon
     """Killed as the OOM killer would: the op table and breakdown are then computed here, the same."""
     monkeypatch.setattr(bundle, "FORK_FROM_EVENTS", 0)
     trace = load(corpus("hta/nccl_parser_config/nccl_data.json.gz"))
-    alone = build_report(trace, processes=1).to_json()
+    alone = report_of_trace(trace, processes=1).to_json()
     parent, real = os.getpid(), bundle.op_table
 
     def killed_in_the_child(trace):
@@ -79,7 +79,7 @@ def test_a_child_that_dies_leaves_its_work_to_this_process(forks: list[int], mon
         return real(trace)
 
     monkeypatch.setattr(bundle, "op_table", killed_in_the_child)
-    assert build_report(trace, processes=2).to_json() == alone
+    assert report_of_trace(trace, processes=2).to_json() == alone
     assert len(forks) == 1
     with pytest.raises(ChildProcessError):
         os.waitpid(forks[0], os.WNOHANG)  # reaped
@@ -94,7 +94,7 @@ def test_an_error_here_stops_the_child(forks: list[int], monkeypatch: pytest.Mon
 
     monkeypatch.setattr(bundle, "analyze_comm", broken)
     with pytest.raises(KeyboardInterrupt):
-        build_report(trace, processes=2)
+        report_of_trace(trace, processes=2)
     assert len(forks) == 1
     with pytest.raises(ChildProcessError):
         os.waitpid(forks[0], os.WNOHANG)  # killed and reaped, not left running

@@ -90,10 +90,10 @@ def test_one_rank_alone_keeps_its_blame_without_peers(tmp_path):
 
 
 def test_the_terminal_says_whom_the_collective_wait_was_for(tmp_path):
-    from skalpel.job.build import build_report
+    from skalpel.job.report_of import report_of
     from skalpel.report import terminal
 
-    report = build_report(load(_gloo_job(tmp_path, late_rank=1)))
+    report = report_of(_gloo_job(tmp_path, late_rank=1)).report
     assert report.ranks[0].extra["blame"]["collective_wait_by_peer"]["mostly"] == "rank 1"
     out = " ".join(terminal.render_text(report, width=200).split())
     assert "by cause: collective_wait 100% (mostly for rank 1)" in out  # ranks 0 and 2 waited 12 of 15 ms for it
@@ -180,10 +180,10 @@ def test_gpu_idle_names_the_late_peer_its_collective_wait_is_for(tmp_path, by_ra
     """Ranks 0 and 1 idle 15 ms a step in the all_reduce, 12 of them before rank 2 arrives: gpu_idle says so, in
     its title, culprits and fix, whether the job is one trace or reduced rank by rank and joined."""
     from skalpel.api import analyze
-    from skalpel.job.build import build_report
+    from skalpel.job.report_of import report_of
 
     folder = _gpu_gloo_job(tmp_path, late_rank=2)
-    report = analyze(folder, workers=1) if by_rank else build_report(load(folder))
+    report = analyze(folder, workers=1) if by_rank else report_of(folder).report
     (finding,) = _gpu_idle(report)  # ranks 0 and 1 alike; rank 2 idles for its own host work, under the threshold
     assert "90% of it waiting in collectives for rank 2 (gloo:all_reduce)" in finding.title
     culprit = finding.evidence["culprits"][0]
@@ -195,9 +195,9 @@ def test_gpu_idle_names_the_late_peer_its_collective_wait_is_for(tmp_path, by_ra
 def test_gpu_idle_blames_no_peer_when_the_ranks_arrive_together(tmp_path):
     """The look-alike: the same 15 ms a step in the all_reduce, but no late rank: the wait is the transfer, and
     gpu_idle leads with the collectives without naming a rank."""
-    from skalpel.job.build import build_report
+    from skalpel.job.report_of import report_of
 
-    report = build_report(load(_gpu_gloo_job(tmp_path, late_rank=None, transfer_us=15_000.0)))
+    report = report_of(_gpu_gloo_job(tmp_path, late_rank=None, transfer_us=15_000.0)).report
     (finding,) = _gpu_idle(report)
     assert "waiting on collectives (gloo:all_reduce)" in finding.title and "for rank" not in finding.title
     assert "for rank" not in finding.fix and "look for a straggler rank" in finding.fix

@@ -13,7 +13,7 @@ import pytest
 
 from skalpel.analysis.breakdown import CATEGORIES, BreakdownOptions, step_breakdown
 from skalpel.analysis.steps import segment_steps
-from skalpel.job.build import build_report
+from skalpel.job.report_of import report_of_trace
 from skalpel.trace import Kind, load
 
 from .conftest import corpus
@@ -121,7 +121,7 @@ def test_trailing_step_without_device_work_is_dropped():
     assert host_steps == 2
     assert [step.number for step in segmentation.steps] == [1]
     assert segmentation.dropped_tail == 1
-    assert any("trailing step" in warning for warning in build_report(trace).warnings)
+    assert any("trailing step" in warning for warning in report_of_trace(trace).warnings)
 
 
 def test_gpu_user_annotations_are_not_cpu_exec():
@@ -187,7 +187,7 @@ def _uncovered_length(trace, selected: np.ndarray, covering: np.ndarray) -> floa
 
 def test_report_carries_the_breakdown():
     trace = _load("kineto/tb_plugin/test/gpu_metrics_input.json")
-    rank = build_report(trace).ranks[0]
+    rank = report_of_trace(trace).ranks[0]
     assert rank.step_breakdown_pct["cpu_exec"] == pytest.approx(65.2, abs=_TOLERANCE_POINTS)
     assert rank.data_wait_ms_per_step == pytest.approx(0.054 * 13.410, abs=0.01)
     assert 0 < len(rank.top_ops) <= 20

@@ -8,7 +8,7 @@ import pytest
 
 from skalpel.analysis.compile import compile_events
 from skalpel.analysis.steps import segment_steps
-from skalpel.job.build import build_report
+from skalpel.job.report_of import report_of_trace
 from skalpel.trace.loader import load
 
 from .conftest import corpus
@@ -99,7 +99,7 @@ def test_recompilation_in_steady_state(recompiling_run):
 
 @pytest.mark.slow
 def test_compile_summary_in_report(recompiling_run):
-    extra = build_report(recompiling_run).ranks[0].extra
+    extra = report_of_trace(recompiling_run).ranks[0].extra
     assert extra["compile"]["recompiles"] == 1
     assert extra["compile"]["compilations_after_first_step"] == 1
     assert all(isinstance(value, (int, float)) for value in extra["compile"].values())

@@ -23,7 +23,7 @@ from skalpel.cli import main
 from skalpel.diagnose import distributed
 from skalpel.diagnose.rule import Context
 from skalpel.errors import SkalpelError
-from skalpel.job.build import build_report
+from skalpel.job.report_of import report_of
 from skalpel.result.commbench import BenchRow, CommBench, compare
 from skalpel.trace.loader import load
 
@@ -79,7 +79,7 @@ def test_message_bytes_from_both_arg_forms() -> None:
 
 
 def test_nccl_pair_analyses_as_one_job() -> None:
-    report = build_report(load(corpus(PAIR)))
+    report = report_of(corpus(PAIR)).report
     assert [rank.rank for rank in report.ranks] == [0, 1]
     for rank in report.ranks:
         comm = rank.extra["comm"]
@@ -179,7 +179,7 @@ def test_missing_rank_is_said_and_the_rest_analysed(tmp_path: Path) -> None:
     for path in _dlrm_files():
         if not path.name.startswith("worker5"):
             shutil.copy(path, tmp_path / path.name)
-    report = build_report(load(tmp_path))
+    report = report_of(tmp_path).report
     assert [rank.rank for rank in report.ranks] == [0, 1, 2, 3, 4, 6, 7]
     assert any("8 ranks but 7 rank files" in w and "missing: 5)" in w for w in report.warnings)
     assert all(rank.extra["distributed"]["matched_collectives"] == 8 for rank in report.ranks)
@@ -188,7 +188,7 @@ def test_missing_rank_is_said_and_the_rest_analysed(tmp_path: Path) -> None:
 def test_files_of_different_jobs_are_said(tmp_path: Path) -> None:
     shutil.copy(_dlrm_files()[0], tmp_path / "rank0.json.gz")
     shutil.copy(corpus(PAIR) / "sampled_rank-1.json.gz", tmp_path / "rank1.json.gz")
-    report = build_report(load(tmp_path))
+    report = report_of(tmp_path).report
     assert len(report.ranks) == 2
     text = " ".join(report.warnings)
     assert "disagree on the world size (rank 0: 8, rank 1: 128)" in text
@@ -203,10 +203,10 @@ def test_run_ids_of_different_captures_are_said(tmp_path: Path) -> None:
 
     _rewrite(files[0], tmp_path / files[0].name, tag("2026-12-02T10-00-00-train"))
     _rewrite(files[1], tmp_path / files[1].name, tag("2026-12-02T11-00-00-train"))
-    report = build_report(load(tmp_path))
+    report = report_of(tmp_path).report
     assert any("come from different runs" in w and "11-00-00" in w for w in report.warnings)
     _rewrite(files[1], tmp_path / files[1].name, tag("2026-12-02T10-00-00-train"))
-    assert not any("different runs" in w for w in build_report(load(tmp_path)).warnings)
+    assert not any("different runs" in w for w in report_of(tmp_path).report.warnings)
 
 
 def test_different_step_counts_are_said(tmp_path: Path) -> None:
@@ -243,7 +243,7 @@ def test_commbench_file_round_trip_and_comparison() -> None:
     again = CommBench.from_json(bench.to_json())
     assert again == bench
     assert again.busbw_at("all_reduce", 30_000_000).nbytes == 1 << 26
-    report = compare(build_report(load(corpus("hta/nccl_parser_config/nccl_data.json.gz"))), bench)
+    report = compare(report_of(corpus("hta/nccl_parser_config/nccl_data.json.gz")).report, bench)
     row = next(r for r in report.ranks[0].extra["comm"]["by_type"] if r["type"] == "all_reduce")
     assert row["commbench_busbw_gbps"] == 83.9
     assert row["vs_commbench_pct"] == pytest.approx(100 * row["busbw_gbps"] / 83.9, abs=0.1)

@@ -258,16 +258,15 @@ def test_findings_without_stacks_say_how_to_get_them(tmp_path):
 
 
 def _with_capture(tmp_path: Path, **capture_fields):
-    from skalpel.job.build import build_report
+    from skalpel.job.report_of import report_of
     from skalpel.result.report import CaptureInfo
-    from skalpel.trace.loader import load
 
     builder = TraceBuilder()
     for number in range(5):
         builder.step(number + 1, number * STEP_US, STEP_US - 1)
         builder.host("aten::mm", number * STEP_US + 10, 9000)
     capture = CaptureInfo(**{"warmup_steps": 2, "active_steps": 5, **capture_fields})
-    return build_report(load(builder.write(tmp_path / "trace.json")), capture=capture)
+    return report_of(builder.write(tmp_path / "trace.json"), capture=capture).report
 
 
 @pytest.mark.parametrize(("noise_pct", "medians", "severity"), [(35.0, (10.0, 13.5), "info"), (60.0, (10.0, 16.0), "warning"),
@@ -298,8 +297,7 @@ def test_no_warmup_from_capture_settings(tmp_path):
 
 def _first_step_slow(tmp_path: Path, capture) -> list:
     """Five 10 ms steps whose first is 70% slower (the H200 host_prep --fix run: 5.8 vs 3.5 ms after 2 warm-up)."""
-    from skalpel.job.build import build_report
-    from skalpel.trace.loader import load
+    from skalpel.job.report_of import report_of
 
     builder, start = TraceBuilder(), 0.0
     for number in range(5):
@@ -307,7 +305,7 @@ def _first_step_slow(tmp_path: Path, capture) -> list:
         builder.step(number + 1, start, length - 1)
         builder.host("aten::mm", start + 10, length - 1000)
         start += length
-    report = build_report(load(builder.write(tmp_path / "trace.json")), capture=capture)
+    report = report_of(builder.write(tmp_path / "trace.json"), capture=capture).report
     return [finding for finding in report.findings if finding.id == "no_warmup"]
 
 
@@ -459,10 +457,9 @@ def test_dataloader_fix_gives_no_workers_where_they_cannot_pay():
 
 def test_dataloader_evidence_names_the_workers_gain_once(tmp_path):
     """The demo's case (1 thread, 2 cores, the fetch most of the step): one key for the workers' gain, read once."""
-    from skalpel.job.build import build_report
+    from skalpel.job.report_of import report_of
     from skalpel.report.evidence import evidence_text
     from skalpel.result.report import CaptureInfo
-    from skalpel.trace.loader import load
 
     builder = TraceBuilder()
     step, wait = 36_500.0, 30_300.0
@@ -472,7 +469,7 @@ def test_dataloader_evidence_names_the_workers_gain_once(tmp_path):
         builder.host("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start + 1, wait)
         builder.host("aten::mm", start + wait + 10, step - wait - 100)
     capture = CaptureInfo(warmup_steps=2, active_steps=5, cpu=_cpu(intra_op_threads=1))
-    report = build_report(load(builder.write(tmp_path / "trace.json")), capture=capture)
+    report = report_of(builder.write(tmp_path / "trace.json"), capture=capture).report
     (finding,) = [finding for finding in report.findings if finding.id == "dataloader_bound"]
     assert [key for key in finding.evidence if "workers_speedup" in key] == ["workers_speedup_up_to"]
     text = evidence_text(finding.evidence)
@@ -491,8 +488,7 @@ def test_loader_oversubscribed_named_only_past_the_cores(tmp_path):
 
 
 def test_empty_or_tiny_steps_are_defects_left_out_and_said(tmp_path):
-    from skalpel.job.build import build_report
-    from skalpel.trace.loader import load
+    from skalpel.job.report_of import report_of
 
     builder = TraceBuilder()
     ts = 0
@@ -503,7 +499,7 @@ def test_empty_or_tiny_steps_are_defects_left_out_and_said(tmp_path):
             for op in range(1 if number == 1 else 4):  # step 2 has one op where the others have four
                 builder.host("aten::mm", ts + 10 + op * length / 4, length / 4 - 50)
         ts += length
-    report = build_report(load(builder.write(tmp_path / "trace.json")))
+    report = report_of(builder.write(tmp_path / "trace.json")).report
     assert report.steps.count == 4
     assert min(report.ranks[0].step_ms) >= STEP_US / 1000 * 0.9
     assert any("2 step(s) left out as measurement defects" in warning for warning in report.warnings)
@@ -534,19 +530,18 @@ def test_cpu_framework_overhead_fix_has_no_cuda_graphs(tmp_path):
 
 
 def test_too_few_steps_with_enough_asked_for_says_where_they_went(tmp_path):
-    from skalpel.job.build import build_report
+    from skalpel.job.report_of import report_of
     from skalpel.result.report import CaptureInfo
-    from skalpel.trace.loader import load
 
     builder = TraceBuilder()
     for number in range(2):  # 5 asked for, 2 in the trace (the recording stopped early)
         builder.step(number + 1, number * STEP_US, STEP_US - 1)
         builder.host("aten::mm", number * STEP_US + 10, 9000)
-    report = build_report(load(builder.write(tmp_path / "trace.json")), capture=CaptureInfo(warmup_steps=2, active_steps=5))
+    report = report_of(builder.write(tmp_path / "trace.json"), capture=CaptureInfo(warmup_steps=2, active_steps=5)).report
     finding = next(f for f in report.findings if f.id == "too_few_steps")
     assert "--active 5" not in finding.fix and "--active 10" in finding.fix
     assert "5 active steps were asked for and 2 analysed" in finding.fix
-    asked_too_few = build_report(load(tmp_path / "trace.json"), capture=CaptureInfo(warmup_steps=2, active_steps=2))
+    asked_too_few = report_of(tmp_path / "trace.json", capture=CaptureInfo(warmup_steps=2, active_steps=2)).report
     assert "--active 5" in next(f for f in asked_too_few.findings if f.id == "too_few_steps").fix
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from skalpel.job.build import build_report
+from skalpel.job.report_of import report_of_trace
 from skalpel.result.report import CaptureInfo
 from skalpel.trace.loader import load
 from tests.tracebuilder import TraceBuilder
@@ -50,7 +50,7 @@ def test_the_claim_takes_the_profilers_added_time_off_the_host_work(tmp_path):
     trace = _augmenting_steps(tmp_path)
     measured = CaptureInfo(warmup_steps=3, active_steps=3, overhead_pct=150.0, overhead_noise_pct=20.0,
                            unprofiled_step_ms=4.0, profiled_step_ms=10.0, baseline_steps=5)  # fmt: skip
-    finding = _host_bound(build_report(trace, capture=measured))
+    finding = _host_bound(report_of_trace(trace, capture=measured))
     evidence = finding.evidence
     # the step 10 ms profiled, 4 without: the 6 ms the profiler added come off the 8.3 ms of host work
     assert evidence["unprofiled_ratio"] == pytest.approx(0.4)
@@ -66,7 +66,7 @@ def test_the_claim_takes_the_profilers_added_time_off_the_host_work(tmp_path):
     noisy = CaptureInfo(warmup_steps=3, active_steps=3, overhead_pct=15.0, overhead_noise_pct=50.0,
                         unprofiled_step_ms=8.7, profiled_step_ms=10.0, baseline_steps=5)  # fmt: skip
     for capture in (noisy, None):
-        plain = _host_bound(build_report(trace, capture=capture))
+        plain = _host_bound(report_of_trace(trace, capture=capture))
         assert "saves_up_to_pct" not in plain.evidence and "saves up to" not in plain.fix
 
 

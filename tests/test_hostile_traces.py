@@ -23,7 +23,7 @@ from skalpel.analysis.breakdown import step_breakdown
 from skalpel.analysis.call_tree import FOLDED, MAX_DEPTH, flame_tree
 from skalpel.analysis.steps import segment_steps
 from skalpel.cli import main
-from skalpel.job.build import build_report
+from skalpel.job.report_of import report_of
 from skalpel.report import flamegraph, terminal
 from skalpel.trace import load
 
@@ -49,7 +49,7 @@ def _write(path: Path, events: list, **header) -> Path:
 
 
 def _report(path: Path):
-    return build_report(load(path))
+    return report_of(path).report
 
 
 def _notes(report) -> str:

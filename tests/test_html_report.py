@@ -140,11 +140,11 @@ def test_analyze_html_on_a_real_trace(tmp_path: Path) -> None:
     "hta/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz",
 ])  # fmt: skip
 def test_small_corpus_traces_render(relative: str) -> None:
-    from skalpel.job.build import build_report
+    from skalpel.job.report_of import report_of_trace
     from skalpel.trace.loader import load
 
     trace = load(corpus(relative))
-    report = build_report(trace)
+    report = report_of_trace(trace)
     page = html.render(report, flame=call_tree.flame_tree(trace, rank=trace.rank_ids[0]))
     headings = re.findall(r"<h2>([^<]+)</h2>", page)
     assert headings[0] == "Verdict" and "Capture facts" in headings

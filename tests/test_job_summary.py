@@ -18,7 +18,7 @@ from skalpel.analysis.bundle import run_analyses
 from skalpel.api import analyze_job, load_report
 from skalpel.cli import main
 from skalpel.diagnose import diagnose
-from skalpel.job.build import build_report
+from skalpel.job.report_of import report_of
 from skalpel.job.summary import histogram, outliers
 from skalpel.report import html
 from skalpel.report.terminal import render_text
@@ -119,7 +119,7 @@ def test_report_with_a_job_round_trips(planted_report: Report) -> None:
 def test_corpus_jobs_keep_their_findings_merged(name: str) -> None:
     trace = load(corpus(name))
     raw = diagnose(run_analyses(trace))  # the rules' findings, one per rank as before
-    report = build_report(trace)
+    report = report_of(corpus(name)).report
     assert {finding.id for finding in raw} == {finding.id for finding in report.findings}
     expanded = Counter()
     for finding in report.findings:
@@ -254,7 +254,7 @@ def dlrm_256() -> Report:
 
     trace = load(corpus(DLRM))
     raw = diagnose(run_analyses(trace))
-    eight = build_report(trace)
+    eight = report_of(corpus(DLRM)).report
     ranks = []
     for number in range(256):
         rank = dataclasses.replace(eight.ranks[number % 8], rank=number)

@@ -1,10 +1,12 @@
-"""A job reduced rank by rank (worker processes, summaries, a join) gives the whole trace's report.
+"""One road, whatever reduces the ranks: in this process, in worker processes as summaries arrive in any order,
+or as Ray tasks, a job's report is the same, byte for byte.
 
 Every multi-rank set of the corpus (the NCCL pair, the 8-rank DLRM step) and the rank-file
 rewrites of test_distributed (a shifted clock, two hosts, a missing rank, files of other
-jobs, different step counts) are analysed both ways and must give the same JSON report,
-byte for byte. Bad rank files are reported and the other ranks still analysed; a worker
-that dies is retried once, alone, then reported.
+jobs, different step counts) are analysed each way; a single file in this process gives what a
+worker gives. Bad rank files are reported and the other ranks still analysed; a worker
+that dies is retried once, alone, then reported. (Before the whole-trace road was deleted, these
+tests compared the two roads on the same inputs, byte for byte: its acceptance test.)
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import pytest
 
 from skalpel.analysis.call_tree import flame_tree
 from skalpel.api import analyze_job
-from skalpel.job.build import build_report
 from skalpel.job.join import Joining, join_summaries
 from skalpel.job.peers import SplitRequest, split_here
 from skalpel.job.pool import split_all, split_on_ray, summarize_all, summarize_on_ray
 from skalpel.job.rank import RankFailure, SummaryRequest, summarize_rank
+from skalpel.job.report_of import report_of
 from skalpel.trace.loader import find_trace_files, load, load_one
 
 from .conftest import corpus, importorskip
@@ -33,8 +35,8 @@ PAIR = "hta/trace_filter"
 DLRM = "extra/facebookresearch__param/et_replay/tests/inputs/dlrm_kineto_extracted"
 
 
-def _whole(paths) -> bytes:
-    return build_report(load(paths)).to_json()
+def _report_of(paths) -> bytes:  # the default: workers on a job, this process for one file
+    return report_of(paths).report.to_json()
 
 
 def _by_ranks(paths, workers: int, split=split_here) -> bytes:
@@ -66,8 +68,8 @@ def _shift(us: float, host: str | None = None):
 
 
 @pytest.mark.parametrize("name", [PAIR, DLRM])
-def test_corpus_jobs_equal_the_whole_trace(name: str) -> None:
-    whole = _whole(corpus(name))
+def test_corpus_jobs_give_one_report(name: str) -> None:
+    whole = _report_of(corpus(name))
     assert _by_ranks(corpus(name), workers=2) == whole
     assert analyze_job([corpus(name)], workers=1).report.to_json() == whole  # in this process, rank after rank
     assert analyze_job([corpus(name)], workers=2).report.to_json() == whole  # joined as the workers' results arrive
@@ -82,19 +84,17 @@ SINGLE_FILES = [
 
 
 @pytest.mark.parametrize("name", SINGLE_FILES)
-def test_a_single_file_takes_the_one_road_to_the_whole_traces_report(name: str) -> None:
-    """One file is a job of one rank: summarised in this process and joined, it gives the report its whole loaded
-    trace gives (``build_report``, kept as this oracle)."""
-    from skalpel.job.report_of import report_of
-
+def test_a_single_file_in_this_process_gives_the_report_a_worker_gives(name: str) -> None:
+    """One file is a job of one rank: summarised in this process (decoding and analyses forked when large) it gives
+    the report the same file reduced in a worker process gives, and the lowest rank's flame graph."""
     analysis = report_of([corpus(name)], flame=True)
-    assert analysis.report.to_json() == _whole(corpus(name))
+    assert analysis.report.to_json() == _by_ranks(corpus(name), workers=2)
     trace = load(corpus(name))
     assert analysis.flame is not None and analysis.flame.tree == flame_tree(trace, rank=trace.rank_ids[0])
 
 
 @pytest.mark.parametrize("order", [[7, 6, 5, 4, 3, 2, 1, 0], [3, 5, 0, 7, 1, 6, 2, 4]])
-def test_summaries_joined_as_they_arrive_in_any_order_give_the_whole_traces_report(order: list[int]) -> None:
+def test_summaries_joined_as_they_arrive_in_any_order_give_the_same_report(order: list[int]) -> None:
     """Each rank's own part is done as it arrives; ranks paired with a reference that a lower rank then
     replaces are paired again at the end."""
     files = find_trace_files([corpus(DLRM)])
@@ -104,14 +104,14 @@ def test_summaries_joined_as_they_arrive_in_any_order_give_the_whole_traces_repo
         joining.add(index, results[index])
     assert joining.indexed.reference == 0 and sorted(joining.works) == list(range(8))
     assert sorted(joining.indexed.pairs) == [0] + sorted(order[order.index(0) + 1 :])  # paired with rank 0 on arrival
-    assert joining.finish()[0].to_json() == _whole(corpus(DLRM))
+    assert joining.finish()[0].to_json() == _report_of(corpus(DLRM))
 
 
 @pytest.mark.parametrize("name", [PAIR, DLRM])
-def test_collective_waits_split_in_workers_give_the_whole_traces_report(name: str) -> None:
+def test_collective_waits_split_in_workers_give_the_same_report(name: str) -> None:
     """The join's per-rank part (each rank's wait split by late peer) in a second round of worker processes."""
     splits = _Splits(lambda requests: split_all(requests, workers=2, least_pieces=0))
-    assert _by_ranks(corpus(name), workers=2, split=splits) == _whole(corpus(name))
+    assert _by_ranks(corpus(name), workers=2, split=splits) == _report_of(corpus(name))
     assert len(splits.requests) >= 2 and sum(request.waits.pieces for request in splits.requests) > 0
     assert splits.answers == split_here(splits.requests)
 
@@ -149,9 +149,9 @@ def _step_counts(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("make", [_shifted_clock, _two_hosts, _missing_rank, _other_job, _step_counts])
-def test_rewritten_jobs_equal_the_whole_trace(make, tmp_path: Path) -> None:
+def test_rewritten_jobs_give_one_report(make, tmp_path: Path) -> None:
     make(tmp_path)
-    assert _by_ranks(tmp_path, workers=1) == _whole(tmp_path)
+    assert _by_ranks(tmp_path, workers=1) == _report_of(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -164,8 +164,8 @@ def test_rewritten_jobs_equal_the_whole_trace(make, tmp_path: Path) -> None:
         "kineto/docs/traces",
     ],
 )
-def test_one_rank_by_summary_equals_the_whole_trace(name: str) -> None:
-    assert _by_ranks(corpus(name), workers=1) == _whole(corpus(name))
+def test_one_rank_by_summary_equals_the_jobs_report(name: str) -> None:
+    assert _by_ranks(corpus(name), workers=1) == _report_of(corpus(name))
 
 
 def test_a_summary_is_small_beside_its_trace() -> None:
@@ -193,7 +193,7 @@ def test_bad_rank_files_are_reported_and_the_rest_analysed(tmp_path: Path) -> No
     assert any(files[7].name in w and "execution trace" in w for w in left_out)
     assert any("missing: 6-7" in w for w in report.warnings)
     assert any(files[5].name.removesuffix(".gz") in w and "cut off" in w for w in report.warnings)
-    assert report.to_json() == _whole(tmp_path)  # the whole-trace loader skips them alike
+    assert report.to_json() == _report_of(tmp_path)  # skipped alike however the ranks are reduced
 
 
 def test_no_readable_rank_is_one_error(tmp_path: Path) -> None:
@@ -242,7 +242,7 @@ def test_worker_that_dies_once_is_retried(tmp_path: Path) -> None:
     results = summarize_all([SummaryRequest(p, len(files)) for p in files], workers=2, task=dies_once)
     assert (tmp_path / "worker3_step_12.1694128201557.pt.trace.json.died").exists()
     assert not [r for r in results if isinstance(r, RankFailure)]
-    assert join_summaries(results)[0].to_json() == _whole(tmp_path)
+    assert join_summaries(results)[0].to_json() == _report_of(tmp_path)
 
 
 def test_progress_reaches_every_rank(tmp_path: Path) -> None:
@@ -281,7 +281,7 @@ def test_ray_tasks_give_the_local_report() -> None:
         split_report = join_summaries(results, split=splits)[0].to_json()
     finally:
         ray.shutdown()
-    assert job.report.to_json() == _whole(corpus(DLRM))
+    assert job.report.to_json() == _report_of(corpus(DLRM))
     assert split_report == job.report.to_json() and len(splits.requests) == 8
     assert splits.answers == split_here(splits.requests)
 
@@ -335,7 +335,7 @@ def test_rank_rules_in_workers_read_the_runs_capture_facts(tmp_path: Path) -> No
     folder = write(ranks, tmp_path, "python_busy_job")
     capture = CaptureInfo(warmup_steps=2, active_steps=5, overhead_pct=118.0, overhead_noise_pct=10.0,
                           baseline_steps=5, unprofiled_step_ms=23.0, profiled_step_ms=50.0)  # fmt: skip
-    whole = build_report(load(folder), capture=capture)
+    whole = report_of(folder, capture=capture).report
     (host,) = [f for f in whole.findings if f.id == "host_bound"]
     assert host.evidence["unprofiled_ratio"] == pytest.approx(0.46)
     files = find_trace_files([folder])

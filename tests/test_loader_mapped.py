@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from skalpel.job.build import build_report
+from skalpel.job.report_of import report_of
 from skalpel.trace import load, source
 
 from .conftest import uncompressed_copy
@@ -20,12 +20,12 @@ def mapped_always(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_mapped_file_gives_the_report_of_the_read_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plain = uncompressed_copy(tmp_path, "hta/trace_filter/sampled_rank-0.json.gz")
-    read = build_report(load(plain)).to_json()
+    read = report_of(plain).report.to_json()
     monkeypatch.setattr(source, "MAP_FROM_BYTES", 1)
     data, _ = source.read_source(plain)
     assert isinstance(data, mmap.mmap)
     data.close()
-    assert build_report(load(plain)).to_json() == read
+    assert report_of(plain).report.to_json() == read
 
 
 def test_mapped_cut_off_file_loads_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,9 +55,9 @@ def test_unique_and_isin_equal_numpys():
 
 _PROBE = """
 import sys
-from skalpel.job.build import build_report
+from skalpel.job.report_of import report_of
 from skalpel.trace import load
-report = build_report(load([sys.argv[1]]))  # the analyses, the findings (user-code locations too), the report
+report = report_of([sys.argv[1]]).report  # the analyses, the findings (user-code locations too), the report
 print(int(bool(report.ranks[0].top_ops)), int("numpy.ma" in sys.modules))
 """
 

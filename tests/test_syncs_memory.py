@@ -11,7 +11,7 @@ import pytest
 from skalpel.analysis.memory import memory
 from skalpel.analysis.steps import segment_steps
 from skalpel.analysis.syncs import syncs
-from skalpel.job.build import build_report
+from skalpel.job.report_of import report_of_trace
 from skalpel.result.report import Report
 from skalpel.trace.kinds import Kind
 from skalpel.trace.loader import load
@@ -152,7 +152,7 @@ def test_leak_shows_as_growth_per_step(leaking_run):
 
 @pytest.mark.slow
 def test_report_carries_memory_and_sync_summaries(leaking_run):
-    report = build_report(leaking_run)
+    report = report_of_trace(leaking_run)
     rank = report.ranks[0]
     assert rank.gpu is None  # CPU-only: no device breakdown
     assert rank.memory.growth_bytes_per_step == LEAK_BYTES

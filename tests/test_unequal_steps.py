@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from skalpel.analysis.steps import segment_steps
-from skalpel.job.build import build_report
+from skalpel.job.report_of import report_of_trace
 from skalpel.result.report import Report
 from skalpel.trace import load
 
@@ -47,7 +47,7 @@ def test_an_epoch_boundary_is_named_and_kept_out_of_the_step_statistics(tmp_path
     segmentation = segment_steps(trace)
     assert [unequal.step.number for unequal in segmentation.unequal] == [4]
     assert [step.number for step in segmentation.steps] == [0, 1, 2, 3, 5, 6, 7]
-    report = build_report(trace)
+    report = report_of_trace(trace)
     assert report.steps.count == 7 and report.steps.median_ms == pytest.approx(10.0, rel=0.01)
     assert report.steps.cv < 0.01  # without the boundary the steps are equal
     (note,) = [warning for warning in report.warnings if "step #4" in warning]
@@ -71,7 +71,7 @@ def test_the_first_step_is_warm_ups_to_judge(tmp_path):
     # slower, with the step's own ops and some lazy initialisation (an optimizer's state made)
     trace = _trace(tmp_path, [(70, 14, 1)] + [(10, 10, 1)] * 7)
     assert segment_steps(trace).unequal == ()
-    assert [finding.id for finding in build_report(trace).findings if finding.id == "no_warmup"] == ["no_warmup"]
+    assert [finding.id for finding in report_of_trace(trace).findings if finding.id == "no_warmup"] == ["no_warmup"]
 
 
 def _rollouts(tmp_path, steps: list[tuple[float, int, int]]):
@@ -95,7 +95,7 @@ def test_a_first_step_holding_a_rollout_is_named_not_taken_for_warm_up(tmp_path)
     trace = _rollouts(tmp_path, [(130, 210, 5)] + [(5, 10, 5)] * 7)
     (unequal,) = segment_steps(trace).unequal
     assert unequal.step.number == 0
-    report = build_report(trace)
+    report = report_of_trace(trace)
     (note,) = [warning for warning in report.warnings if "step #0" in warning]
     assert "no more backward work (5 backward ops against 5)" in note and "an RL rollout" in note
     assert "an evaluation, a checkpoint" not in note
@@ -107,7 +107,7 @@ def test_rollouts_in_a_third_of_the_steps_are_no_warm_up_either(tmp_path):
     # a short update: the rollout comes back within the window, so the steps are how the loop is, none apart
     trace = _rollouts(tmp_path, [(130, 210, 5), (5, 10, 5), (5, 10, 5), (130, 210, 5), (5, 10, 5), (5, 10, 5)])
     assert segment_steps(trace).unequal == ()
-    assert not [finding for finding in build_report(trace).findings if finding.id == "no_warmup"]
+    assert not [finding for finding in report_of_trace(trace).findings if finding.id == "no_warmup"]
 
 
 def test_steps_that_are_all_unequal_are_how_the_loop_is(tmp_path):
@@ -145,7 +145,7 @@ def test_a_partial_last_batch_is_named_and_kept_out_of_the_step_statistics(tmp_p
     segmentation = segment_steps(trace)
     assert [unequal.step.number for unequal in segmentation.unequal] == [5]
     assert [step.number for step in segmentation.steps] == [0, 1, 2, 3, 4]
-    report = build_report(trace)
+    report = report_of_trace(trace)
     assert report.steps.count == 5 and report.steps.median_ms == pytest.approx(10.0, rel=0.01)
     (note,) = [warning for warning in report.warnings if "step #5" in warning]
     assert "partial batch" in note and "91% of its ops on input shapes no other step ran" in note  # 10 of 11

@@ -1,7 +1,5 @@
-"""From a loaded trace to a Report: run the analyses, then the findings, then assemble.
-
-This is the one place that knows which analyses feed the report; the CLI, the
-Python API and the capture layer all come through here.
+"""From analyses to the report's parts: a rank's part (``rank_report``), and the Report of a job once its
+findings are judged (``assemble_report``). ``job.report_of`` is the road that comes through here.
 """
 
 from __future__ import annotations
@@ -11,9 +9,9 @@ import re
 import numpy as np
 
 from ..analysis import numeric
-from ..analysis.bundle import Analyses, run_analyses
+from ..analysis.bundle import Analyses
 from ..analysis.memory import DeviceMemory
-from ..analysis.recorded import device_label, host_signs
+from ..analysis.recorded import device_label
 from ..analysis.steps import StepSegmentation, UnequalStep
 from ..result.report import (
     CaptureInfo,
@@ -31,7 +29,6 @@ from ..result.report import (
     Source,
     StepStats,
 )
-from ..trace.model import Trace
 from .across import across_ranks
 from .summary import job_summary
 
@@ -47,18 +44,11 @@ _STACKS_OFF_WARNING = (
 )
 
 
-def build_report(trace: Trace, *, capture: CaptureInfo | None = None, processes: int = 1) -> Report:
-    """The report of a loaded trace; with ``processes`` > 1 some analyses of a large trace run in a forked process."""
-    analyses = run_analyses(trace, processes=processes)
-    findings = _diagnose(analyses, capture)
-    return assemble_report(analyses, findings, tuple(rank_report(analyses, rank) for rank in trace.rank_ids), capture)
-
-
 def assemble_report(
     analyses: Analyses, findings: tuple[Finding, ...], ranks: tuple[RankReport, ...], capture: CaptureInfo | None
 ) -> Report:
-    """The Report of a job from its analyses; ``analyses.trace`` is the Trace, or a ``jobreport.JobView``
-    (rank infos, warnings, has_device) when the ranks were reduced one by one."""
+    """The Report of a job from its joined analyses (``analyses.trace`` is the job's ``join.JobView``: rank infos,
+    warnings, has_device, host signs)."""
     trace = analyses.trace
     warnings = tuple(trace.warnings) + (() if analyses.steps.marked else (_NO_STEPS_WARNING,)) + analyses.steps.notes
     if analyses.steps.dropped_tail:
@@ -123,12 +113,6 @@ def _unequal_note(steps: StepSegmentation, unequal: UnequalStep) -> str:
         + (f"costs {unequal.extra_ms:.1f} ms more than a step, {share:.0f}% of the recorded time" if unequal.extra_ms >= 0
            else f"takes {-unequal.extra_ms:.1f} ms less than a step")
     )
-
-
-def _diagnose(analyses: Analyses, capture: CaptureInfo | None) -> tuple[Finding, ...]:
-    from ..diagnose import diagnose
-
-    return diagnose(analyses, capture)
 
 
 def rank_report(analyses: Analyses, rank: int) -> RankReport:
@@ -351,7 +335,7 @@ def _step_stats(analyses: Analyses) -> StepStats:
 
 def _source(trace, analyses: Analyses) -> Source:
     device_names = sorted({name for info in trace.ranks for name in info.device_names if name})
-    signs = getattr(trace, "host_signs", None) or host_signs(trace)  # a job's view carries its ranks' signs
+    signs = trace.host_signs  # the job's ranks' signs, merged
     # kernels launched but not recorded make a GPU run, whatever its (missing) device events say
     launched = analyses.recording is not None and analyses.recording.launches_without_work
     device = device_label(device_names, trace.has_device, launched, signs)

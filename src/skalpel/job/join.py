@@ -4,13 +4,12 @@ The driver never holds a trace. It moves each rank's times onto the job's origin
 earliest first event of any rank, as the whole-trace loader does), joins the per-rank
 results, compares the ranks (clock alignment, waits, the straggler) on their collectives
 and time profiles, merges each per-rank rule's outcomes, judges the job-level rules, and
-concludes as ``diagnose`` does on a whole trace; the report is the one the whole trace
-gives (``tests/test_jobreport.py`` checks it on every multi-rank set of the corpus).
+concludes (``diagnose.conclude``). Every report comes this way (``job.report_of``), a single
+file's too; ``tests/test_jobreport.py`` checks that however the ranks are reduced (this process,
+workers as summaries arrive in any order, Ray) the report is the same, byte for byte.
 
-Where the two differ: notes on repaired step markers count per rank here, over the job there;
-torch.compile figures (``extra['compile']`` and the compile findings)
-are each rank's own here, while a whole trace of several ranks pools them over the job; the
-same job-wide finding raised alike by several ranks is kept once.
+Notes on repaired step markers and torch.compile figures (``extra['compile']``, the compile
+findings) are each rank's own; the same job-wide finding raised alike by several ranks is kept once.
 
 Shifting is exact: a time in a summary is (absolute - rank origin), rank origin less job
 origin is exact too (differences of doubles within a factor two of each other, as epoch

@@ -19,6 +19,7 @@ from ..trace.loader import find_trace_files, load, load_one
 from ..trace.parallel import process_count
 
 if TYPE_CHECKING:
+    from ..trace.model import Trace
     from .pool import RankProgressCallback
     from .rank import FlameGraphs, RankSummary
 
@@ -94,6 +95,20 @@ def report_of(
             trace = load_one(summaries[0].path, job_ranks=len(files))
             graphs = flame_graphs(trace, trace.rank_ids[0], files=flame_files)
     return JobAnalysis(report, tuple(files), graphs)
+
+
+def report_of_trace(trace: Trace, *, capture: CaptureInfo | None = None, processes: int = 1) -> Report:
+    """The Report of one rank's trace already in hand (a test's, a benchmark's), by the same road: summarised in
+    this process and joined. With ``processes`` > 1 some analyses of a large trace run in a forked process."""
+    if len(trace.ranks) != 1:
+        raise ValueError(f"a trace of {len(trace.ranks)} ranks: report_of(paths) reduces a job's files rank by rank")
+    from .join import Joining
+    from .rank import SummaryRequest, summarize_loaded
+
+    joining = Joining()
+    joining.add(0, summarize_loaded(trace, SummaryRequest(Path(trace.ranks[0].path), 1, capture=capture),
+                                    processes=processes))  # fmt: skip
+    return joining.finish(capture=capture)[0]
 
 
 def _summarize_here(path: Path, capture: CaptureInfo | None, flame: bool, flame_files: bool, workers: int | None,
