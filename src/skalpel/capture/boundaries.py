@@ -374,7 +374,8 @@ def why_no_boundary(policy: BoundaryPolicy, script: str, *, batches: int, failed
         return (
             f"{script} takes its steps in thread {names}, not in the main thread: skalpel marks steps in "
             "the main thread only (a profiler driven from two threads crashes); mark them in that thread "
-            "with `with skalpel.profile() as run:` and `run.step()`"
+            "with `with skalpel.profile() as run:` and `run.step()` (`skalpel.watch()` and `watched.step()` to "
+            "watch them)"
         )
     if children is not None:
         return f"no step in the main process of {script}: {children}"
