@@ -65,7 +65,7 @@ class StepDetector:
             self.hooks.remove_module_hooks()
         else:
             self.uninstall(final=False)
-            if USER not in self.policy.seen:  # a skalpel.step() the script makes later (after a PPO update) still takes over
+            if USER not in self.policy.seen:  # a skalpel.step() the script makes later (after a PPO update) takes over
                 _active = self
 
     def _deliver(self, result: Boundary | Takeover) -> None:
