@@ -356,9 +356,9 @@ def test_watchdog_says_when_a_step_runs_long_and_once_per_silence() -> None:
     detector = StepDetector(lambda: None)
     said: list[str] = []
     checks: list[int] = []  # one entry per check the watchdog made (it asks done() first), with what it had said
-    watchdog = Watchdog(detector, 0.2, said.append, done=lambda: checks.append(len(said)) or False)
-    detector.boundaries, detector.signal = 3, "optimizer"
-    detector.last_boundary = clock.monotonic()
+    watchdog = Watchdog(detector.policy, 0.2, said.append, done=lambda: checks.append(len(said)) or False)
+    detector.policy.boundaries, detector.policy.signal = 3, "optimizer"
+    detector.policy.last_boundary = clock.monotonic()
     watchdog.start()
     deadline = clock.monotonic() + 60  # generous: a loaded machine delays the checks, never the verdict
     while sum(1 for seen in checks if seen) < 4 and clock.monotonic() < deadline:  # 4 checks after the message
@@ -373,7 +373,7 @@ def test_detector_marks_one_step_per_gan_iteration_in_process() -> None:
     from skalpel.capture.steps import StepDetector
 
     marks: list[str] = []
-    detector = StepDetector(lambda: marks.append(detector.signal))
+    detector = StepDetector(lambda: marks.append(detector.policy.signal))
     d, g = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
     opt_d, opt_g = torch.optim.SGD(d.parameters(), lr=0.1), torch.optim.SGD(g.parameters(), lr=0.1)
     detector.install()
@@ -417,11 +417,11 @@ def test_detector_times_the_threads_backward_and_optimizer_step_a_closures_backw
     detector.install()
     try:
         SlowBackward.apply(model(torch.ones(4))).sum().backward()
-        backward_s, optimizer_s = detector.backward_s, detector.optimizer_s
+        backward_s, optimizer_s = detector.hooks.backward_s, detector.hooks.optimizer_s
         elsewhere = threading.Thread(target=lambda: SlowBackward.apply(model(torch.ones(4))).sum().backward())
         elsewhere.start()
         elsewhere.join()
-        after_other_thread = detector.backward_s
+        after_other_thread = detector.hooks.backward_s
         lbfgs = torch.optim.LBFGS(model.parameters(), max_iter=1)
 
         def closure() -> torch.Tensor:
@@ -435,7 +435,7 @@ def test_detector_times_the_threads_backward_and_optimizer_step_a_closures_backw
         detector.uninstall()
     assert backward_s >= 0.003 and optimizer_s == 0
     assert after_other_thread == backward_s  # another thread's backward is not the step's
-    assert detector.backward_s == backward_s and detector.optimizer_s >= 0.003  # the closure's: the optimizer's
+    assert detector.hooks.backward_s == backward_s and detector.hooks.optimizer_s >= 0.003  # the closure's: the optimizer's
     assert torch.autograd.backward.__name__ == "backward"  # the wrapper is gone
 
 

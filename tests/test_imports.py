@@ -51,14 +51,15 @@ def test_command_never_imports_torch(command: list[str], tmp_path) -> None:
     status, modules = _imported_by([part.format(pair=pair) for part in command], tmp_path)
     assert status in (0, None)
     assert "torch" not in modules
-    assert not {name for name in modules if name.startswith("skalpel.capture.")} - {"skalpel.capture.command", "skalpel.capture.settings"}
+    assert not {name for name in modules if name.startswith("skalpel.capture.")} - _HELP_CAPTURE
     if command != ["--help"]:  # the help lists every command's options; a command builds only its own
         assert not _OTHER_COMMANDS & modules
 
 
+# The capture modules the help may import: the run's options, with the step signals (boundaries.py: no torch).
+_HELP_CAPTURE = {"skalpel.capture.command", "skalpel.capture.settings", "skalpel.capture.boundaries"}
 # What only `run`, `demo` and `tune` need for their options (capture settings, tune candidates, traceback).
-_OTHER_COMMANDS = {"skalpel.capture", "skalpel.capture.command", "skalpel.capture.settings", "skalpel.tune.command",
-                   "skalpel.tune.candidates"}  # fmt: skip
+_OTHER_COMMANDS = {"skalpel.capture", *_HELP_CAPTURE, "skalpel.tune.command", "skalpel.tune.candidates"}
 
 
 def test_json_to_stdout_of_one_rank_imports_no_terminal_renderer(tmp_path) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import signals
-from .steps import LABELS
+from .boundaries import LABELS
 
 _OWN_TARGETS = ("torch.", "concurrent.futures.", "multiprocessing.")  # loader workers, compile and pool workers
 

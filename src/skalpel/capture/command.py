@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import SkalpelError
-from .settings import STEP_SIGNALS, CaptureSettings
+from .boundaries import SIGNALS as STEP_SIGNALS
+from .settings import CaptureSettings
 
 if TYPE_CHECKING:  # the runner imports torch: only once a script really runs (`skalpel --help` stays torch-free)
     from ..result.report import Report

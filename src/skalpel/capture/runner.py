@@ -29,13 +29,14 @@ from pathlib import Path
 from ..errors import SkalpelError
 from . import compile_log, distributed, exits, malloc, session, signals
 from .aside import ProfilerWatch
+from .boundaries import LABELS, why_no_boundary
 from .budget import OverBudget, RecordingBudget, lighter
 from .children import Children
 from .conclude import RunResult, conclude, holding
 from .kineto_noise import filtered_stderr
 from .session import ProfileRun
-from .settings import STEP_SIGNALS, CaptureSettings
-from .steps import ALL_SIGNALS, HOW_TO_MARK, LABELS, StepDetector, Watchdog
+from .settings import CaptureSettings
+from .steps import StepDetector, Watchdog
 from .target import Target, as_main, check_target, exit_status
 
 
@@ -142,11 +143,11 @@ class _Capture:
         self.user: ProfileRun | None = None
         self.stop_after_capture = stop_after_capture
         self.detector = StepDetector(self._boundary, only=step_on)
-        self.watchdog = Watchdog(self.detector, step_timeout_s, _say,
+        self.watchdog = Watchdog(self.detector.policy, step_timeout_s, _say,
                                  done=lambda: self.user is not None or self.own.capture_complete)  # fmt: skip
         self.aside = ProfilerWatch(self._step_aside)
         self.budget = RecordingBudget(lambda: self.own.profiling, lambda: self.own.recording, self._over_budget)
-        self.detector.on_stop_request = self._end_recording_early
+        self.detector.hooks.on_stop_request = self._end_recording_early
         self.children = Children()  # processes the script starts: training there is said, not recorded
         self.detector.on_child_boundary = self.children.boundary
         self.thread = threading.get_ident()  # the thread that runs the script: the only one that marks steps
@@ -162,16 +163,16 @@ class _Capture:
             return  # the detector marks in the script's thread only; a safety net
         if not signals.is_owner():
             return  # a forked child: its parent is the one being profiled
-        if self.detector.restart:
+        if self.detector.policy.restart:
             self._record_again()
         self.main_steps += 1
         own = self.own
-        own.step_signal = LABELS.get(self.detector.signal or "")
+        own.step_signal = LABELS.get(self.detector.policy.signal or "")
         if not own.started:
             own.start()
             return
         own.step()
-        own.loader_workers = self.detector.loader_workers
+        own.loader_workers = self.detector.hooks.loader_workers
         if own.baseline_complete:  # recorded, and un-profiled steps timed after it for the overhead's baseline
             self.detector.settle()  # a stronger signal may still show the real iteration, and take over
             if self.stop_after_capture:
@@ -191,7 +192,7 @@ class _Capture:
 
     def _record_again(self) -> None:
         """A stronger signal took over from a fallback: what was recorded is not the training iteration."""
-        self.detector.restart = False
+        self.detector.policy.restart = False
         if self.runs_on is not None:  # the replaced capture's: the new one is not recorded yet
             self.runs_on.cancel()
             self.runs_on = None
@@ -201,17 +202,17 @@ class _Capture:
         self.own = ProfileRun(old.settings, out=old.folder, name=old.name, auto=True)
         self.own.notes.extend(old.notes)  # the run's notes so far (the malloc threshold held...) still hold
         self.own.said.update(old.said)
-        note = self.detector.takeovers[-1].note()
+        note = self.detector.policy.takeovers[-1].note()
         self.own.said.add(note)  # the run's notes list it again at the end: for the report, not for stderr
         _say(note)
 
     def _over_budget(self, tripped: OverBudget) -> None:
         """The budget's thread: the next hook on the script's thread ends the recording."""
-        self.detector.stop_requested = True
+        self.detector.hooks.stop_requested = True
 
     def _end_recording_early(self) -> None:
         if threading.get_ident() != self.thread or not signals.is_owner():
-            self.detector.stop_requested = True  # only the script's thread may drive the profiler: it will
+            self.detector.hooks.stop_requested = True  # only the script's thread may drive the profiler: it will
             return
         run, tripped = self.own, self.budget.tripped
         if self.user is not None or not run.profiling or tripped is None:
@@ -265,14 +266,14 @@ class _Capture:
                 f"the script starts torch.profiler itself ({self.aside.where}): skalpel stopped its own capture "
                 f"there (two profilers at once crash), after {run.recorded_steps} recorded step(s)"
             )
-        notes.extend(takeover.note() for takeover in self.detector.takeovers)
-        for note in (self.detector.held_note(), self.detector.skipped_note()):
+        notes.extend(takeover.note() for takeover in self.detector.policy.takeovers)
+        for note in (self.detector.policy.held_note(), self.detector.policy.skipped_note()):
             if note is not None:
                 notes.append(note)
         children = self.children.note(run.step_signal if run.steps_done else None)
         if children is not None:
             notes.append(children)
-        for name, count in self.detector.other_threads.items():
+        for name, count in self.detector.policy.other_threads.items():
             notes.append(
                 f"{count} optimizer.step() call(s) came from thread {name!r}: skalpel marks steps in the main thread "
                 "only, which runs the script (a profiler driven from two threads crashes); the steps profiled are the "
@@ -309,39 +310,12 @@ class _Capture:
             )
         if self.user is not None:
             return f"{target.name} opened skalpel.profile() but recorded no step (call run.step() once per iteration)"
-        if self.main_steps == 0 and self.detector.other_threads:
-            names = ", ".join(repr(name) for name in self.detector.other_threads)
-            return (
-                f"{target.name} takes its steps in thread {names}, not in the main thread: skalpel marks steps in "
-                "the main thread only (a profiler driven from two threads crashes); mark them in that thread "
-                "with `with skalpel.profile() as run:` and `run.step()`"
-            )
-        count = self.detector.boundaries
-        children = self.children.note(None)
-        if count == 0 and children is not None:
-            return f"no step in the main process of {target.name}: {children}"
-        if count == 0 and self.detector.held and "optimizer" not in self.detector.seen:
-            shown = [signal for signal in STEP_SIGNALS if signal in self.detector.seen]
-            return (
-                f"{target.name} made an optimizer that never stepped: skalpel took its "
-                f"{', '.join(LABELS[signal] for signal in shown)} for evaluation and waited for optimizer.step(); "
-                f"to profile them, run again with --step-on {shown[0]} (or call skalpel.step() once per iteration)"
-            )
-        if count == 0 and not self.detector.seen and failed:
-            return "it ended before its first iteration: there was nothing to profile yet"
-        if count == 0 and not self.detector.seen:
-            looked = LABELS[self.detector.only] if self.detector.only else ALL_SIGNALS
-            return f"no step boundary found in {target.name}: skalpel looks for {looked}; {HOW_TO_MARK}"
-        if count == 0 and self.detector.seen == {"dataloader"} and self.detector.batches == 0:
-            return f"zero steps ran in {target.name}: its DataLoader yielded no batch and no optimizer step was taken"
-        if count == 0 and self.detector.only == "optimizer" and "optimizer" not in self.detector.seen:
-            return f"no optimizer.step() call in {target.name} (--step-on optimizer); {HOW_TO_MARK}"
-        if count == 0:
-            seen = ", ".join(LABELS[signal] for signal in sorted(self.detector.seen))
-            return (
-                f"no step boundary found in {target.name}: it showed {seen} but no second iteration; "
-                f"run more iterations, or {HOW_TO_MARK}"
-            )
+        policy = self.detector.policy
+        why = why_no_boundary(policy, target.name, batches=self.detector.hooks.batches, failed=failed,
+                              children=self.children.note(None))  # fmt: skip
+        if why is not None:
+            return why
+        count = policy.boundaries
         settings = self.own.settings
         return (
             f"no step was recorded: {target.name} ran {count} step(s), and recording starts at step "

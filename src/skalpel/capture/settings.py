@@ -14,7 +14,6 @@ from typing import Any
 from ..errors import SkalpelError
 
 WAIT, WARMUP, ACTIVE = "wait", "warmup", "active"
-STEP_SIGNALS = ("optimizer", "dataloader", "backward", "forward")  # what may mark a step, by priority (steps.py)
 
 
 @dataclass(frozen=True)

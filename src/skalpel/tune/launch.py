@@ -119,8 +119,8 @@ def run(options: argparse.Namespace, out: IO[str]) -> int:
     clock = StepClock(out, warmup=options.warmup, steps=options.steps, max_seconds=options.max_seconds, sync=sync)
     patcher = Patcher(json.loads(options.fix), current_step=lambda: clock.boundaries)
     def boundary() -> None:
-        if detector.restart:  # as under skalpel run: the iteration is what the stronger signal marks
-            detector.restart = False
+        if detector.policy.restart:  # as under skalpel run: the iteration is what the stronger signal marks
+            detector.policy.restart = False
             clock.restart()
         clock.boundary()
 
@@ -141,7 +141,7 @@ def run(options: argparse.Namespace, out: IO[str]) -> int:
             end, status, error = "error", 130 if isinstance(raised, KeyboardInterrupt) else 1, _describe(raised)
     detector.uninstall()
     patcher.uninstall()
-    facts = {**patcher.facts(), "step_signal": detector.signal}
+    facts = {**patcher.facts(), "step_signal": detector.policy.signal}
     record: dict[str, Any] = {"end": end, "exit_status": status, "error": error, "loss": _loss(patcher),
                               "loss_step": patcher.loss_step, "steps_seen": clock.boundaries, "facts": facts}  # fmt: skip
     out.write(json.dumps(record, default=str) + "\n")

@@ -7,7 +7,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..capture.settings import STEP_SIGNALS
+from ..capture.boundaries import SIGNALS as STEP_SIGNALS
 from ..errors import SkalpelError
 
 DEFAULT_COOLDOWN_S = 600.0  # recorder.DEFAULT_COOLDOWN_S; not imported from there: it imports torch

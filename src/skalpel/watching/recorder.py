@@ -28,9 +28,10 @@ from typing import Any, Iterator
 
 from .. import env
 from ..capture import distributed, runfolder, signals
+from ..capture.boundaries import LABELS, why_no_boundary
 from ..capture.session import ProfileRun
 from ..capture.settings import CaptureSettings
-from ..capture.steps import ALL_SIGNALS, LABELS, StepDetector
+from ..capture.steps import StepDetector
 from ..errors import SkalpelError
 from .collect import capture_summary
 from .detect import Anomaly, Detector
@@ -43,10 +44,6 @@ from .ranks import Peers
 from .store import STORE, Store
 
 DEFAULT_COOLDOWN_S = 600.0
-HOW_TO_MARK = (
-    "call skalpel.step() once per iteration in the script (or watched.step() inside `with skalpel.watch() as "
-    "watched:`), or choose the signal with --step-on optimizer|dataloader|backward|forward"
-)
 
 
 class Watcher:
@@ -133,7 +130,7 @@ class Watcher:
         now = time.perf_counter()
         if threading.get_ident() != self.thread:
             return
-        runq, device, detector = self.runq.read(), self.device_times, self.detector
+        runq, device, timed = self.runq.read(), self.device_times, self.detector.hooks
         event = None
         if device is not None:
             try:
@@ -144,15 +141,15 @@ class Watcher:
         if self._last is not None:
             self.steps += 1
             if self.store.failed is None:
-                self._append((self.steps, self._last, now, detector.loader_s, self._profiled, self._last_runq, runq,
-                              detector.backward_s, detector.optimizer_s, event))  # fmt: skip
+                self._append((self.steps, self._last, now, timed.loader_s, self._profiled, self._last_runq, runq,
+                              timed.backward_s, timed.optimizer_s, event))  # fmt: skip
         if self.store.want_device:  # once: the writer saw CUDA initialised, and reads memory on this device
             self._use_device()
         if self._capture is not None or self._requested:
             self._drive_capture()
             now, runq = time.perf_counter(), self.runq.read()  # the capture's own work stays out of the next step
         self._last, self._last_runq = now, runq  # the detector times the DataLoader, backward and the optimizer
-        detector.loader_s = detector.backward_s = detector.optimizer_s = 0.0
+        timed.loader_s = timed.backward_s = timed.optimizer_s = 0.0
 
     def _use_device(self) -> None:
         """The script initialised CUDA (the writer saw it): memory is read on this thread's device, and each step's
@@ -167,11 +164,12 @@ class Watcher:
         """Time the first iteration from now (``skalpel.watch()``: the block starts the loop; a script run by
         ``skalpel watch`` is timed from its first boundary, after its imports and set-up)."""
         self._last, self._last_runq = time.perf_counter(), self.runq.read()
-        self.detector.loader_s = self.detector.backward_s = self.detector.optimizer_s = 0.0
+        timed = self.detector.hooks
+        timed.loader_s = timed.backward_s = timed.optimizer_s = 0.0
 
     def step(self) -> None:
         """Mark the end of one iteration (a script that marks its own steps)."""
-        self.detector.user_step()
+        self.detector.hooks.user_step()
 
     # -- anomalies and captures ---------------------------------------------------------------
     def _on_anomaly(self, anomaly: Anomaly, anomaly_id: int) -> None:
@@ -210,7 +208,7 @@ class Watcher:
                 return
             run, request = self._capture[0], self._capture[3]
             run.step()
-            run.loader_workers = self.detector.loader_workers  # for the capture's CPU facts, as skalpel run tells
+            run.loader_workers = self.detector.hooks.loader_workers  # for the capture's CPU facts, as skalpel run tells
             if run.baseline_complete:
                 if request is not None:
                     self._finish_job_capture()
@@ -234,7 +232,7 @@ class Watcher:
         kind = request.kind if request is not None else anomaly.kind  # type: ignore[union-attr]
         run = ProfileRun(self.settings, out=folder, name=f"{Path(self.script).stem}-{kind}", auto=True)
         run.script = self.script
-        run.step_signal = LABELS.get(self.detector.signal or "")
+        run.step_signal = LABELS.get(self.detector.policy.signal or "")
         run.start()
         self._capture = (run, anomaly, anomaly_id, request)
         self._profiled = 1
@@ -359,13 +357,9 @@ class Watcher:
         """One line when the script never stepped; None when it did."""
         if self.steps > 0:
             return None
-        if self.detector.boundaries == 1:
+        if self.detector.policy.boundaries == 1:
             return f"{self.script} ran one iteration only: a watched step is the time between two boundaries"
-        if self.detector.held and "optimizer" not in self.detector.seen:
-            return (f"{self.script} made an optimizer that never stepped: skalpel waited for optimizer.step() "
-                    f"to mark the steps; {HOW_TO_MARK}")  # fmt: skip
-        looked = LABELS[self.detector.only] if self.detector.only else ALL_SIGNALS
-        return f"no step boundary found in {self.script}: skalpel looks for {looked}; {HOW_TO_MARK}"
+        return why_no_boundary(self.detector.policy, self.script, batches=self.detector.hooks.batches)
 
     def summary(self) -> str:
         kinds = ", ".join(f"{anomaly.kind} at step {anomaly.step}" for anomaly, _ in self.anomalies)
