@@ -28,7 +28,7 @@ _ONE_RUN = """
 import json, sys, time
 clock = time.process_time
 from skalpel.analysis import bundle
-from skalpel.job.build import _diagnose
+from skalpel.diagnose import diagnose
 from skalpel.trace import load
 trace = load([sys.argv[1]])
 times, steps = {}, None
@@ -57,10 +57,7 @@ for field, run in (
     ("c10d_issuers", lambda: bundle.c10d_issuers(trace, analyses.comm)),
 ):
     setattr(analyses, field, timed(field, run))
-if len(trace.ranks) > 1:
-    analyses.rank_comparison = timed("rank_comparison", lambda: bundle.compare_ranks(trace, steps, analyses.comm))
-    analyses.rank_work = timed("rank_work", lambda: bundle.slower_rank_work(analyses.rank_comparison, analyses.ops, steps))
-timed("diagnose", lambda: _diagnose(analyses, None))
+timed("diagnose", lambda: diagnose(analyses, None))
 print(json.dumps(times))
 """
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from skalpel.analysis.comm import analyze_comm
+from skalpel.analysis.rankprofile import time_profile
 from skalpel.analysis.ranks import compare_ranks
 from skalpel.analysis.steps import segment_steps
 from skalpel.trace.loader import load
@@ -47,7 +48,8 @@ def main() -> None:
         load_s, trace = _median_s(lambda: load(path))
         steps = segment_steps(trace)
         comm_s, comm = _median_s(lambda: analyze_comm(trace, steps))
-        ranks_s, _ = _median_s(lambda: compare_ranks(trace, steps, comm))
+        profiles = {rank: time_profile(trace, steps, comm, rank) for rank in trace.rank_ids}
+        ranks_s, _ = _median_s(lambda: compare_ranks(trace.ranks, steps, comm, profiles=profiles))
         print(f"{case[-48:]:<48} {len(trace):>9,} {load_s:>8.3f} {comm_s:>8.3f} {ranks_s:>8.3f} {(comm_s + ranks_s) / load_s:>18.2f}")
 
 

@@ -249,7 +249,7 @@ def _cross_rank(largest: int) -> None:
         times = []
         for _ in range(3):
             started = time.process_time()
-            comparison = compare_ranks(job.trace, job.steps, job.comm, profiles=job.profiles)
+            comparison = compare_ranks(job.trace.ranks, job.steps, job.comm, profiles=job.profiles)
             [comparison.summary_of(rank) for rank in range(ranks)]  # the join asks each rank's figures
             times.append(time.process_time() - started)
         seconds = statistics.median(times)
@@ -262,7 +262,7 @@ def _cross_rank(largest: int) -> None:
     for steps in (100, 400, 1600):  # long runs of collectives of one size: matching must stay linear in them too
         job = build_job(Plan(8, steps=steps, straggler=3))
         started = time.process_time()
-        comparison = compare_ranks(job.trace, job.steps, job.comm, profiles=job.profiles)
+        comparison = compare_ranks(job.trace.ranks, job.steps, job.comm, profiles=job.profiles)
         seconds = time.process_time() - started
         collectives = len(job.comm.ranks[0].collectives)
         print(f"{8:6d}{collectives:13d}{seconds:9.3f}{1e6 * seconds / 8 / collectives:19.1f}  "

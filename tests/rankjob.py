@@ -87,3 +87,18 @@ def _rank_comm(rank: int, steps: int, calls: list[Collective]) -> RankComm:
     return RankComm(rank=rank, timed_on="device", steps=steps, step_ms=STEP_US / 1000.0, comm_ms_per_step=comm_ms,
                     share_pct=100.0 * comm_ms / (STEP_US / 1000.0), overlapped_ms_per_step=0.0,
                     exposed_ms_per_step=comm_ms, overlap_pct=0.0, by_type=(), collectives=tuple(calls))  # fmt: skip
+
+
+def joined_analyses(paths):
+    """The analyses a job's report is made of, as the join makes them from its ranks' summaries (one worker)."""
+    from skalpel.job.join import Joining
+    from skalpel.job.pool import summarize_all
+    from skalpel.job.rank import SummaryRequest
+    from skalpel.trace.loader import find_trace_files
+
+    files = find_trace_files(paths if isinstance(paths, list) else [paths])
+    joining = Joining()
+    for index, result in enumerate(summarize_all([SummaryRequest(path, len(files)) for path in files], workers=1)):
+        joining.add(index, result)
+    joining.finish()
+    return joining.analyses

@@ -21,13 +21,14 @@ from skalpel.analysis.collectives import busbw_factor, collective_type, dtype_by
 from skalpel.analysis.ranks import compare_ranks
 from skalpel.cli import main
 from skalpel.diagnose import distributed
-from skalpel.diagnose.rule import Context
+from skalpel.diagnose.rule import JobContext
 from skalpel.errors import SkalpelError
 from skalpel.job.report_of import report_of
 from skalpel.result.commbench import BenchRow, CommBench, compare
 from skalpel.trace.loader import load
 
 from .conftest import corpus
+from .rankjob import joined_analyses
 
 PAIR = "hta/trace_filter"
 DLRM = "extra/facebookresearch__param/et_replay/tests/inputs/dlrm_kineto_extracted"
@@ -95,7 +96,7 @@ def test_nccl_pair_analyses_as_one_job() -> None:
 
 def test_nccl_pair_kernels_take_type_and_size_from_their_host_op() -> None:
     # The sampled trace names every NCCL kernel SendRecv; the nccl:all_reduce op around the launch says what it is.
-    analyses = run_analyses(load(corpus(PAIR)))
+    analyses = joined_analyses(corpus(PAIR))
     rank0 = analyses.comm.for_rank(0)
     all_reduce = [c for c in rank0.collectives if c.type == "all_reduce"]
     assert all_reduce and all(c.on_device for c in all_reduce)
@@ -103,7 +104,7 @@ def test_nccl_pair_kernels_take_type_and_size_from_their_host_op() -> None:
 
 
 def test_dlrm_eight_ranks_align_and_match() -> None:
-    analyses = run_analyses(load(corpus(DLRM)))
+    analyses = joined_analyses(corpus(DLRM))
     comparison = analyses.rank_comparison
     assert [t.rank for t in comparison.ranks] == list(range(8))
     assert comparison.aligned and comparison.warnings == ()
@@ -144,8 +145,8 @@ def test_shifted_clock_is_estimated_and_removed(tmp_path: Path) -> None:
                 event["ts"] += 5000.0
 
     _rewrite(files[3], tmp_path / files[3].name, shift)
-    before = run_analyses(load(corpus(DLRM))).rank_comparison
-    after = run_analyses(load(tmp_path)).rank_comparison
+    before = joined_analyses(corpus(DLRM)).rank_comparison
+    after = joined_analyses(tmp_path).rank_comparison
     offset = {t.rank: t.clock_offset_us for t in after.ranks}
     assert offset[3] == pytest.approx(5000.0 + {t.rank: t.clock_offset_us for t in before.ranks}[3], abs=1.0)
     for old, new in zip(before.ranks, after.ranks):
@@ -166,7 +167,7 @@ def test_clock_offsets_are_per_host(tmp_path: Path) -> None:
 
     for index, path in enumerate(_dlrm_files()):
         _rewrite(path, tmp_path / path.name, host("a", 0.0) if index < 4 else host("b", 3000.0))
-    comparison = run_analyses(load(tmp_path)).rank_comparison
+    comparison = joined_analyses(tmp_path).rank_comparison
     clocks = {t.rank: (t.clock, t.clock_offset_us) for t in comparison.ranks}
     assert clocks[0] == ("reference", 0.0)
     assert all(clocks[rank] == ("same host", 0.0) for rank in (1, 2, 3))
@@ -217,7 +218,7 @@ def test_different_step_counts_are_said(tmp_path: Path) -> None:
         document["traceEvents"] = [e for e in document["traceEvents"] if e.get("name") != "ProfilerStep#552"]
 
     _rewrite(pair / "sampled_rank-1.json.gz", tmp_path / "sampled_rank-1.json.gz", drop_last_step)
-    analyses = run_analyses(load(tmp_path))
+    analyses = joined_analyses(tmp_path)
     counts = {rank: len(analyses.steps.for_rank(rank)) for rank in (0, 1)}
     assert counts[0] != counts[1]
     assert any("different numbers of steps" in w for w in analyses.rank_comparison.warnings)
@@ -225,12 +226,12 @@ def test_different_step_counts_are_said(tmp_path: Path) -> None:
 
 
 def test_rules_on_stored_traces() -> None:
-    control = Context(run_analyses(load(corpus("hta/trace_diff/control/control.json.gz"))))
+    control = JobContext(joined_analyses(corpus("hta/trace_diff/control/control.json.gz")))
     bound = distributed.COMMUNICATION_BOUND.check(control, distributed.COMMUNICATION_BOUND)
     assert len(bound) == 1 and bound[0].evidence["share_pct"] >= 30 and "all_to_all" in bound[0].evidence["collectives"]
     straggler = distributed.STRAGGLER_RANK.check(control, distributed.STRAGGLER_RANK)
     assert "one rank" in straggler.reason  # NotJudged: a single rank cannot show a straggler
-    dlrm = Context(run_analyses(load(corpus(DLRM))))
+    dlrm = JobContext(joined_analyses(corpus(DLRM)))
     # rank 7 arrives last, but the others wait 4.5 ms/step for it: under the 5 ms/step floor
     assert distributed.STRAGGLER_RANK.check(dlrm, distributed.STRAGGLER_RANK) == []
 
@@ -274,7 +275,7 @@ def test_compare_ranks_single_rank_has_no_straggler() -> None:
     trace = load(corpus("hta/nccl_parser_config/nccl_data.json.gz"))
     analyses = run_analyses(trace)
     assert analyses.rank_comparison is None
-    assert compare_ranks(trace, analyses.steps, analyses.comm).straggler is None
+    assert compare_ranks(trace.ranks, analyses.steps, analyses.comm, profiles={}).straggler is None
 
 
 def test_rank0_waits_for_late_ranks_then_says_which_never_came(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -316,7 +317,7 @@ def test_uneven_all_to_all_still_matches_in_order(tmp_path: Path) -> None:
                 event["args"]["Input Dims"] = [[dim[0] * 3 + 1] for dim in event["args"]["Input Dims"]]
 
     _rewrite(files[1], tmp_path / files[1].name, uneven)
-    analyses = run_analyses(load(tmp_path))
+    analyses = joined_analyses(tmp_path)
     sizes = {rank: sorted(c.nbytes for c in analyses.comm.for_rank(rank).collectives if c.type == "all_to_all") for rank in (0, 1)}
     assert sizes[0] != sizes[1]
     assert [t.matched_collectives for t in analyses.rank_comparison.ranks] == [8, 8]

@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from skalpel.analysis.bundle import run_analyses
 from skalpel.api import analyze_job, load_report
 from skalpel.cli import main
-from skalpel.diagnose import diagnose
 from skalpel.job.report_of import report_of
 from skalpel.job.summary import histogram, outliers
 from skalpel.report import html
@@ -25,7 +23,6 @@ from skalpel.report.terminal import render_text
 from skalpel.report.terminal_job import sparkline
 from skalpel.result.diff import diff_reports
 from skalpel.result.report import AcrossRanks, Report, rank_ranges
-from skalpel.trace.loader import load
 
 from .conftest import corpus
 from .jobbuilder import TWO_KINDS, RankKind, build_job, planted
@@ -115,11 +112,28 @@ def test_report_with_a_job_round_trips(planted_report: Report) -> None:
     assert render_text(again) == render_text(planted_report)
 
 
+def _before_merging(paths) -> tuple[Report, tuple]:
+    """A job's report, and its findings as the rules raised them (one per rank) before ``across_ranks`` merged them:
+    the real function, watched on its way."""
+    from skalpel.job import build
+
+    seen, merge = [], build.across_ranks
+
+    def watched(findings, ranks):
+        seen.append(findings)
+        return merge(findings, ranks)
+
+    build.across_ranks = watched
+    try:
+        report = report_of(paths, workers=1).report
+    finally:
+        build.across_ranks = merge
+    return report, seen[-1]
+
+
 @pytest.mark.parametrize("name", [PAIR, DLRM])
 def test_corpus_jobs_keep_their_findings_merged(name: str) -> None:
-    trace = load(corpus(name))
-    raw = diagnose(run_analyses(trace))  # the rules' findings, one per rank as before
-    report = report_of(corpus(name)).report
+    report, raw = _before_merging(corpus(name))  # the rules' findings, one per rank as before
     assert {finding.id for finding in raw} == {finding.id for finding in report.findings}
     expanded = Counter()
     for finding in report.findings:
@@ -252,9 +266,7 @@ def dlrm_256() -> Report:
     from skalpel.job.across import across_ranks
     from skalpel.job.summary import job_summary
 
-    trace = load(corpus(DLRM))
-    raw = diagnose(run_analyses(trace))
-    eight = report_of(corpus(DLRM)).report
+    eight, raw = _before_merging(corpus(DLRM))
     ranks = []
     for number in range(256):
         rank = dataclasses.replace(eight.ranks[number % 8], rank=number)

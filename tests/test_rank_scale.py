@@ -28,7 +28,7 @@ SLOW_PAIR = (500, 501)
 @pytest.fixture(scope="module")
 def planted():
     job = build_job(Plan(RANKS, straggler=STRAGGLER, slow_pair=SLOW_PAIR))
-    return job, compare_ranks(job.trace, job.steps, job.comm, profiles=job.profiles)
+    return job, compare_ranks(job.trace.ranks, job.steps, job.comm, profiles=job.profiles)
 
 
 def test_clocks_of_125_hosts_are_aligned(planted) -> None:
@@ -70,7 +70,7 @@ def test_the_slow_pair_is_singled_out_by_its_transfer_bandwidth(planted) -> None
 
 def test_a_job_without_plants_has_no_outlier() -> None:
     job = build_job(Plan(RANKS))
-    comparison = compare_ranks(job.trace, job.steps, job.comm, profiles=job.profiles)
+    comparison = compare_ranks(job.trace.ranks, job.steps, job.comm, profiles=job.profiles)
     waits = [timing.wait_ms_per_step for timing in comparison.ranks]
     assert max(waits) < 0.5  # ranks arrive within jitter of each other: nobody waits for anybody
     send = [timing.transfer_busbw_gbps["send_recv"] for timing in comparison.ranks]
@@ -81,7 +81,7 @@ def test_missing_ranks_are_one_warning_in_ranges() -> None:
     job = build_job(Plan(RANKS))
     kept = [info for info in job.trace.ranks if not 100 <= info.rank < 200 and info.rank != 999]
     job.trace.ranks = tuple(kept)
-    warnings = consistency_warnings(job.trace, job.steps)
+    warnings = consistency_warnings(job.trace.ranks, job.steps)
     assert len(warnings) == 1 and "missing: 100-199, 999" in warnings[0]
 
 
@@ -93,7 +93,7 @@ def test_ranks_that_disagree_are_one_warning_per_kind_in_ranges() -> None:
         dataclasses.replace(info, world_size=2000, job="run-b") if info.rank in (7, 8, 9, 640)
         else dataclasses.replace(info, job="run-a") for info in job.trace.ranks
     )
-    warnings = consistency_warnings(job.trace, job.steps)
+    warnings = consistency_warnings(job.trace.ranks, job.steps)
     assert len(warnings) == 4, warnings
     world, runs, missing, steps = (next(w for w in warnings if key in w) for key in ("world size", "different runs", "missing", "steps"))
     assert "(ranks 7-9, 640: 2000; ranks 0-6, 10-639, 641-999: 1000)" in world  # the odd ones first
@@ -110,7 +110,7 @@ def test_long_runs_of_equal_sizes_match_and_a_rank_that_missed_some_matches_the_
     gap = gap[:600] + gap[606:]  # rank 5 missed two steps' collectives in the middle
     job.comm = type(job.comm)(tuple(dataclasses.replace(item, collectives=gap) if item.rank == 5 else item
                                     for item in job.comm.ranks))  # fmt: skip
-    comparison = compare_ranks(job.trace, job.steps, job.comm, profiles=job.profiles)
+    comparison = compare_ranks(job.trace.ranks, job.steps, job.comm, profiles=job.profiles)
     matched = {timing.rank: timing.matched_collectives for timing in comparison.ranks}
     assert matched[5] == 1194 and all(matched[rank] == 1200 for rank in matched if rank != 5)
     assert comparison.warnings == ()

@@ -24,8 +24,8 @@ from ..trace.kinds import Kind
 from ..trace.model import Trace, isin_few
 from ..trace.roles import Role
 from . import numeric
-from .blame import BlameResult, PeerSplit, PeerWait, RankBlame, WaitSpans
-from .ranks import Arrivals, RankComparison
+from .blame import PeerSplit, PeerWait, RankBlame, WaitSpans
+from .ranks import Arrivals
 
 TRANSFER = "transfer"
 UNMATCHED = "unmatched"
@@ -60,19 +60,6 @@ class CollectiveWaits:
                 and self.host_side.tolist() == other.host_side.tolist())  # fmt: skip
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def with_late_peers(trace: Trace, result: BlameResult, comparison: RankComparison | None) -> BlameResult:
-    """The blame with each rank's collective wait split by the peer that arrived last (unchanged for one rank)."""
-    if comparison is None or len(comparison.ranks) < 2:
-        return result
-    ranks = {}
-    for rank, blamed in result.ranks.items():
-        if blamed.collective_spans:
-            waits = collective_waits(trace, blamed, [call for call, _, _ in comparison.arrivals_of(rank)])
-            blamed = dataclasses.replace(blamed, peers=split_waits(waits, comparison.arrivals(rank)))
-        ranks[rank] = blamed
-    return dataclasses.replace(result, ranks=ranks)
 
 
 def collective_waits(trace: Trace, blamed: RankBlame, collectives) -> CollectiveWaits:

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from ..forking import Child
 from ..trace.model import Trace
 from .allocator import AllocatorResult, allocator_calls
-from .blame import BlameResult, blame
-from .blame_peers import with_late_peers
+from .blame import BlameResult, PeerSplit, blame
 from .breakdown import StepBreakdown, step_breakdown
 from .attention import Attention, attention
 from .broadcast import LargestAlloc, largest_allocs
@@ -38,8 +37,8 @@ from .mfu import Mfu, mfu
 from .onetime import OneTimeResult, one_time_work
 from .ops import OpTable, op_table
 from .rankprofile import RankLocations
-from .ranks import RankComparison, compare_ranks
-from .rankwork import WorkComparison, slower_rank_work
+from .ranks import RankComparison
+from .rankwork import WorkComparison
 from .recorded import RecordingResult, device_recording
 from .step_device import StepDeviceResult, device_in_steps
 from .steps import StepSegmentation, segment_steps
@@ -72,7 +71,7 @@ class Analyses:
     compile_log: CompileLog | None = None  # causes from skalpel run's compile log: guards, graph breaks, limits
     mfu: tuple[Mfu, ...] = ()  # achieved FLOP/s and MFU per rank; empty without flop counts (with_flops)
     comm: CommAnalysis | None = None  # collectives per rank: by type, bandwidth, share, overlap
-    rank_comparison: RankComparison | None = None  # aligned clocks, waits, straggler; None for one rank
+    rank_comparison: RankComparison | None = None  # aligned clocks, waits, straggler: the join's (job.join), 2+ ranks
     has_device: bool | None = None  # any device activity (None: not asked, as on a job's driver)
     has_stacks: bool | None = None  # Python stacks or frames recorded (user-code lines can be named)
     loader_ranges: LoaderRanges | None = None  # DataLoader ranges per rank and the iterator types they name
@@ -88,9 +87,11 @@ class Analyses:
     largest_allocs: dict[tuple[int, str], LargestAlloc] = field(default_factory=dict)  # (rank, device) -> its op
     kept_memory: KeptMemory | None = None  # what a device keeps through the steps (read per device)
     c10d_issuers: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # host-timed ranks' c10d ops
-    rank_work: WorkComparison | None = None  # the slower rank's work against the others'; None for one rank
-    # a job reduced rank by rank: what each rank's worker located for the job-level rules (None: a whole trace)
+    rank_work: WorkComparison | None = None  # the slower rank's work against the others': the join's, 2+ ranks
+    # what each rank's worker located for the job-level rules (set by the join)
     rank_locations: dict[int, RankLocations] | None = None
+    # rank -> its collective wait split by the peer that arrived last, and its steps' numbers (set by the join, 2+ ranks)
+    late_peers: dict[int, tuple[PeerSplit, tuple[int, ...]]] = field(default_factory=dict)
 
 
 # From this many events, with a second idle core, the op table and the step breakdown are computed in a forked
@@ -118,8 +119,6 @@ def run_analyses(trace: Trace, *, processes: int = 1) -> Analyses:
     # the child's results, or computed here (no second core, or the child died: killed for memory?)
     analyses.ops, analyses.breakdown = done if done is not None else (op_table(trace), step_breakdown(trace, steps))
     analyses.attention = attention(trace, analyses.ops, analyses.kernels)
-    if analyses.rank_comparison is not None:
-        analyses.rank_work = slower_rank_work(analyses.rank_comparison, analyses.ops, steps)
     return analyses
 
 
@@ -149,8 +148,5 @@ def _run_the_rest(trace: Trace, steps: StepSegmentation, analyses: Analyses) -> 
     analyses.mfu = mfu(trace, steps)
     analyses.comm = analyze_comm(trace, steps)
     analyses.c10d_issuers = c10d_issuers(trace, analyses.comm)
-    if len(trace.ranks) > 1:
-        analyses.rank_comparison = compare_ranks(trace, steps, analyses.comm)
-        analyses.blame = with_late_peers(trace, analyses.blame, analyses.rank_comparison)  # the peer each waited for
     analyses.ledger = ledger(trace, steps, analyses.blame, analyses.one_time)
     analyses.sync_causes = sync_causes(trace, steps, analyses.blame)

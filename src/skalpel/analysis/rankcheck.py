@@ -7,7 +7,9 @@ different steps: each is said clearly, and the analysis goes on with what matche
 
 from __future__ import annotations
 
-from ..trace.model import Trace
+from typing import Sequence
+
+from ..trace.model import RankInfo
 from .steps import StepSegmentation
 
 MIN_MATCHED_SHARE = 0.5  # below this share of a rank's collectives matched, the ranks look like different runs
@@ -15,28 +17,28 @@ LISTED = 8  # ranks named one by one up to this many; past it, the ranks of one 
 
 
 def consistency_warnings(
-    trace: Trace, steps: StepSegmentation, matched: dict[int, tuple[int, int]] | None = None
+    ranks: Sequence[RankInfo], steps: StepSegmentation, matched: dict[int, tuple[int, int]] | None = None
 ) -> tuple[str, ...]:
     """Warnings about the set of rank files; ``matched`` is rank -> (matched collectives, collectives)."""
-    if len(trace.ranks) < 2:
+    if len(ranks) < 2:
         return ()  # one rank file of a bigger job is a normal single-rank analysis
     found = [
-        _mixed_runs(trace),
-        _disagreeing(trace, "world size", lambda info: info.world_size),
-        _disagreeing(trace, "backend", lambda info: info.backend),
-        _missing_ranks(trace),
-        _step_counts(trace, steps),
+        _mixed_runs(ranks),
+        _disagreeing(ranks, "world size", lambda info: info.world_size),
+        _disagreeing(ranks, "backend", lambda info: info.backend),
+        _missing_ranks(ranks),
+        _step_counts(ranks, steps),
         _unmatched(matched or {}),
     ]
     return tuple(text for text in found if text)
 
 
-def _declared_world(trace: Trace) -> int:
-    return max((info.world_size or 0 for info in trace.ranks), default=0)
+def _declared_world(ranks: Sequence[RankInfo]) -> int:
+    return max((info.world_size or 0 for info in ranks), default=0)
 
 
-def _mixed_runs(trace: Trace) -> str | None:
-    jobs = {info.rank: info.job for info in trace.ranks if info.job}
+def _mixed_runs(ranks: Sequence[RankInfo]) -> str | None:
+    jobs = {info.rank: info.job for info in ranks if info.job}
     if len(set(jobs.values())) <= 1:
         return None
     listing = _listing(jobs)
@@ -46,17 +48,17 @@ def _mixed_runs(trace: Trace) -> str | None:
     )
 
 
-def _disagreeing(trace: Trace, what: str, value) -> str | None:
-    values = {info.rank: value(info) for info in trace.ranks if value(info) is not None}
+def _disagreeing(ranks: Sequence[RankInfo], what: str, value) -> str | None:
+    values = {info.rank: value(info) for info in ranks if value(info) is not None}
     if len(set(values.values())) <= 1:
         return None
     listing = _listing(values)
     return f"the rank files disagree on the {what} ({listing}): files of different jobs mixed in one folder?"
 
 
-def _missing_ranks(trace: Trace) -> str | None:
-    world = _declared_world(trace)
-    present = set(trace.rank_ids)
+def _missing_ranks(ranks: Sequence[RankInfo]) -> str | None:
+    world = _declared_world(ranks)
+    present = {info.rank for info in ranks}
     missing = [rank for rank in range(world) if rank not in present]
     if not missing:
         return None
@@ -67,10 +69,10 @@ def _missing_ranks(trace: Trace) -> str | None:
     )
 
 
-def _step_counts(trace: Trace, steps: StepSegmentation) -> str | None:
+def _step_counts(ranks: Sequence[RankInfo], steps: StepSegmentation) -> str | None:
     if not steps.marked:
         return None
-    numbers = {rank: [s.number for s in steps.for_rank(rank)] for rank in trace.rank_ids}
+    numbers = {rank: [s.number for s in steps.for_rank(rank)] for rank in [info.rank for info in ranks]}
     counts = {rank: len(values) for rank, values in numbers.items()}
     if len(set(counts.values())) > 1:
         listing = _listing(counts)

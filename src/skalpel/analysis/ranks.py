@@ -23,15 +23,16 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Sequence
 
 import numpy as np
 
-from ..trace.model import Trace
+from ..trace.model import RankInfo
 from . import numeric
 from .collectives import SYNCHRONISING, Collective, busbw_factor
 from .comm import CommAnalysis
 from .rankcheck import consistency_warnings
-from .rankprofile import OUTSIDE_OPS, Excess, Profile, excess, time_profile  # noqa: F401 - OUTSIDE_OPS re-exported
+from .rankprofile import OUTSIDE_OPS, Excess, Profile, excess  # noqa: F401 - OUTSIDE_OPS re-exported
 from .steps import StepSegmentation
 
 
@@ -148,19 +149,19 @@ class RankComparison:
 
 
 def compare_ranks(
-    trace: Trace, steps: StepSegmentation, comm: CommAnalysis, *, profiles: dict[int, Profile] | None = None,
+    ranks: Sequence[RankInfo], steps: StepSegmentation, comm: CommAnalysis, *, profiles: dict[int, Profile],
     indexed: "IndexedRanks | None" = None,
 ) -> RankComparison:
-    """Compare the ranks of one job; meaningful from two ranks on.
+    """Compare the ranks of one job (``ranks``: what each rank's file says of it); meaningful from two ranks on.
 
-    ``profiles`` (rank -> ``time_profile``) are given when the ranks were reduced one by one
-    (``skalpel.job.join``); ``trace`` then only needs ``ranks`` and ``rank_ids``. ``indexed``: the ranks'
-    collectives already indexed by type, and matched where the reference was known, as their summaries arrived.
+    ``profiles``: rank -> its ``time_profile``, made where its trace was reduced (``skalpel.job.rank``).
+    ``indexed``: the ranks' collectives already indexed by type, and matched where the reference was known, as
+    their summaries arrived.
     """
     by_rank = {item.rank: item.collectives for item in comm.ranks}
-    rank_ids = trace.rank_ids
+    rank_ids = [info.rank for info in ranks]
     reference = rank_ids[0]
-    hosts = {info.rank: info.host for info in trace.ranks}
+    hosts = {info.rank: info.host for info in ranks}
     known = indexed or IndexedRanks()
     calls = {rank: _Calls(items, known.indices.get(rank)) for rank, items in by_rank.items()}
     groups = _match(calls, reference, known.pairs if known.reference == reference else {})
@@ -168,13 +169,13 @@ def compare_ranks(
     shared = _Shared(groups, calls, offsets, hosts)
     timings = tuple(_timing(steps, comm, rank, shared) for rank in rank_ids)
     matched = int(shared.matched.sum())
-    warnings = consistency_warnings(trace, steps, {t.rank: (t.matched_collectives, len(by_rank[t.rank])) for t in timings})
+    warnings = consistency_warnings(ranks, steps, {t.rank: (t.matched_collectives, len(by_rank[t.rank])) for t in timings})
     return RankComparison(
         reference_rank=reference,
         ranks=timings,
         matched_groups=matched,
         aligned=all(t.clock != "raw" for t in timings),
-        straggler=_straggler(trace, steps, comm, timings, matched, profiles) if len(timings) >= 2 else None,
+        straggler=_straggler(timings, matched, profiles) if len(timings) >= 2 else None,
         warnings=warnings,
         _shared=shared,
     )
@@ -482,14 +483,12 @@ def _clock_source(shared: _Shared, rank: int) -> str:
     return "aligned" if rank in shared.offsets else "raw"
 
 
-def _straggler(trace, steps, comm, timings, matched, profiles) -> Straggler | None:
+def _straggler(timings, matched: int, profiles: dict[int, Profile]) -> Straggler | None:
     if matched == 0:
         return None
     candidate = min(timings, key=lambda t: (t.wait_ms_per_step, -t.last_arrivals))
     others = [t for t in timings if t.rank != candidate.rank]
     others_wait = numeric.median([t.wait_ms_per_step for t in others])
-    if profiles is None:
-        profiles = {t.rank: time_profile(trace, steps, comm, t.rank) for t in timings}
     return Straggler(
         rank=candidate.rank,
         own_wait_ms_per_step=candidate.wait_ms_per_step,

@@ -246,10 +246,14 @@ def _one_small_bucket(rank: RankComm, rule: Rule) -> bool:
 
 
 def _issued_at(ctx: Context, rank: RankComm) -> tuple[str, ...]:
-    """Where the user's code issues the costliest type of collective (backward for DDP's all_reduce)."""
-    known = ctx.analyses.rank_locations  # a job reduced rank by rank: located where each rank was loaded
-    if known is not None:
-        return known[rank.rank].issued_at if rank.rank in known else ()
+    """Where the user's code issues the costliest type of collective: located where the rank's trace was reduced."""
+    known = ctx.analyses.rank_locations or {}
+    return known[rank.rank].issued_at if rank.rank in known else ()
+
+
+def _issued_in_trace(ctx: Context, rank: RankComm) -> tuple[str, ...]:
+    """Where the user's code issues the costliest type of collective (backward for DDP's all_reduce), in the rank's
+    trace that ``ctx`` holds."""
     if not rank.by_type:
         return ()
     kind = rank.by_type[0].type
@@ -354,10 +358,8 @@ def _load_note(ctx: Context, rule: Rule, comparison: RankComparison) -> Finding:
 
 
 def _straggler_locations(ctx: Context, rank: int, top) -> tuple[str, ...]:
-    known = ctx.analyses.rank_locations
-    if known is not None:
-        return known[rank].by_category.get(top.category, ()) if rank in known else ()
-    return _located(ctx, rank, top.events, top.instants_us, top.tid)
+    known = ctx.analyses.rank_locations or {}
+    return known[rank].by_category.get(top.category, ()) if rank in known else ()
 
 
 def _located(ctx: Context, rank: int, events: tuple[int, ...], instants_us: tuple[float, ...], tid: int | None) -> tuple[str, ...]:
@@ -371,7 +373,7 @@ def _located(ctx: Context, rank: int, events: tuple[int, ...], instants_us: tupl
 def rank_locations(ctx: Context, rank: int, profile) -> RankLocations:
     """``ctx`` holds this one rank's trace; ``profile`` is its ``analysis.rankprofile.Profile`` (None: one-rank job)."""
     rank_comm = _comm(ctx).for_rank(rank)
-    issued = _issued_at(ctx, rank_comm) if rank_comm is not None and rank_comm.collectives else ()
+    issued = _issued_in_trace(ctx, rank_comm) if rank_comm is not None and rank_comm.collectives else ()
     where = profile.where if profile is not None else {}
     by_category = {category: _located(ctx, rank, events, instants, profile.tid) for category, (events, instants) in where.items()}
     return RankLocations(issued, {category: found for category, found in by_category.items() if found})

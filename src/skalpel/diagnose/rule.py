@@ -79,7 +79,7 @@ class Rule:
     title: str  # format template over the evidence keys, with the key number
     thresholds: Threshold
     docs: Docs
-    check: Callable[["Context", "Rule"], Outcome]
+    check: Callable[["Context | JobContext", "Rule"], Outcome]  # a rule of job scope gets a JobContext
     fix: str  # one line, the default fix shown with the finding
     needs_device: bool = False  # judged only where the trace has device activity
     needs_steps: bool = False  # judged per step: needs ProfilerStep markers
@@ -163,6 +163,29 @@ class Context:
     def locations_at(self, rank: int, tid: int | None, ts_us: Iterable[float], *, limit: int = 3) -> tuple[str, ...]:
         """The innermost user-code frames open at these instants on a host thread (memory events)."""
         return self._get_locator().locations_at(rank, tid, ts_us, limit=limit)
+
+
+@dataclass
+class JobContext:
+    """What a rule of job scope may read: the analyses the join made of the ranks' summaries (steps, collectives,
+    the rank comparison, each rank's per-rank results and its known locations), the capture settings. No events:
+    the join holds no trace, so it has no locator either (``tests/test_rule_scope.py`` keeps job rules off them)."""
+
+    analyses: Analyses
+    capture: CaptureInfo | None = None
+
+    @property
+    def steps(self) -> StepSegmentation:
+        return self.analyses.steps
+
+    @property
+    def ranks(self) -> tuple[RankInfo, ...]:
+        """What each rank's file says of it."""
+        return self.analyses.trace.ranks
+
+    @property
+    def rank_ids(self) -> list[int]:
+        return [info.rank for info in self.ranks]
 
 
 def _plain(value: Any) -> Any:

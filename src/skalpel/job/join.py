@@ -40,7 +40,7 @@ from ..analysis.steps import Step, StepSegmentation
 from ..diagnose import conclude, judge, unmet_need
 from ..diagnose.device import with_late_peer
 from ..diagnose.registry import JOB_RULES, judged_rules
-from ..diagnose.rule import Context, NotJudged
+from ..diagnose.rule import JobContext, NotJudged
 from ..errors import TraceError
 from ..result.report import CaptureInfo, Finding, Report
 from ..trace.loader import collector_paused, drop_duplicate_ranks, skipped_notes
@@ -105,6 +105,7 @@ class Joining:
         self.works: dict[int, RankWork] = {}
         self.work_kinds: list[dict] = []  # one of each kind of rank's work, shared by the ranks of that kind
         self.repeated = False  # two files of one rank: the first in file order is kept, so what was done is dropped
+        self.analyses: Analyses | None = None  # the job's, once finished: what its report was made of
 
     def add(self, index: int, result: RankSummary | RankFailure) -> None:
         """The result of the job's ``index``-th rank file, in any order."""
@@ -129,12 +130,13 @@ class Joining:
         results = [self.results[index] for index in sorted(self.results)]
         done = (IndexedRanks(), {}) if self.repeated else (self.indexed, self.works)
         with collector_paused():
-            return _join(results, capture, split, tuple(notes), *done)
+            report, summaries, self.analyses = _join(results, capture, split, tuple(notes), *done)
+        return report, summaries
 
 
 def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None, split: Splitter,
           notes: tuple[str, ...], indexed: IndexedRanks, works: dict[int, RankWork]
-          ) -> tuple[Report, list[RankSummary]]:  # fmt: skip
+          ) -> tuple[Report, list[RankSummary], Analyses]:  # fmt: skip
     failures = [item for item in results if isinstance(item, RankFailure)]
     summaries = [item for item in results if isinstance(item, RankSummary)]
     if not summaries:  # the whole-trace loader's words
@@ -165,16 +167,16 @@ def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None,
     analyses.comm = CommAnalysis(tuple(_shifted_comm(s, shifts, offsets) for s in summaries if s.comm is not None))
     if len(summaries) > 1:
         profiles = {summary.info.rank: summary.profile for summary in summaries if summary.profile is not None}
-        analyses.rank_comparison = compare_ranks(job, steps, analyses.comm, profiles=profiles, indexed=indexed)  # type: ignore[arg-type]
+        analyses.rank_comparison = compare_ranks(job.ranks, steps, analyses.comm, profiles=profiles, indexed=indexed)
         analyses.rank_work = slower_rank_work(analyses.rank_comparison, analyses.ops, steps, works=works)
     analyses.rank_locations = {s.info.rank: s.locations for s in summaries if s.locations is not None}
-    ctx = Context(analyses, capture)
-    peers = _late_peers(summaries, analyses, shifts, offsets, split)
+    ctx = JobContext(analyses, capture)
+    peers = analyses.late_peers = _late_peers(summaries, analyses, shifts, offsets, split)
     findings = conclude(ctx, [(rule, _outcome(rule, ctx, summaries, offsets, peers)) for rule in judged_rules()])
     works.clear()  # read for rank_work only: the driver holds no more than it did when the join made them at the end
     ranks = tuple(_rank_report(summary, analyses, shifts[summary.info.rank], peers.get(summary.info.rank))
                   for summary in summaries)  # fmt: skip
-    return assemble_report(analyses, findings, ranks, capture), summaries
+    return assemble_report(analyses, findings, ranks, capture), summaries, analyses
 
 
 def _host_signs(summaries: list[RankSummary]) -> HostSigns:
@@ -283,7 +285,7 @@ def _late_peers(summaries: list[RankSummary], analyses: Analyses, shifts: dict[i
     return {request.rank: (peers, request.waits.step_numbers) for request, peers in zip(requests, split(requests))}
 
 
-def _outcome(rule, ctx: Context, summaries: list[RankSummary], offsets: dict[int, int],
+def _outcome(rule, ctx: JobContext, summaries: list[RankSummary], offsets: dict[int, int],
              peers: dict[int, tuple[PeerSplit, tuple[int, ...]]]) -> list[Finding] | NotJudged:  # fmt: skip
     """A job-level rule judged here; a per-rank rule's outcomes of every rank merged, as one run would give them."""
     if rule.id in JOB_RULES:
