@@ -1,4 +1,4 @@
-"""A job of many ranks: time and peak memory of `skalpel analyze`, rank by rank in workers vs whole.
+"""A job of many ranks: time and peak memory of `skalpel analyze`, rank by rank in workers or on Ray.
 
     .venv/bin/python benchmarks/many_ranks.py                  # N=64 ranks, ~6 MB each (~370 MB of JSON)
     .venv/bin/python benchmarks/many_ranks.py --ranks 16 --copies 2 --no-ray
@@ -10,10 +10,10 @@ of DLRM rank r % 8 with its header saying rank r of N, and its events repeated -
 (shifted in time, ids and step numbers by the same amounts on every rank, so collectives
 still match across ranks). Written to a temporary folder, deleted after.
 
-Each configuration runs in a fresh process: "whole" is the single-process path of before
-(every rank loaded into one trace, then analysed); "workers K" reduces the ranks in K worker
+Each configuration runs in a fresh process: "workers K" reduces the ranks in K worker
 processes (1: one after another in the driver) and joins the summaries; "ray" does the same
-as Ray tasks on a local instance it starts (its start-up included). Peak memory is the
+as Ray tasks on a local instance it starts (its start-up included). (A "whole" mode, every rank
+loaded into one trace, timed the road that was deleted with issue 34.) Peak memory is the
 largest sum of the resident memory of the process and all its descendants (workers, Ray's
 processes), as proportional set size (pages shared by workers split among them), sampled
 every 20 ms from /proc (every 200 ms past 100 processes); beside it, the peak of the driver
@@ -21,7 +21,7 @@ alone, of the largest worker (a pool's process or a Ray worker) and of Ray's own
 (raylet, GCS). "own s" is the driver's join of each rank's own part as its summary arrives
 (``job.join.Joining.add``, beside the workers), "join s" the rest after the last (``Joining.finish``).
 Medians over --repeats runs, interleaved; the reports of every configuration are checked
-equal to the whole one's (or to the first configuration's when "whole" is not run).
+equal to the first configuration's.
 
 ``--cross-rank`` times ``analysis.ranks.compare_ranks`` alone on jobs built in memory
 (``tests/rankjob.py``: 8 ranks a host, 4 steps, 3 collectives a step), from 125 to --ranks
@@ -81,23 +81,18 @@ _CHILD = """
 import json, sys, time
 paths, mode = sys.argv[1:3]
 joined, own = [], []
-if mode == "whole":
-    from skalpel.job.report_of import report_of
-    from skalpel.trace.loader import load
-    report = report_of([paths]).report
-else:
-    from skalpel.api import analyze
-    from skalpel.job.join import Joining
-    def timed(method, into):
-        def run(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                into.append(time.perf_counter() - started)
-        return run
-    Joining.add, Joining.finish = timed(Joining.add, own), timed(Joining.finish, joined)
-    report = analyze([paths], workers=None if mode in ("all", "ray") else int(mode), ray=(mode == "ray"))
+from skalpel.api import analyze
+from skalpel.job.join import Joining
+def timed(method, into):
+    def run(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            into.append(time.perf_counter() - started)
+    return run
+Joining.add, Joining.finish = timed(Joining.add, own), timed(Joining.finish, joined)
+report = analyze([paths], workers=None if mode in ("all", "ray") else int(mode), ray=(mode == "ray"))
 open(sys.argv[3], "wb").write(report.to_json())
 print("JOIN_S " + json.dumps([sum(own), sum(joined)]), file=sys.stderr, flush=True)
 """
@@ -192,7 +187,7 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=6, help="times each rank's events are repeated (6: ~6 MB a rank)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration (3)")
     parser.add_argument("--no-ray", action="store_true", help="leave out the local Ray instance")
-    parser.add_argument("--modes", default="whole,1,2,all,ray", help="configurations, in order (whole,1,2,all,ray)")
+    parser.add_argument("--modes", default="1,2,all,ray", help="configurations, in order (1,2,all,ray)")
     parser.add_argument("--cross-rank", action="store_true", help="time the rank comparison alone, 125 to --ranks ranks")
     args = parser.parse_args()
     if args.cross_rank:
@@ -212,7 +207,7 @@ def main() -> None:
                 print(f"  {mode}: " + json.dumps({k: round(v, 2) for k, v in runs[mode][-1].items() if k != "report"}),
                       file=sys.stderr, flush=True)  # fmt: skip
         first = runs[modes[0]]
-        whole = first[0].get("report")
+        reference = first[0].get("report")
         base = statistics.median([r["seconds"] for r in first if "seconds" in r] or [float("nan")])
         base_mem = statistics.median([r["peak_mib"] for r in first if "peak_mib" in r] or [float("nan")])
         print(f"{'configuration':<14}{'seconds':>9}{'/first':>8}{'peak PSS MiB':>14}{'/first':>8}{'MiB/rank':>10}"
@@ -224,7 +219,7 @@ def main() -> None:
                 continue
             med = lambda key: statistics.median(r[key] for r in done)  # noqa: E731
             seconds, peak = med("seconds"), med("peak_mib")
-            same = "same" if all(r["report"] == whole for r in done) else "DIFFERENT"
+            same = "same" if all(r["report"] == reference for r in done) else "DIFFERENT"
             join_s = (f"{med('own_s'):8.2f}{med('join_s'):8.2f}" if all(r["join_s"] is not None for r in done)
                       else f"{'':16}")  # fmt: skip
             print(f"{_label(mode, cores):<14}{seconds:9.2f}{seconds / base:8.2f}{peak:14,.0f}{peak / base_mem:8.2f}"
@@ -270,7 +265,7 @@ def _cross_rank(largest: int) -> None:
 
 
 def _label(mode: str, cores: int) -> str:
-    return {"whole": "whole (before)", "1": "workers 1", "2": "workers 2", "all": f"workers {cores} (all)", "ray": "ray (local)"}[mode]
+    return {"1": "workers 1", "2": "workers 2", "all": f"workers {cores} (all)", "ray": "ray (local)"}[mode]
 
 
 if __name__ == "__main__":
