@@ -4,7 +4,7 @@
         --warmup 3 --steps 10 -- train.py --lr 0.1
 
 The script runs in this process as ``python train.py --lr 0.1`` would (``skalpel run``'s
-``__main__`` set-up). Step boundaries come from ``capture/steps.py`` (after each
+``__main__`` set-up). Step boundaries come from ``capture/boundaries.py``'s policy (after each
 ``optimizer.step()``, or each DataLoader batch without an optimizer); each step's time is
 ``perf_counter`` between boundaries (the same iteration as ``skalpel run``'s: an RL loop's
 step is its episode's optimizer step, not a policy call; when a stronger signal takes over, the
