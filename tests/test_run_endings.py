@@ -62,6 +62,8 @@ def _run(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "run"
     command = [sys.executable, "-m", "skalpel", "run", "--out", str(out), str(script)]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    # the report's "wrote <path>" lines wrap at the terminal's width, inside a long temporary path: read them whole
+    result.stdout = result.stdout.replace("\n", "")
     return result, out
 
 
