@@ -164,11 +164,19 @@ def test_a_section_of_the_wrong_shape_is_named() -> None:
         Report.from_dict(data)
 
 
+NOT_TRACES = {  # JSON files of the corpus that are no Kineto trace: skalpel refuses them (exit status 2)
+    "extra/AMD-AGI__TraceLens/tests/traces/inference/vllm_decode_full/capture_traces/execution_details.json",
+    "extra/AMD-AGI__TraceLens/tests/traces/inference/vllm_prefilldecode_piecewise/capture_traces/execution_details.json",
+    "hta/execution_trace/benchmark_simple_add_et.json.gz",
+}
+
+
 def _corpus_targets() -> list[str]:
     """Every trace file of the corpus and every folder that holds one (as benchmarks/compare_trees.py runs them)."""
     files = sorted(p for p in TRACES.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz"))
                    and "README" not in p.name)  # fmt: skip
-    return [str(p.relative_to(TRACES)) for p in files + sorted({p.parent for p in files})]
+    targets = [str(p.relative_to(TRACES)) for p in files + sorted({p.parent for p in files})]
+    return [target for target in targets if target not in NOT_TRACES]
 
 
 @pytest.mark.slow
@@ -180,8 +188,7 @@ def test_every_corpus_report_reads_back_to_the_same_bytes(relative: str, tmp_pat
     from tests.conftest import corpus
 
     out = tmp_path / "r.json"
-    if main(["analyze", str(corpus(relative)), "--json", str(out)]) != 0 or not out.exists():
-        pytest.skip("not a trace skalpel reads (the corpus holds other JSON too)")
+    assert main(["analyze", str(corpus(relative)), "--json", str(out)]) == 0
     written = out.read_bytes()
     assert Report.from_json(written).to_json() == written
 
