@@ -44,9 +44,7 @@ from skalpel.result.sections import (
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"  # as tests/conftest.py finds the corpus
-# (module, key) reads left to their owner: job/join.py's _late_peers asks ``"blame" in s.report.extra``
-# (``s.report.blame is not None``); join.py is being reworked (issue 34, step 1)
-ALLOWED = {("job/join.py", "blame")}
+ALLOWED: set[tuple[str, str]] = set()  # (module, key) string-keyed reads allowed: none
 
 
 def _is_extra(node: ast.AST) -> bool:

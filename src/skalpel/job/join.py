@@ -282,7 +282,7 @@ def _late_peers(summaries: list[RankSummary], analyses: Analyses, shifts: dict[i
         return {}
     requests = [SplitRequest(s.info.rank, s.collective_waits, comparison.arrivals(s.info.rank), shifts[s.info.rank],
                              offsets[s.info.rank])  # moved onto the job's clock as they are split
-                for s in summaries if s.collective_waits is not None and "blame" in s.report.extra]  # fmt: skip
+                for s in summaries if s.collective_waits is not None and s.report.blame is not None]  # fmt: skip
     return {request.rank: (peers, request.waits.step_numbers) for request, peers in zip(requests, split(requests))}
 
 
