@@ -27,6 +27,7 @@ from skalpel.result.report import (
     Source,
     StepStats,
 )  # fmt: skip
+from skalpel.result.sections import CompiledRegion, CompiledSummary, LaunchSummary, SyncSummary
 
 from .conftest import missing, skip_unless
 
@@ -54,8 +55,14 @@ def _rank(rank: int, *, slow: float = 1.0, ops: int = 60, curve: int = 3000, ste
         top_kernels=tuple(KernelRow(names[i % 3] if i < 3 else f"volta_sgemm_{i}", "COMP", 5 + i, 10.0 - i * 0.1, 12.5, 3.3)
                           for i in range(30)),  # fmt: skip
         data_wait_ms_per_step=59.3,
-        extra={"launch": {"median_delay_us": 12.3, "tiny_kernels": 1200},
-               "syncs": {"count": 3, "events": [{"name": EVIL, "ms": 1.2, "location": "train.py:42"}]}},  # fmt: skip
+        launch=LaunchSummary(launched=5000, delay_median_us=12.3, delay_p90_us=30.0, delay_p99_us=80.0,
+                             delay_max_us=900.0, negative_delays=0, kernels=5000, kernel_median_us=4.5, launch_call_median_us=6.0,
+                             tiny_kernels=1200, steps=steps, kernels_per_step=5000 / steps, ops_per_step=900.0,
+                             tiny_kernel_pct=24.0),
+        syncs=SyncSummary(blocked_ms_per_step=1.2, device_sync_count=0, device_sync_ms_per_step=0.0, sync_call_count=3,
+                          sync_call_ms_per_step=1.2, item_count=3, item_ms_per_step=0.4, blocking_dtoh_count=0,
+                          blocking_dtoh_ms_per_step=0.0, pageable_htod_count=2, pageable_htod_bytes=4096,
+                          pageable_htod_ms=0.01),  # fmt: skip
     )
 
 
@@ -182,11 +189,12 @@ def several_ranks_report() -> Report:
 
 
 def compiled_report() -> Report:
-    """One rank with torch.compile regions (``extra["compiled"]``), no finding."""
-    regions = [{"region": f"Torch-Compiled Region: 0/{i}", "location": f"train.py:{20 + i} in {HOSTILE}", "calls": 8,
-                "host_ms": 4.0 - i, "device_ms": 0.0, "kernels": 0, "triton_kernels": 0} for i in range(3)]  # fmt: skip
+    """One rank with torch.compile regions (``RankReport.compiled``), no finding."""
+    regions = tuple(CompiledRegion(region=f"Torch-Compiled Region: 0/{i}", function=None,
+                                   location=f"train.py:{20 + i} in {HOSTILE}", calls=8, host_ms=4.0 - i, device_ms=0.0, kernels=0, triton_kernels=0)
+                    for i in range(3))  # fmt: skip
     rank = RankReport(0, tuple(value * 1.2 for value in STEADY), {"cpu_exec": 100.0},
-                      top_ops=(OpRow(HOSTILE, 8, 36.0, 48.0, 0.0),), extra={"compiled": {"regions": regions}})  # fmt: skip
+                      top_ops=(OpRow(HOSTILE, 8, 36.0, 48.0, 0.0),), compiled=CompiledSummary(regions=regions))  # fmt: skip
     return Report(_source(), StepStats(len(STEADY), 120.06, 120.6, 0.003), (rank,))
 
 

@@ -21,6 +21,7 @@ from skalpel.api import analyze
 from skalpel.cli import main
 from skalpel.report import html, html_svg
 from skalpel.result.report import Finding, RankReport, Report, Source, StepStats
+from skalpel.result.sections import BlameSummary
 from tests.conftest import corpus
 from tests.report_fixtures import (
     EVIL,
@@ -286,7 +287,7 @@ def _blamed_report(*, category: str = "sync", label: str = "cudaStreamSynchroniz
              "top": [{"category": "data_loading", "label": "DataLoader.__next__", "ms_per_step": 3.0},
                      {"category": category, "label": label, "ms_per_step": 2.0}],
              "notes": []}  # fmt: skip
-    rank = RankReport(0, (20.0, 20.0), {"kernel": 60.0, "dataloader": 40.0}, extra={"blame": blame})
+    rank = RankReport(0, (20.0, 20.0), {"kernel": 60.0, "dataloader": 40.0}, blame=BlameSummary.from_dict(blame))
     culprits = [{"category": category, "label": label, "share_pct": 26.67, "ms_per_step": 2.0, "location": location}]
     findings = (Finding("gpu_idle", "warning", "The GPU is idle", {"culprits": culprits}, (), "", rank=0),) if with_finding else ()
     return Report(Source(("t.json",), None, "cuda", 1), StepStats(2, 20.0, 20.0, 0.0), (rank,), findings)
@@ -330,7 +331,8 @@ def test_blame_escapes_hostile_categories_labels_and_locations() -> None:
 def test_no_blame_section_without_blame() -> None:
     plain = _blamed_report()
     for report in (Report(plain.source, plain.steps, (RankReport(0, (20.0, 20.0), {}),)),
-                   Report(plain.source, plain.steps, (RankReport(0, (20.0,), {}, extra={"blame": {"steps": []}}),))):  # fmt: skip
+                   Report(plain.source, plain.steps, (RankReport(0, (20.0,), {}, blame=dataclasses.replace(
+                       plain.ranks[0].blame, steps=())),))):  # fmt: skip
         page = html.render(report)
         assert "Why the device was idle" not in page and 'id="blame"' not in page
 

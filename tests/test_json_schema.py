@@ -12,6 +12,7 @@ import pytest
 
 from skalpel.cli import main
 from skalpel.result import report as model
+from skalpel.result import sections
 from tests.conftest import corpus
 from tests.report_fixtures import full_report
 
@@ -25,6 +26,16 @@ CORPUS = (
     "hta/with_gpu_user_annotation/step_based_trace_2543932.json.gz",
     "kineto/docs/traces/after_fix_trace.json",
 )
+
+
+SECTION_DEFS = {
+    sections.LaunchSummary: "launch", sections.StepDeviceSummary: "step_device", sections.BlameSummary: "blame",
+    sections.BlameStep: "blame_step", sections.BlameCause: "blame_cause", sections.PeerWaits: "peer_waits",
+    sections.PeerStep: "peer_step", sections.PeerCause: "peer_cause", sections.SyncSummary: "syncs",
+    sections.CompileSummary: "compile", sections.CompiledSummary: "compiled",
+    sections.CompiledRegion: "compiled_region", sections.Compilation: "compilation",
+    sections.CollectiveRow: "collective_row", sections.CommSummary: "comm", sections.DistributedSummary: "distributed",
+}  # fmt: skip
 
 
 def schema(name: str) -> dict:
@@ -63,6 +74,10 @@ def test_schema_documents_every_model_field() -> None:
         model.RankGroup: defs["$defs"]["job"]["properties"]["groups"]["items"]["properties"],
         model.CollectiveSpread: defs["$defs"]["job"]["properties"]["collectives"]["items"]["properties"],
     }  # fmt: skip
+    extra = defs["$defs"]["rank"]["properties"]["extra"]["properties"]
+    assert list(extra) == list(sections.SECTIONS)  # a rank's sections are written under "extra", in this order
+    where[model.RankReport] = {**where[model.RankReport], **extra}
+    where.update({cls: defs["$defs"][name]["properties"] for cls, name in SECTION_DEFS.items()})
     missing = [f"{cls.__name__}.{f.name}" for cls, props in where.items() for f in dataclasses.fields(cls) if f.name not in props]
     assert missing == []
 
@@ -92,7 +107,7 @@ def test_analyze_json_on_corpus_traces_validates(relative: str, tmp_path: Path) 
     assert main(["analyze", str(corpus(relative)), "--json", str(out)]) == 0
     document = json.loads(out.read_text())
     validator("report.schema.json").validate(document)
-    assert json.loads(model.Report.from_dict(document).to_json()) == document  # reads back losslessly
+    assert model.Report.from_dict(document).to_json() == out.read_bytes()  # reads back to the same bytes
 
 
 def test_analyze_json_to_stdout_validates(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

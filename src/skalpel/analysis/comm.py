@@ -63,7 +63,7 @@ class RankComm:
     collectives: tuple[Collective, ...]  # the collectives inside the steps, in time order
 
     def to_summary(self) -> dict:
-        """The plain-JSON summary that goes into RankReport.extra['comm']."""
+        """The plain-JSON summary that RankReport.comm is read from (result/sections.py CommSummary)."""
         return {
             "timed_on": self.timed_on,
             "comm_ms_per_step": round(self.comm_ms_per_step, 4),

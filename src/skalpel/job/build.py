@@ -5,6 +5,7 @@ findings are judged (``assemble_report``). ``job.report_of`` is the road that co
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,16 @@ from ..result.report import (
     Report,
     Source,
     StepStats,
+)
+from ..result.sections import (
+    BlameSummary,
+    CommSummary,
+    CompiledSummary,
+    CompileSummary,
+    DistributedSummary,
+    LaunchSummary,
+    StepDeviceSummary,
+    SyncSummary,
 )
 from .across import across_ranks
 from .summary import job_summary
@@ -117,20 +128,20 @@ def _unequal_note(steps: StepSegmentation, unequal: UnequalStep) -> str:
 
 def rank_report(analyses: Analyses, rank: int) -> RankReport:
     steps = analyses.steps.for_rank(rank)
-    extra = _extra(analyses, rank)
+    sections = _extra(analyses, rank)
     breakdown = analyses.breakdown.for_rank(rank) if analyses.breakdown else None
     return RankReport(
         rank=rank,
         step_ms=tuple(round(step.duration_ms, 4) for step in steps),
         step_breakdown_pct={name: round(pct, 2) for name, pct in breakdown.pct.items()} if breakdown else {},
-        top_ops=_top_ops(analyses, rank, _compiled_names(extra.get("compiled"))),
+        top_ops=_top_ops(analyses, rank, _compiled_names(sections.get("compiled"))),
         top_kernels=_top_kernels(analyses, rank),
         data_wait_ms_per_step=round(breakdown.data_wait_ms_per_step, 4) if breakdown else None,
         gpu=_gpu_summary(analyses, rank),
         memory=_memory_summary(analyses, rank),
         mfu=_mfu_summary(analyses, rank),
-        extra=extra,
         ledger=_ledger_summary(analyses, rank),
+        **sections,
     )
 
 
@@ -210,32 +221,34 @@ def _curve_ms(curve, shift_us: float) -> tuple[tuple[float, int], ...]:
     return tuple(zip(numeric.rounded((times + shift_us) / 1000.0, 4), (value for _, value in curve)))
 
 
-def _extra(analyses: Analyses, rank: int) -> dict:
-    """Further per-rank analyses as plain dicts of numbers."""
-    extra: dict = {}
+def _extra(analyses: Analyses, rank: int) -> dict[str, Any]:
+    """Further per-rank analyses, by their RankReport field (result/sections.py), from each one's plain figures."""
+    sections: dict[str, Any] = {}
     launch = analyses.launches.for_rank(rank) if analyses.launches else None
     if launch is not None:
-        extra["launch"] = _rounded(launch.to_dict())
+        sections["launch"] = LaunchSummary.from_dict(_rounded(launch.to_dict()), check=False)
     in_steps = analyses.step_device.for_rank(rank) if analyses.step_device else None
     if in_steps is not None:
-        extra["step_device"] = _rounded({**in_steps.to_dict(), "marked": analyses.step_device.marked})
+        figures = _rounded({**in_steps.to_dict(), "marked": analyses.step_device.marked})
+        sections["step_device"] = StepDeviceSummary.from_dict(figures, check=False)
     blamed = analyses.blame.for_rank(rank) if analyses.blame is not None else None
-    if blamed is not None and blamed.idle_ms > 0:
-        extra["blame"] = blamed.to_dict()  # the steps' idle time by cause
+    if blamed is not None and blamed.idle_ms > 0:  # the steps' idle time by cause
+        sections["blame"] = BlameSummary.from_dict(blamed.to_dict(), check=False)
     sync = analyses.syncs.for_rank(rank) if analyses.syncs else None
     if sync is not None:
-        extra["syncs"] = _rounded(sync.to_dict())
+        sections["syncs"] = SyncSummary.from_dict(_rounded(sync.to_dict()), check=False)
     if analyses.compile is not None and analyses.compile.used:
-        extra["compile"] = _rounded(analyses.compile.to_dict())
+        sections["compile"] = CompileSummary.from_dict(_rounded(analyses.compile.to_dict()), check=False)
     compiled = _compiled(analyses, rank)
     if compiled:
-        extra["compiled"] = compiled
+        sections["compiled"] = CompiledSummary.from_dict(compiled, check=False)
     comm = analyses.comm.for_rank(rank) if analyses.comm else None
     if comm is not None and comm.collectives:
-        extra["comm"] = comm.to_summary()
+        sections["comm"] = CommSummary.from_dict(comm.to_summary(), check=False)
     if analyses.rank_comparison is not None:
-        extra["distributed"] = analyses.rank_comparison.summary_of(rank)
-    return extra
+        figures = analyses.rank_comparison.summary_of(rank)
+        sections["distributed"] = DistributedSummary.from_dict(figures, check=False)
+    return sections
 
 
 def _compiled(analyses: Analyses, rank: int) -> dict:
@@ -294,19 +307,19 @@ def _top_ops(analyses: Analyses, rank: int, names: dict[str, str] | None = None)
     )
 
 
-def _compiled_names(compiled: dict | None) -> dict[str, str]:
+def _compiled_names(compiled: CompiledSummary | None) -> dict[str, str]:
     """Op name -> the same name with the function it compiles, for regions and their generated graphs.
 
     Regions come largest first: a resume function's region runs inside its caller's, whose graphs
     therefore include the inner one's; the inner region, later, names its own graphs last.
     """
     names: dict[str, str] = {}
-    for row in (compiled or {}).get("regions") or ():
-        if not row.get("location"):
+    for row in compiled.regions if compiled is not None else ():
+        if not row.location:
             continue
-        names[f"Torch-Compiled Region: {row['region']}"] = f"Torch-Compiled Region: {row['region']} ({row['location']})"
-        for graph in row.get("graphs") or ():
-            names[f"## Call CompiledFxGraph {graph} ##"] = f"## Call CompiledFxGraph {graph} ## ({row['location']})"
+        names[f"Torch-Compiled Region: {row.region}"] = f"Torch-Compiled Region: {row.region} ({row.location})"
+        for graph in row.graphs:
+            names[f"## Call CompiledFxGraph {graph} ##"] = f"## Call CompiledFxGraph {graph} ## ({row.location})"
     return names
 
 

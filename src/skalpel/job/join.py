@@ -43,6 +43,7 @@ from ..diagnose.registry import JOB_RULES, judged_rules
 from ..diagnose.rule import JobContext, NotJudged
 from ..errors import TraceError
 from ..result.report import CaptureInfo, Finding, Report
+from ..result.sections import DistributedSummary, PeerWaits
 from ..trace.loader import collector_paused, drop_duplicate_ranks, skipped_notes
 from ..trace.model import RankInfo
 from .build import assemble_report, memory_summary
@@ -281,7 +282,7 @@ def _late_peers(summaries: list[RankSummary], analyses: Analyses, shifts: dict[i
         return {}
     requests = [SplitRequest(s.info.rank, s.collective_waits, comparison.arrivals(s.info.rank), shifts[s.info.rank],
                              offsets[s.info.rank])  # moved onto the job's clock as they are split
-                for s in summaries if s.collective_waits is not None and "blame" in s.report.extra]  # fmt: skip
+                for s in summaries if s.collective_waits is not None and s.report.blame is not None]  # fmt: skip
     return {request.rank: (peers, request.waits.step_numbers) for request, peers in zip(requests, split(requests))}
 
 
@@ -331,8 +332,9 @@ def _rank_report(summary: RankSummary, analyses: Analyses, shift: float,
     report = dataclasses.replace(summary.report, memory=memory_summary(summary.memory, shift_us=shift))
     comparison = analyses.rank_comparison
     if comparison is not None:
-        report = dataclasses.replace(report, extra={**report.extra, "distributed": comparison.summary_of(summary.info.rank)})
-    if peers is not None:  # the collective wait by late peer
-        split = peers[0].to_dict(peers[1])
-        report = dataclasses.replace(report, extra={**report.extra, "blame": {**report.extra["blame"], "collective_wait_by_peer": split}})
+        figures = comparison.summary_of(summary.info.rank)
+        report = dataclasses.replace(report, distributed=DistributedSummary.from_dict(figures, check=False))
+    if peers is not None and report.blame is not None:  # the collective wait by late peer
+        split = PeerWaits.from_dict(peers[0].to_dict(peers[1]), check=False)
+        report = dataclasses.replace(report, blame=dataclasses.replace(report.blame, collective_wait_by_peer=split))
     return report

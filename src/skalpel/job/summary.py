@@ -19,6 +19,7 @@ from typing import Iterable
 from ..analysis import numeric
 from ..diagnose import thresholds
 from ..result.report import CollectiveSpread, JobSummary, MetricSpread, RankGroup, RankReport, rank_ranges
+from ..result.sections import CollectiveRow
 
 FIGURES = (  # name, label, unit
     ("step_ms", "step time", "ms"),
@@ -40,15 +41,12 @@ def rank_figures(rank: RankReport) -> dict[str, float]:
         figures["step_ms"] = numeric.median(rank.step_ms)
     if rank.gpu is not None:
         figures["compute_pct"] = rank.gpu.compute_pct
-    comm = rank.extra.get("comm") or {}
-    if comm.get("comm_ms_per_step") is not None:
-        figures["comm_ms"] = float(comm["comm_ms_per_step"])
-    distributed = rank.extra.get("distributed") or {}
-    if distributed.get("wait_ms_per_step") is not None:
-        figures["wait_ms"] = float(distributed["wait_ms_per_step"])
-    in_steps = rank.extra.get("step_device") or {}
-    if in_steps.get("marked") and in_steps.get("idle_pct") is not None:
-        figures["idle_pct"] = float(in_steps["idle_pct"])
+    if rank.comm is not None:
+        figures["comm_ms"] = float(rank.comm.comm_ms_per_step)
+    if rank.distributed is not None and rank.distributed.wait_ms_per_step is not None:
+        figures["wait_ms"] = float(rank.distributed.wait_ms_per_step)
+    if rank.step_device is not None and rank.step_device.marked:
+        figures["idle_pct"] = float(rank.step_device.idle_pct)
     elif rank.gpu is not None:
         figures["idle_pct"] = rank.gpu.idle_pct
     return figures
@@ -79,20 +77,20 @@ SLOWEST_RANKS = 3
 def collectives(ranks: list[RankReport]) -> tuple[CollectiveSpread, ...]:
     """Each type of collective over the ranks that ran it, most time per step first; its slowest ranks are those
     whose bus bandwidth after the last rank arrived (the link's, without the waits) is well below the median's."""
-    rows: dict[str, list[tuple[int, dict, float | None]]] = {}
+    rows: dict[str, list[tuple[int, CollectiveRow, float | None]]] = {}
     for rank in ranks:
-        transfer = (rank.extra.get("distributed") or {}).get("transfer_busbw_gbps") or {}
-        for row in (rank.extra.get("comm") or {}).get("by_type") or ():
-            rows.setdefault(row["type"], []).append((rank.rank, row, transfer.get(row["type"])))
+        transfer = (rank.distributed.transfer_busbw_gbps if rank.distributed is not None else None) or {}
+        for row in rank.comm.by_type if rank.comm is not None else ():
+            rows.setdefault(row.type, []).append((rank.rank, row, transfer.get(row.type)))
     spreads = []
     for kind, items in rows.items():
-        times = [float(row["ms_per_step"]) for _, row, _ in items]
+        times = [float(row.ms_per_step) for _, row, _ in items]
         p50, p90 = numeric.percentiles(times, (50, 90))
-        whole = {rank: float(row["busbw_gbps"]) for rank, row, _ in items if row.get("busbw_gbps") is not None}
+        whole = {rank: float(row.busbw_gbps) for rank, row, _ in items if row.busbw_gbps is not None}
         moved = {rank: float(value) for rank, _, value in items if value is not None}
         slow = moved or whole
         spreads.append(CollectiveSpread(
-            type=kind, ranks=len(items), calls_per_step=round(numeric.median([float(row["calls_per_step"]) for _, row, _ in items]), 3),
+            type=kind, ranks=len(items), calls_per_step=round(numeric.median([float(row.calls_per_step) for _, row, _ in items]), 3),
             ms_per_step_p50=round(p50, 4), ms_per_step_p90=round(p90, 4), ms_per_step_max=round(max(times), 4),
             **_bandwidth("busbw_gbps", whole), **_bandwidth("transfer_busbw_gbps", moved),
             slowest=_slowest(slow),

@@ -110,9 +110,8 @@ def _step_times(report: Report) -> list[list[float]]:
 def _blamed(report: Report, cause: str | None) -> list[list[float]]:
     rows = []
     for rank in report.ranks:
-        steps = ((rank.extra.get("blame") or {}).get("steps") or [])[:HEATMAP_STEPS]
-        rows.append([float(step.get("idle_ms", 0.0)) if cause is None else float((step.get("ms") or {}).get(cause, 0.0))
-                     for step in steps])  # fmt: skip
+        steps = rank.blame.steps[:HEATMAP_STEPS] if rank.blame is not None else ()
+        rows.append([float(step.idle_ms) if cause is None else float(step.ms.get(cause, 0.0)) for step in steps])
     return rows
 
 

@@ -11,6 +11,7 @@ from html import escape
 from typing import Any, Iterable, Sequence
 
 from ..result.report import Finding, RankReport, Report, sorted_findings
+from ..result.sections import BlameSummary, DistributedSummary
 from . import html_svg as svg
 from .evidence import evidence_text, mfu_text
 
@@ -100,9 +101,9 @@ def _numbers(report: Report) -> str:
     if rank and rank.step_breakdown_pct:
         top = sorted(rank.step_breakdown_pct.items(), key=lambda item: -item[1])[:3]
         text += "; step time: " + ", ".join(f"{name} {value:.1f}%" for name, value in top)
-    in_steps = rank.extra.get("step_device") if rank else None
-    if rank and rank.gpu and in_steps and in_steps.get("marked"):  # the steps the user waits for, then HTA's span
-        text += f"; GPU idle {in_steps['idle_pct']:.1f}% of the steps (HTA, first to last device event: {rank.gpu.idle_pct:.1f}%)"
+    in_steps = rank.step_device if rank else None
+    if rank and rank.gpu and in_steps is not None and in_steps.marked:  # the steps the user waits for, then HTA's span
+        text += f"; GPU idle {in_steps.idle_pct:.1f}% of the steps (HTA, first to last device event: {rank.gpu.idle_pct:.1f}%)"
     elif rank and rank.gpu:
         text += f"; GPU idle {rank.gpu.idle_pct:.1f}%"
     return text + "."
@@ -210,8 +211,7 @@ def blame(report: Report) -> str:
     No section where no rank carries a blame (reports written before it existed). On a CPU-only trace the
     idle time is the main thread's, outside its ops (``waits_on``).
     """
-    blamed = [(rank, rank.extra.get("blame")) for rank in report.ranks[:DETAIL_RANKS]]
-    blamed = [(rank, found) for rank, found in blamed if isinstance(found, dict) and found.get("steps")]
+    blamed = [(rank, rank.blame) for rank in report.ranks[:DETAIL_RANKS] if rank.blame is not None and rank.blame.steps]
     if not blamed:
         return ""
     body = ['<p class="note">Every idle interval of a step is charged to what held the device back: one bar per '
@@ -223,32 +223,30 @@ def blame(report: Report) -> str:
         body.append(_blame_rank(report, rank, found))
     if len(report.ranks) > DETAIL_RANKS:
         body.append(f'<p class="note">The first {DETAIL_RANKS} of {len(report.ranks)} ranks.</p>')
-    cpu = all(found.get("waits_on") == "main thread" for _, found in blamed)
+    cpu = all(found.waits_on == "main thread" for _, found in blamed)
     return section("blame", "Why the main thread's compute was idle" if cpu else "Why the device was idle", "".join(body))
 
 
-def _blame_rank(report: Report, rank: RankReport, found: dict) -> str:
-    unit = {"step": "step", "iteration": "iteration"}.get(str(found.get("unit")), "window")
-    steps = list(found["steps"])
+def _blame_rank(report: Report, rank: RankReport, found: BlameSummary) -> str:
+    unit = {"step": "step", "iteration": "iteration"}.get(str(found.unit), "window")
+    steps = list(found.steps)
     note = ""
     if len(steps) > BLAME_STEPS:
         every = -(-len(steps) // BLAME_STEPS)
         note = f'<p class="note">{len(steps)} {unit}s: every {every}th shown.</p>'
         steps = steps[::every]
-    rows = [(f"{unit} {step.get('number', i)}" if unit != "window" else "window",
-             {str(key): float(value) for key, value in (step.get("ms") or {}).items()})
-            for i, step in enumerate(steps)]  # fmt: skip
-    idle = found.get("idle_ms_per_step")
-    head = f'<p class="note">Idle {float(idle):.2f} ms per {unit}.</p>' if isinstance(idle, (int, float)) else ""
-    what = "main thread" if found.get("waits_on") == "main thread" else "device"
+    rows = [(f"{unit} {step.number}" if unit != "window" else "window",
+             {str(key): float(value) for key, value in step.ms.items()}) for step in steps]  # fmt: skip
+    head = f'<p class="note">Idle {float(found.idle_ms_per_step):.2f} ms per {unit}.</p>'
+    what = "main thread" if found.waits_on == "main thread" else "device"
     chart = svg.blame_bars(rows, label=f"{what} idle time by cause per {unit}")
     return head + note + chart + _blame_top(report, rank, found) + "".join(
-        f'<p class="note">{escape(str(text))}</p>' for text in (found.get("notes") or ())[:5])  # fmt: skip
+        f'<p class="note">{escape(str(text))}</p>' for text in found.notes[:5])  # fmt: skip
 
 
-def _blame_top(report: Report, rank: RankReport, found: dict) -> str:
+def _blame_top(report: Report, rank: RankReport, found: BlameSummary) -> str:
     """The largest causes; their lines come from gpu_idle's culprits, the rule that locates them in the trace."""
-    top = [item for item in found.get("top") or () if isinstance(item, dict)]
+    top = found.top
     if not top:
         return ""
     lines: dict[tuple[str, str], str] = {}
@@ -257,14 +255,13 @@ def _blame_top(report: Report, rank: RankReport, found: dict) -> str:
             for culprit in finding.evidence.get("culprits") or ():
                 if isinstance(culprit, dict) and culprit.get("location"):
                     lines.setdefault((str(culprit.get("category")), str(culprit.get("label"))), str(culprit["location"]))
-    idle = found.get("idle_ms_per_step") or 0.0
+    idle = found.idle_ms_per_step
     rows = []
     for item in top:
-        ms = item.get("ms_per_step")
-        share = 100.0 * ms / idle if isinstance(ms, (int, float)) and idle else None
-        key = (str(item.get("category")), str(item.get("label")))
-        rows.append(f'<tr><td class="mono">{escape(key[0])}</td>' + name_cell(key[1])
-                    + num(ms, f"{ms:.3f}" if isinstance(ms, (int, float)) else None)
+        ms = item.ms_per_step
+        share = 100.0 * ms / idle if idle else None
+        key = (str(item.category), str(item.label))
+        rows.append(f'<tr><td class="mono">{escape(key[0])}</td>' + name_cell(key[1]) + num(ms, f"{ms:.3f}")
                     + num(share, f"{share:.1f}" if share is not None else None)
                     + name_cell(lines.get(key, "–")) + "</tr>")  # fmt: skip
     headers = [("cause", False), ("what", False), ("ms per step", True), ("share of idle %", True), ("where", False)]
@@ -322,7 +319,7 @@ def _kernels_table(rank: RankReport) -> str:
 
 
 def _regions_table(rank: RankReport, device: bool) -> str:
-    regions = (rank.extra.get("compiled") or {}).get("regions")
+    regions = rank.compiled.regions if rank.compiled is not None else ()
     if not regions:
         return ""
     headers = [("region", False), ("compiled function", False), ("calls", True), ("host ms", True)]
@@ -330,11 +327,11 @@ def _regions_table(rank: RankReport, device: bool) -> str:
     headers += [("generated graphs", False)]
     rows = []
     for row in regions[:TABLE_ROWS]:
-        cells = [name_cell(row["region"]), name_cell(row.get("location") or "unknown (no compile log)"), num(row["calls"]),
-                 num(row["host_ms"], f"{row['host_ms']:.3f}")]  # fmt: skip
+        cells = [name_cell(row.region), name_cell(row.location or "unknown (no compile log)"), num(row.calls),
+                 num(row.host_ms, f"{row.host_ms:.3f}")]  # fmt: skip
         if device:
-            cells += [num(row["device_ms"], f"{row['device_ms']:.3f}"), num(row["kernels"]), num(row["triton_kernels"])]
-        cells.append(name_cell(", ".join(row.get("graphs") or ())))
+            cells += [num(row.device_ms, f"{row.device_ms:.3f}"), num(row.kernels), num(row.triton_kernels)]
+        cells.append(name_cell(", ".join(row.graphs)))
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return "<h3>torch.compile regions and the functions they compile</h3>" + table(headers, rows)
 
@@ -384,8 +381,7 @@ def ranks(report: Report) -> str:
     categories = sorted({c for r in report.ranks for c in r.step_breakdown_pct})
     headers = [("rank", True), ("median step ms", True), ("GPU idle %", True), ("peak memory", True)]
     headers += [(f"{c} %", True) for c in categories]
-    figures = ("comm_ms_per_step", "wait_ms_per_step", "clock_offset_us", "last_arrivals")  # analysis/ranks.py
-    distributed = any(r.extra.get("distributed") for r in report.ranks)
+    distributed = any(r.distributed is not None and r.distributed.measured for r in report.ranks)
     if distributed:
         headers += [("comm ms/step", True), ("wait ms/step", True), ("clock offset us", True), ("last to arrive", True)]
     rows = []
@@ -396,7 +392,9 @@ def ranks(report: Report) -> str:
                  num(r.gpu.idle_pct if r.gpu else None), num(peak, fmt_bytes(peak) if peak is not None else None)]  # fmt: skip
         cells += [num(r.step_breakdown_pct.get(c), f"{r.step_breakdown_pct.get(c, 0):.1f}") for c in categories]
         if distributed:
-            cells += [num((r.extra.get("distributed") or {}).get(key)) for key in figures]
+            figures = r.distributed or DistributedSummary()
+            cells += [num(figures.comm_ms_per_step), num(figures.wait_ms_per_step), num(figures.clock_offset_us),
+                      num(figures.last_arrivals)]  # fmt: skip
         rows.append("<tr>" + "".join(cells) + "</tr>")
     medians = [(f"rank {r.rank}", {"median step ms": statistics.median(r.step_ms)})
                for r in report.ranks[:CHART_RANKS] if r.step_ms]  # fmt: skip

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from ..display import cut_name, for_terminal, plain
 from ..result.report import Finding, RankReport, Report, sorted_findings
+from ..result.sections import BlameSummary, CompiledRegion
 from .evidence import evidence_text, mfu_text
 from .terminal_comm import comm_line, ranks_table
 from .terminal_job import alike_line, brief_panel, detailed_ranks, job_panel, summarised
@@ -198,28 +199,29 @@ def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Pan
         gpu = rank.gpu
         idle = ", ".join(f"{key} {value:.1f}%" for key, value in gpu.idle_breakdown_pct.items())
         overlap = f", comm overlap {gpu.comm_overlap_pct:.1f}%" if gpu.comm_overlap_pct is not None else ""
-        in_steps = rank.extra.get("step_device")
-        if in_steps and in_steps.get("marked"):  # the steps the user waits for; HTA's span follows
-            parts.append(Text(f"GPU in marked steps: busy {in_steps['busy_pct']:.1f}%, idle {in_steps['idle_pct']:.1f}% "
-                              f"({in_steps['idle_ms_per_step']:.2f} ms/step)"))  # fmt: skip
-        blamed = rank.extra.get("blame")
-        causes = sorted((blamed or {}).get("share_pct", {}).items(), key=lambda item: -item[1])
+        in_steps = rank.step_device
+        marked = in_steps is not None and in_steps.marked
+        if in_steps is not None and marked:  # the steps the user waits for; HTA's span follows
+            parts.append(Text(f"GPU in marked steps: busy {in_steps.busy_pct:.1f}%, idle {in_steps.idle_pct:.1f}% "
+                              f"({in_steps.idle_ms_per_step:.2f} ms/step)"))  # fmt: skip
+        blamed = rank.blame
+        causes = sorted(blamed.share_pct.items() if blamed is not None else (), key=lambda item: -item[1])
         causes = [(key, value) for key, value in causes if value >= 0.5][:4]
-        if causes:  # the marked steps' idle time (the line above), or the window's, by what held the device back
-            where = "idle" if in_steps and in_steps.get("marked") else "GPU idle in the window (no markers)"
+        if blamed is not None and causes:  # the marked steps' idle time (the line above), or the window's, by cause
+            where = "idle" if marked else "GPU idle in the window (no markers)"
             parts.append(Text(f"  {where} by cause: " + ", ".join(_cause(blamed, key, value) for key, value in causes)
                               + " (skalpel explain blame)"))  # fmt: skip
         parts.append(
             Text(f"GPU (HTA, first to last device event): idle {gpu.idle_pct:.1f}% ({idle}), compute {gpu.compute_pct:.1f}%, "
                  f"non-compute {gpu.non_compute_pct:.1f}%{overlap}")
         )  # fmt: skip
-    elif (rank.extra.get("blame") or {}).get("waits_on") == "main thread":  # CPU-only: the main thread's waits
-        shares = sorted(rank.extra["blame"].get("share_pct", {}).items(), key=lambda item: -item[1])
+    elif rank.blame is not None and rank.blame.waits_on == "main thread":  # CPU-only: the main thread's waits
+        blamed = rank.blame
+        shares = sorted(blamed.share_pct.items(), key=lambda item: -item[1])
         shares = [(key, value) for key, value in shares if value >= 0.5][:4]
         if shares:
-            idle = rank.extra["blame"].get("idle_ms_per_step", 0.0)
-            parts.append(Text(f"main thread outside its ops {idle:.2f} ms/step, by cause: "
-                              + ", ".join(_cause(rank.extra["blame"], key, value) for key, value in shares)
+            parts.append(Text(f"main thread outside its ops {blamed.idle_ms_per_step:.2f} ms/step, by cause: "
+                              + ", ".join(_cause(blamed, key, value) for key, value in shares)
                               + " (skalpel explain blame)"))  # fmt: skip
     communication = comm_line(rank)
     if communication is not None:
@@ -232,7 +234,7 @@ def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Pan
         parts.append(Text(mfu_text(rank.mfu)))
     if rank.top_ops:
         parts.append(_ops_table(rank, device=report.has_device))
-    regions = (rank.extra.get("compiled") or {}).get("regions")
+    regions = rank.compiled.regions if rank.compiled is not None else ()
     if regions:
         parts.append(_regions_table(regions, device=report.has_device))
     if not parts:
@@ -260,10 +262,11 @@ def _ledger_lines(rank: RankReport) -> list[Text]:
     return lines
 
 
-def _cause(blamed: dict, key: str, share: float) -> str:
+def _cause(blamed: BlameSummary, key: str, share: float) -> str:
     """One cause of the blame line; a collective wait says whom it mostly waited for (several ranks compared)."""
     text = f"{key} {share:.0f}%"
-    mostly = (blamed.get("collective_wait_by_peer") or {}).get("mostly") if key == "collective_wait" else None
+    peers = blamed.collective_wait_by_peer
+    mostly = peers.mostly if peers is not None and key == "collective_wait" else None
     if mostly is not None and mostly.startswith("rank "):
         return f"{text} (mostly for {mostly})"
     return f"{text} (mostly transfer)" if mostly == "transfer" else text
@@ -300,7 +303,7 @@ def _ops_table(rank: RankReport, *, device: bool, rows: int = TOP_OPS) -> Table:
     return table
 
 
-def _regions_table(regions: list[dict], *, device: bool) -> Table:
+def _regions_table(regions: tuple[CompiledRegion, ...], *, device: bool) -> Table:
     table = Table(title="torch.compile regions (ms over the profiled steps)", title_justify="left", expand=False)
     table.add_column("region", no_wrap=True)
     table.add_column("compiled function", overflow="fold", min_width=20, max_width=60)
@@ -311,10 +314,10 @@ def _regions_table(regions: list[dict], *, device: bool) -> Table:
         table.add_column("kernels (Triton)", justify="right", no_wrap=True)
     for row in regions[:TOP_OPS]:
         # Names from the trace header go to rich as Text, never as markup.
-        cells = [Text(str(row["region"])), Text(str(row.get("location") or "unknown (no compile log)")), str(row["calls"]),
-                 f"{row['host_ms']:.2f}"]  # fmt: skip
+        cells = [Text(str(row.region)), Text(str(row.location or "unknown (no compile log)")), str(row.calls),
+                 f"{row.host_ms:.2f}"]  # fmt: skip
         if device:
-            cells += [f"{row['device_ms']:.2f}", f"{row['kernels']} ({row['triton_kernels']})"]
+            cells += [f"{row.device_ms:.2f}", f"{row.kernels} ({row.triton_kernels})"]
         table.add_row(*cells)
     return table
 

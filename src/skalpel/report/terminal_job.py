@@ -215,9 +215,9 @@ def brief_panel(report: Report, rank: RankReport) -> Panel:
         step = f"step {numeric.median(rank.step_ms):.2f} ms: " if rank.step_ms else "step: "
         parts.append(_line(step + ", ".join(f"{name} {value:.0f}%" for name, value in shares if value >= BRIEF_SHARES)))
     what = []
-    comm = rank.extra.get("comm")
-    if comm and comm.get("by_type"):
-        what.append(", ".join(f"{row['type']} {row['ms_per_step']:.2f}" for row in comm["by_type"][:3]) + " ms/step")
+    comm = rank.comm
+    if comm is not None and comm.by_type:
+        what.append(", ".join(f"{row.type} {row.ms_per_step:.2f}" for row in comm.by_type[:3]) + " ms/step")
     elif rank.gpu is not None:
         what.append(f"GPU idle {rank.gpu.idle_pct:.1f}%, compute {rank.gpu.compute_pct:.1f}%")
     ops = [row for row in rank.top_ops if classify("cpu_op", row.name, "X") is not Kind.COMM_OP][:BRIEF_OPS]

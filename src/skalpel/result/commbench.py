@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from ..errors import SkalpelError
-from .report import Report
+from .report import RankReport, Report
 
 SCHEMA = "skalpel.result.commbench/1"
 
@@ -107,7 +107,7 @@ def compare(report: Report, bench: CommBench) -> Report:
     """The report with each collective type's achieved busbw set against commbench's at the same size.
 
     Adds ``commbench_busbw_gbps`` and ``vs_commbench_pct`` to the rows of
-    ``RankReport.extra['comm']['by_type']`` (and ``transfer_vs_commbench_pct``, the busbw
+    ``RankReport.comm.by_type`` (and ``transfer_vs_commbench_pct``, the busbw
     after the last rank arrived, for multi-rank reports), and a note saying what was compared.
     """
     ranks = tuple(_compare_rank(rank, bench) for rank in report.ranks)
@@ -119,23 +119,23 @@ def compare(report: Report, bench: CommBench) -> Report:
     return dataclasses.replace(report, ranks=ranks, warnings=warnings + (note,))
 
 
-def _compare_rank(rank, bench: CommBench):
-    comm = rank.extra.get("comm")
-    if not comm:
+def _compare_rank(rank: RankReport, bench: CommBench) -> RankReport:
+    comm = rank.comm
+    if comm is None:
         return rank
-    transfer = (rank.extra.get("distributed") or {}).get("transfer_busbw_gbps", {})
+    transfer = (rank.distributed.transfer_busbw_gbps if rank.distributed is not None else None) or {}
     rows = []
-    for row in comm.get("by_type", ()):
-        row = dict(row)
-        measured = bench.busbw_at(row["type"], int(row.get("median_bytes") or 0))
-        if measured is not None and measured.busbw_gbps > 0 and row.get("busbw_gbps"):
-            row["commbench_busbw_gbps"] = round(measured.busbw_gbps, 4)
-            row["vs_commbench_pct"] = round(100.0 * row["busbw_gbps"] / measured.busbw_gbps, 1)
-            if row["type"] in transfer:  # without the wait for later ranks: the transfer itself
-                row["transfer_vs_commbench_pct"] = round(100.0 * transfer[row["type"]] / measured.busbw_gbps, 1)
+    for row in comm.by_type:
+        measured = bench.busbw_at(row.type, int(row.median_bytes or 0))
+        if measured is not None and measured.busbw_gbps > 0 and row.busbw_gbps:
+            moved = row.transfer_vs_commbench_pct
+            if row.type in transfer:  # without the wait for later ranks: the transfer itself
+                moved = round(100.0 * transfer[row.type] / measured.busbw_gbps, 1)
+            row = dataclasses.replace(row, commbench_busbw_gbps=round(measured.busbw_gbps, 4),
+                                      vs_commbench_pct=round(100.0 * row.busbw_gbps / measured.busbw_gbps, 1),
+                                      transfer_vs_commbench_pct=moved)  # fmt: skip
         rows.append(row)
-    extra = dict(rank.extra, comm=dict(comm, by_type=rows))
-    return dataclasses.replace(rank, extra=extra)
+    return dataclasses.replace(rank, comm=dataclasses.replace(comm, by_type=tuple(rows)))
 
 
 def _log2(value: int) -> float:

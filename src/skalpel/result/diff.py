@@ -226,9 +226,9 @@ def _region_times(report: Report) -> dict[str, float]:
     """Host ms per step in each compiled region, keyed by the function it compiles (region ids differ between runs)."""
     totals: dict[str, float] = {}
     for rank in report.ranks:
-        for row in (rank.extra.get("compiled") or {}).get("regions") or ():
-            name = f"compiled: {row.get('location') or row.get('region')}"
-            totals[name] = totals.get(name, 0.0) + float(row.get("host_ms") or 0.0)
+        for row in rank.compiled.regions if rank.compiled is not None else ():
+            name = f"compiled: {row.location or row.region}"
+            totals[name] = totals.get(name, 0.0) + float(row.host_ms or 0.0)
     steps = _steps_counted(report)
     return {name: value / steps for name, value in totals.items()}
 

@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from .checked import ReportFormatError, build, checked, items, kind, required
+from .sections import (
+    SECTIONS,
+    BlameSummary,
+    CommSummary,
+    CompiledSummary,
+    CompileSummary,
+    DistributedSummary,
+    LaunchSummary,
+    StepDeviceSummary,
+    SyncSummary,
+)
 
 SCHEMA = "skalpel.report/1"
 SEVERITIES = ("critical", "warning", "info")
@@ -400,8 +412,37 @@ class RankReport:
     top_kernels: tuple[KernelRow, ...] = ()
     data_wait_ms_per_step: float | None = None
     mfu: MfuSummary | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # further analyses: launch delays, syncs, comm
+    # further analyses (result/sections.py), written under "extra" by name: absent where the rank has none
+    launch: LaunchSummary | None = None
+    step_device: StepDeviceSummary | None = None
+    blame: BlameSummary | None = None
+    syncs: SyncSummary | None = None
+    compile: CompileSummary | None = None
+    compiled: CompiledSummary | None = None
+    comm: CommSummary | None = None
+    distributed: DistributedSummary | None = None
     ledger: LedgerSummary | None = None  # every millisecond of every unit by cause; None in reports before it
+
+    @property
+    def extra(self) -> dict[str, dict[str, Any]]:
+        """The sections as the JSON's ``extra`` holds them: by name, in ``SECTIONS`` order, each as plain data."""
+        return {name: section.to_dict() for name in SECTIONS if (section := getattr(self, name)) is not None}
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        return self._laid_out({name: data[name] for name in _RANK_FIELDS})
+
+    def _laid_out(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """The rank as JSON lays it out: its own fields, and ``extra`` (the sections) before ``ledger``."""
+        ledger = fields.pop("ledger")
+        return {**fields, "extra": self.extra, "ledger": ledger}
+
+    def json_fields(self) -> dict[str, Any]:
+        """``to_dict`` one level down: the fields' values as they are, for orjson to walk."""
+        return self._laid_out({name: getattr(self, name) for name in _RANK_FIELDS})
+
+
+_RANK_FIELDS = tuple(spec.name for spec in dataclasses.fields(RankReport) if spec.name not in SECTIONS)
 
 
 @dataclass(frozen=True)
@@ -424,11 +465,13 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data; the answer (findings, most severe first) leads, after the schema id."""
         data = dataclasses.asdict(self)
+        data["ranks"] = tuple(rank.to_dict() for rank in self.ranks)
         return {"schema": data.pop("schema"), "findings": data.pop("findings"), **data}
 
     def to_json(self) -> bytes:
         """``to_dict`` as JSON; orjson walks the dataclasses itself, some fifty times faster than ``asdict``."""
         fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        fields["ranks"] = [rank.json_fields() for rank in self.ranks]
         data = {"schema": fields.pop("schema"), "findings": fields.pop("findings"), **fields}
         return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
 
@@ -439,14 +482,14 @@ class Report:
             raise ReportFormatError("the document is not a JSON object")
         if data.get("schema") != SCHEMA:
             raise ReportFormatError(f"not a {SCHEMA} document (schema: {data.get('schema')!r})")
-        ranks = tuple(_rank_from_dict(rank, f"ranks[{i}]") for i, rank in enumerate(_list(data, "ranks", "")))
+        ranks = tuple(_rank_from_dict(rank, f"ranks[{i}]") for i, rank in enumerate(items(data, "ranks", "")))
         return cls(
-            source=_build(Source, _required(data, "source", ""), "source"),
-            steps=_build(StepStats, _required(data, "steps", ""), "steps"),
+            source=build(Source, required(data, "source", ""), "source"),
+            steps=build(StepStats, required(data, "steps", ""), "steps"),
             ranks=ranks,
-            findings=tuple(_finding_from_dict(item, f"findings[{i}]") for i, item in enumerate(_list(data, "findings", ""))),
-            capture=_build(CaptureInfo, data["capture"], "capture") if data.get("capture") else None,
-            warnings=_checked(tuple(_list(data, "warnings", "")), tuple[str, ...], "warnings"),
+            findings=tuple(_finding_from_dict(item, f"findings[{i}]") for i, item in enumerate(items(data, "findings", ""))),
+            capture=build(CaptureInfo, data["capture"], "capture") if data.get("capture") else None,
+            warnings=checked(tuple(items(data, "warnings", "")), tuple[str, ...], "warnings"),
             job=_job_from_dict(data["job"], "job") if data.get("job") else None,
         )
 
@@ -455,134 +498,56 @@ class Report:
         return cls.from_dict(orjson.loads(text))
 
 
-class ReportFormatError(ValueError):
-    """A report document that does not have the shape of skalpel.report/1; the message names the field."""
-
-
 def _finding_from_dict(data: Any, where: str) -> Finding:
     if isinstance(data, dict) and data.get("across"):
-        data = {**data, "across": _build(AcrossRanks, data["across"], f"{where}.across")}
-    return _build(Finding, data, where)
+        data = {**data, "across": build(AcrossRanks, data["across"], f"{where}.across")}
+    finding = build(Finding, data, where)
+    if finding.severity not in SEVERITIES:
+        raise ReportFormatError(f"{where}.severity: expected one of {', '.join(SEVERITIES)}, got {finding.severity!r}")
+    return finding
 
 
 def _job_from_dict(data: Any, where: str) -> JobSummary:
     if not isinstance(data, dict):
-        raise ReportFormatError(f"{where}: expected an object, got {_kind(data)}")
+        raise ReportFormatError(f"{where}: expected an object, got {kind(data)}")
     values = dict(data)
-    values["metrics"] = tuple(_build(MetricSpread, item, f"{where}.metrics[{i}]")
-                              for i, item in enumerate(_list(data, "metrics", where)))  # fmt: skip
-    values["groups"] = tuple(_build(RankGroup, item, f"{where}.groups[{i}]") for i, item in enumerate(_list(data, "groups", where)))
-    values["collectives"] = tuple(_build(CollectiveSpread, item, f"{where}.collectives[{i}]")
-                                  for i, item in enumerate(_list(data, "collectives", where)))  # fmt: skip
-    return _build(JobSummary, values, where)
+    values["metrics"] = tuple(build(MetricSpread, item, f"{where}.metrics[{i}]")
+                              for i, item in enumerate(items(data, "metrics", where)))  # fmt: skip
+    values["groups"] = tuple(build(RankGroup, item, f"{where}.groups[{i}]") for i, item in enumerate(items(data, "groups", where)))
+    values["collectives"] = tuple(build(CollectiveSpread, item, f"{where}.collectives[{i}]")
+                                  for i, item in enumerate(items(data, "collectives", where)))  # fmt: skip
+    return build(JobSummary, values, where)
 
 
 def _rank_from_dict(data: Any, where: str) -> RankReport:
     if not isinstance(data, dict):
-        raise ReportFormatError(f"{where}: expected an object, got {_kind(data)}")
+        raise ReportFormatError(f"{where}: expected an object, got {kind(data)}")
     values = dict(data)
-    values["gpu"] = _build(GpuSummary, data["gpu"], f"{where}.gpu") if data.get("gpu") else None
-    values["memory"] = _build(MemorySummary, data["memory"], f"{where}.memory") if data.get("memory") else None
-    values["mfu"] = _build(MfuSummary, data["mfu"], f"{where}.mfu") if data.get("mfu") else None
+    values["gpu"] = build(GpuSummary, data["gpu"], f"{where}.gpu") if data.get("gpu") else None
+    values["memory"] = build(MemorySummary, data["memory"], f"{where}.memory") if data.get("memory") else None
+    values["mfu"] = build(MfuSummary, data["mfu"], f"{where}.mfu") if data.get("mfu") else None
     values["ledger"] = _ledger_from_dict(data["ledger"], f"{where}.ledger") if data.get("ledger") else None
-    values["top_ops"] = tuple(_build(OpRow, row, f"{where}.top_ops[{i}]") for i, row in enumerate(_list(data, "top_ops", where)))
+    values["top_ops"] = tuple(build(OpRow, row, f"{where}.top_ops[{i}]") for i, row in enumerate(items(data, "top_ops", where)))
     values["top_kernels"] = tuple(
-        _build(KernelRow, row, f"{where}.top_kernels[{i}]") for i, row in enumerate(_list(data, "top_kernels", where))
+        build(KernelRow, row, f"{where}.top_kernels[{i}]") for i, row in enumerate(items(data, "top_kernels", where))
     )
-    return _build(RankReport, values, where)
+    extra = data.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise ReportFormatError(f"{where}.extra: expected an object, got {kind(extra)}")
+    for name, section in SECTIONS.items():
+        if extra.get(name) is not None:
+            values[name] = section.from_dict(extra[name], f"{where}.extra.{name}")
+    return build(RankReport, values, where)
 
 
 def _ledger_from_dict(data: Any, where: str) -> LedgerSummary:
     if not isinstance(data, dict):
-        raise ReportFormatError(f"{where}: expected an object, got {_kind(data)}")
+        raise ReportFormatError(f"{where}: expected an object, got {kind(data)}")
     lanes = []
-    for i, lane in enumerate(_list(data, "lanes", where)):
+    for i, lane in enumerate(items(data, "lanes", where)):
         at = f"{where}.lanes[{i}]"
         if not isinstance(lane, dict):
-            raise ReportFormatError(f"{at}: expected an object, got {_kind(lane)}")
-        units = tuple(_build(LedgerUnitRow, unit, f"{at}.units[{j}]") for j, unit in enumerate(_list(lane, "units", at)))
-        lanes.append(_build(LedgerLane, {**lane, "units": units}, at))
-    return _build(LedgerSummary, {**data, "lanes": tuple(lanes)}, where)
-
-
-def _build(cls: type, data: Any, where: str) -> Any:
-    """Construct a dataclass from a dict, checking each field's type; unknown keys are ignored."""
-    if not isinstance(data, dict):
-        raise ReportFormatError(f"{where}: expected an object, got {_kind(data)}")
-    hints = typing.get_type_hints(cls)
-    values = {}
-    for spec in dataclasses.fields(cls):
-        if spec.name not in data:
-            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-                raise ReportFormatError(f"{where}: the field '{spec.name}' is missing")
-            continue
-        value = data[spec.name]
-        if isinstance(value, list):
-            value = tuple(tuple(item) if isinstance(item, list) else item for item in value)
-        values[spec.name] = _checked(value, hints[spec.name], f"{where}.{spec.name}")
-    if cls is Finding and values["severity"] not in SEVERITIES:
-        raise ReportFormatError(f"{where}.severity: expected one of {', '.join(SEVERITIES)}, got {values['severity']!r}")
-    return cls(**values)
-
-
-def _checked(value: Any, hint: Any, where: str) -> Any:
-    if not _conforms(value, hint):
-        raise ReportFormatError(f"{where}: expected {_describe(hint)}, got {_kind(value)}")
-    return value
-
-
-def _conforms(value: Any, hint: Any) -> bool:
-    """Whether a JSON value fits a field's annotation (lists stand for tuples; an int is a float)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, arg) for arg in args)
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is dict:
-        return isinstance(value, dict) and all(_conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items())
-    if origin is tuple:
-        if not isinstance(value, (tuple, list)):
-            return False
-        if len(args) == 2 and args[1] is Ellipsis:
-            return all(_conforms(item, args[0]) for item in value)
-        return len(value) == len(args) and all(_conforms(item, arg) for item, arg in zip(value, args))
-    return isinstance(value, hint) if isinstance(hint, type) else True
-
-
-def _describe(hint: Any) -> str:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(arg) for arg in args)
-    if origin is tuple or origin is list:
-        return "a list"
-    if origin is dict:
-        return "an object"
-    return {float: "a number", int: "an integer", str: "a string", bool: "true or false", type(None): "null"}.get(
-        hint, f"a {getattr(hint, '__name__', hint)} object"
-    )
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list",
-            tuple: "a list", dict: "an object"}.get(type(value), type(value).__name__)  # fmt: skip
-
-
-def _list(data: dict, key: str, where: str) -> list | tuple:
-    value = data.get(key, ())
-    if not isinstance(value, (list, tuple)):
-        raise ReportFormatError(f"{where + '.' if where else ''}{key}: expected a list, got {_kind(value)}")
-    return value
-
-
-def _required(data: dict, key: str, where: str) -> Any:
-    if key not in data:
-        raise ReportFormatError(f"{where + '.' if where else ''}{key}: the field is missing")
-    return data[key]
+            raise ReportFormatError(f"{at}: expected an object, got {kind(lane)}")
+        units = tuple(build(LedgerUnitRow, unit, f"{at}.units[{j}]") for j, unit in enumerate(items(lane, "units", at)))
+        lanes.append(build(LedgerLane, {**lane, "units": units}, at))
+    return build(LedgerSummary, {**data, "lanes": tuple(lanes)}, where)

@@ -1,0 +1,298 @@
+"""A rank's further analyses, one typed section each: launch delays, device time in the steps, idle time by
+cause, syncs, torch.compile, compiled regions, communication and the ranks compared.
+
+The JSON keeps them under the rank's ``extra`` object, by name (``SECTIONS``, in that order), each section as
+its ``to_dict()``: the keys in field order, tuples as lists, rows as objects. A field that a later version
+added, or that only some ranks have, is left out while it holds its ``LEFT_OUT`` value, so a report written
+before it reads back and writes again to the same bytes. ``from_dict`` reads a section back, each field checked
+(``checked.build``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from .checked import build
+
+_S = TypeVar("_S", bound="_Section")
+
+
+class _Section:
+    """``to_dict``/``from_dict`` of a section or a row of one."""
+
+    LEFT_OUT: ClassVar[dict[str, Any]] = {}  # field -> the value at which the field is not written
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for spec in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, spec.name)
+            if spec.name in self.LEFT_OUT and value == self.LEFT_OUT[spec.name]:
+                continue
+            out[spec.name] = _plain(value)
+        return out
+
+    @classmethod
+    def from_dict(cls: type[_S], data: dict[str, Any], where: str = "", *, check: bool = True) -> _S:
+        """The section from its JSON object; ``check=False`` for figures an analysis just gave (no file)."""
+        return build(cls, data, where or cls.__name__, check=check)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, _Section):
+        return value.to_dict()
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+@dataclass(frozen=True)
+class LaunchSummary(_Section):
+    """Launch delays, tiny kernels, kernels and ops per step (analysis/launches.py ``RankLaunches``)."""
+
+    launched: int  # device events with a known launch call
+    delay_median_us: float
+    delay_p90_us: float
+    delay_p99_us: float
+    delay_max_us: float
+    negative_delays: int  # device start before the launch call started (clock skew)
+    kernels: int
+    kernel_median_us: float
+    launch_call_median_us: float  # host time of the launch calls of kernels
+    tiny_kernels: int
+    steps: int  # steps the per-step counts are averaged over
+    kernels_per_step: float
+    ops_per_step: float
+    tiny_kernel_pct: float
+
+
+@dataclass(frozen=True)
+class StepDeviceSummary(_Section):
+    """The device's busy share inside the steps (analysis/step_device.py)."""
+
+    steps: int
+    busy_pct: float
+    idle_pct: float
+    idle_ms_per_step: float
+    marked: bool = False  # False: each rank's one pseudo-step is its whole window
+
+
+@dataclass(frozen=True)
+class BlameStep(_Section):
+    """One step's idle time, and its split by cause."""
+
+    number: int
+    idle_ms: float
+    ms: dict[str, float]
+
+
+@dataclass(frozen=True)
+class BlameCause(_Section):
+    """One of the largest causes of idle time: its category, what it was and its time per step."""
+
+    category: str
+    label: str
+    ms_per_step: float
+
+
+@dataclass(frozen=True)
+class PeerStep(_Section):
+    number: int
+    ms: dict[str, float]  # "rank N" / "transfer" / "arriving" / "unmatched" -> ms
+
+
+@dataclass(frozen=True)
+class PeerCause(_Section):
+    waiting_for: str  # "rank N", "transfer", "arriving" or "unmatched"
+    collective: str | None
+    location: str | None
+    ms_per_step: float
+
+
+@dataclass(frozen=True)
+class PeerWaits(_Section):
+    """A rank's collective wait split by the peer it waited for (analysis/blame.py ``PeerSplit``)."""
+
+    mostly: str | None  # the part holding most of the wait
+    ms_per_step: dict[str, float]
+    steps: tuple[PeerStep, ...] = ()
+    top: tuple[PeerCause, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlameSummary(_Section):
+    """The steps' idle time by cause (analysis/blame.py); on a CPU-only trace the main thread's (``waits_on``)."""
+
+    LEFT_OUT: ClassVar[dict[str, Any]] = {"waits_on": "device", "unit": None, "collective_wait_by_peer": None}
+
+    waits_on: str = "device"  # or "main thread"
+    unit: str | None = None  # "step", "iteration" or "window"; None in reports before it
+    idle_ms_per_step: float
+    ms_per_step: dict[str, float]
+    share_pct: dict[str, float]
+    steps: tuple[BlameStep, ...]
+    top: tuple[BlameCause, ...]
+    notes: tuple[str, ...]
+    collective_wait_by_peer: PeerWaits | None = None  # the ranks compared (a job): whom the collective waits were for
+
+
+@dataclass(frozen=True)
+class SyncSummary(_Section):
+    """Host-device synchronisations and pageable copies (analysis/syncs.py ``RankSyncs``): count and ms per
+    step of each category."""
+
+    blocked_ms_per_step: float
+    device_sync_count: int
+    device_sync_ms_per_step: float
+    sync_call_count: int
+    sync_call_ms_per_step: float
+    item_count: int
+    item_ms_per_step: float
+    blocking_dtoh_count: int
+    blocking_dtoh_ms_per_step: float
+    pageable_htod_count: int
+    pageable_htod_bytes: int
+    pageable_htod_ms: float
+
+
+@dataclass(frozen=True)
+class CompileSummary(_Section):
+    """torch.compile as the trace shows it, over the whole trace (analysis/compile.py ``CompileResult``)."""
+
+    regions: int
+    region_ms: float
+    frames: int
+    recompiles: int
+    cache_lookups: int
+    cache_lookup_ms: float
+    compiled_functions: int
+    compiled_function_ms: float
+    compilations: int
+    compile_ms: float
+    compilations_after_first_step: int
+    triton_kernels: int
+    triton_kernel_names: int
+    triton_device_ms: float
+    triton_share_pct: float
+
+
+@dataclass(frozen=True)
+class CompiledRegion(_Section):
+    """One compiled region that ran on the rank (analysis/compiled_regions.py ``RegionRow``)."""
+
+    region: str  # "N/M": frame N, compile id M
+    function: str | None  # the compiled function, from the compile log
+    location: str | None  # "model.py:30 in forward" (None without a compile log)
+    calls: int
+    host_ms: float
+    device_ms: float
+    kernels: int
+    triton_kernels: int
+    graphs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Compilation(_Section):
+    """One compilation from the compile log: what, where, when, how long, and why (the guard that failed)."""
+
+    compile_id: str  # "N/M": frame N, attempt M
+    function: str  # "file:line in frame" where it starts
+    call_site: str | None  # the user's line that called the compiled code
+    duration_ms: float
+    step: int | None
+    in_profiled_steps: bool  # during a recorded step
+    guard: str | None  # the guard that failed, in torch's words
+    failed: str | None  # why the compilation failed
+
+
+@dataclass(frozen=True)
+class CompiledSummary(_Section):
+    """Compiled regions in the user's terms, and what the compile log says (its fields None without a log)."""
+
+    LEFT_OUT: ClassVar[dict[str, Any]] = {
+        "compilations": None, "recompilations": None, "compile_ms": None, "graph_breaks": None,
+        "limits_reached": None, "stacks_off": None, "sources": None, "events": None,
+    }  # fmt: skip
+
+    regions: tuple[CompiledRegion, ...] = ()
+    compilations: int | None = None
+    recompilations: int | None = None
+    compile_ms: float | None = None
+    graph_breaks: int | None = None
+    limits_reached: int | None = None
+    stacks_off: bool | None = None
+    sources: tuple[str, ...] | None = None
+    events: tuple[Compilation, ...] | None = None
+
+
+@dataclass(frozen=True)
+class CollectiveRow(_Section):
+    """The collectives of one type on the rank (analysis/comm.py ``CollectiveStats``), and against commbench's
+    bandwidth at the same size once compared (result/commbench.py)."""
+
+    LEFT_OUT: ClassVar[dict[str, Any]] = {
+        "commbench_busbw_gbps": None, "vs_commbench_pct": None, "transfer_vs_commbench_pct": None,
+    }  # fmt: skip
+
+    type: str
+    calls: int
+    calls_per_step: float
+    total_ms: float
+    ms_per_step: float
+    share_pct: float
+    bytes_per_step: float
+    median_bytes: int
+    group_size: int
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    commbench_busbw_gbps: float | None = None
+    vs_commbench_pct: float | None = None
+    transfer_vs_commbench_pct: float | None = None  # the busbw after the last rank arrived, against commbench's
+
+
+@dataclass(frozen=True)
+class CommSummary(_Section):
+    """A rank's communication over its steps: share of the step, overlap, by type (analysis/comm.py)."""
+
+    timed_on: str  # "device", "host" or "none"
+    comm_ms_per_step: float
+    share_pct: float
+    exposed_ms_per_step: float
+    overlap_pct: float | None
+    by_type: tuple[CollectiveRow, ...] = ()
+
+
+@dataclass(frozen=True)
+class DistributedSummary(_Section):
+    """One rank among the ranks compared (analysis/ranks.py ``summary_of``): its times, clock and arrivals.
+
+    A rank the comparison has no timing of has every field None, and is written as ``{}`` (``measured``).
+    """
+
+    LEFT_OUT: ClassVar[dict[str, Any]] = {
+        "step_ms": None, "comm_ms_per_step": None, "wait_ms_per_step": None, "busy_ms_per_step": None,
+        "clock_offset_us": None, "clock": None, "matched_collectives": None, "last_arrivals": None,
+        "straggler_candidate": None, "transfer_busbw_gbps": None,
+    }  # fmt: skip
+
+    step_ms: float | None = None
+    comm_ms_per_step: float | None = None
+    wait_ms_per_step: float | None = None
+    busy_ms_per_step: float | None = None
+    clock_offset_us: float | None = None
+    clock: str | None = None  # "reference", "same host", "aligned" (estimated) or "raw"
+    matched_collectives: int | None = None
+    last_arrivals: int | None = None  # matched collectives this rank reached last
+    straggler_candidate: bool | None = None
+    transfer_busbw_gbps: dict[str, float] | None = None  # by type, without the wait; None in reports before it
+
+    @property
+    def measured(self) -> bool:
+        return self.step_ms is not None
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    "launch": LaunchSummary, "step_device": StepDeviceSummary, "blame": BlameSummary, "syncs": SyncSummary,
+    "compile": CompileSummary, "compiled": CompiledSummary, "comm": CommSummary, "distributed": DistributedSummary,
+}  # fmt: skip
