@@ -173,7 +173,7 @@ class Driver:
 def successor(old: ProfileRun, settings: CaptureSettings) -> ProfileRun:
     """A new run in ``old``'s place: its folder, name and script; the run's notes so far (the malloc threshold
     held...) still hold."""
-    run = ProfileRun(settings, out=old.folder, name=old.name, auto=True)
+    run = ProfileRun(settings, out=old.folder, name=old.name)
     run.script = old.script
     run.notes.extend(old.notes)
     run.said.update(old.said)

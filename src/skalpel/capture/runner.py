@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import SkalpelError
-from . import compile_log, distributed, exits, malloc, session, signals
+from . import compile_log, distributed, exits, malloc, profile, signals
 from .aside import ProfilerWatch
 from .boundaries import Takeover, why_no_boundary
 from .children import Children
@@ -59,7 +59,7 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
     label = name or target.label
     reused = out is not None and Path(out).exists()
     folder = distributed.run_folder(out, label)  # absolute: the script may change directory
-    own = ProfileRun(settings, out=folder, name=label, auto=True)
+    own = ProfileRun(settings, out=folder, name=label)
     capture = _Capture(own, stop_after_capture, step_on=step_on, step_timeout_s=step_timeout_s)
     signals.set_owner()
     guard = signals.Guard()
@@ -139,7 +139,7 @@ class _Capture:
 
     def __init__(self, own: ProfileRun, stop_after_capture: bool, *, step_on: str | None = None,
                  step_timeout_s: float = 30.0) -> None:  # fmt: skip
-        self.user: ProfileRun | None = None
+        self.user: profile.Profile | None = None
         self.stop_after_capture = stop_after_capture
         self.detector = StepDetector(self._boundary, only=step_on)
         self.driver = Driver(self.detector, _say, run=own, on_takeover=self._taken_over, on_aside=self._step_aside)
@@ -228,7 +228,7 @@ class _Capture:
                          f"{run.recorded_steps} step(s) recorded before it")  # fmt: skip
         return notes
 
-    def _adopt(self, user: ProfileRun) -> Path | None:
+    def _adopt(self, user: profile.Profile) -> Path | None:
         """A script's own skalpel.profile() session: it keeps its steps, we stand down."""
         if not signals.is_owner():  # a forked child profiling its own training: a folder of its own
             self.children.own_session()
@@ -236,7 +236,6 @@ class _Capture:
         self.detector.uninstall()
         if self.own.started:
             self.own.discard()  # the driver's budget sees it stopped
-        user.step_signal = "run.step()"
         self.user = user
         return self.own.folder
 
@@ -274,10 +273,10 @@ class _Installed:
         self.capture.children.install()
         self.capture.driver.install()
         self.capture.watchdog.start()
-        session.set_listener(self.capture._adopt)
+        profile.set_listener(self.capture._adopt)
 
     def __exit__(self, *exc: object) -> None:
-        session.set_listener(None)
+        profile.set_listener(None)
         if self.capture.runs_on is not None:
             self.capture.runs_on.cancel()  # the script ended: the report follows
         self.capture.watchdog.stop()

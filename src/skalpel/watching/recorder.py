@@ -35,6 +35,7 @@ from .. import env
 from ..capture import distributed, runfolder, signals
 from ..capture.boundaries import Takeover, why_no_boundary
 from ..capture.driver import Driver
+from ..capture.outputs import own_report, write_run
 from ..capture.session import ProfileRun
 from ..capture.settings import CaptureSettings
 from ..capture.steps import StepDetector
@@ -244,7 +245,7 @@ class Watcher:
             return
         folder = self._capture_folder(anomaly, request)
         kind = request.kind if request is not None else anomaly.kind  # type: ignore[union-attr]
-        run = ProfileRun(self.settings, out=folder, name=f"{Path(self.script).stem}-{kind}", auto=True)
+        run = ProfileRun(self.settings, out=folder, name=f"{Path(self.script).stem}-{kind}")
         run.script = self.script
         self.driver.run = run
         self._capture = (anomaly, anomaly_id, request)
@@ -335,8 +336,7 @@ class Watcher:
         assert anomaly is not None and anomaly_id is not None and run is not None
         self._capture, self._profiled = None, 0
         try:
-            run.finish()
-            summary = capture_summary(run.report())
+            summary = capture_summary(write_run(run).report or own_report(run))
         except SkalpelError as error:
             summary = f"no report: {error}"
         assert run.folder is not None
