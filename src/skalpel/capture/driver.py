@@ -34,11 +34,12 @@ class Driver:
 
     ``on_takeover`` is told of a takeover once the run was replaced (the caller may drop the new one:
     ``run = None``); ``on_aside`` once the script started torch.profiler itself and the run stopped.
+    ``steps`` numbers the script's steps in what the driver says (default: the boundaries it met).
     """
 
     def __init__(self, detector: StepDetector, say: Callable[[str], None], *, run: ProfileRun | None = None,
-                 on_takeover: Callable[[Takeover], None] | None = None,
-                 on_aside: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 on_takeover: Callable[[Takeover], None] | None = None, on_aside: Callable[[], None] | None = None,
+                 steps: Callable[[], int] | None = None) -> None:  # fmt: skip
         self.detector = detector
         self.say = say
         self.run = run
@@ -46,6 +47,7 @@ class Driver:
         self.on_aside = on_aside
         self.thread = threading.get_ident()  # the thread that runs the script: the only one that drives the profiler
         self.boundaries = 0  # boundaries met on that thread
+        self.steps = steps or (lambda: self.boundaries)
         self.aside = ProfilerWatch(self._step_aside)
         self.budget: RecordingBudget | None = None  # the running run's
         detector.hooks.on_stop_request = self._end_recording_early
@@ -151,7 +153,7 @@ class Driver:
         settings, dropped = lighter_settings
         old.discard()
         run = successor(old, dataclasses.replace(settings, wait=0))
-        note = tripped.dropped_note(dropped, self.boundaries + 1)  # the boundaries passed: the cut step is the next
+        note = tripped.dropped_note(dropped, self.steps() + 1)  # the steps passed: the cut step is the next
         run.notes.append(note)
         run.said.add(note)
         self.say(note)

@@ -66,7 +66,8 @@ class Watcher:
         self.settings = settings or CaptureSettings()
         self.detector = StepDetector(self._boundary, only=step_on)
         self.policy = self.detector.policy
-        self.driver = Driver(self.detector, _say, on_takeover=self._taken_over, on_aside=self._stood_aside)
+        self.driver = Driver(self.detector, _say, on_takeover=self._taken_over, on_aside=self._stood_aside,
+                             steps=lambda: self.steps)  # fmt: skip
         self.thread = threading.get_ident()
         # RSS until the script puts memory on a CUDA device (never initialised here: no context of ours)
         self.anomaly_detector = Detector(memory_limit=host_memory_limit(), memory_source="RSS")
