@@ -14,7 +14,7 @@ __all__ = ["Report", "analyze", "profile", "step", "watch", "__version__"]
 
 if TYPE_CHECKING:
     from .api import analyze
-    from .capture.session import profile
+    from .capture.profile import profile
     from .result.report import Report
     from .watching.recorder import watch
 
@@ -23,7 +23,7 @@ def __getattr__(name: str) -> Any:
     # Imported on first use: profile() needs torch, analyze() numpy and the analyses, and
     # `skalpel --help` or `skalpel explain` need neither.
     if name == "profile":
-        from .capture.session import profile
+        from .capture.profile import profile
 
         return profile
     if name == "analyze":

@@ -1,5 +1,8 @@
 """After the script of ``skalpel run``: write the trace whole, analyse it, say what the run folder holds.
 
+The analysis and the run folder are ``outputs.py``'s, as for every capture; a script's own
+``skalpel.profile()`` may have written them already, at the end of its block.
+
 A signal while the trace is written waits for the file (``signals.deferred``), then skips
 the analysis; one during the analysis leaves the trace; either way the message lists what
 the folder holds and how to get the report from it. A full disk is said as such. A run
@@ -15,6 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..errors import SkalpelError
 from . import compile_log, distributed, runfolder, signals
+from .outputs import write_run
+from .profile import Profile
 from .session import ProfileRun
 from .target import Target
 
@@ -75,7 +80,7 @@ def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int
         return _nothing_recorded(capture, target, status, error, folder, removable=removable)
     try:
         guard.interrupting()
-        written = chosen.written if chosen.written else chosen.finish()
+        ended = chosen.outputs() if isinstance(chosen, Profile) else write_run(chosen)
     except (KeyboardInterrupt, signals.Terminated) as stopped:
         code = stopped.exit_status if isinstance(stopped, signals.Terminated) else 130
         notes.append(f"interrupted during the analysis: {holding(chosen)}")
@@ -83,8 +88,8 @@ def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int
     if guard.late is not None:  # came just as the analysis started, and was noted, not raised: the run is whole
         status = status or 128 + guard.late
     if not distributed.writes_report():  # rank 0 (or the --nproc launcher) writes the merged report
-        return RunResult(status, None, written, error=error, folder=chosen.folder, notes=notes)
-    return RunResult(status, chosen.report(), written, error=error, folder=chosen.folder, notes=notes)
+        return RunResult(status, None, ended.written, error=error, folder=chosen.folder, notes=notes)
+    return RunResult(status, ended.report, ended.written, error=error, folder=chosen.folder, notes=notes)
 
 
 def _stop_whole(chosen: ProfileRun) -> int | None:

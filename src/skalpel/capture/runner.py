@@ -11,15 +11,15 @@ whole, and one during the analysis leaves the trace and says so. A run that reco
 nothing leaves no folder behind. Threads the script leaves running do not crash the
 process's end (``exits.py``).
 
-Scripts that would break the capture: one that starts ``torch.profiler`` itself makes
-skalpel stop its own session there (``aside.py``); steps are marked in the thread that
+``driver.py`` turns the boundaries into the session's start and steps (a takeover, the memory
+budget), as for ``skalpel watch``'s captures. Scripts that would break the capture: one that starts
+``torch.profiler`` itself makes skalpel stop its own session there (``aside.py``); steps are marked in the thread that
 runs the script only (a profiler driven from two threads crashes); a forked child runs
 unprofiled and leaves the run folder to its parent.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import runpy
 import sys
 import threading
@@ -27,12 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import SkalpelError
-from . import compile_log, distributed, exits, malloc, session, signals
+from . import compile_log, distributed, exits, malloc, profile, signals
 from .aside import ProfilerWatch
-from .boundaries import LABELS, why_no_boundary
-from .budget import OverBudget, RecordingBudget, lighter
+from .boundaries import Takeover, why_no_boundary
 from .children import Children
 from .conclude import RunResult, conclude, holding
+from .driver import Driver
 from .kineto_noise import filtered_stderr
 from .session import ProfileRun
 from .settings import CaptureSettings
@@ -59,7 +59,7 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
     label = name or target.label
     reused = out is not None and Path(out).exists()
     folder = distributed.run_folder(out, label)  # absolute: the script may change directory
-    own = ProfileRun(settings, out=folder, name=label, auto=True)
+    own = ProfileRun(settings, out=folder, name=label)
     capture = _Capture(own, stop_after_capture, step_on=step_on, step_timeout_s=step_timeout_s)
     signals.set_owner()
     guard = signals.Guard()
@@ -135,49 +135,42 @@ def runs_on_note(run: ProfileRun, seconds: float) -> str:
 
 
 class _Capture:
-    """Drives skalpel's own session from detected boundaries, until a user's session takes over."""
+    """Drives skalpel's own session from detected boundaries (``driver.py``), until a user's session takes over."""
 
     def __init__(self, own: ProfileRun, stop_after_capture: bool, *, step_on: str | None = None,
                  step_timeout_s: float = 30.0) -> None:  # fmt: skip
-        self.own = own
-        self.user: ProfileRun | None = None
+        self.user: profile.Profile | None = None
         self.stop_after_capture = stop_after_capture
         self.detector = StepDetector(self._boundary, only=step_on)
+        self.driver = Driver(self.detector, _say, run=own, on_takeover=self._taken_over, on_aside=self._step_aside)
         self.watchdog = Watchdog(self.detector.policy, step_timeout_s, _say,
                                  done=lambda: self.user is not None or self.own.capture_complete)  # fmt: skip
-        self.aside = ProfilerWatch(self._step_aside)
-        self.budget = RecordingBudget(lambda: self.own.profiling, lambda: self.own.recording, self._over_budget)
-        self.detector.hooks.on_stop_request = self._end_recording_early
         self.children = Children()  # processes the script starts: training there is said, not recorded
         self.detector.on_child_boundary = self.children.boundary
-        self.thread = threading.get_ident()  # the thread that runs the script: the only one that marks steps
-        self.main_steps = 0
         self.runs_on: threading.Timer | None = None  # says how to end a script that runs on after the capture
+
+    @property
+    def own(self) -> ProfileRun:
+        """skalpel's own session (a new one after a takeover, or when the budget records lighter)."""
+        assert self.driver.run is not None
+        return self.driver.run
+
+    @property
+    def aside(self) -> ProfilerWatch:
+        return self.driver.aside
 
     @property
     def result_run(self) -> ProfileRun:
         return self.user or self.own
 
     def _boundary(self) -> None:
-        if threading.get_ident() != self.thread:
-            return  # the detector marks in the script's thread only; a safety net
-        if not signals.is_owner():
-            return  # a forked child: its parent is the one being profiled
-        if self.detector.policy.restart:
-            self._record_again()
-        self.main_steps += 1
-        own = self.own
-        own.step_signal = LABELS.get(self.detector.policy.signal or "")
-        if not own.started:
-            own.start()
+        if not self.driver.boundary():
             return
-        own.step()
-        own.loader_workers = self.detector.hooks.loader_workers
-        if own.baseline_complete:  # recorded, and un-profiled steps timed after it for the overhead's baseline
-            self.detector.settle()  # a stronger signal may still show the real iteration, and take over
-            if self.stop_after_capture:
-                raise CaptureComplete
-            self._time_runs_on()
+        # recorded, and un-profiled steps timed after it for the overhead's baseline
+        self.detector.settle()  # a stronger signal may still show the real iteration, and take over
+        if self.stop_after_capture:
+            raise CaptureComplete
+        self._time_runs_on()
 
     def _time_runs_on(self) -> None:
         """Once: if the script is still running RUNS_ON_S after the capture, say how to end it (rank 0 only)."""
@@ -190,72 +183,17 @@ class _Capture:
         self.runs_on.name = f"{exits.OWN_THREAD_PREFIX}runs-on"  # skalpel's: never keeps the process's end waiting
         self.runs_on.start()
 
-    def _record_again(self) -> None:
-        """A stronger signal took over from a fallback: what was recorded is not the training iteration."""
-        self.detector.policy.restart = False
+    def _taken_over(self, takeover: Takeover) -> None:
         if self.runs_on is not None:  # the replaced capture's: the new one is not recorded yet
             self.runs_on.cancel()
             self.runs_on = None
-        old = self.own
-        if old.started:
-            old.discard()
-        self.own = ProfileRun(old.settings, out=old.folder, name=old.name, auto=True)
-        self.own.notes.extend(old.notes)  # the run's notes so far (the malloc threshold held...) still hold
-        self.own.said.update(old.said)
-        note = self.detector.policy.takeovers[-1].note()
-        self.own.said.add(note)  # the run's notes list it again at the end: for the report, not for stderr
-        _say(note)
-
-    def _over_budget(self, tripped: OverBudget) -> None:
-        """The budget's thread: the next hook on the script's thread ends the recording."""
-        self.detector.hooks.stop_requested = True
-
-    def _end_recording_early(self) -> None:
-        if threading.get_ident() != self.thread or not signals.is_owner():
-            self.detector.hooks.stop_requested = True  # only the script's thread may drive the profiler: it will
-            return
-        run, tripped = self.own, self.budget.tripped
-        if self.user is not None or not run.profiling or tripped is None:
-            return
-        if run.windows_done == 0 and run.recorded_steps == 0 and self._record_lighter(tripped):
-            return
-        run.cut_inside_step = True  # the step under way is left out of the trace
-        run.stop()  # writes what was recorded; the script runs on
-        note = tripped.note(run.recorded_steps, partial=run.partial[0] if run.partial else None)
-        run.notes.append(note)
-        run.said.add(note)
-        _say(note)
-
-    def _record_lighter(self, tripped: OverBudget) -> bool:
-        """The window's first recorded step tripped the budget: record the window again without memory profiling
-        (then without stacks), from the next step on; False when nothing is left to drop.
-
-        torch.profiler builds its recorder when a window's warm-up starts (``prepare_trace``): what it records
-        cannot change inside a window, so the window is left out and starts again (no wait: the script is warm).
-        """
-        lighter_settings = lighter(self.own.settings)
-        if lighter_settings is None:
-            return False
-        settings, dropped = lighter_settings
-        old = self.own
-        old.discard()
-        self.own = ProfileRun(dataclasses.replace(settings, wait=0), out=old.folder, name=old.name, auto=True)
-        self.own.notes.extend(old.notes)
-        self.own.said.update(old.said)
-        note = tripped.dropped_note(dropped, self.main_steps + 1)  # the boundaries passed: the cut step is the next
-        self.own.notes.append(note)
-        self.own.said.add(note)
-        _say(note)
-        self.budget.stop()
-        self.budget = RecordingBudget(lambda: self.own.profiling, lambda: self.own.recording, self._over_budget)
-        self.budget.start()
-        return True
 
     def _step_aside(self) -> None:
-        """The script starts torch.profiler itself: stop marking steps, keep what was recorded."""
+        """The script starts torch.profiler itself: stop marking steps; the driver stopped our session, keeping what
+        was recorded, and a script's own skalpel.profile() stops too."""
         self.detector.uninstall()
-        if self.result_run.started and threading.get_ident() == self.thread and signals.is_owner():
-            self.result_run.stop()
+        if self.user is not None and self.user.started and self.driver.on_script_thread:
+            self.user.stop()
 
     def notes(self, guard: signals.Guard, error: BaseException | None) -> list[str]:
         """What the report should say about how this run went, beyond the numbers."""
@@ -290,15 +228,14 @@ class _Capture:
                          f"{run.recorded_steps} step(s) recorded before it")  # fmt: skip
         return notes
 
-    def _adopt(self, user: ProfileRun) -> Path | None:
+    def _adopt(self, user: profile.Profile) -> Path | None:
         """A script's own skalpel.profile() session: it keeps its steps, we stand down."""
         if not signals.is_owner():  # a forked child profiling its own training: a folder of its own
             self.children.own_session()
             return None
         self.detector.uninstall()
         if self.own.started:
-            self.own.discard()
-        user.step_signal = "run.step()"
+            self.own.discard()  # the driver's budget sees it stopped
         self.user = user
         return self.own.folder
 
@@ -334,18 +271,16 @@ class _Installed:
     def __enter__(self) -> None:
         self.capture.detector.install()
         self.capture.children.install()
-        self.capture.aside.__enter__()
+        self.capture.driver.install()
         self.capture.watchdog.start()
-        self.capture.budget.start()
-        session.set_listener(self.capture._adopt)
+        profile.set_listener(self.capture._adopt)
 
     def __exit__(self, *exc: object) -> None:
-        session.set_listener(None)
+        profile.set_listener(None)
         if self.capture.runs_on is not None:
             self.capture.runs_on.cancel()  # the script ended: the report follows
         self.capture.watchdog.stop()
-        self.capture.budget.stop()
-        self.capture.aside.__exit__()
+        self.capture.driver.uninstall()
         self.capture.detector.uninstall()
         self.capture.children.uninstall()
 

@@ -1,102 +1,53 @@
-"""``skalpel.profile()``: a torch.profiler session with the expert defaults, timed by skalpel.
+"""One capture: a torch.profiler session with the expert defaults, and skalpel's step clock.
 
-::
+``ProfileRun`` is stepped by the user's loop (``skalpel.profile()``, ``profile.py``) or by the step
+boundaries (``driver.py``: ``skalpel run``, ``skalpel watch``); it records and writes the trace,
+and hands over its trace files and ``capture_info()``: ``outputs.py`` turns them into the Report
+and the run folder.
 
-    with skalpel.profile() as run:
-        for batch in loader:
-            train_step(batch)
-            run.step()
-    print(run.report().steps)
-
-skalpel times every step itself (``perf_counter`` at the step boundaries): the steps
-the profiler does not record (wait and warm-up) are the baseline for the profiler's
-overhead, and with ``repeat >= 2`` the spread between the recorded windows' medians
-is the measurement noise. The first window's trace is written to the run folder;
-later windows serve the noise estimate only. Leaving the block early still yields the
-trace of what was recorded.
+skalpel times every step itself (``perf_counter`` at the step boundaries): the steps the
+profiler does not record (wait and warm-up) are the baseline for the profiler's overhead, and
+with ``repeat >= 2`` the spread between the recorded windows' medians is the measurement noise.
+The first window's trace is written to the run folder; later windows serve the noise estimate
+only. Stopping early still yields the trace of what was recorded.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerAction
 
 from ..analysis.steps import CLOSING_RANGE
 from ..errors import SkalpelError
-from ..result.report import CaptureInfo, Report
+from ..result.report import CaptureInfo
 from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
 from . import compile_log, cpu, distributed, runfolder, signals
 from .aside import OWN
 from .bounded import PartialStep
-from .budget import OverBudget, RecordingBudget, release_results
+from .budget import release_results
 from .export import ExportError, export_trace
-from .kineto_noise import filtered_stderr
 from .sampler import LineSampler
 from .settings import ACTIVE, CaptureSettings, profiler_kwargs, torch_schedule
-from .timing import step_timing, with_noise_note
+from .timing import step_timing
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
-# Set by `skalpel run` while a script runs: a user's own skalpel.profile() session takes over
-# the step boundaries; the listener is told and returns the run folder the session should use.
-_listener: Callable[[ProfileRun], Path | None] | None = None
-
-
-def set_listener(listener: Callable[[ProfileRun], Path | None] | None) -> None:
-    """Set (or, with None, clear) the listener told of each skalpel.profile() session the script starts."""
-    global _listener
-    _listener = listener
-
-
-def profile(
-    *,
-    wait: int = 1,
-    warmup: int = 2,
-    active: int = 5,
-    repeat: int = 1,
-    out: str | Path | None = None,
-    name: str | None = None,
-    record_shapes: bool = True,
-    profile_memory: bool = True,
-    with_stack: bool = True,
-    with_flops: bool | None = None,
-    with_modules: bool = False,
-    cuda: bool | None = None,
-    write: bool = True,
-) -> ProfileRun:
-    """Profile a loop: call ``run.step()`` once per iteration inside ``with skalpel.profile() as run``.
-
-    ``out`` is the run folder (default ``./skalpel-runs/<time>-<name>``); ``write=False``
-    keeps everything but the trace out of it. Every torch.profiler setting can be overridden.
-    """
-    settings = CaptureSettings(
-        wait=wait, warmup=warmup, active=active, repeat=repeat, record_shapes=record_shapes,
-        profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops,
-        with_modules=with_modules, cuda=cuda,
-    )  # fmt: skip
-    return ProfileRun(settings, out=Path(out) if out is not None else None, name=name, write=write)
-
 
 class ProfileRun:
-    """One capture: the torch.profiler session, skalpel's step clock, and the outputs."""
+    """One capture: the torch.profiler session and skalpel's step clock; its trace files and ``capture_info()``."""
 
-    def __init__(self, settings: CaptureSettings, *, out: Path | None = None, name: str | None = None,
-                 write: bool = True, auto: bool = False) -> None:  # fmt: skip
+    def __init__(self, settings: CaptureSettings, *, out: Path | None = None, name: str | None = None) -> None:
         self.settings = settings
         self.name = name or _default_name()
         self.folder: Path | None = out
-        self.write = write
-        self.auto = auto  # True when `skalpel run` drives the steps
         self.trace_paths: list[Path] = []
-        self.written: list[Path] = []
         self.windows_done = 0
         self.exit_status: int | None = None
         self.script: str | None = None
@@ -106,7 +57,6 @@ class ProfileRun:
         self._prof: Any = None
         self._last = 0.0
         self._stopped = False
-        self._report: Report | None = None
         self._tagged_window = -1
         self._phases = [settings.phase(number) for number in range(settings.total_steps + 1)]
         self._discarded = False
@@ -116,35 +66,24 @@ class ProfileRun:
         self.said: set[str] = set()  # of the notes, those printed as they happened: not printed again at the end
         self.cut_inside_step = False  # set before stop(): the recording ends inside a step, left out of the trace
         self.partial: list[PartialStep] = []  # that step, once the trace is written
-        self.step_signal: str | None = None if auto else "run.step()"  # what marked the steps, for the summary
+        self.step_signal: str | None = None  # what marked the steps, for the summary
         self.loader_workers = 0  # the most DataLoader workers seen (skalpel run tells)
         self._cpu_window: list[cpu.Snapshot] = []  # CPU snapshots at the start and end of the first window
         self.baseline_steps = max(settings.active, 5)  # un-profiled steps timed after the last window
         self._sampler: LineSampler | None = None  # statement lines of the first window (with_stack only)
-        self._cpu_excluded: list[tuple[cpu.Snapshot, cpu.Snapshot]] = []  # the export's stretches, left out of the CPU window
-        self._stderr: filtered_stderr | None = None  # Kineto's chatter filtered while skalpel.profile() records
-        self._budget: RecordingBudget | None = None  # skalpel.profile()'s memory budget (skalpel run has its own)
-        self._over_budget: OverBudget | None = None  # set by the budget's thread, acted on at the next run.step()
+        # the export's stretches, left out of the CPU window
+        self._cpu_excluded: list[tuple[cpu.Snapshot, cpu.Snapshot]] = []
 
     # -- the session -------------------------------------------------------------------------
     def start(self) -> ProfileRun:
         if self._prof is not None:
             raise SkalpelError("this skalpel.profile() session was already started")
-        if not self.auto and _listener is not None:
-            given = _listener(self)
-            self.folder = self.folder or given
         self.folder = distributed.run_folder(self.folder, self.name)  # one folder for every rank of a job
-        self._prof = torch.profiler.profile(
-            schedule=torch_schedule(self.settings), on_trace_ready=self._on_trace_ready, **profiler_kwargs(self.settings)
-        )
+        self._prof = torch.profiler.profile(schedule=torch_schedule(self.settings), on_trace_ready=self._on_trace_ready,
+                                            **profiler_kwargs(self.settings))  # fmt: skip
         self._owns_compile_log = compile_log.install()  # `skalpel run` installs it before the script starts
         compile_log.before_step(self._prof, starting=True)
         OWN.add(self._prof)
-        if not self.auto:  # `skalpel run` filters the whole script's stderr already, and watches the memory
-            self._stderr = filtered_stderr()
-            self._stderr.__enter__()
-            self._budget = RecordingBudget(lambda: self.profiling, lambda: self.recording, self._note_over_budget)
-            self._budget.start()
         with _quiet():
             self._prof.start()
         if self._phases[0] == (0, ACTIVE):  # no wait or warm-up: the window opened with the profiler
@@ -153,8 +92,9 @@ class ProfileRun:
         self._last = time.perf_counter()
         return self
 
-    def step(self) -> None:
-        """Mark the end of one iteration."""
+    def step(self, *, last: bool = False) -> None:
+        """Mark the end of one iteration; ``last``: the recording ends here (the profiler stops instead of stepping:
+        a memory budget passed)."""
         now = time.perf_counter()
         if self._prof is None:
             raise SkalpelError("run.step() called outside the `with skalpel.profile() as run:` block")
@@ -164,8 +104,9 @@ class ProfileRun:
         prof = self._prof
         number = prof.step_num
         self._intervals.append((number, now - self._last))
-        if self._over_budget is not None:
-            self._end_recording_early(self._over_budget)
+        if last:
+            self._stop_profiler()
+            self._last = time.perf_counter()
             return
         phases = self._phases
         if number + 1 < len(phases) and phases[number] == phases[number + 1]:
@@ -254,7 +195,8 @@ class ProfileRun:
     @property
     def recorded_steps(self) -> int:
         """Steps of the first window recorded so far: the ones its trace holds."""
-        return sum(1 for number, _ in self._intervals if self._phases[min(number, len(self._phases) - 1)] == (0, ACTIVE))
+        last = len(self._phases) - 1
+        return sum(1 for number, _ in self._intervals if self._phases[min(number, last)] == (0, ACTIVE))
 
     def stop(self) -> None:
         """Stop the profiler; what was recorded so far is saved (idempotent)."""
@@ -268,28 +210,6 @@ class ProfileRun:
         for path in self.trace_paths:
             path.unlink(missing_ok=True)
         self.trace_paths = []
-
-    def __enter__(self) -> ProfileRun:
-        return self.start()
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.stop()
-        if self.write and self.trace_paths and self._report is None:
-            try:
-                self.finish()
-            except SkalpelError:
-                if exc_type is None:
-                    raise
-
-    def _note_over_budget(self, tripped: OverBudget) -> None:
-        self._over_budget = tripped  # from the budget's thread: only the loop's thread drives the profiler
-
-    def _end_recording_early(self, tripped: OverBudget) -> None:
-        self._stop_profiler()
-        note = tripped.note(self.recorded_steps, cut=False)
-        self.notes.append(note)
-        print(f"skalpel: {note}", file=sys.stderr, flush=True)
-        self._last = time.perf_counter()
 
     def _stop_profiler(self) -> None:
         if self._stopped:
@@ -305,11 +225,6 @@ class ProfileRun:
             self._cpu_window.append(cpu.snapshot())
         if self._owns_compile_log:
             compile_log.uninstall()
-        if self._stderr is not None:
-            self._stderr.__exit__(None, None, None)
-            self._stderr = None
-        if self._budget is not None:
-            self._budget.stop()
 
     def _tag_trace(self) -> None:
         # Header keys must be added while the profiler records; once per window.
@@ -331,7 +246,7 @@ class ProfileRun:
         if window > 0 or self._discarded:
             return  # later windows give the noise estimate; the report and files come from the first
         assert self.folder is not None
-        path = self.folder / runfolder.trace_file_name(_rank())
+        path = self.folder / runfolder.trace_file_name(rank())
         with signals.deferred() as held:  # a Ctrl-C now would cut the file: it waits until the file is whole
             try:
                 kept = export_trace(prof, path, partial=self.partial if self.cut_inside_step else None)
@@ -344,7 +259,7 @@ class ProfileRun:
                     self.trace_paths.append(error.kept)
         held.reraise()
 
-    # -- the results -------------------------------------------------------------------------
+    # -- what it hands over --------------------------------------------------------------------
     def capture_info(self) -> CaptureInfo:
         timing = step_timing(self._intervals, self.settings, after=self._after)
         cpu_facts = None
@@ -364,62 +279,14 @@ class ProfileRun:
             **timing,
         )
 
-    def finish(self) -> list[Path]:
-        """Analyse the recorded trace and write the run folder; returns every file of the run."""
-        from ..job.report_of import report_of
-
-        self.stop()
-        if self.export_error is not None:
-            raise SkalpelError(str(self.export_error))
-        if not self.trace_paths:
-            raise SkalpelError(_nothing_recorded(self.steps_done, self.settings))
-        if not distributed.writes_report():
-            self.written = list(self.trace_paths)  # rank 0 (or the --nproc launcher) merges every rank's trace
-            distributed.save_capture(self.folder, _rank(), self.capture_info())
-            return self.written
-        paths, missing = distributed.rank_traces(self.folder, self.trace_paths)
-        analysis = report_of(paths, capture=self.capture_info(), notes=[missing] if missing else (),
-                             flame_files=self.write)  # fmt: skip
-        report = with_noise_note(analysis.report)
-        if self.notes:
-            report = dataclasses.replace(report, warnings=report.warnings + tuple(self.notes))
-        self._report = report
-        assert self.folder is not None
-        if self.write:
-            assert analysis.flame is not None
-            self.written = runfolder.write_outputs(report, analysis.flame, self.folder, traces=paths)
-        else:
-            self.written = list(self.trace_paths)
-        return self.written
-
-    def report(self) -> Report:
-        """The skalpel Report of the recorded steps (analysed once, on first use)."""
-        if self._report is None:
-            self.finish()
-        if self._report is None:  # a rank that leaves the merged report to rank 0: its own trace only
-            from ..job.report_of import report_of
-
-            self._report = report_of(self.trace_paths, capture=self.capture_info()).report
-        assert self._report is not None
-        return self._report
-
-
-def _nothing_recorded(steps: int, settings: CaptureSettings) -> str:
-    first = settings.wait + settings.warmup + 1
-    if steps == 0:
-        return "zero steps ran: run.step() was never called (call it once per training iteration)"
-    return (
-        f"no step was recorded: only {steps} step(s) ran, and recording starts at step {first} "
-        f"(after {settings.wait} wait and {settings.warmup} warm-up steps); run more steps or lower them"
-    )
-
 
 def _default_name() -> str:
     script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else ""
     return script or "profile"
 
 
-def _rank() -> int:
+def rank() -> int:
+    """This process's rank in its job (0 alone)."""
     group = torch.distributed
     if group.is_available() and group.is_initialized():
         return int(group.get_rank())

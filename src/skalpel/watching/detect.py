@@ -98,6 +98,11 @@ class Detector:
                 self._stats = None
         return found
 
+    def restart(self) -> None:
+        """Judge afresh: the steps seen so far were not training iterations (a stronger signal took over)."""
+        self.__init__(memory_limit=self.memory_limit, memory_source=self.memory_source,  # type: ignore[misc]
+                      window=self.window, warmup=self.warmup)  # fmt: skip
+
     def use_device_memory(self, limit: int | None) -> None:
         """The script put memory on a CUDA device: memory is judged there from now on (RSS values are dropped)."""
         self.memory_source, self.memory_limit = "CUDA allocated", limit

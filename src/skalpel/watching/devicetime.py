@@ -62,6 +62,11 @@ class DeviceTimes:
             done.append((seconds, step))
         return done
 
+    def forget(self) -> None:
+        """The steps added so far are dropped (a takeover: their rows are gone); the next step starts at the last
+        event added."""
+        self._pending.clear()
+
     @property
     def unread(self) -> int:
         return len(self._pending)

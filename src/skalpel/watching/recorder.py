@@ -10,6 +10,11 @@ within the cooldown), the next boundary starts a ``ProfileRun`` with ``skalpel r
 settings in ``capture-<step>-<kind>/`` beside the store, drives it for its steps, analyses it
 on the training thread (a pause of a few seconds, left out of the step rows) and links the
 report to the anomaly. The capture's steps are stored flagged ``profiled`` and never judged.
+The capture is driven as ``skalpel run`` drives its own (``capture/driver.py``: the memory
+budget, a script that starts torch.profiler itself). When a stronger signal takes over from a
+fallback (a model called in an evaluation pass, then an optimizer), the steps so far were not
+iterations: their rows and anomalies are dropped, steps are numbered and judged afresh, and a
+capture under way is dropped.
 Under torchrun with ``--out JOB`` every rank captures the same steps and the job's report is
 written once, off every rank's training thread (``jobcapture.py``, ``collect.py``).
 
@@ -28,7 +33,9 @@ from typing import Any, Iterator
 
 from .. import env
 from ..capture import distributed, runfolder, signals
-from ..capture.boundaries import LABELS, why_no_boundary
+from ..capture.boundaries import Takeover, why_no_boundary
+from ..capture.driver import Driver
+from ..capture.outputs import own_report, write_run
 from ..capture.session import ProfileRun
 from ..capture.settings import CaptureSettings
 from ..capture.steps import StepDetector
@@ -58,6 +65,9 @@ class Watcher:
         self.capture_on = capture
         self.settings = settings or CaptureSettings()
         self.detector = StepDetector(self._boundary, only=step_on)
+        self.policy = self.detector.policy
+        self.driver = Driver(self.detector, _say, on_takeover=self._taken_over, on_aside=self._stood_aside,
+                             steps=lambda: self.steps)  # fmt: skip
         self.thread = threading.get_ident()
         # RSS until the script puts memory on a CUDA device (never initialised here: no context of ours)
         self.anomaly_detector = Detector(memory_limit=host_memory_limit(), memory_source="RSS")
@@ -76,7 +86,8 @@ class Watcher:
         # under torchrun each names the first step (jobcapture.Request), and the anomaly is the asking rank's only
         self._requested: list[tuple[Anomaly | None, int | None, Request | None]] = []
         self._captured_at: dict[str, float] = {}  # kind -> when its last capture was asked for
-        self._capture: tuple[ProfileRun, Anomaly | None, int | None, Request | None] | None = None
+        # what asked for the capture under way (the driver's run)
+        self._capture: tuple[Anomaly | None, int | None, Request | None] | None = None
         self.requests: Requests | None = None  # under torchrun with --out: the job's capture requests
         self.rank = 0
         self._asked: dict[int, tuple[Anomaly, int]] = {}  # request number -> this rank's anomaly that asked for it
@@ -88,12 +99,14 @@ class Watcher:
 
     # -- installing ---------------------------------------------------------------------------
     def install(self) -> None:
-        self.thread = threading.get_ident()
+        self.thread = self.driver.thread = threading.get_ident()
         self.store.start(origin=self._started)
         self.store.meta(script=self.script, started=time.strftime("%Y-%m-%dT%H:%M:%S"), status="running",
                         memory_source=self.anomaly_detector.memory_source,
                         memory_limit=self.anomaly_detector.memory_limit, cooldown_s=self.cooldown_s)  # fmt: skip
         self.detector.install()  # it times the DataLoader wait, backward and the optimizer step too
+        self.driver.install()
+        self.store.on_restart = self.anomalies.clear  # a takeover: the anomalies judged on the steps before are gone
         self.live.start()
 
     def _after_flush(self) -> None:
@@ -121,6 +134,7 @@ class Watcher:
 
     def uninstall(self) -> None:
         self.live.stop()
+        self.driver.uninstall()
         self.detector.uninstall()
 
     # -- each step ----------------------------------------------------------------------------
@@ -145,7 +159,7 @@ class Watcher:
                               timed.backward_s, timed.optimizer_s, event))  # fmt: skip
         if self.store.want_device:  # once: the writer saw CUDA initialised, and reads memory on this device
             self._use_device()
-        if self._capture is not None or self._requested:
+        if self._capture is not None or self._requested or self.policy.restart:
             self._drive_capture()
             now, runq = time.perf_counter(), self.runq.read()  # the capture's own work stays out of the next step
         self._last, self._last_runq = now, runq  # the detector times the DataLoader, backward and the optimizer
@@ -194,31 +208,72 @@ class Watcher:
         self._requested.append((anomaly, anomaly_id, None))  # after the capture under way, if any
 
     def _drive_capture(self) -> None:
+        """At a boundary: a takeover first (``driver.py``), then the capture asked for starts, or the one under way
+        steps, and is finished once recorded."""
         request = None
         try:
-            if self._capture is None:
-                anomaly, anomaly_id, request = self._requested[0]
-                if request is not None and self.steps + 1 < request.first_step:
-                    return  # a capture of the job starts at its step, on every rank
-                self._requested.pop(0)
-                if request is not None and self.steps + 1 > request.first_step:
-                    self._job_part_done(request, None, f"read the request after step {request.first_step} had begun")
-                    return
-                self._start_capture(anomaly, anomaly_id, request)
-                return
-            run, request = self._capture[0], self._capture[3]
-            run.step()
-            run.loader_workers = self.detector.hooks.loader_workers  # for the capture's CPU facts, as skalpel run tells
-            if run.baseline_complete:
+            if self._capture is None and self._requested:
+                self._next_capture()
+            if self._capture is not None:
+                request = self._capture[2]
+            if self.driver.boundary() and self._capture is not None:
                 if request is not None:
                     self._finish_job_capture()
                 else:
                     self._finish_capture()
         except Exception as error:  # noqa: BLE001 - a capture that fails must not stop the training
+            self.driver.take()
             self._capture, self._profiled = None, 0
             _say(f"the capture failed ({type(error).__name__}: {error}); the run goes on")
             if request is not None:  # the other ranks' report says why this rank's trace is missing
                 self._job_part_done(request, None, f"the capture failed ({type(error).__name__}: {error})")
+
+    def _next_capture(self) -> None:
+        """The first capture asked for, given to the driver (it starts at this boundary), unless not due yet."""
+        anomaly, anomaly_id, request = self._requested[0]
+        if request is not None and self.steps + 1 < request.first_step:
+            return  # a capture of the job starts at its step, on every rank
+        self._requested.pop(0)
+        if request is not None and self.steps + 1 > request.first_step:
+            self._job_part_done(request, None, f"read the request after step {request.first_step} had begun")
+            return
+        if self.driver.stood_aside:
+            note = f"the script runs torch.profiler itself ({self.driver.aside.where}): two profilers at once crash"
+            if request is not None:
+                self._job_part_done(request, None, note)
+            elif anomaly_id is not None:
+                self.store.capture(anomaly_id, None, f"no capture: {note}")
+            return
+        folder = self._capture_folder(anomaly, request)
+        kind = request.kind if request is not None else anomaly.kind  # type: ignore[union-attr]
+        run = ProfileRun(self.settings, out=folder, name=f"{Path(self.script).stem}-{kind}")
+        run.script = self.script
+        self.driver.run = run
+        self._capture = (anomaly, anomaly_id, request)
+        self._profiled = 1
+
+    def _taken_over(self, takeover: Takeover) -> None:
+        """A stronger signal showed the training iteration: the steps so far were not iterations. Their rows and
+        anomalies are dropped and steps are numbered and judged afresh (the store), the captures asked for on them
+        are dropped, and so is the capture under way (the driver discarded what it recorded)."""
+        note = takeover.note()
+        if self._capture is not None:
+            request = self._capture[2]
+            run = self.driver.take()
+            self._capture, self._profiled = None, 0
+            if run is not None and run.folder is not None:
+                runfolder.remove_if_empty(run.folder)
+            if request is not None:
+                self._job_part_done(request, None, note)
+        self._requested = [entry for entry in self._requested if entry[2] is not None]  # a job's: by step number
+        self.steps = 0
+        self.store.restart(note)
+
+    def _stood_aside(self) -> None:
+        """The script starts torch.profiler itself: the driver stopped the capture under way, keeping what it
+        recorded; none starts after it."""
+        _say(f"the script starts torch.profiler itself ({self.driver.aside.where}): captures stop there (two "
+             "profilers at once crash); every step is still timed")  # fmt: skip
 
     def _capture_folder(self, anomaly: Anomaly | None, request: Request | None) -> Path:
         if request is not None:
@@ -227,22 +282,12 @@ class Watcher:
         assert anomaly is not None
         return self.folder / f"capture-{anomaly.step}-{anomaly.kind}"
 
-    def _start_capture(self, anomaly: Anomaly | None, anomaly_id: int | None, request: Request | None) -> None:
-        folder = self._capture_folder(anomaly, request)
-        kind = request.kind if request is not None else anomaly.kind  # type: ignore[union-attr]
-        run = ProfileRun(self.settings, out=folder, name=f"{Path(self.script).stem}-{kind}", auto=True)
-        run.script = self.script
-        run.step_signal = LABELS.get(self.detector.policy.signal or "")
-        run.start()
-        self._capture = (run, anomaly, anomaly_id, request)
-        self._profiled = 1
-
     def _finish_job_capture(self) -> None:
         """This rank's part of a job's capture is over: its trace is written; the report is not this rank's to wait
         for (the asking rank's collector writes it)."""
         assert self._capture is not None
-        run, request = self._capture[0], self._capture[3]
-        assert request is not None
+        request, run = self._capture[2], self.driver.take()
+        assert request is not None and run is not None
         self._capture, self._profiled = None, 0
         run.stop()
         self._job_part_done(request, run, None)
@@ -288,12 +333,11 @@ class Watcher:
 
     def _finish_capture(self) -> None:
         assert self._capture is not None
-        run, anomaly, anomaly_id, _ = self._capture
-        assert anomaly is not None and anomaly_id is not None
+        (anomaly, anomaly_id, _), run = self._capture, self.driver.take()
+        assert anomaly is not None and anomaly_id is not None and run is not None
         self._capture, self._profiled = None, 0
         try:
-            run.finish()
-            summary = capture_summary(run.report())
+            summary = capture_summary(write_run(run).report or own_report(run))
         except SkalpelError as error:
             summary = f"no report: {error}"
         assert run.folder is not None
@@ -306,8 +350,8 @@ class Watcher:
     def close(self, *, exit_status: int | None = None) -> None:
         """Stop watching: a capture under way is analysed with what it holds; everything queued is written."""
         self.uninstall()
-        if self._capture is not None:
-            run, request = self._capture[0], self._capture[3]
+        if self._capture is not None and self.driver.run is not None:
+            run, request = self.driver.run, self._capture[2]
             try:
                 run.stop()
                 if request is not None:
@@ -317,6 +361,7 @@ class Watcher:
             except Exception as error:  # noqa: BLE001
                 _say(f"the capture under way at the end failed ({type(error).__name__}: {error})")
             self._capture = None
+            self.driver.take()
         self._close_job_captures()
         self.store.meta(status="ended", ended=time.strftime("%Y-%m-%dT%H:%M:%S"), steps=self.steps,
                         exit_status=exit_status)  # fmt: skip

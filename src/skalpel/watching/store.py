@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS anomalies (id INTEGER PRIMARY KEY, step INTEGER, kind
 # fails (0.5 us a value), and device_s is always None when its row is written
 _INSERT = (f"INSERT OR REPLACE INTO steps ({', '.join(STEP_COLUMNS[:-1])}) "
            f"VALUES ({', '.join('?' * (len(STEP_COLUMNS) - 1))})")  # fmt: skip
+RESTART = -1  # in the steps deque, in a step's place: (RESTART, note), a takeover (Store.restart)
 _DEVICE_TIME = "UPDATE steps SET device_s = ? WHERE step = ?"  # read back after the row (devicetime.py)
 
 
@@ -85,6 +86,7 @@ class Store:
         self.want_device = False  # the script initialised CUDA: the training thread is asked for its device
         self.failed: str | None = None  # why the store stopped being written
         self.on_flush: Callable[[], None] | None = None  # after each flush, on the writer thread (the live line)
+        self.on_restart: Callable[[], None] | None = None  # on the writer thread, once the steps before a takeover went
         self.last_row: tuple[Any, ...] | None = None
         self.steps_written = 0
         self._pending: list[tuple[Any, ...]] = []
@@ -116,6 +118,12 @@ class Store:
         """One step: its start and end on ``time.perf_counter()``, ``RunQueueClock.read()`` at both, its backward
         and optimizer time, the CUDA event at its end (the watcher appends to ``steps`` itself)."""
         self.steps.append((step, start, end, loader_s, profiled, *runq, backward_s, optimizer_s, device_event))
+
+    def restart(self, note: str) -> None:
+        """A stronger signal took over (``note`` says which): the steps so far were not training iterations. Once
+        the writer has taken every step appended before, their rows and anomalies are dropped, and the steps from
+        here, numbered from 1 again, are judged afresh."""
+        self.steps.append((RESTART, note))
 
     def cuda_device(self, device: int) -> None:
         """The training thread's CUDA device (asked for with ``want_device``): memory is judged there from now on."""
@@ -184,10 +192,15 @@ class Store:
         taken = [steps.popleft() for _ in range(len(steps))]  # popleft: safe against the training thread's append
         assert self.counters is not None
         self.timeline.add(self.counters.read())  # after the steps were taken: each ended before this reading
+        last_end = None
         for step in taken:
+            if step[0] == RESTART:
+                self._restart(step[1])
+                continue
             self._step(*step)
-        if taken:
-            self.timeline.forget_before(taken[-1][2])
+            last_end = step[2]
+        if last_end is not None:
+            self.timeline.forget_before(last_end)
         if self.device_times is not None:
             self._device_updates += self.device_times.ready()
         if self.counters.cuda_device is None and not self.want_device and cuda_in_use():
@@ -223,6 +236,20 @@ class Store:
                         memory=row[7] if row[7] is not None else row[6], runq_s=runq, judged=not profiled)  # fmt: skip
         for anomaly in self.detector.feed(sample):
             self.on_anomaly(anomaly, self._anomaly(anomaly, row[1]))
+
+    def _restart(self, note: str) -> None:
+        self._pending, self._device_updates = [], []
+        if self.device_times is not None:
+            self.device_times.forget()
+        self._execute("DELETE FROM steps", [()])
+        self._execute("DELETE FROM anomalies", [()])
+        self._handle(("meta", {"takeover": note}))
+        self.steps_written, self.last_row = 0, None
+        self._wall.clear()
+        self._cpu.clear()
+        self.detector.restart()
+        if self.on_restart is not None:
+            self.on_restart()
 
     def recent_step_s(self) -> float | None:
         """The median wall time of the last steps taken (on the writer thread; before the detector's window fills)."""
