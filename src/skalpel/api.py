@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import stat
 import sys
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import orjson
 
+from .display import cut_name
 from .errors import SkalpelError, TraceError
 from .trace.loader import ProgressCallback, find_trace_files, load, load_one, path_mode
 from .trace.parallel import process_count
@@ -67,7 +69,7 @@ def analyze_job(
     (the caller's imports then cost no time), else after its load, or before a job's ranks.
     """
     files = find_trace_files(paths)
-    capture = stored_capture(paths)
+    capture, damaged = _stored_capture(paths)
     if len(files) == 1 and not ray:
         report_progress = (lambda done, total: on_rank_progress(0, done / max(total, 1))) if on_rank_progress else None
 
@@ -82,7 +84,7 @@ def analyze_job(
         trace = load(files, on_progress=report_progress, workers=workers, while_decoding=meanwhile)
         from .job.build import build_report
 
-        report = build_report(trace, capture=capture, processes=process_count(workers))
+        report = _noting(build_report(trace, capture=capture, processes=process_count(workers)), damaged)
         return JobAnalysis(report, tuple(files), _flame(trace) if flame else None)
     from .job.join import Joining
     from .job.pool import split_all, split_on_ray, summarize_all, summarize_on_ray
@@ -100,6 +102,7 @@ def analyze_job(
         summarize_all(requests, workers=workers, on_progress=on_rank_progress, on_result=joining.add)
         split = partial(split_all, workers=workers)
     report, summaries = joining.finish(capture=capture, split=split)
+    report = _noting(report, damaged)
     graph = None
     if flame:  # from the lowest rank, as for a whole trace; loaded again only when it was not the first file
         graph = summaries[0].flame if summaries[0].flame is not None else _flame(load_one(summaries[0].path))
@@ -132,15 +135,25 @@ def stored_capture(paths: str | Path | Iterable[str | Path]) -> CaptureInfo | No
 
     Only for a single run folder: traces gathered from several places have no one capture.
     """
+    return _stored_capture(paths)[0]
+
+
+def _stored_capture(paths: str | Path | Iterable[str | Path]) -> tuple[CaptureInfo | None, str | None]:
+    """``stored_capture``, and the warning when the folder's report.json could not give them (damaged, or old)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if len(paths) != 1 or not (Path(paths[0]) / RUN_REPORT).is_file():
-        return None
+        return None, None
     from .result.report import Report
 
     try:
-        return Report.from_json((Path(paths[0]) / RUN_REPORT).read_bytes()).capture
-    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
-        return None  # an old or damaged report: analyse the traces without capture facts
+        return Report.from_json((Path(paths[0]) / RUN_REPORT).read_bytes()).capture, None
+    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as error:
+        return None, (f"{RUN_REPORT}: the capture facts it keeps (profiler overhead, CPU time) are not readable "
+                      f"({cut_name(str(error), 160)}): the traces are analysed without them")  # fmt: skip
+
+
+def _noting(report: Report, warning: str | None) -> Report:
+    return report if warning is None else dataclasses.replace(report, warnings=(*report.warnings, warning))
 
 
 def load_report(path: str | Path, *, which: str) -> Report:

@@ -8,6 +8,7 @@ written to JSON and read back without the trace, so any renderer can run again l
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import types
 import typing
@@ -445,7 +446,7 @@ class Report:
             steps=_build(StepStats, _required(data, "steps", ""), "steps"),
             ranks=ranks,
             findings=tuple(_finding_from_dict(item, f"findings[{i}]") for i, item in enumerate(_list(data, "findings", ""))),
-            capture=_build(CaptureInfo, data["capture"], "capture") if data.get("capture") else None,
+            capture=_capture_from_dict(data["capture"], "capture") if data.get("capture") else None,
             warnings=_checked(tuple(_list(data, "warnings", "")), tuple[str, ...], "warnings"),
             job=_job_from_dict(data["job"], "job") if data.get("job") else None,
         )
@@ -525,6 +526,45 @@ def _build(cls: type, data: Any, where: str) -> Any:
     return cls(**values)
 
 
+CPU_FACTS: dict[str, type] = {
+    "intra_op_threads": int, "inter_op_threads": int, "loader_workers": int, "processes": int, "cores_available": int,
+    "cpu_quota_cores": float, "cpu_s": float, "wall_s": float, "steps": int, "load_avg_1m": float, "runnable_now": int,
+    "run_queue_wait_s": float,
+}  # fmt: skip
+"""``CaptureInfo.cpu`` as capture/cpu.py writes it: each fact a number of 0 or more, or null (the rules divide by them)."""
+_CPU_NEEDED = ("cpu_s", "wall_s", "steps")
+_MOST = {int: 2**31, float: 1e9}  # a count that fits an int32; seconds, cores or load under a billion
+_MOST_MS = 1e12  # 31 years: no step or window takes longer
+_MOST_PCT = 1e6
+
+
+def _capture_from_dict(data: Any, where: str) -> CaptureInfo:
+    """CaptureInfo with its measured facts checked: a damaged report.json cannot put a fact no capture produces
+    (a negative time, a CPU time of 1e308 s, a string) into the arithmetic of the rules that read them."""
+    capture = _build(CaptureInfo, data, where)
+    for name in ("unprofiled_step_ms", "profiled_step_ms"):
+        _bounded(getattr(capture, name), 0.0, _MOST_MS, f"{where}.{name}")
+    for i, ms in enumerate(capture.window_medians_ms):
+        _bounded(ms, 0.0, _MOST_MS, f"{where}.window_medians_ms[{i}]")
+    for name in ("overhead_pct", "noise_pct", "overhead_noise_pct"):
+        _bounded(getattr(capture, name), -_MOST_PCT, _MOST_PCT, f"{where}.{name}")
+    if capture.cpu is not None:
+        for name in _CPU_NEEDED:
+            if name not in capture.cpu:
+                raise ReportFormatError(f"{where}.cpu.{name}: the field is missing")
+        for name, kind in CPU_FACTS.items():
+            value = capture.cpu.get(name)
+            if value is not None:
+                _checked(value, kind, f"{where}.cpu.{name}")
+                _bounded(value, 0, _MOST[kind], f"{where}.cpu.{name}")
+    return capture
+
+
+def _bounded(value: float | None, low: float, high: float, where: str) -> None:
+    if value is not None and not low <= value <= high:
+        raise ReportFormatError(f"{where}: {value!r:.30} is outside [{low:g}, {high:g}]")
+
+
 def _checked(value: Any, hint: Any, where: str) -> Any:
     if not _conforms(value, hint):
         raise ReportFormatError(f"{where}: expected {_describe(hint)}, got {_kind(value)}")
@@ -535,15 +575,15 @@ def _conforms(value: Any, hint: Any) -> bool:
     """Whether a JSON value fits a field's annotation (lists stand for tuples; an int is a float)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
-        return True
+        return _writable(value)
     if origin in (typing.Union, types.UnionType):
         return any(_conforms(value, arg) for arg in args)
     if hint is type(None):
         return value is None
     if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and _writable(value)
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, int) and not isinstance(value, bool) and _writable(value)
     if origin is dict:
         return isinstance(value, dict) and all(_conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items())
     if origin is tuple:
@@ -553,6 +593,21 @@ def _conforms(value: Any, hint: Any) -> bool:
             return all(_conforms(item, args[0]) for item in value)
         return len(value) == len(args) and all(_conforms(item, arg) for item, arg in zip(value, args))
     return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _writable(value: Any) -> bool:
+    """Whether the report can write ``value`` back as JSON: integers within 64 bits, finite numbers, at any depth."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return True
+    if isinstance(value, int):
+        return -(2**63) <= value < 2**64
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_writable(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_writable(item) for item in value)
+    return True
 
 
 def _describe(hint: Any) -> str:
