@@ -6,12 +6,18 @@ trace would: fields of the wrong type, numbers out of range, keys missing, step
 markers overlapping or repeated, nesting hundreds deep, names that are huge or hold
 terminal escapes and rich markup. Bytes are mutated separately (``flip_bytes``).
 Every mutation returns a short description, so that a failing case can be replayed.
+
+``one_field`` and ``one_header_field`` change a single field that the trace really has (an
+event's own key or one of its args; a header key or one of a device's properties): removed, of
+the wrong type, NaN or infinite (``serialize`` writes them as the NaN and Infinity tokens that
+Python's json and many parsers accept), huge, negative or zero.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import re
 from typing import Any, Callable
@@ -19,8 +25,9 @@ from typing import Any, Callable
 FIELDS = ("ph", "cat", "name", "ts", "dur", "pid", "tid", "id", "args")
 WRONG_VALUES: tuple[Any, ...] = (
     None, True, "", "x", "12", "1e999", [], [1, 2], {}, {"a": 1}, -1, 0, 2**63, 2**70, -(2**70), 1e308, -1e308, 0.5,
+    math.nan, math.inf, -math.inf,
 )  # fmt: skip
-FAR_TIMES = (0, -1, -(2**70), 10**18, 2**63, 2**64 + 1, 1e300)
+FAR_TIMES = (0, -1, -(2**70), 10**18, 2**63, 2**64 + 1, 1e300, math.inf, math.nan)
 HOSTILE_NAMES = (
     "aten::mm[/]", "[memory]", "[bold red]x[/]", "\x1b[2J\x1b[H", "\x1b]0;pwned\x07", "\x1b]8;;http://x\x1b\\l\x1b]8;;\x1b\\",
     "\x9b31m", "a\x00b", "x" * 200_000, "ProfilerStep#" + "9" * 40, "ProfilerStep#-1", "ProfilerStep#", "\u202egnp.exe",
@@ -28,6 +35,12 @@ HOSTILE_NAMES = (
 )  # fmt: skip
 DEEP = "\u0000deep:{depth}:{brackets}"  # a placeholder: json.dumps itself stops at about 1000 levels
 _DEEP_TEXT = re.compile(r'"\\u0000deep:(\d+):(\{\}|\[\])"')
+NON_FINITE = (math.nan, math.inf, -math.inf)
+HUGE = (1e300, -1e300, 1.7976931348623157e308, -1.7976931348623157e308, 2**63, 2**63 - 1, 2**64, -(2**63), 2**53 + 1)
+ODD_VALUES: dict[str, tuple[Any, ...]] = {  # what one field becomes; "missing" removes it
+    "missing": (None,), "str": ("", "x", "12", "1.5"), "list": ([], [1]), "dict": ({}, {"a": 1}), "None": (None,),
+    "bool": (True, False), "nan": (math.nan,), "inf": (math.inf, -math.inf), "huge": HUGE, "negative": (), "zero": (0, 0.0),
+}  # fmt: skip
 ARG_KEYS = ("correlation", "External id", "device", "stream", "Call stack", "Input Dims", "bytes", "Total Allocated")
 
 
@@ -38,6 +51,19 @@ def _events(document: dict) -> list:
 def _some_event(document: dict, rng: random.Random) -> dict | None:
     candidates = [event for event in _events(document) if isinstance(event, dict)]
     return rng.choice(candidates) if candidates else None
+
+
+def _some_kind_of_event(document: dict, rng: random.Random) -> dict | None:
+    """An event, half the time of a kind (phase, category, step marker or not) drawn first: the rare kinds get their turn."""
+    if rng.random() < 0.5:
+        return _some_event(document, rng)
+    kinds: dict[tuple, list[dict]] = {}
+    for event in _events(document):
+        if isinstance(event, dict):
+            name = event.get("name")
+            marker = name[:8] if isinstance(name, str) and (name.startswith("ProfilerStep#") or name == "[memory]") else ""
+            kinds.setdefault((str(event.get("ph")), str(event.get("cat")), marker), []).append(event)
+    return rng.choice(kinds[rng.choice(sorted(kinds))]) if kinds else None
 
 
 def _steps(document: dict) -> list[dict]:
@@ -144,15 +170,102 @@ def stray_values(document: dict, rng: random.Random) -> str:
     return f"stray {value!r:.30} in the events"
 
 
+def _odd_value(current: Any, rng: random.Random) -> tuple[str, Any]:
+    """A kind of damage and the value it leaves (``negative`` flips the current number, or -1)."""
+    how = rng.choice(tuple(ODD_VALUES))
+    if how == "negative":
+        number = current if isinstance(current, (int, float)) and not isinstance(current, bool) else 1
+        return how, -abs(number) or -1
+    return how, copy.deepcopy(rng.choice(ODD_VALUES[how]))
+
+
+def _set_or_drop(holder: dict | list, key: str | int, how: str, value: Any) -> str:
+    if how == "missing":
+        holder.pop(key)
+        return f"{key!r} missing"
+    holder[key] = value  # type: ignore[index]
+    return f"{key!r}={value!r:.40}"
+
+
+def one_field(document: dict, rng: random.Random) -> str:
+    """One field of one event (its own key, one of its args, or a number inside an arg's list) removed or made odd."""
+    event = _some_kind_of_event(document, rng)
+    if event is None:
+        return "no event"
+    holders: list[tuple[dict | list, str]] = [(event, "")] + _holders(event.get("args"), "args", rng)
+    if len(holders) == 1 and not event or rng.random() < 0.1:  # a key the event lacks: not to be assumed away either
+        event.setdefault(rng.choice(FIELDS), 0)
+    holder, where = rng.choice(holders)
+    key = rng.choice(list(holder) if isinstance(holder, dict) else range(len(holder)))
+    how, value = _odd_value(holder[key], rng)
+    return f"{event.get('ph')!s:.3}/{event.get('cat')!s:.20} {where} {_set_or_drop(holder, key, how, value)} ({how})"
+
+
+def _holders(value: Any, where: str, rng: random.Random, depth: int = 0) -> list[tuple[dict | list, str]]:
+    """The dicts and lists inside a header value, with where they are (a few items of each list)."""
+    if depth > 5 or not isinstance(value, (dict, list)) or not value:
+        return []
+    found: list[tuple[dict | list, str]] = [(value, where)]
+    if isinstance(value, dict):
+        items = list(value.items())
+    else:
+        picks = sorted({0, len(value) - 1, rng.randrange(len(value))})
+        items = [(index, value[index]) for index in picks]
+    for key, item in items:
+        found += _holders(item, f"{where}[{key!r:.30}]", rng, depth + 1)
+    return found
+
+
+def one_header_field(document: dict, rng: random.Random) -> str:
+    """One header field, at any depth (deviceProperties, distributedInfo, skalpel's line samples), removed or made odd."""
+    header = {key: value for key, value in document.items() if key != "traceEvents"}
+    holders = [(document, "header")] + [pair for key, value in header.items() for pair in _holders(value, key, rng)]
+    holder, where = rng.choice(holders)
+    keys = [key for key in holder if key != "traceEvents"] if isinstance(holder, dict) else list(range(len(holder)))
+    if not keys:
+        return "no header field"
+    key = rng.choice(keys)
+    how, value = _odd_value(holder[key], rng)
+    return f"{where}: {_set_or_drop(holder, key, how, value)} ({how})"
+
+
+def one_report_field(document: dict, rng: random.Random) -> str:
+    """One field of a skalpel.report/1 document (read back by ``skalpel analyze report.json``), at any depth, made odd."""
+    capture = document.get("capture")
+    if isinstance(capture, dict) and capture and rng.random() < 0.8:  # what a re-analysis of a run folder reads back
+        holders = _holders(capture, "capture", rng)
+    else:
+        holders = _holders(document, "report", rng, depth=-4)
+    holder, where = rng.choice(holders)
+    key = rng.choice(list(holder) if isinstance(holder, dict) else range(len(holder)))
+    how, value = _odd_value(holder[key], rng)
+    if how in ("nan", "inf"):  # not JSON: a report with them is not read at all; the huge finite ones are
+        how, value = "huge", rng.choice(HUGE)
+    return f"{where}: {_set_or_drop(holder, key, how, value)} ({how})"
+
+
+def duplicate_event(document: dict, rng: random.Random) -> str:
+    """One event written twice (beside itself or at the end)."""
+    event = _some_kind_of_event(document, rng)
+    if event is None:
+        return "no event"
+    events = _events(document)
+    where = events.index(event) + 1 if rng.random() < 0.5 else len(events)
+    events.insert(where, copy.deepcopy(event))
+    return f"{event.get('ph')!s:.3}/{event.get('cat')!s:.20} {event.get('name')!s:.30} twice"
+
+
 FIELD_MUTATIONS: tuple[Callable[[dict, random.Random], str], ...] = (
     wrong_type, far_time, all_times_zero, missing_key, step_overlap, deep_nesting, hostile_name, wrong_arg, header,
-    stray_values,
+    stray_values, one_field, one_field, one_header_field, duplicate_event,
 )  # fmt: skip
 RARE = (all_times_zero,)  # rewrites the whole trace: one case in several
 
 
 def mutate(document: dict, rng: random.Random, count: int) -> list[str]:
     """Apply ``count`` field mutations to ``document`` in place; their descriptions."""
+    if str(document.get("schema", "")).startswith("skalpel.report/"):
+        return [f"one_report_field: {one_report_field(document, rng)}" for _ in range(count)]
     done = []
     for _ in range(count):
         mutation = rng.choice(FIELD_MUTATIONS)

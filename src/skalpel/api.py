@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import orjson
 
+from .display import cut_name
 from .errors import SkalpelError, TraceError
 from .trace.loader import ProgressCallback, find_trace_files, path_mode
 from .trace.source import without_bom
@@ -53,8 +54,9 @@ def analyze_job(
     capture facts of a run folder, when ``paths`` is one."""
     from .job.report_of import report_of
 
-    return report_of(paths, capture=stored_capture(paths), workers=workers, ray=ray, flame=flame,
-                     on_rank_progress=on_rank_progress, while_loading=while_loading)  # fmt: skip
+    capture, damaged = _stored_capture(paths)
+    return report_of(paths, capture=capture, notes=[damaged] if damaged else (), workers=workers, ray=ray,
+                     flame=flame, on_rank_progress=on_rank_progress, while_loading=while_loading)  # fmt: skip
 
 
 def _in_bytes(files: list[Path], on_progress: ProgressCallback | None) -> RankProgressCallback | None:
@@ -77,15 +79,21 @@ def stored_capture(paths: str | Path | Iterable[str | Path]) -> CaptureInfo | No
 
     Only for a single run folder: traces gathered from several places have no one capture.
     """
+    return _stored_capture(paths)[0]
+
+
+def _stored_capture(paths: str | Path | Iterable[str | Path]) -> tuple[CaptureInfo | None, str | None]:
+    """``stored_capture``, and the warning when the folder's report.json could not give them (damaged, or old)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if len(paths) != 1 or not (Path(paths[0]) / RUN_REPORT).is_file():
-        return None
+        return None, None
     from .result.report import Report
 
     try:
-        return Report.from_json((Path(paths[0]) / RUN_REPORT).read_bytes()).capture
-    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
-        return None  # an old or damaged report: analyse the traces without capture facts
+        return Report.from_json((Path(paths[0]) / RUN_REPORT).read_bytes()).capture, None
+    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as error:
+        return None, (f"{RUN_REPORT}: the capture facts it keeps (profiler overhead, CPU time) are not readable "
+                      f"({cut_name(str(error), 160)}): the traces are analysed without them")  # fmt: skip
 
 
 def load_report(path: str | Path, *, which: str) -> Report:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from typing import Any
@@ -84,15 +85,15 @@ def _conforms(value: Any, hint: Any) -> bool:
     """Whether a JSON value fits a field's annotation (lists stand for tuples; an int is a float)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
-        return True
+        return _writable(value)
     if origin in (typing.Union, types.UnionType):
         return any(_conforms(value, arg) for arg in args)
     if hint is type(None):
         return value is None
     if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and _writable(value)
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, int) and not isinstance(value, bool) and _writable(value)
     if origin is dict:
         return isinstance(value, dict) and all(_conforms(k, args[0]) and _conforms(v, args[1])
                                                for k, v in value.items())  # fmt: skip
@@ -103,6 +104,21 @@ def _conforms(value: Any, hint: Any) -> bool:
             return all(_conforms(item, args[0]) for item in value)
         return len(value) == len(args) and all(_conforms(item, arg) for item, arg in zip(value, args))
     return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _writable(value: Any) -> bool:
+    """Whether the report can write ``value`` back as JSON: integers within 64 bits, finite numbers, at any depth."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return True
+    if isinstance(value, int):
+        return -(2**63) <= value < 2**64
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_writable(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_writable(item) for item in value)
+    return True
 
 
 def _describe(hint: Any) -> str:

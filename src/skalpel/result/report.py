@@ -488,7 +488,7 @@ class Report:
             steps=build(StepStats, required(data, "steps", ""), "steps"),
             ranks=ranks,
             findings=tuple(_finding_from_dict(item, f"findings[{i}]") for i, item in enumerate(items(data, "findings", ""))),
-            capture=build(CaptureInfo, data["capture"], "capture") if data.get("capture") else None,
+            capture=_capture_from_dict(data["capture"], "capture") if data.get("capture") else None,
             warnings=checked(tuple(items(data, "warnings", "")), tuple[str, ...], "warnings"),
             job=_job_from_dict(data["job"], "job") if data.get("job") else None,
         )
@@ -551,3 +551,42 @@ def _ledger_from_dict(data: Any, where: str) -> LedgerSummary:
         units = tuple(build(LedgerUnitRow, unit, f"{at}.units[{j}]") for j, unit in enumerate(items(lane, "units", at)))
         lanes.append(build(LedgerLane, {**lane, "units": units}, at))
     return build(LedgerSummary, {**data, "lanes": tuple(lanes)}, where)
+
+
+CPU_FACTS: dict[str, type] = {
+    "intra_op_threads": int, "inter_op_threads": int, "loader_workers": int, "processes": int, "cores_available": int,
+    "cpu_quota_cores": float, "cpu_s": float, "wall_s": float, "steps": int, "load_avg_1m": float, "runnable_now": int,
+    "run_queue_wait_s": float,
+}  # fmt: skip
+"""``CaptureInfo.cpu`` as capture/cpu.py writes it: each fact a number of 0 or more, or null (the rules divide by them)."""
+_CPU_NEEDED = ("cpu_s", "wall_s", "steps")
+_MOST = {int: 2**31, float: 1e9}  # a count that fits an int32; seconds, cores or load under a billion
+_MOST_MS = 1e12  # 31 years: no step or window takes longer
+_MOST_PCT = 1e6
+
+
+def _capture_from_dict(data: Any, where: str) -> CaptureInfo:
+    """CaptureInfo with its measured facts checked: a damaged report.json cannot put a fact no capture produces
+    (a negative time, a CPU time of 1e308 s, a string) into the arithmetic of the rules that read them."""
+    capture = build(CaptureInfo, data, where)
+    for name in ("unprofiled_step_ms", "profiled_step_ms"):
+        _bounded(getattr(capture, name), 0.0, _MOST_MS, f"{where}.{name}")
+    for i, ms in enumerate(capture.window_medians_ms):
+        _bounded(ms, 0.0, _MOST_MS, f"{where}.window_medians_ms[{i}]")
+    for name in ("overhead_pct", "noise_pct", "overhead_noise_pct"):
+        _bounded(getattr(capture, name), -_MOST_PCT, _MOST_PCT, f"{where}.{name}")
+    if capture.cpu is not None:
+        for name in _CPU_NEEDED:
+            if name not in capture.cpu:
+                raise ReportFormatError(f"{where}.cpu.{name}: the field is missing")
+        for name, expected in CPU_FACTS.items():
+            value = capture.cpu.get(name)
+            if value is not None:
+                checked(value, expected, f"{where}.cpu.{name}")
+                _bounded(value, 0, _MOST[expected], f"{where}.cpu.{name}")
+    return capture
+
+
+def _bounded(value: float | None, low: float, high: float, where: str) -> None:
+    if value is not None and not low <= value <= high:
+        raise ReportFormatError(f"{where}: {value!r:.30} is outside [{low:g}, {high:g}]")
