@@ -121,12 +121,13 @@ class Rule:
 
 
 @dataclass
-class Context:
-    """What a check may read: the analysis results, the capture settings, and user-code locations."""
+class JobContext:
+    """What a rule of job scope may read: the analyses the join made of the ranks' summaries (steps, collectives,
+    the rank comparison, each rank's per-rank results and its known locations), the capture settings. No events:
+    the join holds no trace, so it has no locator either (``tests/test_rule_scope.py`` keeps job rules off them)."""
 
     analyses: Analyses
     capture: CaptureInfo | None = None
-    _locator: Any = field(default=None, repr=False)
 
     @property
     def steps(self) -> StepSegmentation:
@@ -134,12 +135,20 @@ class Context:
 
     @property
     def ranks(self) -> tuple[RankInfo, ...]:
-        """What the trace says of each rank loaded (a whole trace's and a job's driver's alike)."""
+        """What each rank's file says of it."""
         return self.analyses.trace.ranks
 
     @property
     def rank_ids(self) -> list[int]:
         return [info.rank for info in self.ranks]
+
+
+@dataclass
+class Context(JobContext):
+    """What a rule of rank scope may read, where its rank's trace is: a job rule's context, and user-code
+    locations from the trace's events."""
+
+    _locator: Any = field(default=None, repr=False)
 
     def locations(self, events: Iterable[int] | np.ndarray, *, limit: int = 3) -> tuple[str, ...]:
         """The innermost user-code frames around these events, most frequent first."""
@@ -163,29 +172,6 @@ class Context:
     def locations_at(self, rank: int, tid: int | None, ts_us: Iterable[float], *, limit: int = 3) -> tuple[str, ...]:
         """The innermost user-code frames open at these instants on a host thread (memory events)."""
         return self._get_locator().locations_at(rank, tid, ts_us, limit=limit)
-
-
-@dataclass
-class JobContext:
-    """What a rule of job scope may read: the analyses the join made of the ranks' summaries (steps, collectives,
-    the rank comparison, each rank's per-rank results and its known locations), the capture settings. No events:
-    the join holds no trace, so it has no locator either (``tests/test_rule_scope.py`` keeps job rules off them)."""
-
-    analyses: Analyses
-    capture: CaptureInfo | None = None
-
-    @property
-    def steps(self) -> StepSegmentation:
-        return self.analyses.steps
-
-    @property
-    def ranks(self) -> tuple[RankInfo, ...]:
-        """What each rank's file says of it."""
-        return self.analyses.trace.ranks
-
-    @property
-    def rank_ids(self) -> list[int]:
-        return [info.rank for info in self.ranks]
 
 
 def _plain(value: Any) -> Any:
