@@ -349,3 +349,14 @@ def test_the_ledger_draws_a_bar_per_unit_and_lane_and_escapes_what_it_quotes() -
     rank = dataclasses.replace(report.ranks[0], ledger=dataclasses.replace(report.ranks[0].ledger, notes=(EVIL,)))
     page = html.render(dataclasses.replace(report, ranks=(rank,)))
     assert escape(EVIL) in page and EVIL not in page
+
+
+def test_the_step_chart_scales_on_finite_numbers_only() -> None:
+    """Axes and bars from numbers that cannot be drawn (not finite, or so large that 10% more overflows) are left
+    out or clamped, never an internal error or "nan" in the page."""
+    assert html_svg.nice_ticks(float("nan")) == [0.0] and html_svg.nice_ticks(float("inf")) == [0.0]
+    assert html_svg.nice_ticks(10.0) == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    chart = html_svg.step_bars([("rank 0", [10.0, float("nan"), float("inf"), 12.0])])
+    assert "nan" not in chart.lower() and "inf" not in chart.lower() and chart.count("<rect") == 2
+    huge = html_svg.step_bars([("rank 0", [1.7e308, 1.0])])
+    assert "nan" not in huge.lower() and "inf" not in huge.lower()

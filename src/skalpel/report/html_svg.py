@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from html import escape
 from typing import Callable, Mapping, Sequence
 
@@ -134,7 +135,7 @@ def _open(height: float, label: str) -> str:
 
 
 def nice_ticks(top: float, count: int = 5) -> list[float]:
-    if top <= 0:
+    if not math.isfinite(top) or top <= 0:  # nothing to scale (a value that cannot be measured never reaches here)
         return [0.0]
     raw = top / count
     magnitude = 10 ** math.floor(math.log10(raw))
@@ -144,9 +145,12 @@ def nice_ticks(top: float, count: int = 5) -> list[float]:
 
 def step_bars(series: Sequence[tuple[str, Sequence[float]]], *, label: str = "step time") -> str:
     """Step time per step (ms), one bar per step and rank, with the median as a dashed line."""
-    series = [(name, list(values)) for name, values in series if len(values)]
+    # a step time that is not a finite number is not drawn (the report's reader refuses one; a caller may not)
+    series = [(name, [value for value in values if math.isfinite(value)]) for name, values in series]
+    series = [(name, values) for name, values in series if values]
     n = max((len(values) for _, values in series), default=0)
-    top = max((max(values) for _, values in series), default=1.0) * 1.1 or 1.0
+    top = max((max(values) for _, values in series), default=1.0)
+    top = (top * 1.1 if top < sys.float_info.max / 1.1 else top) or 1.0
     left, bottom, height = 70, 34, 260
     plot_w, plot_h = WIDTH - left - 20, height - bottom - 24
     slot = plot_w / max(n, 1)
