@@ -102,13 +102,12 @@ def report_of_trace(trace: Trace, *, capture: CaptureInfo | None = None, process
     this process and joined. With ``processes`` > 1 some analyses of a large trace run in a forked process."""
     if len(trace.ranks) != 1:
         raise ValueError(f"a trace of {len(trace.ranks)} ranks: report_of(paths) reduces a job's files rank by rank")
-    from .join import Joining
+    from .join import join_summaries
     from .rank import SummaryRequest, summarize_loaded
 
-    joining = Joining()
-    joining.add(0, summarize_loaded(trace, SummaryRequest(Path(trace.ranks[0].path), 1, capture=capture),
-                                    processes=processes))  # fmt: skip
-    return joining.finish(capture=capture)[0]
+    request = SummaryRequest(Path(trace.ranks[0].path), 1, capture=capture)
+    summary = summarize_loaded(trace, request, processes=processes)
+    return join_summaries([summary], capture=capture)[0]
 
 
 def _summarize_here(path: Path, capture: CaptureInfo | None, flame: bool, flame_files: bool, workers: int | None,
