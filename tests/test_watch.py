@@ -370,11 +370,13 @@ def test_under_torchrun_the_slow_rank_is_named_online_captured_on_every_rank_and
     report = orjson.loads((capture / "report.json").read_bytes())
     assert [rank["rank"] for rank in report["ranks"]] == [0, 1]
     loaded = any(finding["id"] == "cpu_contention" for finding in report["findings"])
-    # Rank 1 calls aten::mm about 3x as often a step: a straggler from extra work, whatever the machine's load
+    # Rank 1 spends 3x the thread time a step in aten::mm: a straggler from extra work, whatever the machine's load.
+    # The loops are timed, not counted, so the call ratio is 3x only where one mm costs the same on both ranks; under
+    # CI load it was 1.95x (an mm is slower on the rank that profiles more of them): well above the even 1x it is.
     (straggler,) = [finding for finding in report["findings"] if finding["id"] == "straggler_rank"]
     assert straggler["rank"] == 1 and straggler["severity"] != "info", straggler
     evidence = straggler["evidence"]
-    assert evidence["extra_work_op"] == "aten::mm" and evidence["call_ratio"] >= 2, straggler
+    assert evidence["extra_work_op"] == "aten::mm" and evidence["call_ratio"] >= 1.5, straggler
     assert re.search(r"rank 1 runs \d+\.\dx the aten::mm calls a step: [\d.]+ vs [\d.]+;", straggler["title"]), straggler
     # linked to the anomaly, with the report's findings, most severe first (unloaded: the straggler)
     assert slow[0][2] == f"../{capture.name}" and slow[0][3].startswith(f"{report['findings'][0]['id']}: "), slow
