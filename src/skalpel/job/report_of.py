@@ -64,7 +64,8 @@ def report_of(
     """
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files = find_trace_files(paths)
-    if len(files) == 1 and not ray:
+    in_process = len(files) == 1 and not ray  # a single file is summarised here, its decoding forked when large
+    if in_process:
         single = _summarize_here(files[0], capture, flame, flame_files, workers, on_rank_progress, while_loading)
     elif while_loading is not None:
         while_loading()
@@ -75,14 +76,15 @@ def report_of(
 
     joining = Joining()  # each rank's own part of the join as its summary arrives, beside the workers
     split = split_here
-    if len(files) == 1 and not ray:
+    if in_process:
         joining.add(0, single)
     else:
         requests = [SummaryRequest(path, len(files), flame=(flame or flame_files) and index == 0,
                                    flame_files=flame_files and index == 0, capture=capture)
                     for index, path in enumerate(files)]  # fmt: skip
         if ray:
-            summarize_on_ray(requests, None if ray is True else ray, on_progress=on_rank_progress, on_result=joining.add)
+            address = None if ray is True else ray
+            summarize_on_ray(requests, address, on_progress=on_rank_progress, on_result=joining.add)
             split = split_on_ray
         else:
             summarize_all(requests, workers=workers, on_progress=on_rank_progress, on_result=joining.add)
