@@ -197,6 +197,13 @@ class WaitSpans:
 
     __hash__ = None  # type: ignore[assignment] - equal to the tuple of its rows
 
+    def __getstate__(self) -> dict:
+        """To another process with the step positions as int32 (300,000 pieces a 1 GB rank: 1.2 MB less each)."""
+        return {"steps": self.steps.astype(np.int32), "starts": self.starts, "ends": self.ends}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, steps=state["steps"].astype(np.int64))
+
 
 @dataclass(frozen=True)
 class RankBlame:

@@ -147,8 +147,7 @@ def split_waits(waits: CollectiveWaits, arrivals: Arrivals, *, shift_us: float =
 
     All pieces at once (a 1 GB rank has some 300,000): each piece gives one part before the last arrival and one
     after, summed by step and by cause with ``bincount``, which adds in the pieces' order, as a loop over them
-    would. ``waits``: a ``CollectiveWaits`` or anything with its ``columns()``, ``described`` and ``step_numbers``
-    (the join's packed waits). ``shift_us`` and ``event_offset``: the pieces moved onto the job's clock and event
+    would. ``waits``: a rank's ``CollectiveWaits``, as its worker sent it. ``shift_us`` and ``event_offset``: the pieces moved onto the job's clock and event
     numbering (the join's; ``arrivals`` are already there), without making them first."""
     steps, lows, highs, host_side = waits.columns()
     count = len(lows)

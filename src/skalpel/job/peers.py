@@ -14,7 +14,6 @@ from typing import Callable
 from ..analysis.blame import PeerSplit
 from ..analysis.blame_peers import CollectiveWaits, split_waits
 from ..analysis.ranks import Arrivals
-from .transfer import PackedWaits
 
 
 @dataclass(frozen=True)
@@ -22,7 +21,7 @@ class SplitRequest:
     """One rank's waits, its matched collectives' arrivals on the job's clock, and where its times move."""
 
     rank: int
-    waits: CollectiveWaits | PackedWaits
+    waits: CollectiveWaits
     arrivals: Arrivals
     shift_us: float  # onto the job's clock
     event_offset: int  # into the job's event numbering

@@ -40,7 +40,7 @@ from ..result.report import CaptureInfo, Finding, RankReport
 from ..trace.loader import collector_paused, load_one
 from ..trace.model import RankInfo, Trace
 from .build import rank_report
-from .transfer import PackedWaits, packed_comm, packed_memory, packed_waits
+from .transfer import packed_comm, packed_memory
 
 
 @dataclass
@@ -66,15 +66,14 @@ class RankSummary:
     locations: RankLocations | None = None  # what the job-level findings may cite for it
     flame: FlameGraphs | None = None  # its flame graphs, when asked for
     host_signs: HostSigns | None = None  # what its host side says of a GPU (to name the job's device)
-    # Its blame's collective wait, for the join to split by peer; a PackedWaits once it reached the driver.
-    collective_waits: CollectiveWaits | PackedWaits | None = None
+    # Its blame's collective wait, for the join to split by peer (columns: they travel as they are).
+    collective_waits: CollectiveWaits | None = None
 
     def __getstate__(self) -> dict:
-        """To the driver with the collectives, wait spans and memory curve as columns (``transfer``): they unpickle
-        faster, and stay columns there (the join moves and compares them so, and sends the waits on to a worker
-        to split)."""
-        return {**self.__dict__, "comm": packed_comm(self.comm), "collective_waits": packed_waits(self.collective_waits),
-                "memory": packed_memory(self.memory)}
+        """To the driver with the collectives and memory curve as columns (``transfer``): they unpickle faster, and
+        stay columns there (the join moves and compares them so). The wait spans are columns already, and the
+        driver sends them on to a worker to split."""
+        return {**self.__dict__, "comm": packed_comm(self.comm), "memory": packed_memory(self.memory)}
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ A rank of 1 GB has some 50,000 collectives and as many collective-wait spans. Pi
 (frozen, slotted ``Collective``s; tuples of tuples), each costs the driver microseconds to unpickle,
 and the driver unpickles every rank's summary, one after another, while the workers go on: for
 1,000 ranks that is minutes. As columns (a few arrays) they travel in fewer bytes, and the driver keeps
-them so: the join moves and compares them as columns, and sends the waits on to be split; what arrives
-is equal to what was sent.
+them so: the join moves and compares them as columns; what arrives is equal to what was sent. (The
+collective-wait spans are columns from the start, ``WaitSpans``, and travel as themselves.)
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from collections import deque
 
 import numpy as np
 
-from ..analysis.blame import WaitSpans
-from ..analysis.blame_peers import CollectiveWaits
 from ..analysis.collectives import Collective
 from ..analysis.comm import CommAnalysis
 from ..analysis.memory import DeviceMemory
@@ -114,40 +112,6 @@ def packed_comm(comm: CommAnalysis | None) -> CommAnalysis | None:
     return CommAnalysis(tuple(rank if isinstance(rank.collectives, PackedCollectives)
                               else dataclasses.replace(rank, collectives=PackedCollectives.of(rank.collectives))
                               for rank in comm.ranks))  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class PackedWaits:
-    """``CollectiveWaits`` with its spans and host sides as arrays."""
-
-    steps: np.ndarray
-    lows: np.ndarray
-    highs: np.ndarray
-    step_numbers: tuple[int, ...]
-    described: dict[int, tuple[str, str | None]]
-    host_side: np.ndarray
-
-    @classmethod
-    def of(cls, waits: CollectiveWaits) -> PackedWaits:
-        spans = waits.spans
-        return cls(spans.steps.astype(np.int32), spans.starts, spans.ends, waits.step_numbers, waits.described,
-                   waits.host_side)  # fmt: skip
-
-    @property
-    def pieces(self) -> int:
-        return len(self.lows)
-
-    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """As ``CollectiveWaits.columns``: the join splits the waits as they arrived, never unpacked."""
-        return self.steps.astype(np.int64), self.lows, self.highs, self.host_side
-
-    def unpacked(self) -> CollectiveWaits:
-        spans = WaitSpans(self.steps.astype(np.int64), self.lows, self.highs)
-        return CollectiveWaits(spans, self.step_numbers, self.described, self.host_side)
-
-
-def packed_waits(waits: CollectiveWaits | PackedWaits | None) -> PackedWaits | None:
-    return waits if waits is None or isinstance(waits, PackedWaits) else PackedWaits.of(waits)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
