@@ -112,6 +112,18 @@ def test_memory_curve_from_bytes_alone():
     assert cuda.peak_bytes > 0
 
 
+def test_damaged_byte_counts_never_wrap_the_running_sum():
+    """Bytes fields read as up to 2**63 (a damaged trace) count as 1 TiB each: the sum of millions of events cannot
+    wrap round int64 into a negative or tiny peak."""
+    trace, steps = _analyse("kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz")
+    real = memory(trace, steps).main_device(trace.rank_ids[0]).peak_bytes
+    rows = np.flatnonzero(trace.memory.device_type == trace.memory.device_type[np.argmax(trace.memory.nbytes)])[:4]
+    trace.memory.nbytes[rows] = [2**63 - 1, 2**63 - 1, 2**63 - 1, -(2**63 - 1)]
+    damaged = memory(trace, steps).main_device(trace.rank_ids[0])
+    values = np.array([value for _, value in damaged.curve])
+    assert values.min() >= 0 and 3 * 2**40 <= damaged.peak_bytes <= real + 3 * 2**40
+
+
 @pytest.fixture(scope="module")
 def leaking_run(tmp_path_factory):
     """A real torch.profiler run on CPU: six profiled steps, each leaking 1 MiB and calling .item()."""

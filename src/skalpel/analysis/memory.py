@@ -176,13 +176,17 @@ def _capacity(trace: Trace, rank: int, device_id: int) -> int | None:
     return None
 
 
+_LARGEST_EVENT_BYTES = 2**40
+
+
 def _running_sum(nbytes: np.ndarray) -> np.ndarray:
     """Allocated bytes from signed Bytes alone: a lower bound, lifted so that it never goes below 0.
 
     A dip below 0 means memory allocated before profiling started was freed; at least that
-    much was in use at the start.
+    much was in use at the start. An event of more than 1 TiB is no real allocation (a damaged field, read as up to
+    2**63): it counts as 1 TiB, so that millions of events still sum inside int64 instead of wrapping round.
     """
-    total = np.cumsum(nbytes)
+    total = np.cumsum(np.clip(nbytes, -_LARGEST_EVENT_BYTES, _LARGEST_EVENT_BYTES))
     return total - min(int(total.min()), 0)
 
 
