@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..result.report import KernelRow
 from ..trace.kinds import Kind
 from ..trace.model import Trace
 from .timeline import device_mask
@@ -20,27 +21,15 @@ _TYPES = {Kind.KERNEL: "COMP", Kind.COMM_KERNEL: "COMM", Kind.MEMCPY: "MEMORY", 
 
 
 @dataclass(frozen=True)
-class KernelStats:
-    """One kernel name on one rank: calls and time."""
-
-    name: str
-    type: str  # COMP | COMM | MEMORY
-    calls: int
-    total_ms: float
-    mean_us: float
-    share_pct: float  # of all device time on this rank
-
-
-@dataclass(frozen=True)
 class RankKernels:
     """The kernel table of one rank."""
 
     rank: int
-    rows: tuple[KernelStats, ...]  # by total time, longest first
+    rows: tuple[KernelRow, ...]  # by total time, longest first
     device_ms: float  # all device time on this rank
     ms_by_type: dict[str, float]  # COMP / COMM / MEMORY -> ms
 
-    def top(self, count: int) -> tuple[KernelStats, ...]:
+    def top(self, count: int) -> tuple[KernelRow, ...]:
         return self.rows[:count]
 
 
@@ -77,7 +66,7 @@ def _rank_kernels(trace: Trace, rank: int, events: np.ndarray) -> RankKernels:
     for g in np.argsort(-total, kind="stable"):
         kind = Kind(int(unique_keys[g] >> 32))
         rows.append(
-            KernelStats(
+            KernelRow(
                 name=trace.names[int(unique_keys[g] & 0xFFFFFFFF)],
                 type=_TYPES[kind],
                 calls=int(calls[g]),

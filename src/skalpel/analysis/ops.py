@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..result.report import OpRow
 from ..trace.kinds import HOST_OP_KINDS, Kind, kind_array
 from ..trace.model import Trace, isin_few
 from . import numeric
@@ -36,27 +37,14 @@ _NESTING = kind_array(HOST_OP_KINDS | {Kind.STEP})
 
 
 @dataclass(frozen=True)
-class OpStats:
-    """One op name on one rank: calls, self and total host time, self device time."""
-
-    name: str
-    calls: int
-    self_ms: float  # host time excluding direct child ops
-    total_ms: float  # host time including child ops
-    device_ms: float  # self device time: kernels, copies and memsets this op launched itself
-    input_shapes: str | None  # most frequent 'Input Dims' (JSON), None when not recorded
-    shape_variants: int = 0  # distinct 'Input Dims' among the row's calls (0: none recorded)
-
-
-@dataclass(frozen=True)
 class RankOps:
     """The op table of one rank."""
 
     rank: int
-    rows: tuple[OpStats, ...]  # sorted by device_ms when sorted_by == "device_ms", else by self_ms
+    rows: tuple[OpRow, ...]  # sorted by device_ms when sorted_by == "device_ms", else by self_ms
     sorted_by: str  # "device_ms" | "self_ms"
 
-    def top(self, count: int) -> tuple[OpStats, ...]:
+    def top(self, count: int) -> tuple[OpRow, ...]:
         return self.rows[:count]
 
 
@@ -200,7 +188,7 @@ def _enclosing_ops(trace: Trace, nesting: np.ndarray, calls: np.ndarray) -> np.n
     return result
 
 
-def _aggregate(trace: Trace, ops: np.ndarray, self_us: np.ndarray, device_us: np.ndarray, sort_key: str) -> tuple[OpStats, ...]:
+def _aggregate(trace: Trace, ops: np.ndarray, self_us: np.ndarray, device_us: np.ndarray, sort_key: str) -> tuple[OpRow, ...]:
     if len(ops) == 0:
         return ()
     # Group by name id with bincount (no sort): ids are small, dense integers into trace.names.
@@ -217,7 +205,7 @@ def _aggregate(trace: Trace, ops: np.ndarray, self_us: np.ndarray, device_us: np
     ranked = np.lexsort((-total, -self_sum, -primary))
     shapes, variants = _common_shapes(trace, ops, group, len(ids))
     return tuple(
-        OpStats(
+        OpRow(
             name=trace.names[int(ids[g])],
             calls=int(calls[g]),
             self_ms=float(self_sum[g]) / 1000.0,

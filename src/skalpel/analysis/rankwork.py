@@ -12,11 +12,11 @@ call (host self time, or device self time where that is larger).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
+from ..result.report import OpRow
 from . import numeric
-from .ops import OpStats, OpTable
+from .ops import OpTable
 from .options import MIN_CALL_RATIO
 from .steps import StepSegmentation
 
@@ -57,7 +57,7 @@ class RankWork:
     work: dict[str, tuple[float, str | None]]
 
 
-def rank_work(rows: tuple[OpStats, ...], steps: int, kinds: list[dict[str, tuple[float, str | None]]] | None = None) -> RankWork:
+def rank_work(rows: tuple[OpRow, ...], steps: int, kinds: list[dict[str, tuple[float, str | None]]] | None = None) -> RankWork:
     """``rows`` of an op table over ``steps`` profiled steps. ``kinds``: the ``work`` of other ranks, one of each
     kind; an equal one is shared, else this rank's joins them (up to ``WORK_KINDS``), so that a job of a few
     kinds of ranks holds each kind's once."""
@@ -116,7 +116,7 @@ def compare_work(ops: OpTable | None, steps: StepSegmentation, rank: int, *, min
     return WorkComparison(matched, tuple(sorted(extra, key=lambda item: -item.extra_ms_per_step)))
 
 
-def _per_step(rows: tuple[OpStats, ...], steps: int) -> dict[str, tuple[float, float, str | None]]:
+def _per_step(rows: tuple[OpRow, ...], steps: int) -> dict[str, tuple[float, float, str | None]]:
     """op -> (calls a step, ms a step, inputs: its only ones, or how many it ran on).
 
     Of several inputs the most frequent is no mark of the work: where they tie (DDP's buckets, each all-reduced

@@ -5,6 +5,7 @@ findings are judged (``assemble_report``). ``job.report_of`` is the road that co
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -300,11 +301,9 @@ def _top_ops(analyses: Analyses, rank: int, names: dict[str, str] | None = None)
     if table is None:
         return ()
     names = names or {}
-    return tuple(
-        OpRow(names.get(row.name, row.name), row.calls, round(row.self_ms, 4), round(row.total_ms, 4),
-              round(row.device_ms, 4), row.input_shapes, row.shape_variants)  # fmt: skip
-        for row in table.top(_TOP_ROWS)
-    )
+    return tuple(replace(row, name=names.get(row.name, row.name), self_ms=round(row.self_ms, 4),
+                         total_ms=round(row.total_ms, 4), device_ms=round(row.device_ms, 4))
+                 for row in table.top(_TOP_ROWS))  # fmt: skip
 
 
 def _compiled_names(compiled: CompiledSummary | None) -> dict[str, str]:
@@ -327,10 +326,9 @@ def _top_kernels(analyses: Analyses, rank: int) -> tuple[KernelRow, ...]:
     table = analyses.kernels.for_rank(rank) if analyses.kernels else None
     if table is None:
         return ()
-    return tuple(
-        KernelRow(row.name, row.type, row.calls, round(row.total_ms, 4), round(row.mean_us, 3), round(row.share_pct, 2))
-        for row in table.top(_TOP_ROWS)
-    )
+    return tuple(replace(row, total_ms=round(row.total_ms, 4), mean_us=round(row.mean_us, 3),
+                         share_pct=round(row.share_pct, 2))
+                 for row in table.top(_TOP_ROWS))  # fmt: skip
 
 
 def _step_stats(analyses: Analyses) -> StepStats:

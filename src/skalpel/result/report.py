@@ -299,14 +299,15 @@ class StepStats:
 
 @dataclass(frozen=True)
 class OpRow:
-    """One op of a rank's op table: calls, host time and the device time of the work it launched."""
+    """One op name of a rank's op table: calls, host time and the device time of the work it launched. The analysis
+    (``analysis.ops``) makes these rows, unrounded; the report keeps its first rows, rounded."""
 
     name: str
     calls: int
-    self_ms: float  # host time excluding child ops
+    self_ms: float  # host time excluding direct child ops
     total_ms: float  # host time including child ops
-    device_ms: float  # device time of the work this op launched
-    input_shapes: str | None = None  # most frequent 'Input Dims'
+    device_ms: float  # self device time: kernels, copies and memsets this op launched itself
+    input_shapes: str | None = None  # most frequent 'Input Dims' (JSON), None when not recorded
     shape_variants: int = 0  # distinct 'Input Dims' the row aggregates (0: not recorded or not said)
 
     @property
@@ -318,7 +319,8 @@ class OpRow:
 
 @dataclass(frozen=True)
 class KernelRow:
-    """One kernel of a rank's kernel table."""
+    """One kernel name of a rank's kernel table (``analysis.kernels`` makes these rows, unrounded; the report keeps its
+    first rows, rounded)."""
 
     name: str
     type: str  # COMP | COMM | MEMORY
