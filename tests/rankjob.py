@@ -8,7 +8,7 @@ spending the time in compute) and a slow pair (their send/recv takes ``slow_fact
 as long). Small per-rank jitter keeps ties apart, the same on every build.
 
 ``build_job`` returns what ``analysis.ranks.compare_ranks`` reads when the ranks were
-reduced one by one: a JobView of the ranks, the steps, the communication and the profiles.
+reduced one by one: the JobFacts of the ranks, the steps, the communication and the profiles.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from skalpel.analysis.bundle import JobFacts
 from skalpel.analysis.collectives import Collective
 from skalpel.analysis.comm import CommAnalysis, RankComm
 from skalpel.analysis.rankprofile import Profile
 from skalpel.analysis.steps import Step, StepSegmentation
-from skalpel.job.join import JobView
 from skalpel.trace.model import RankInfo
 
 STEP_US = 100_000.0
@@ -41,7 +41,7 @@ class Plan:
 
 @dataclass
 class Job:
-    trace: JobView
+    trace: JobFacts
     steps: StepSegmentation
     comm: CommAnalysis
     profiles: dict[int, Profile]
@@ -73,7 +73,7 @@ def build_job(plan: Plan) -> Job:
             calls.append(_call(rank, "send_recv", start + offset, start + send_us + offset, SEND_BYTES, 2))
         comms.append(_rank_comm(rank, plan.steps, calls))
         profiles[rank] = Profile({"compute kernels": 40.0 + late / 1000.0, "aten::to": 5.0}, {}, 7)
-    job = JobView(ranks=tuple(infos), has_device=True)
+    job = JobFacts(ranks=tuple(infos), has_device=True)
     return Job(job, StepSegmentation(tuple(steps), marked=True), CommAnalysis(tuple(comms)), profiles, offsets)
 
 

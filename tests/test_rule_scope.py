@@ -111,3 +111,19 @@ def test_job_rules_judge_the_corpus_without_a_rule_error(name: str) -> None:
 
     report = report_of([corpus(name)], workers=1).report
     assert not [f.title for f in report.findings if "rule error" in f.title]
+
+
+def test_the_join_holds_no_events_only_the_jobs_facts() -> None:
+    """A job rule's analyses come from summaries: no trace to reach for (``analyses.trace`` is None), the ranks and
+    the job's warnings in ``analyses.job``; a rank rule's context reads its own trace's."""
+    from skalpel.analysis.bundle import run_analyses
+    from skalpel.diagnose.rule import Context, JobContext
+    from skalpel.trace.loader import load_one
+
+    from .rankjob import joined_analyses
+
+    analyses = joined_analyses(corpus(PAIR))
+    assert analyses.trace is None and analyses.job is not None
+    assert JobContext(analyses).rank_ids == analyses.job.rank_ids == [0, 1]
+    one = run_analyses(load_one(corpus("hta/trace_filter/sampled_rank-1.json.gz")))
+    assert one.job is None and Context(one).rank_ids == [1] and Context(one).trace is one.trace

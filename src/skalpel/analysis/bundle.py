@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..forking import Child
-from ..trace.model import Trace
+from ..trace.model import RankInfo, Trace
 from .allocator import AllocatorResult, allocator_calls
 from .blame import BlameResult, PeerSplit, blame
 from .breakdown import StepBreakdown, step_breakdown
@@ -39,11 +39,25 @@ from .ops import OpTable, op_table
 from .rankprofile import RankLocations
 from .ranks import RankComparison
 from .rankwork import WorkComparison
-from .recorded import RecordingResult, device_recording
+from .recorded import HostSigns, RecordingResult, device_recording
 from .step_device import StepDeviceResult, device_in_steps
 from .steps import StepSegmentation, segment_steps
 from .sync_causes import SyncCauses, sync_causes
 from .syncs import SyncResult, syncs
+
+
+@dataclass
+class JobFacts:
+    """What the join knows of a job's ranks without their events: what the report and the job-level rules read."""
+
+    ranks: tuple[RankInfo, ...]
+    has_device: bool
+    warnings: list[str] = field(default_factory=list)
+    host_signs: HostSigns = HostSigns(False, "")  # its ranks' host sides on the GPU, merged
+
+    @property
+    def rank_ids(self) -> list[int]:
+        return [info.rank for info in self.ranks]
 
 
 @dataclass
@@ -54,7 +68,7 @@ class Analyses:
     Rules and renderers read these results, never the raw JSON.
     """
 
-    trace: Trace  # kept for user-code locations (Python stacks) only
+    trace: Trace | None  # a rank's events, for user-code locations (Python stacks) only; None in the join
     steps: StepSegmentation
     breakdown: StepBreakdown | None = None  # step time in the TensorBoard plugin's categories
     ops: OpTable | None = None  # per rank and op name: calls, self/total host time, self device time
@@ -88,6 +102,7 @@ class Analyses:
     kept_memory: KeptMemory | None = None  # what a device keeps through the steps (read per device)
     c10d_issuers: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # host-timed ranks' c10d ops
     rank_work: WorkComparison | None = None  # the slower rank's work against the others': the join's, 2+ ranks
+    job: JobFacts | None = None  # the join's: the job's ranks, warnings, device, host signs (no events)
     # what each rank's worker located for the job-level rules (set by the join)
     rank_locations: dict[int, RankLocations] | None = None
     # rank -> its collective wait split by the peer that arrived last, and its steps' numbers (set by the join, 2+ ranks)

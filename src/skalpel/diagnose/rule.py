@@ -35,7 +35,7 @@ from .thresholds import Threshold
 if TYPE_CHECKING:
     from ..analysis.bundle import Analyses
     from ..analysis.steps import StepSegmentation
-    from ..trace.model import RankInfo
+    from ..trace.model import RankInfo, Trace
 
 DOC_HEADINGS = ("What it detects", "Why it matters", "Evidence", "How to fix", "Known false positives")
 
@@ -136,7 +136,9 @@ class JobContext:
     @property
     def ranks(self) -> tuple[RankInfo, ...]:
         """What each rank's file says of it."""
-        return self.analyses.trace.ranks
+        job = self.analyses.job
+        assert job is not None, "a job rule reads a join's analyses"
+        return job.ranks
 
     @property
     def rank_ids(self) -> list[int]:
@@ -150,13 +152,25 @@ class Context(JobContext):
 
     _locator: Any = field(default=None, repr=False)
 
+    @property
+    def ranks(self) -> tuple[RankInfo, ...]:
+        """What the rank's file says of it."""
+        return self.trace.ranks
+
+    @property
+    def trace(self) -> Trace:
+        """The rank's events (a rank rule's analyses always hold them)."""
+        trace = self.analyses.trace
+        assert trace is not None, "a rank rule reads one rank's analyses"
+        return trace
+
     def locations(self, events: Iterable[int] | np.ndarray, *, limit: int = 3) -> tuple[str, ...]:
         """The innermost user-code frames around these events, most frequent first."""
         return self._get_locator().locations(events, limit=limit)
 
     def location_in(self, event: int, spans) -> str | None:
         """The user's line of one event, at the statement sampled inside these (start, end) spans."""
-        return self._get_locator().location_in(event, spans) if self.analyses.trace.has_stacks else None
+        return self._get_locator().location_in(event, spans) if self.trace.has_stacks else None
 
     def inner_locations(self, events: Iterable[int] | np.ndarray, *, limit: int = 2) -> tuple[str, ...]:
         """User frames that run inside these events, by time spent (what a slow range is busy with)."""
@@ -166,7 +180,7 @@ class Context(JobContext):
         if self._locator is None:
             from ..trace.stacks import Locator
 
-            self._locator = Locator(self.analyses.trace)  # the events, for user-code locations only
+            self._locator = Locator(self.trace)  # the events, for user-code locations only
         return self._locator
 
     def locations_at(self, rank: int, tid: int | None, ts_us: Iterable[float], *, limit: int = 3) -> tuple[str, ...]:

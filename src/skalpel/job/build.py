@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis import numeric
-from ..analysis.bundle import Analyses
+from ..analysis.bundle import Analyses, JobFacts
 from ..analysis.memory import DeviceMemory
 from ..analysis.recorded import device_label
 from ..analysis.steps import StepSegmentation, UnequalStep
@@ -59,10 +59,10 @@ _STACKS_OFF_WARNING = (
 def assemble_report(
     analyses: Analyses, findings: tuple[Finding, ...], ranks: tuple[RankReport, ...], capture: CaptureInfo | None
 ) -> Report:
-    """The Report of a job from its joined analyses (``analyses.trace`` is the job's ``join.JobView``: rank infos,
-    warnings, has_device, host signs)."""
-    trace = analyses.trace
-    warnings = tuple(trace.warnings) + (() if analyses.steps.marked else (_NO_STEPS_WARNING,)) + analyses.steps.notes
+    """The Report of a job from its joined analyses (``analyses.job``: rank infos, warnings, has_device, host signs)."""
+    job = analyses.job
+    assert job is not None, "assemble_report reads a join's analyses"
+    warnings = tuple(job.warnings) + (() if analyses.steps.marked else (_NO_STEPS_WARNING,)) + analyses.steps.notes
     if analyses.steps.dropped_tail:
         warnings += (
             f"{analyses.steps.dropped_tail} trailing step(s) left out: the trace lacks (some of) the device work "
@@ -80,7 +80,7 @@ def assemble_report(
         warnings += (_STACKS_OFF_WARNING,)
     warnings = said_once(warnings)
     return Report(
-        source=_source(trace, analyses),
+        source=_source(job, analyses),
         steps=_step_stats(analyses),
         ranks=ranks,
         findings=across_ranks(findings, ranks),  # one finding for the ranks that raise it alike
@@ -344,17 +344,17 @@ def _step_stats(analyses: Analyses) -> StepStats:
     )
 
 
-def _source(trace, analyses: Analyses) -> Source:
-    device_names = sorted({name for info in trace.ranks for name in info.device_names if name})
-    signs = trace.host_signs  # the job's ranks' signs, merged
+def _source(job: JobFacts, analyses: Analyses) -> Source:
+    device_names = sorted({name for info in job.ranks for name in info.device_names if name})
+    signs = job.host_signs  # the job's ranks' signs, merged
     # kernels launched but not recorded make a GPU run, whatever its (missing) device events say
     launched = analyses.recording is not None and analyses.recording.launches_without_work
-    device = device_label(device_names, trace.has_device, launched, signs)
-    torch_versions = sorted({info.versions["torch"] for info in trace.ranks if "torch" in info.versions})
-    world_sizes = {info.world_size for info in trace.ranks if info.world_size}
+    device = device_label(device_names, job.has_device, launched, signs)
+    torch_versions = sorted({info.versions["torch"] for info in job.ranks if "torch" in info.versions})
+    world_sizes = {info.world_size for info in job.ranks if info.world_size}
     return Source(
-        paths=tuple(info.path for info in trace.ranks),
+        paths=tuple(info.path for info in job.ranks),
         torch_version=torch_versions[0] if torch_versions else None,
         device=device,
-        world_size=max(world_sizes) if world_sizes else len(trace.ranks),
+        world_size=max(world_sizes) if world_sizes else len(job.ranks),
     )

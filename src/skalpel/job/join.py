@@ -22,12 +22,11 @@ therefore moved before anything rounds them (the report does, once).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..analysis.blame import PeerSplit
 from ..analysis.breakdown import StepBreakdown
-from ..analysis.bundle import Analyses
+from ..analysis.bundle import Analyses, JobFacts
 from ..analysis.comm import CommAnalysis, RankComm
 from ..analysis.gpu_time import GpuTimeResult
 from ..analysis.ledger import Ledger, RankLedger
@@ -45,7 +44,6 @@ from ..errors import TraceError
 from ..result.report import CaptureInfo, Finding, Report
 from ..result.sections import DistributedSummary, PeerWaits
 from ..trace.loader import collector_paused, drop_duplicate_ranks, skipped_notes
-from ..trace.model import RankInfo
 from .build import assemble_report, memory_summary
 from .peers import SplitRequest, Splitter, split_here
 from .rank import RankFailure, RankSummary
@@ -53,20 +51,6 @@ from .transfer import shifted_collectives
 
 EVENT_INDEX_KEYS = ("events",)
 """Evidence keys whose values are event indices: a rank's own indices move by the events of the ranks before it."""
-
-
-@dataclass
-class JobView:
-    """What the report and the job-level rules read of a job's trace, without its events."""
-
-    ranks: tuple[RankInfo, ...]
-    has_device: bool
-    warnings: list[str] = field(default_factory=list)
-    host_signs: HostSigns = HostSigns(False, "")  # its ranks' host sides on the GPU, merged
-
-    @property
-    def rank_ids(self) -> list[int]:
-        return [info.rank for info in self.ranks]
 
 
 def join_summaries(
@@ -149,14 +133,14 @@ def _join(results: list[RankSummary | RankFailure], capture: CaptureInfo | None,
     origin = min(summary.origin_us for summary in summaries)
     shifts = {summary.info.rank: summary.origin_us - origin for summary in summaries}
     offsets = _event_offsets(summaries)
-    job = JobView(
+    job = JobFacts(
         ranks=tuple(summary.info for summary in summaries),
         has_device=any(summary.has_device for summary in summaries),
         warnings=[text for summary in summaries for text in summary.warnings] + list(notes),
         host_signs=_host_signs(summaries),
     )
     steps = _steps(summaries, shifts)
-    analyses = Analyses(trace=job, steps=steps, has_device=job.has_device)  # type: ignore[arg-type] - a JobView stands for the trace
+    analyses = Analyses(trace=None, steps=steps, has_device=job.has_device, job=job)  # the join holds no events
     analyses.breakdown = _breakdown(summaries)
     analyses.ops = _ops(summaries)
     analyses.gpu_time = _gpu_time(summaries)
