@@ -117,7 +117,7 @@ def test_a_fallback_convolution_on_the_device_is_named(tmp_path):
     found, _ = _hot(_device_steps("aten::_slow_conv2d_forward"), tmp_path)
     assert len(found) == 1
     evidence = found[0].evidence
-    assert evidence["kind"] == "fallback" and evidence["time"] == "device"
+    assert evidence["kind"] == "fallback" and evidence["time"] == "device" and evidence["calls_per_step"] == 1
     assert evidence["share_pct"] == pytest.approx(90, abs=2) and found[0].severity == "critical"
     assert "cudnn" in found[0].fix.lower()
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analysis import intervals
 from ..analysis.cpu_ops import RankCpuOps
 from ..analysis.ledger import RankLedger
 from ..analysis.ops import RankOps
@@ -106,7 +107,7 @@ def _cpu_finding(ctx: Context, rule: Rule, rank_ledger: RankLedger, ops: RankCpu
     if fallback and pct(fallback_ms, steady_ms) >= limits.param("fallback_share_pct") \
             and fallback_ms / units >= limits.param("fallback_floor_ms"):  # fmt: skip
         lead = fallback[0]
-        picked = np.isin(names, fallback)
+        picked = np.isin(names, fallback) & steady
         return _finding(ctx, rule, rank_ledger, ops, table, fallback, picked, self_ms, steady_ms, units, order,
                         kind="fallback", fix=f"{_CONV_FIX}; it runs the reference kernel because {_CONV_CPU}",
                         lead=lead)  # fmt: skip
@@ -115,16 +116,18 @@ def _cpu_finding(ctx: Context, rule: Rule, rank_ledger: RankLedger, ops: RankCpu
         return None
     name = _name(ctx, top)
     kind = "compute" if name in COMPUTE_KERNELS else "dominant"
-    return _finding(ctx, rule, rank_ledger, ops, table, [top], names == top, self_ms, steady_ms, units, order,
-                    kind=kind, fix=_dominant_fix(name), lead=top)  # fmt: skip
+    picked = (names == top) & steady
+    return _finding(ctx, rule, rank_ledger, ops, table, [top], picked, self_ms, steady_ms, units, order, kind=kind,
+                    fix=_dominant_fix(name), lead=top)  # fmt: skip
 
 
 def _finding(ctx, rule, rank_ledger, ops, table, ids, picked, self_ms, steady_ms, units, order, *, kind, fix, lead):
     name = _name(ctx, lead)
     held_ms = float(sum(self_ms[i] for i in ids))
     share = pct(held_ms, steady_ms)
-    picked = picked & _outside_one_time(ctx, ops)
-    calls = int(picked.sum())
+    trace = ctx.analyses.trace
+    events = ops.ops[picked]  # a call is an outermost one: aten::sort runs inside aten::sort (its overload)
+    calls = int(intervals.outermost(trace.ts[events], trace.end[events], trace.tid[events].astype(np.int64)).sum())
     heavy = picked & (ops.self_us >= np.median(ops.self_us[picked]))  # where the time is, not every tiny call
     sources = ops.sources(picked)
     others = [{"op": _name(ctx, int(i)), "share_pct": pct(float(self_ms[i]), steady_ms)}
@@ -132,11 +135,11 @@ def _finding(ctx, rule, rank_ledger, ops, table, ids, picked, self_ms, steady_ms
     row = next((item for item in table.rows if item.name == name), None) if table is not None else None
     evidence = {
         "op": name,
-        "kind": kind,
-        "ops": [_name(ctx, i) for i in ids],
         "share_pct": share,
         "ms_per_step": held_ms / units,
         "calls_per_step": calls / units,
+        "kind": kind,
+        "ops": [_name(ctx, i) for i in ids],
         "ms_per_call": held_ms / max(calls, 1),
         "step_ms": steady_ms / units,
         "judged_over": rank_ledger.describe(),
@@ -148,16 +151,20 @@ def _finding(ctx, rule, rank_ledger, ops, table, ids, picked, self_ms, steady_ms
     if kind == "fallback":
         named = ", ".join(_name(ctx, i) for i in ids)
         title = (f"A fallback kernel holds the step: torch's reference convolution ({named}) takes {share:.0f}% of "
-                 f"it ({held_ms / units:.1f} ms/step, {calls / units:g} calls/step)")
+                 f"it ({held_ms / units:.1f} ms/step, {_calls(calls / units)})")
     else:
         title = (f"One op holds the step: {name} takes {share:.0f}% of it ({held_ms / units:.1f} ms/step, "
-                 f"{calls / units:g} calls/step)")
+                 f"{_calls(calls / units)})")
         title += "; the model's own matrix multiplies or convolutions" if kind == "compute" else ""
     where = f" at {locations[0]}" if locations and ".py:" in locations[0] else ""
     shapes = f" (input shapes {evidence['input_shapes']})" if evidence["input_shapes"] else ""
     fix = f"{name}{where}{shapes}: {fix}"
     severity = "info" if kind == "compute" else rule.severity_for(share)
     return rule.finding(evidence, locations=locations, rank=rank_ledger.rank, title=title, fix=fix, severity=severity)
+
+
+def _calls(per_step: float) -> str:
+    return f"{per_step:g} call{'' if per_step == 1 else 's'}/step"
 
 
 def _outside_one_time(ctx: Context, ops: RankCpuOps) -> np.ndarray:
@@ -183,7 +190,7 @@ def _dominant_fix(name: str) -> str:
     generic = ("the step's speed is this op's: check its input shapes are the ones intended (a broadcast or a "
                "missing batch dimension makes it do more work), whether a cheaper op gives the same result, and that "
                "its dtype has a fast kernel on this device (float32 or bfloat16 on a CPU)")  # fmt: skip
-    return f"{known}; otherwise {generic}" if known else generic
+    return f"{known}; if not, check its input shapes and dtype" if known else generic
 
 
 def _device_fallbacks(ctx: Context, rule: Rule, ranks: dict[int, RankLedger]) -> Outcome:
@@ -207,11 +214,14 @@ def _device_fallbacks(ctx: Context, rule: Rule, ranks: dict[int, RankLedger]) ->
                 or held_ms / units < limits.param("fallback_floor_ms"):  # fmt: skip
             continue
         lead = slow[0]
-        events = np.flatnonzero((ctx.analyses.trace.rank == rank)
-                                & (ctx.analyses.trace.name == ctx.analyses.trace.names.index(lead.name)))  # fmt: skip
+        trace = ctx.analyses.trace
+        ids = [trace.names.index(row.name) for row in slow]
+        events = np.flatnonzero((trace.rank == rank) & np.isin(trace.name, ids))
+        calls = int(intervals.outermost(trace.ts[events], trace.end[events], trace.tid[events].astype(np.int64)).sum())
         locations = ctx.locations(events)
-        evidence = {"op": lead.name, "kind": "fallback", "ops": [row.name for row in slow], "share_pct": share,
-                    "ms_per_step": held_ms / units, "calls_per_step": sum(row.calls for row in slow) / units,
+        evidence = {"op": lead.name, "share_pct": share, "ms_per_step": held_ms / units,
+                    "calls_per_step": calls / units, "kind": "fallback",
+                    "ops": [row.name for row in slow],
                     "step_ms": steady_ms / units, "judged_over": rank_ledger.describe(),
                     "input_shapes": lead.input_shapes, "time": "device"}  # fmt: skip
         title = (f"A fallback kernel holds the device: {lead.name} (reference convolution) launches {share:.0f}% of "
