@@ -30,7 +30,7 @@ CASES = [
     (RESNET_NW0 + "worker0.1623143566756.pt.trace.json.gz", {"dataloader_bound": "warning", "pageable_memcpy": "info"},
      ("launch_bound",), ()),
     (RESNET_NW4 + "worker0.1623212756351.pt.trace.json.gz", {"pageable_memcpy": "info", "no_bottleneck": "info"},
-     ("dataloader_bound", "gpu_idle", "launch_bound"), ()),
+     ("dataloader_bound", "gpu_idle", "launch_bound", "hot_op"), ()),
     (RESNET_NW4 + "worker0.1623213129365.pt.trace.json.gz", {"pageable_memcpy": "info", "no_bottleneck": "info",
      "noisy_measurement": "info"}, ("dataloader_bound", "gpu_idle", "launch_bound"), ()),  # step-time cv 23%
     # Legacy autograd-profiler ResNet with num_workers=0: no steps; its first iteration takes 4.5 s of the 5.3 s window
@@ -54,7 +54,8 @@ CASES = [
     ("hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz",
      {"cold_start": "critical"}, ("gpu_idle", "host_device_sync", "attention_hotspot", "allocator_churn",
      "device_activity_missing"), ()),
-    ("hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", {}, DEVICE_RULES + ("launch_bound",), ()),
+    # gloo all_reduce holds its one step: a collective, communication_bound's, not one op holding the step.
+    ("hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", {}, DEVICE_RULES + ("launch_bound", "hot_op"), ()),
     # One compiled region, 0/0; its one 13 s marked step (compiling) runs 2 us of kernels: idle in the step.
     ("hta/triton_example/triton_example.json.gz", {"gpu_idle": "critical"}, ("recompilation",), ()),
     ("hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", {"gpu_idle": "critical"}, (), ()),
@@ -65,7 +66,7 @@ CASES = [
     # window. Its kernels are not linked to launches (range profiler): not "device activity missing".
     ("hta/cupti_profiler/benchmark_result_924719_1679055439_trace.json.gz", {"cold_start": "warning"},
      ("allocator_churn", "device_activity_missing"), ()),
-    ("hta/mtia_inference_trace/mtia_inference_rank_0.json.gz", {"no_bottleneck": "info"}, (), ()),
+    ("hta/mtia_inference_trace/mtia_inference_rank_0.json.gz", {"no_bottleneck": "info"}, ("hot_op",), ()),
     ("hta/nccl_parser_config/nccl_data.json.gz", {"gpu_idle": "critical"}, ("dataloader_bound",), ()),  # HTA: 77% idle
     # TorchRec training, ranks 0 and 1 of 128: all_to_all and all_gather barely overlap with compute.
     ("hta/trace_filter/sampled_rank-0.json.gz", {"gpu_idle": "warning", "low_comm_overlap": "warning"},
@@ -76,7 +77,7 @@ CASES = [
      ("memory_growth",), (SLOW,)),
     # DDP CNN on one V100: kernels fill 97% of the step; one sync every few steps costs no device time.
     ("hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", {"no_bottleneck": "info"},
-     ("host_device_sync", "gpu_idle"), (SLOW,)),
+     ("host_device_sync", "gpu_idle", "hot_op"), (SLOW,)),
     ("hta/df_index_resolver/df_index_resolver.json.gz", {"gpu_idle": "warning"}, ("memory_growth",), (SLOW,)),
     # Recsys training: 25 syncs per step, but the device is kept busy after them (info notes that locate them).
     ("hta/trace_diff/control/control.json.gz", {"host_device_sync": "info"}, ("dataloader_bound", "host_device_sync"),
@@ -90,8 +91,9 @@ CASES = [
     # Its one 383 ms step keeps the device busy 158 ms (HTA's span, kernel to kernel, says 1% idle).
     (TRACELENS + "h100/facebook_timesformer-base-finetuned-k400__1016002.json.gz",
      {"attention_hotspot": "warning", "memory_spike": "info", "gpu_idle": "warning"}, ("memory_spike",), (SLOW,)),
-    (TRACELENS + "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", {}, ("attention_hotspot",), ()),
-    (TRACELENS + "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", {}, ("attention_hotspot",), ()),
+    # GEMMs hold these devices: healthy, not hot_op (on a device only fallback kernels are judged).
+    (TRACELENS + "h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", {}, ("attention_hotspot", "hot_op"), ()),
+    (TRACELENS + "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", {}, ("attention_hotspot", "hot_op"), ()),
     (TRACELENS + "h100/gaunernst_bert-small-uncased__1016001.json.gz", {"gpu_idle": "critical"}, ("attention_hotspot",), ()),
     (TRACELENS + "h100/Falconsai_nsfw_image_detection__1016002.json.gz", {"gpu_idle": "critical"}, ("attention_hotspot",), ()),
     # vLLM eager decode on B200: thousands of tiny kernels, device idle; not graph-replayed.
@@ -118,8 +120,9 @@ CASES = [
     # torch.compile traces: compiled once (0/0), flash attention inside the graph despite a Triton kernel's name.
     (TRACELENS + "inference/xdit_sd_3.5/profile_trace_rank_0.json.gz", {"gpu_idle": "warning"},
      ("recompilation", "attention_hotspot"), (SLOW,)),
-    (TRACELENS + "torch_compile_triton/trace.json.gz", {"no_bottleneck": "info"}, ("recompilation", "attention_hotspot"), ()),
-    (TRACELENS + "mi300/resnet_act_checkpoint.json.gz", {}, ("dataloader_bound", "attention_hotspot"), ()),
+    (TRACELENS + "torch_compile_triton/trace.json.gz", {"no_bottleneck": "info"},
+     ("recompilation", "attention_hotspot", "hot_op"), ()),
+    (TRACELENS + "mi300/resnet_act_checkpoint.json.gz", {}, ("dataloader_bound", "attention_hotspot", "hot_op"), ()),
 ] + [
     # DLRM on 8 V100s, one step per file: every rank idles its GPU a third of the time or more.
     (DLRM + name, {"gpu_idle": "warning"}, ("attention_hotspot", "dataloader_bound"), ())

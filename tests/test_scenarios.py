@@ -211,6 +211,11 @@ def test_expand_then_materialise_spike(runs):
     assert evidence["op"] == "aten::contiguous"
     _assert_located(finding, "memory_spike")
     assert not [f for f in report["findings"] if f["id"] == "memory_growth"]
+    # the 64 MiB copy is the step's time too: a tiny MLP beside it (hot_op, with the copy's "materialised" hint)
+    hot = _finding(report, "hot_op")
+    assert hot["evidence"]["op"] == "aten::copy_" and hot["evidence"]["share_pct"] >= 50
+    assert "materialised" in hot["fix"]
+    _assert_located(hot, "memory_spike")
 
 
 def test_python_preprocessing_on_the_training_thread(runs):

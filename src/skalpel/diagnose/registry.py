@@ -7,12 +7,26 @@ Rules run in the order of this table; the report sorts findings by severity.
 
 from __future__ import annotations
 
-from . import allocator, coldstart, cpu, device, distributed, host, input, measurement, memory, recording, sync, verdict
+from . import (
+    allocator,
+    coldstart,
+    cpu,
+    device,
+    distributed,
+    host,
+    hot_op,
+    input,
+    measurement,
+    memory,
+    recording,
+    sync,
+    verdict,
+)
 from . import compile as compile_rules
 from .rule import Rule
 
-_FAMILIES = (input, cpu, sync, device, host, memory, allocator, compile_rules, distributed, measurement, coldstart, recording,
-             verdict)  # fmt: skip
+_FAMILIES = (input, cpu, sync, device, host, hot_op, memory, allocator, compile_rules, distributed, measurement,
+             coldstart, recording, verdict)  # fmt: skip
 
 RULES: tuple[Rule, ...] = tuple(rule for family in _FAMILIES for rule in family.RULES)
 """Every finding, in the order the rules run."""

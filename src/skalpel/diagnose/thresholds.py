@@ -137,6 +137,15 @@ ATTENTION_HOTSPOT = Threshold(
     params=(("flash_max_head_dim", 256), ("flash_head_dim_multiple", 8)),
 )  # fmt: skip
 
+# One op holding the step (hot_op.py). On a CPU-only step the breakdown is all cpu_exec: an op with half of the step by
+# its self time is what the step is (a sort where topk would do took 75% of one, 5.7x the step of the topk version);
+# 2 ms/step keeps tiny loops out. A fallback (reference) kernel counts from a fifth of the step, on any device: the
+# library path it missed is several times faster (float64 conv on torch 2.13's CPU against float32 oneDNN).
+HOT_OP = Threshold(
+    50.0, "of the step in one op's self time (CPU-only runs)", 2.0, "ms/step", critical_share_pct=75.0,
+    params=(("fallback_share_pct", 20.0), ("fallback_floor_ms", 1.0)),
+)  # fmt: skip
+
 # --- memory --------------------------------------------------------------------------------
 # A leak is a rise in min_rising_pct of min_steps or more steps, of 1 MiB/step or more. How much it matters: where the
 # device's memory is known, by how soon it fills the headroom above the peak (a warning within horizon_steps, info

@@ -1,0 +1,276 @@
+"""hot_op: one op holds the step, or a fallback (reference) kernel runs on the hot path.
+
+On a CPU-only run every step is ~100% ``cpu_exec`` in the step breakdown, so the breakdown cannot say that one op
+takes three quarters of it. Two cases are judged here:
+
+* a **fallback kernel**: the reference implementation torch runs when no fast library path applies
+  (``aten::_slow_conv2d_forward`` when oneDNN or cuDNN cannot take a convolution: float64, the library turned off,
+  ...). It fires on any device from a smaller share: the fast path is usually many times faster. On the CPU its
+  share is the op's self host time; with a device, the device time of the kernels it launched itself.
+* a **dominant op** (CPU-only runs): one op name holding most of the step by its self time. Which op it is decides
+  what is known: an op with a known cheaper formulation (``sort`` where ``topk`` would do) names it; a matrix
+  multiply or a convolution on its fast kernel is the model's own compute (a healthy step is dominated by it, on a
+  CPU as on a GPU) and is only an info note; any other op is named with what a user can check.
+
+The share is of the ledger's host lane (the unit's time less one-time work); the op's self times and sources come
+from ``analysis.cpu_ops``, its shapes from the op table. On a device run no generic rule fires: a GEMM that
+dominates device time is the goal there, not a problem.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..analysis import intervals
+from ..analysis.cpu_ops import RankCpuOps
+from ..analysis.ledger import RankLedger
+from ..analysis.ops import RankOps
+from . import thresholds
+from .common import pct
+from .rule import Context, Docs, NotJudged, Outcome, Rule
+
+# The reference kernels torch falls back to, with what makes it take the fast path instead (checked on torch 2.13
+# CPU: float64 convolutions run _slow_conv2d_*, slow_conv_dilated2d, slow_conv_transpose2d; float32 ones oneDNN's).
+_CONV_CPU = ("oneDNN (mkldnn) has no kernel for this convolution, most often its dtype: float64 (a "
+             "torch.set_default_dtype(torch.float64), a .double() model or input) or float16; or mkldnn is off "
+             "(torch.backends.mkldnn.enabled=False)")  # fmt: skip
+_CONV_GPU = ("cuDNN did not take this convolution: torch.backends.cudnn.enabled=False, or a dtype it lacks "
+             "(float64)")  # fmt: skip
+_CONV_FIX = ("run the convolution in float32 (model.float() and float32 inputs; or bfloat16 autocast), with "
+             "torch.backends.mkldnn / cudnn enabled: the library's kernel is many times faster than the "
+             "reference")  # fmt: skip
+FALLBACK_KERNELS = frozenset({
+    "aten::_slow_conv2d_forward", "aten::_slow_conv2d_backward", "aten::thnn_conv2d", "aten::slow_conv3d_forward",
+    "aten::slow_conv3d", "aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d", "aten::slow_conv_transpose2d",
+    "aten::slow_conv_transpose3d",
+})  # fmt: skip
+
+# Matrix multiplies and convolutions on their fast kernels: a step they dominate is the model's compute.
+COMPUTE_KERNELS = frozenset({
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::addmv",
+    "aten::mv", "aten::dot", "aten::_addmm_activation", "aten::mkldnn_convolution", "aten::convolution_backward",
+    "aten::mkldnn_linear", "aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::_mkldnn_transpose",
+    "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+})  # fmt: skip
+
+# Ops with a cheaper formulation for the common way they are misused; said as a question, the script decides.
+CHEAPER = {
+    "aten::sort": "if only the first k values (or the largest) are used after it, torch.topk(x, k) (or max/amax, "
+    "kthvalue) finds them without sorting the whole dimension",
+    "aten::argsort": "if only the first k indices are used after it, torch.topk(x, k).indices avoids the full sort",
+    "aten::linalg_inv_ex": "if the inverse only multiplies a matrix or vector, torch.linalg.solve(A, B) is cheaper "
+    "and more accurate than inv(A) @ B",
+    "aten::linalg_pinv": "if the pseudo-inverse only multiplies a matrix, torch.linalg.lstsq(A, B) avoids it",
+    "aten::copy_": "a copy this large every step is a tensor materialised (.contiguous(), .clone(), .to(), an "
+    "expand made real): keep the view and let broadcasting do the rest, or make it once outside the step",
+    "aten::_cdist_backward": "cdist's backward on small point dimensions: compute_mode='use_mm_for_euclid_dist' "
+    "takes the matrix-multiply path",
+}
+
+
+def _check_hot_op(ctx: Context, rule: Rule) -> Outcome:
+    ledger = ctx.analyses.ledger
+    if ledger is None or not ledger.ranks:
+        return NotJudged("no steps with host ops")
+    if ctx.analyses.has_device:
+        return _device_fallbacks(ctx, rule, ledger.ranks)
+    cpu = ctx.analyses.cpu_ops
+    if cpu is None or not cpu.ranks:
+        return NotJudged("no host ops in the steps")
+    findings = []
+    for rank, ops in cpu.ranks.items():
+        rank_ledger = ledger.for_rank(rank)
+        host = rank_ledger.lane("host") if rank_ledger is not None else None
+        if host is None or len(ops.ops) == 0:
+            continue
+        table = ctx.analyses.ops.for_rank(rank) if ctx.analyses.ops is not None else None
+        found = _cpu_finding(ctx, rule, rank_ledger, ops, table)
+        if found is not None:
+            findings.append(found)
+    return findings
+
+
+def _cpu_finding(ctx: Context, rule: Rule, rank_ledger: RankLedger, ops: RankCpuOps, table: RankOps | None):
+    limits = rule.thresholds
+    host = rank_ledger.lane("host")
+    units = max(len(host.units), 1)
+    steady_ms = host.length_ms - host.total_ms.get("one_time", 0.0)
+    if steady_ms <= 0:
+        return None
+    names = ctx.analyses.trace.name[ops.ops]
+    steady = _outside_one_time(ctx, ops)  # the share is of the step less one-time work: so is the op's time
+    self_ms = np.bincount(names, weights=np.where(steady, ops.self_us, 0.0)) / 1000.0
+    order = np.argsort(-self_ms)
+    share = 100.0 * self_ms / steady_ms
+    fallback = [int(i) for i in order if share[i] > 0 and _name(ctx, i) in FALLBACK_KERNELS]
+    fallback_ms = float(sum(self_ms[i] for i in fallback))
+    if fallback and pct(fallback_ms, steady_ms) >= limits.param("fallback_share_pct") \
+            and fallback_ms / units >= limits.param("fallback_floor_ms"):  # fmt: skip
+        lead = fallback[0]
+        picked = np.isin(names, fallback) & steady
+        return _finding(ctx, rule, rank_ledger, ops, table, fallback, picked, self_ms, steady_ms, units, order,
+                        kind="fallback", fix=f"{_CONV_FIX}; it runs the reference kernel because {_CONV_CPU}",
+                        lead=lead)  # fmt: skip
+    top = int(order[0])
+    if share[top] < limits.share_pct or self_ms[top] / units < limits.floor:
+        return None
+    name = _name(ctx, top)
+    kind = "compute" if name in COMPUTE_KERNELS else "dominant"
+    picked = (names == top) & steady
+    return _finding(ctx, rule, rank_ledger, ops, table, [top], picked, self_ms, steady_ms, units, order, kind=kind,
+                    fix=_dominant_fix(name), lead=top)  # fmt: skip
+
+
+def _finding(ctx, rule, rank_ledger, ops, table, ids, picked, self_ms, steady_ms, units, order, *, kind, fix, lead):
+    name = _name(ctx, lead)
+    held_ms = float(sum(self_ms[i] for i in ids))
+    share = pct(held_ms, steady_ms)
+    trace = ctx.analyses.trace
+    events = ops.ops[picked]  # a call is an outermost one: aten::sort runs inside aten::sort (its overload)
+    calls = int(intervals.outermost(trace.ts[events], trace.end[events], trace.tid[events].astype(np.int64)).sum())
+    heavy = picked & (ops.self_us >= np.median(ops.self_us[picked]))  # where the time is, not every tiny call
+    sources = ops.sources(picked)
+    others = [{"op": _name(ctx, int(i)), "share_pct": pct(float(self_ms[i]), steady_ms)}
+              for i in order[:4] if int(i) not in ids and self_ms[i] > 0][:2]  # fmt: skip
+    row = next((item for item in table.rows if item.name == name), None) if table is not None else None
+    evidence = {
+        "op": name,
+        "share_pct": share,
+        "ms_per_step": held_ms / units,
+        "calls_per_step": calls / units,
+        "kind": kind,
+        "ops": [_name(ctx, i) for i in ids],
+        "ms_per_call": held_ms / max(calls, 1),
+        "step_ms": steady_ms / units,
+        "judged_over": rank_ledger.describe(),
+        "input_shapes": row.input_shapes if row is not None else None,
+        "source": sources[0].name if sources else None,
+        "next_ops": others,
+    }
+    locations = ctx.locations(ops.ops[heavy])
+    if kind == "fallback":
+        named = ", ".join(_name(ctx, i) for i in ids)
+        title = (f"A fallback kernel holds the step: torch's reference convolution ({named}) takes {share:.0f}% of "
+                 f"it ({held_ms / units:.1f} ms/step, {_calls(calls / units)})")
+    else:
+        title = (f"One op holds the step: {name} takes {share:.0f}% of it ({held_ms / units:.1f} ms/step, "
+                 f"{_calls(calls / units)})")
+        title += "; the model's own matrix multiplies or convolutions" if kind == "compute" else ""
+    where = f" at {locations[0]}" if locations and ".py:" in locations[0] else ""
+    shapes = f" (input shapes {evidence['input_shapes']})" if evidence["input_shapes"] else ""
+    fix = f"{name}{where}{shapes}: {fix}"
+    severity = "info" if kind == "compute" else rule.severity_for(share)
+    return rule.finding(evidence, locations=locations, rank=rank_ledger.rank, title=title, fix=fix, severity=severity)
+
+
+def _calls(per_step: float) -> str:
+    return f"{per_step:g} call{'' if per_step == 1 else 's'}/step"
+
+
+def _outside_one_time(ctx: Context, ops: RankCpuOps) -> np.ndarray:
+    """Mask of the ops that are not one-time work (a first call, and the ops inside it on its thread)."""
+    work = ctx.analyses.one_time.for_rank(ops.rank) if ctx.analyses.one_time is not None else None
+    keep = np.ones(len(ops.ops), dtype=bool)
+    if work is None:
+        return keep
+    trace = ctx.analyses.trace
+    starts, ends, threads = trace.ts[ops.ops], trace.end[ops.ops], trace.tid[ops.ops]
+    for cost in work.costs:  # a few slow first calls
+        event = cost.event
+        keep &= ~((starts >= trace.ts[event]) & (ends <= trace.end[event]) & (threads == trace.tid[event]))
+    return keep
+
+
+def _dominant_fix(name: str) -> str:
+    if name in COMPUTE_KERNELS:
+        return ("the step is the model's matrix multiplies or convolutions on their fast kernels: nothing in the "
+                "loop to fix; a faster step needs fewer FLOPs (smaller layers, a smaller batch per step) or a "
+                "faster kernel (bfloat16 where the CPU has it, more intra-op threads on free cores)")  # fmt: skip
+    known = CHEAPER.get(name)
+    generic = ("the step's speed is this op's: check its input shapes are the ones intended (a broadcast or a "
+               "missing batch dimension makes it do more work), whether a cheaper op gives the same result, and that "
+               "its dtype has a fast kernel on this device (float32 or bfloat16 on a CPU)")  # fmt: skip
+    return f"{known}; if not, check its input shapes and dtype" if known else generic
+
+
+def _device_fallbacks(ctx: Context, rule: Rule, ranks: dict[int, RankLedger]) -> Outcome:
+    """With a device: only fallback kernels, by the device time they launched; a dominant GEMM is healthy there."""
+    limits = rule.thresholds
+    table = ctx.analyses.ops
+    if table is None:
+        return NotJudged("no op table")
+    findings = []
+    for rank, rank_ledger in ranks.items():
+        lane = rank_ledger.lane("device")
+        rows = table.for_rank(rank)
+        if lane is None or rows is None:
+            continue
+        slow = [row for row in rows.rows if row.name in FALLBACK_KERNELS and row.device_ms > 0]
+        units = max(len(lane.units), 1)
+        steady_ms = lane.length_ms - lane.total_ms.get("one_time", 0.0)
+        held_ms = sum(row.device_ms for row in slow)
+        share = min(pct(held_ms, steady_ms), 100.0)  # the op table spans the trace, the lane its steps
+        if not slow or share < limits.param("fallback_share_pct") \
+                or held_ms / units < limits.param("fallback_floor_ms"):  # fmt: skip
+            continue
+        lead = slow[0]
+        trace = ctx.analyses.trace
+        ids = [trace.names.index(row.name) for row in slow]
+        events = np.flatnonzero((trace.rank == rank) & np.isin(trace.name, ids))
+        calls = int(intervals.outermost(trace.ts[events], trace.end[events], trace.tid[events].astype(np.int64)).sum())
+        locations = ctx.locations(events)
+        evidence = {"op": lead.name, "share_pct": share, "ms_per_step": held_ms / units,
+                    "calls_per_step": calls / units, "kind": "fallback",
+                    "ops": [row.name for row in slow],
+                    "step_ms": steady_ms / units, "judged_over": rank_ledger.describe(),
+                    "input_shapes": lead.input_shapes, "time": "device"}  # fmt: skip
+        title = (f"A fallback kernel holds the device: {lead.name} (reference convolution) launches {share:.0f}% of "
+                 f"the step's device time ({held_ms / units:.1f} ms/step)")  # fmt: skip
+        where = f" at {locations[0]}" if locations and ".py:" in locations[0] else ""
+        fix = f"{lead.name}{where}: {_CONV_FIX}; it runs the reference kernel because {_CONV_GPU}"
+        findings.append(rule.finding(evidence, locations=locations, rank=rank, title=title, fix=fix,
+                                     severity=rule.severity_for(share)))  # fmt: skip
+    return findings
+
+
+def _name(ctx: Context, name_id: int) -> str:
+    return ctx.analyses.trace.names[int(name_id)]
+
+
+HOT_OP = Rule(
+    id="hot_op",
+    family="device",
+    severity="warning",
+    title="One op holds the step: {op} takes {share_pct:.0f}% of it ({ms_per_step:.1f} ms/step)",
+    thresholds=thresholds.HOT_OP,
+    check=_check_hot_op,
+    fix="name the op's line and shapes; a cheaper formulation, or the dtype/layout that takes the fast kernel",
+    docs=Docs(
+        what="One op holds the step. Either a fallback kernel (the reference implementation torch runs when no "
+        "library path applies: aten::_slow_conv2d_forward / _backward, slow_conv_dilated2d, slow_conv_transpose2d, "
+        "thnn_conv2d, slow_conv3d) takes fallback_share_pct of the step or more, on any device; or, on a CPU-only "
+        "run, a single op name takes share_pct of the step or more by its self time. A matrix multiply or a "
+        "convolution on its fast kernel dominating a CPU step is the model's own compute: an info note, no warning.",
+        why="On a CPU-only run the step breakdown is all cpu_exec, so without this the verdict reads \"no "
+        "bottleneck\" while one op takes three quarters of every step: a sort where topk would do, or a float64 "
+        "convolution on the reference kernel (on torch 2.13's CPU several times slower than oneDNN's float32 "
+        "one). A fix to one line then speeds up the whole step.",
+        evidence="`op` and `ops` (the fallback kernels counted), `kind` (fallback, dominant or compute), "
+        "`share_pct` of the step (the ledger's host lane less one-time work; on a device run, the device time the "
+        "fallback kernels launched against the device lane), `ms_per_step`, `calls_per_step`, `ms_per_call`, "
+        "`input_shapes` (the op table's most frequent), `source` (model, optimizer step or data loading) and "
+        "`next_ops` (the next largest ops, to show it stands alone). The locations are the user's lines calling "
+        "its heavier calls.",
+        fix="A fallback convolution: float32 (or bfloat16) weights and inputs, mkldnn / cudnn enabled, so that the "
+        "library kernel takes it. A dominant op: an op with a known cheaper formulation is named (sort -> topk, "
+        "inv -> solve); otherwise check its shapes (a broadcast doing more work than meant), a cheaper op giving the "
+        "same result, and its dtype. skalpel does not know why an op is slow: the fix says what to check.",
+        false_positives="A step that really is one op (a model that is one big embedding bag or one FFT) is its "
+        "workload: nothing to fix but the op itself. A float16 convolution on a CPU runs aten::convolution_backward "
+        "(a name shared with the fast path) and is not named as a fallback. The backward of a dilated or "
+        "transposed fallback convolution runs inside aten::convolution_backward and is not counted in its share. "
+        "On a device run only fallback kernels are judged.",
+    ),
+)
+
+RULES = (HOT_OP,)
