@@ -499,3 +499,23 @@ def test_ranks_that_all_reduce_the_same_buckets_in_another_order_do_identical_wo
     report = analyze(folder)
     (note,) = _found(report, "straggler_rank")
     assert note.severity == "info" and note.title.startswith("No straggler") and "identical work" in note.title
+
+
+def test_a_cpu_lstm_that_asks_whether_cudnn_applies_stays_a_cpu_run(tmp_path):
+    """A real CPU-only run of an nn.LSTM: it calls aten::cudnn_is_acceptable on the CPU, which is no sign of a GPU
+    (it read "device: gpu (device activity not recorded)" and device_activity_missing on three public scripts)."""
+    import torch
+
+    torch.set_num_threads(1)
+    model, batch = torch.nn.LSTM(8, 16), torch.randn(5, 2, 8)
+    path = tmp_path / "lstm.json"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                schedule=torch.profiler.schedule(wait=0, warmup=1, active=3),
+                                on_trace_ready=lambda prof: prof.export_chrome_trace(str(path))) as prof:  # fmt: skip
+        for _ in range(4):
+            model(batch)[0].sum().backward()
+            prof.step()
+    assert "aten::cudnn_is_acceptable" in path.read_text()
+    report = analyze(path)
+    assert report.source.device == "cpu", report.source
+    assert not _found(report, "device_activity_missing")

@@ -18,7 +18,7 @@ import pytest
 
 from skalpel.api import analyze
 from skalpel.diagnose import lookup, thresholds
-from skalpel.diagnose.hot_op import FALLBACK_KERNELS
+from skalpel.trace.opnames import FALLBACK_KERNELS
 from tests.tracebuilder import TraceBuilder
 
 REPO = Path(__file__).resolve().parent.parent

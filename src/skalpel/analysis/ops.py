@@ -29,6 +29,7 @@ import numpy as np
 from ..result.report import OpRow
 from ..trace.kinds import HOST_OP_KINDS, Kind, kind_array
 from ..trace.model import Trace, isin_few
+from ..trace.roles import Role
 from . import numeric
 from .timeline import device_mask
 
@@ -65,6 +66,7 @@ def op_table(trace: Trace) -> OpTable:
     self_us[nesting] = self_times(trace, nesting)
     device_us = _device_time_by_op(trace, nesting)
     rows = np.flatnonzero(isin_few(trace.kind, _ROWS))
+    rows = rows[trace.role[rows] != Role.PROFILER]  # skalpel's closing range, the profiler's own spans: not the user's
     has_device = device_mask(trace)
     ranks = []
     for rank in trace.rank_ids:

@@ -25,12 +25,12 @@ from ..analysis import intervals
 from ..analysis.cpu_ops import RankCpuOps
 from ..analysis.ledger import RankLedger
 from ..analysis.ops import RankOps
+from ..trace import opnames
 from . import thresholds
 from .common import pct
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
-# The reference kernels torch falls back to, with what makes it take the fast path instead (checked on torch 2.13
-# CPU: float64 convolutions run _slow_conv2d_*, slow_conv_dilated2d, slow_conv_transpose2d; float32 ones oneDNN's).
+# What makes torch take the library path instead of its reference kernels (trace/opnames.py FALLBACK_KERNELS).
 _CONV_CPU = ("oneDNN (mkldnn) has no kernel for this convolution, most often its dtype: float64 (a "
              "torch.set_default_dtype(torch.float64), a .double() model or input) or float16; or mkldnn is off "
              "(torch.backends.mkldnn.enabled=False)")  # fmt: skip
@@ -39,19 +39,6 @@ _CONV_GPU = ("cuDNN did not take this convolution: torch.backends.cudnn.enabled=
 _CONV_FIX = ("run the convolution in float32 (model.float() and float32 inputs; or bfloat16 autocast), with "
              "torch.backends.mkldnn / cudnn enabled: the library's kernel is many times faster than the "
              "reference")  # fmt: skip
-FALLBACK_KERNELS = frozenset({
-    "aten::_slow_conv2d_forward", "aten::_slow_conv2d_backward", "aten::thnn_conv2d", "aten::slow_conv3d_forward",
-    "aten::slow_conv3d", "aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d", "aten::slow_conv_transpose2d",
-    "aten::slow_conv_transpose3d",
-})  # fmt: skip
-
-# Matrix multiplies and convolutions on their fast kernels: a step they dominate is the model's compute.
-COMPUTE_KERNELS = frozenset({
-    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::addmv",
-    "aten::mv", "aten::dot", "aten::_addmm_activation", "aten::mkldnn_convolution", "aten::convolution_backward",
-    "aten::mkldnn_linear", "aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::_mkldnn_transpose",
-    "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-})  # fmt: skip
 
 # Ops with a cheaper formulation for the common way they are misused; said as a question, the script decides.
 CHEAPER = {
@@ -102,7 +89,7 @@ def _cpu_finding(ctx: Context, rule: Rule, rank_ledger: RankLedger, ops: RankCpu
     self_ms = np.bincount(names, weights=np.where(steady, ops.self_us, 0.0)) / 1000.0
     order = np.argsort(-self_ms)
     share = 100.0 * self_ms / steady_ms
-    fallback = [int(i) for i in order if share[i] > 0 and _name(ctx, i) in FALLBACK_KERNELS]
+    fallback = [int(i) for i in order if share[i] > 0 and opnames.is_reference_kernel(_name(ctx, i))]
     fallback_ms = float(sum(self_ms[i] for i in fallback))
     if fallback and pct(fallback_ms, steady_ms) >= limits.param("fallback_share_pct") \
             and fallback_ms / units >= limits.param("fallback_floor_ms"):  # fmt: skip
@@ -115,7 +102,7 @@ def _cpu_finding(ctx: Context, rule: Rule, rank_ledger: RankLedger, ops: RankCpu
     if share[top] < limits.share_pct or self_ms[top] / units < limits.floor:
         return None
     name = _name(ctx, top)
-    kind = "compute" if name in COMPUTE_KERNELS else "dominant"
+    kind = "compute" if opnames.is_library_compute(name) else "dominant"
     picked = (names == top) & steady
     return _finding(ctx, rule, rank_ledger, ops, table, [top], picked, self_ms, steady_ms, units, order, kind=kind,
                     fix=_dominant_fix(name), lead=top)  # fmt: skip
@@ -182,7 +169,7 @@ def _outside_one_time(ctx: Context, ops: RankCpuOps) -> np.ndarray:
 
 
 def _dominant_fix(name: str) -> str:
-    if name in COMPUTE_KERNELS:
+    if opnames.is_library_compute(name):
         return ("the step is the model's matrix multiplies or convolutions on their fast kernels: nothing in the "
                 "loop to fix; a faster step needs fewer FLOPs (smaller layers, a smaller batch per step) or a "
                 "faster kernel (bfloat16 where the CPU has it, more intra-op threads on free cores)")  # fmt: skip
@@ -205,7 +192,7 @@ def _device_fallbacks(ctx: Context, rule: Rule, ranks: dict[int, RankLedger]) ->
         rows = table.for_rank(rank)
         if lane is None or rows is None:
             continue
-        slow = [row for row in rows.rows if row.name in FALLBACK_KERNELS and row.device_ms > 0]
+        slow = [row for row in rows.rows if opnames.is_reference_kernel(row.name) and row.device_ms > 0]
         units = max(len(lane.units), 1)
         steady_ms = lane.length_ms - lane.total_ms.get("one_time", 0.0)
         held_ms = sum(row.device_ms for row in slow)

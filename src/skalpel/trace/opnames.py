@@ -241,9 +241,14 @@ def is_capture_end(name: str) -> bool:
 _GPU_OP = re.compile(r"cudnn|miopen|cublas|\bcuda\b|_cuda|nccl:|^cuda|^hip|^cu[A-Z]", re.I)
 
 
+# Ops that ask whether a GPU library applies, and run on a CPU-only run too (every nn.LSTM and GRU calls
+# aten::cudnn_is_acceptable on the CPU): no sign of a GPU.
+_ASKS_ABOUT_GPU = re.compile(r"cudnn_is_acceptable|_use_cudnn|_use_miopen|is_available", re.I)
+
+
 def is_gpu_op(name: str) -> bool:
     """A host op or call that only a GPU run makes (cuDNN, cuBLAS, CUDA, HIP, NCCL)."""
-    return _GPU_OP.search(name) is not None
+    return _GPU_OP.search(name) is not None and _ASKS_ABOUT_GPU.search(name) is None
 
 
 def is_hip_call(name: str) -> bool:
@@ -352,3 +357,30 @@ def c10d_ops(trace: Trace, rank: int) -> np.ndarray:
     issued = np.flatnonzero((trace.kind == Kind.COMM_OP) & (trace.rank == rank))
     ids = names_where(trace, is_c10d_collective, issued)
     return issued[np.isin(trace.name[issued], ids)] if ids else issued[:0]
+
+
+# torch's reference kernels, run when no library path takes an op (diagnose/hot_op.py): on torch 2.13's CPU a float64
+# convolution runs _slow_conv2d_*, slow_conv_dilated2d or slow_conv_transpose2d, a float32 one oneDNN's kernel.
+FALLBACK_KERNELS = frozenset({
+    "aten::_slow_conv2d_forward", "aten::_slow_conv2d_backward", "aten::thnn_conv2d", "aten::slow_conv3d_forward",
+    "aten::slow_conv3d", "aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d", "aten::slow_conv_transpose2d",
+    "aten::slow_conv_transpose3d",
+})  # fmt: skip
+
+# Matrix multiplies and convolutions on their library kernels: a step they dominate is the model's own compute.
+COMPUTE_KERNELS = frozenset({
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::addmv",
+    "aten::mv", "aten::dot", "aten::_addmm_activation", "aten::mkldnn_convolution", "aten::convolution_backward",
+    "aten::mkldnn_linear", "aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::_mkldnn_transpose",
+    "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+})  # fmt: skip
+
+
+def is_reference_kernel(name: str) -> bool:
+    """torch's reference (fallback) implementation of an op that a library kernel normally takes."""
+    return name in FALLBACK_KERNELS
+
+
+def is_library_compute(name: str) -> bool:
+    """A matrix multiply or convolution on its library kernel (oneDNN, BLAS, CPU flash attention)."""
+    return name in COMPUTE_KERNELS
