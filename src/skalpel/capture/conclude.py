@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import SkalpelError
-from . import compile_log, distributed, runfolder, signals
+from . import compile_log, distributed, runclock, runfolder, signals
 from .outputs import write_run
 from .profile import Profile
+from .runledger import run_ledger
 from .session import ProfileRun
 from .target import Target
 
@@ -67,6 +68,9 @@ def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int
     chosen.exit_status = status
     chosen.notes.extend(capture.notes(guard, error))
     late = _stop_whole(chosen) or guard.late
+    clock = runclock.active() or runclock.last()
+    if clock is not None:
+        chosen.run_ledger = run_ledger(clock, compile_log.compilations())
     compile_log.uninstall()
     notes = [note for note in chosen.notes if note not in chosen.said]  # for stderr: those not said as they happened
     if late is not None:  # interrupted after the script, before the analysis: the file is whole, the analysis skipped

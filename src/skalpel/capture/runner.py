@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import SkalpelError
-from . import compile_log, distributed, exits, malloc, profile, signals
+from . import compile_log, distributed, exits, profile, runclock, signals
 from .aside import ProfilerWatch
 from .boundaries import Takeover, why_no_boundary
 from .children import Children
@@ -64,16 +64,13 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
     signals.set_owner()
     guard = signals.Guard()
     compile_log.install()  # before the script: its first compilation comes before the first step
-    held = malloc.hold_mmap_threshold()  # before the script: every step runs with the same allocator
-    if held:
-        own.notes.append(held)
-        own.said.add(held)  # with the report, not as the run goes
     exits.ran_script()
     filtering, installed = filtered_stderr(), capture.installed()
 
     def concluded_at_exit(status: int) -> int:
         """The script calls os._exit(status): the run is written and shown first, as at the script's end."""
         guard.hold()
+        runclock.uninstall()
         installed.__exit__()
         capture.result_run.notes.append(
             f"the script ended its process with os._exit({status}): skalpel wrote the run first; the rest of the "
@@ -93,7 +90,9 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
         ending = exits.os_exit_concludes(concluded_at_exit, owner=signals.is_owner,
                                          holding=lambda: holding(capture.result_run))  # fmt: skip
         with installed, as_main(target, code_path), ending:
+            runclock.install()  # last: the script's start
             status, error = run_script(target, code_path, guard)
+            runclock.uninstall()  # first: the script's end
         if not signals.is_owner():  # a child the script forked came back here
             return RunResult(status, None, error=error, forked_child=True)
         return conclude(capture, guard, target, status, error, folder, removable=not reused)
@@ -164,10 +163,15 @@ class _Capture:
         return self.user or self.own
 
     def _boundary(self) -> None:
+        clock = runclock.active()
+        if clock is not None and self.driver.on_script_thread:
+            clock.mark()
         if not self.driver.boundary():
             return
-        # recorded, and un-profiled steps timed after it for the overhead's baseline
+        # recorded, and un-profiled steps timed after it for the overhead baseline's check
         self.detector.settle()  # a stronger signal may still show the real iteration, and take over
+        if clock is not None and not self.detector.hooks.installed:
+            clock.continue_marking(self.detector.policy.marking)
         if self.stop_after_capture:
             raise CaptureComplete
         self._time_runs_on()
