@@ -286,6 +286,14 @@ class BoundaryPolicy:
         self.last_boundary = now
         return Boundary(signal, takeover=took)
 
+    @property
+    def steps_ran(self) -> int:
+        """Iterations the script ran, by the boundaries: an optimizer's or a fallback's boundary is taken where the next
+        iteration starts, so the last iteration has none (``skalpel.step()`` ends its own)."""
+        if self.boundaries == 0:
+            return 1 if self.pending else 0
+        return self.boundaries + (1 if self.pending or self.marking in FALLBACKS else 0)
+
     def _take_pending(self) -> Boundary | None:
         if self.pending and self._stepped >= self._optimizers.keys() and self.marking == "optimizer":
             self.pending = False

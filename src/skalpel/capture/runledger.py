@@ -12,9 +12,10 @@ skalpel's own work left out):
 * in steps: the rest between b1 and bn, plus the first iteration's typical step;
 * after the last step: tE - bn.
 
-The five (with the first-steps extra) add up to tE - t0. A step well under LONG_STEP_RATIO times the median stays whole in the steps: step
-times that vary by noise alone put nothing between the steps. What the between-steps time was is named where
-the clock timed it in those steps (no_grad work, evaluation, torch.save, compilation), scaled to fit the excess.
+The five (with the first-steps extra) add up to tE - t0. A step well under LONG_STEP_RATIO times the median stays
+whole in the steps: step times that vary by noise alone put nothing between the steps. What the between-steps time
+was is named where the clock timed it in those steps (no_grad work, evaluation, torch.save, compilation), scaled to
+fit the excess.
 
 skalpel's own work at the boundaries (the profiler's start, the trace written when the window closes: seconds) is
 the script's time no more: it is taken out of the step it fell in and of the run, and said apart (``skalpel_s``).
@@ -48,8 +49,9 @@ def run_ledger(clock: RunClock, compilations: list[dict] | tuple = ()) -> RunLed
     named = _spent(Counters(), clock.at_marks[0])
     scale = min(1.0, startup / sum(named.values())) if sum(named.values()) > 0 else 0.0
     named = {name: seconds * scale for name, seconds in named.items()}
-    between = sum(named.values())
-    startup -= between
+    before = sum(named.values())
+    startup -= before
+    between = before
     named["compile"] = 0.0
     long_steps = 0
     for index, duration in enumerate(durations):
@@ -66,7 +68,7 @@ def run_ledger(clock: RunClock, compilations: list[dict] | tuple = ()) -> RunLed
         scale = min(1.0, excess / sum(spent.values())) if sum(spent.values()) > 0 else 0.0
         for name, seconds in spent.items():
             named[name] += seconds * scale
-    in_steps = sum(durations) - between - first_extra + min(typical, before_first)
+    in_steps = sum(durations) - (between - before) - first_extra + min(typical, before_first)
     own_total = clock.counters.skalpel_s
     compile_total = sum(end - start for start, end in compile_spans)
     return RunLedger(

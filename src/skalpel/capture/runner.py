@@ -256,11 +256,11 @@ class _Capture:
                               children=self.children.note(None))  # fmt: skip
         if why is not None:
             return why
-        count = policy.boundaries
+        count = policy.steps_ran
         settings = self.own.settings
         return (
             f"no step was recorded: {target.name} ran {count} step(s), and recording starts at step "
-            f"{settings.wait + settings.warmup + 2} (after {settings.wait + settings.warmup} un-profiled steps); "
+            f"{settings.wait + settings.warmup + 2} (after {settings.wait + settings.warmup + 1} un-profiled steps); "
             "run more steps or lower --warmup"
         )
 

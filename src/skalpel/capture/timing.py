@@ -129,7 +129,8 @@ def _with_after_note(report: Report) -> Report:
         return report
     change = capture.after_change_pct
     note = (
-        f"after the recording the script's un-profiled steps ran {abs(change):.0f}% {'faster' if change < 0 else 'slower'} "
+        f"after the recording the script's un-profiled steps ran {abs(change):.0f}% "
+        f"{'faster' if change < 0 else 'slower'} "
         f"than before it ({capture.after_step_ms:.1f} vs {capture.unprofiled_step_ms:.1f} ms): the profiler leaves "
         "the process changed (the buffers it frees raise glibc's malloc thresholds, its threads and caches stay); the "
         f"profiler overhead is measured against the {capture.baseline_steps} step(s) before the recording"

@@ -252,7 +252,7 @@ class CaptureInfo:
             return f"profiler overhead {overhead:+.1f}%" if overhead >= 0 else "profiler overhead not measurable"
         if self.baseline_steps is not None and self.baseline_steps < _FEWEST_BASELINE_STEPS:
             return (f"profiler overhead not measurable: {self.baseline_steps} un-profiled step(s) before the "
-                    f"recording to compare with (at least {_FEWEST_BASELINE_STEPS} are needed: raise --wait)")  # fmt: skip
+                    f"recording to compare with (at least {_FEWEST_BASELINE_STEPS}: raise --wait)")  # fmt: skip
         if abs(overhead) <= noise:
             return f"profiler overhead within the noise (+-{noise:.0f}%)"
         if overhead < 0:

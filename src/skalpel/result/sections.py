@@ -301,7 +301,8 @@ SECTIONS: dict[str, type[_Section]] = {
 @dataclass(frozen=True)
 class RunLedger(_Section):
     """The script's whole run by skalpel's step clock (capture/runledger.py): where its wall time went, and its
-    one-time costs. Seconds; the five parts (start-up, first-steps extra, in steps, between steps, after the last step) add up to ``run_s``; the shares are of ``run_s``.
+    one-time costs. Seconds; the five parts (start-up, first-steps extra, in steps, between steps, after the last
+    step) add up to ``run_s``; the shares are of ``run_s``.
 
     ``between_steps_s`` is the time of the steps far longer than the typical one (``long_step_ratio`` times or more),
     beyond a typical step: work the loop does between its steps (a rollout, an evaluation, a checkpoint). Of it, what
@@ -344,7 +345,8 @@ class RunLedger(_Section):
                  f"in {self.steps} steps {self.in_steps_s:.1f} s ({pct(self.in_steps_s):.0f}%)",
                  f"between steps {self.between_steps_s:.1f} s ({pct(self.between_steps_s):.0f}%)"]  # fmt: skip
         if self.first_steps_extra_s > 0:
-            where.insert(1, f"first steps' extra {self.first_steps_extra_s:.1f} s ({pct(self.first_steps_extra_s):.0f}%)")
+            extra = self.first_steps_extra_s
+            where.insert(1, f"first steps' extra {extra:.1f} s ({pct(extra):.0f}%)")
         tail = "after the last step" if self.steps_to_end else "after the last step skalpel timed (steps went on)"
         where.append(f"{tail} {self.after_last_step_s:.1f} s ({pct(self.after_last_step_s):.0f}%)")
         own = f" (skalpel's own {self.skalpel_s:.1f} s left out)" if self.skalpel_s >= 0.05 else ""
@@ -362,7 +364,9 @@ class RunLedger(_Section):
             one_time[0] += f" (torch.compile {self.compile_startup_s:.1f} s)"
         if self.first_steps_extra_s > 0:
             one_time.append(f"first steps +{self.first_steps_extra_s:.1f} s")
-        compiled = f"; torch.compile {self.compile_s:.1f} s over the run ({pct(self.compile_s):.0f}%)" if self.compile_s else ""
+        compiled = ""
+        if self.compile_s:
+            compiled = f"; torch.compile {self.compile_s:.1f} s over the run ({pct(self.compile_s):.0f}%)"
         lines.append(f"one-time costs {self.one_time_s:.1f} s, {pct(self.one_time_s):.0f}% of the run: "
                      + ", ".join(one_time) + compiled)  # fmt: skip
         return lines
