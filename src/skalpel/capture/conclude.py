@@ -66,11 +66,11 @@ def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int
     chosen = capture.result_run
     chosen.script = target.name
     chosen.exit_status = status
+    clock = runclock.active() or runclock.last()
+    if clock is not None:  # first: the notes read it
+        chosen.run_ledger = run_ledger(clock, compile_log.compilations())
     chosen.notes.extend(capture.notes(guard, error))
     late = _stop_whole(chosen) or guard.late
-    clock = runclock.active() or runclock.last()
-    if clock is not None:
-        chosen.run_ledger = run_ledger(clock, compile_log.compilations())
     compile_log.uninstall()
     notes = [note for note in chosen.notes if note not in chosen.said]  # for stderr: those not said as they happened
     if late is not None:  # interrupted after the script, before the analysis: the file is whole, the analysis skipped

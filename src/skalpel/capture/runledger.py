@@ -99,15 +99,25 @@ def _spent(before: Counters, after: Counters) -> dict[str, float]:
 
 
 def _compile_spans(clock: RunClock, compilations: list[dict] | tuple) -> list[tuple[float, float]]:
-    """Each compilation as (start, end) on the clock's perf_counter scale (the log stamps epoch microseconds)."""
+    """The compilations as disjoint (start, end) on the clock's perf_counter scale (the log stamps epoch
+    microseconds), within the run: a frame compiled again after a graph break runs inside its caller's compilation,
+    and is counted once."""
     spans = []
     for item in compilations:
         start_us, duration_ms = item.get("start_us"), item.get("duration_ms")
         if start_us is None or duration_ms is None:
             continue
         start = clock.started + (float(start_us) / 1e6 - clock.epoch_started)
-        spans.append((start, start + float(duration_ms) / 1000.0))
-    return spans
+        end = min(start + float(duration_ms) / 1000.0, clock.ended if clock.ended is not None else float("inf"))
+        if end > max(start, clock.started):
+            spans.append((max(start, clock.started), end))
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def _overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import SkalpelError
+from ..result.sections import RunLedger
 from . import compile_log, distributed, exits, profile, runclock, signals
 from .aside import ProfilerWatch
 from .boundaries import Takeover, why_no_boundary
@@ -133,6 +134,20 @@ def runs_on_note(run: ProfileRun, seconds: float) -> str:
     )
 
 
+def between_words(ledger: RunLedger | None) -> str | None:
+    """What the run's clock measured between the steps, for the note on work held before the first step; None when
+    it saw none."""
+    if ledger is None or ledger.long_steps == 0:
+        return None
+    named = ledger.between_no_grad_s + ledger.between_eval_s
+    return (
+        f"skalpel's clock measured it: {ledger.pct(ledger.between_steps_s):.0f}% of the run ({ledger.between_steps_s:.1f} "
+        f"of {ledger.run_s:.1f} s) went between the steps, in {ledger.long_steps} step(s) far longer than the typical "
+        f"{ledger.step_s * 1000:.1f} ms, {named:.1f} s of it under no_grad (an RL rollout, an evaluation); each "
+        "recorded step is one optimizer step, not the iteration"
+    )
+
+
 class _Capture:
     """Drives skalpel's own session from detected boundaries (``driver.py``), until a user's session takes over."""
 
@@ -209,7 +224,8 @@ class _Capture:
                 f"there (two profilers at once crash), after {run.recorded_steps} recorded step(s)"
             )
         notes.extend(takeover.note() for takeover in self.detector.policy.takeovers)
-        for note in (self.detector.policy.held_note(), self.detector.policy.skipped_note()):
+        held = self.detector.policy.held_note(measured=between_words(run.run_ledger))
+        for note in (held, self.detector.policy.skipped_note()):
             if note is not None:
                 notes.append(note)
         children = self.children.note(run.step_signal if run.steps_done else None)

@@ -351,7 +351,7 @@ class RunLedger(_Section):
         where.append(f"{tail} {self.after_last_step_s:.1f} s ({pct(self.after_last_step_s):.0f}%)")
         own = f" (skalpel's own {self.skalpel_s:.1f} s left out)" if self.skalpel_s >= 0.05 else ""
         lines = [f"whole run {self.run_s:.1f} s{own}: " + ", ".join(where)]
-        if self.between_steps_s > 0:
+        if self.pct(self.between_steps_s) >= 1.0:  # a share worth a line
             named = {"rollout/inference under no_grad": self.between_no_grad_s, "evaluation": self.between_eval_s,
                      "checkpoints (torch.save)": self.between_save_s, "torch.compile": self.between_compile_s}
             known = sum(named.values())
