@@ -89,6 +89,18 @@ def test_one_time_costs_fires_with_the_numbers_and_its_look_alike_stays_quiet() 
     assert ONE_TIME_COSTS.check(context, ONE_TIME_COSTS) == []
 
 
+def test_a_damaged_run_ledger_reads_as_a_clear_error() -> None:
+    from skalpel.result.checked import ReportFormatError
+    from skalpel.result.report import _capture_from_dict
+
+    ledger = run_ledger(_clock([1.0, 1.1, 1.2, 1.3]))
+    data = {"warmup_steps": 3, "active_steps": 5, "run": ledger.to_dict()}
+    assert _capture_from_dict(data, "capture").run == ledger  # reads back whole
+    data["run"]["in_steps_s"] = -5.0
+    with pytest.raises(ReportFormatError, match="capture.run.in_steps_s"):
+        _capture_from_dict(data, "capture")
+
+
 # -- real runs ------------------------------------------------------------------------------------------------------
 
 PPO = """

@@ -579,6 +579,13 @@ def _capture_from_dict(data: Any, where: str) -> CaptureInfo:
         _bounded(ms, 0.0, _MOST_MS, f"{where}.window_medians_ms[{i}]")
     for name in ("overhead_pct", "noise_pct", "overhead_noise_pct"):
         _bounded(getattr(capture, name), -_MOST_PCT, _MOST_PCT, f"{where}.{name}")
+    _bounded(capture.after_step_ms, 0.0, _MOST_MS, f"{where}.after_step_ms")
+    _bounded(capture.after_change_pct, -_MOST_PCT, _MOST_PCT, f"{where}.after_change_pct")
+    if capture.run is not None:  # seconds and counts of the run: none negative, none beyond a billion
+        for spec in dataclasses.fields(capture.run):
+            value = getattr(capture.run, spec.name)
+            if not isinstance(value, bool):
+                _bounded(value, 0, _MOST[float], f"{where}.run.{spec.name}")
     if capture.cpu is not None:
         for name in _CPU_NEEDED:
             if name not in capture.cpu:
