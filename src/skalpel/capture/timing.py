@@ -5,10 +5,11 @@ Overhead: the median recorded step against the median un-profiled step, both tim
 the wait and warm-up steps before the first window, while the process is as the script
 alone would have it (the profiler is not recording yet). Not the first of them when
 enough are left, since it may carry first-iteration costs. Never the steps after a window:
-the profiler leaves the process changed (on a CPU ResNet loop the steps after it ran
-10-20% faster than the script ever runs alone: the buffers it frees raise glibc's malloc
-thresholds, so the script's own blocks stay warm), and a baseline taken there made the
-overhead read twice what it was. Those steps are timed still (``after_step_ms``), as a
+the profiler can leave the process changed (on a CPU ResNet loop the steps after it ran
+10-12% faster than the script alone: the buffers it frees raise glibc's malloc thresholds,
+which ``MALLOC_MMAP_THRESHOLD_=33554432`` reproduces), and a baseline taken there made the
+overhead read about twice what it was. Holding the threshold for the whole run (as skalpel
+once did) made every step faster than the script alone: the baseline is taken before. Those steps are timed still (``after_step_ms``), as a
 check of the baseline: a difference out of the noise is said in a note.
 The overhead's noise is about two standard errors of the two medians (from their median
 absolute deviations), widened to the spread between windows when there are several: an
@@ -131,8 +132,8 @@ def _with_after_note(report: Report) -> Report:
     note = (
         f"after the recording the script's un-profiled steps ran {abs(change):.0f}% "
         f"{'faster' if change < 0 else 'slower'} "
-        f"than before it ({capture.after_step_ms:.1f} vs {capture.unprofiled_step_ms:.1f} ms): the profiler leaves "
-        "the process changed (the buffers it frees raise glibc's malloc thresholds, its threads and caches stay); the "
+        f"than before it ({capture.after_step_ms:.1f} vs {capture.unprofiled_step_ms:.1f} ms): the profiler can "
+        "leave the process changed (the buffers it frees raise glibc's malloc thresholds, for one); the "
         f"profiler overhead is measured against the {capture.baseline_steps} step(s) before the recording"
     )
     return dataclasses.replace(report, warnings=report.warnings + (note,))
