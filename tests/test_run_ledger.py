@@ -221,3 +221,32 @@ def test_the_overhead_baseline_is_the_scripts_own_speed_before_the_recording(tmp
     assert 0.4 < capture.unprofiled_step_ms / own_ms < 2.5, (capture.unprofiled_step_ms, own_ms)
     assert capture.after_step_ms is not None  # the steps after the recording are timed as its check
     assert "the script ended soon after" not in (capture.overhead_words() or "")
+
+
+INTERRUPTED = """
+import os, signal
+import torch
+from torch import nn
+torch.set_num_threads(1)
+model = nn.Linear(16, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(100):
+    if i == 40:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C long after the capture: 40 steps ran
+    optimizer.zero_grad()
+    model(torch.randn(8, 16)).sum().backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.slow
+def test_the_steps_a_run_is_said_to_have_run_are_the_steps_it_ran(tmp_path: Path) -> None:
+    """The session's own count stops with the capture (it said 8 here); the run's clock counts to the end."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent(INTERRUPTED))
+    done = subprocess.run([sys.executable, "-m", "skalpel", "run", "--out", str(tmp_path / "run"), str(script)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 130, done.stderr[-2000:]
+    report = Report.from_json((tmp_path / "run" / "report.json").read_bytes())
+    (note,) = [warning for warning in report.warnings if warning.startswith("interrupted (Ctrl-C)")]
+    assert note.startswith("interrupted (Ctrl-C) after 40 step(s)"), note

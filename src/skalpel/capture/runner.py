@@ -240,13 +240,22 @@ class _Capture:
         for signum in guard.arrived:
             handler = "the script's own handler" if signum in guard.script_handlers else "skalpel"
             notes.append(
-                f"{signals.name(signum)} arrived after {run.steps_done} step(s) and was handled by {handler}; "
+                f"{signals.name(signum)} arrived after {self.steps_ran()} step(s) and was handled by {handler}; "
                 f"the trace holds the {run.recorded_steps} step(s) recorded before it"
             )
         if isinstance(error, KeyboardInterrupt):
-            notes.append(f"interrupted (Ctrl-C) after {run.steps_done} step(s); the trace holds the "
+            notes.append(f"interrupted (Ctrl-C) after {self.steps_ran()} step(s); the trace holds the "
                          f"{run.recorded_steps} step(s) recorded before it")  # fmt: skip
         return notes
+
+    def steps_ran(self) -> str:
+        """How many steps the script ran, in words: the run's clock counted them to the end where it could (the
+        session's own count stops with the capture), else the boundaries, and "at least" where counting stopped."""
+        ledger = self.result_run.run_ledger
+        counted = self.detector.policy.steps_ran
+        if ledger is None:
+            return str(counted)
+        return str(max(counted, ledger.steps)) if ledger.steps_to_end else f"at least {max(counted, ledger.steps)}"
 
     def _adopt(self, user: profile.Profile) -> Path | None:
         """A script's own skalpel.profile() session: it keeps its steps, we stand down."""
