@@ -178,10 +178,16 @@ for _ in range(16):
 def test_compile_that_is_most_of_a_short_run_is_weighed_against_it(tmp_path: Path) -> None:
     compiled = _run(tmp_path, COMPILED, "compiled", env=INDUCTOR_CACHE, name="compiled")
     ledger = compiled.capture.run
-    assert ledger.compile_s > 0 and ledger.pct(ledger.compile_s) > 2 * ledger.pct(ledger.in_steps_s), ledger
-    (finding,) = [item for item in compiled.findings if item.id == "one_time_costs"]
-    assert finding.evidence["compile_s"] == pytest.approx(ledger.compile_s)
-    assert finding.evidence["share_pct"] >= 25
+    # a ratio, whatever the machine's speed: compiling took far longer than all the steps
+    assert ledger.compile_s > 0 and ledger.compile_s > 2 * ledger.in_steps_s, ledger
+    found = [item for item in compiled.findings if item.id == "one_time_costs"]
+    paid = ledger.compile_s + ledger.first_steps_extra_s
+    limits = ONE_TIME_COSTS.thresholds
+    # the rule's absolute floor is seconds: a fast machine may compile under it (the unit test above fires it)
+    assert bool(found) == (paid >= limits.floor and ledger.pct(paid) >= limits.share_pct), (found, ledger)
+    for finding in found:
+        assert finding.evidence["compile_s"] == pytest.approx(ledger.compile_s)
+        assert f"torch.compile {ledger.compile_s:.1f} s" in finding.title
     eager = _run(tmp_path, COMPILED, "eager", name="eager")
     assert eager.capture.run.compile_s == 0
     assert not [item for item in eager.findings if item.id == "one_time_costs"]
