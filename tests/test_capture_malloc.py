@@ -1,12 +1,11 @@
-"""`skalpel run` holds glibc's mmap threshold for the whole run, so un-profiled steps run as the profiled ones do.
+"""`skalpel run` leaves glibc's malloc as the script alone has it: the overhead's baseline is the script's own speed.
 
-The shape of the failing script: steps whose tensors are a few MiB (a ResNet's activations),
-which glibc served with fresh pages until the profiler's own frees raised its threshold, so
-the un-profiled steps after the window ran faster and the overhead read +17-20%. The script
-asks glibc (``mallinfo2``) whether a 4 MiB tensor made at its start was mmapped: under
-`skalpel run` it is not (the threshold is held at 32 MiB from the start, and the report
-says so); the look-alike sets ``MALLOC_MMAP_THRESHOLD_`` itself, which is left alone.
-No timing is asserted.
+It once held the mmap threshold at 32 MiB for the whole run (so that the steps after the
+window, whose threshold the profiler's frees had raised, ran like those before it); that
+made every step 10-20% faster than the script ever runs alone. The baseline is now taken
+before the recording, and nothing of the allocator is changed: the script asks glibc
+(``mallinfo2``) whether a 4 MiB tensor made at its start was mmapped, and under
+`skalpel run` it is, as it is when the script runs alone. No timing is asserted.
 """
 
 from __future__ import annotations
@@ -55,8 +54,8 @@ def _glibc_with_mallinfo2() -> bool:
 
 
 @skip_unless(_glibc_with_mallinfo2(), "glibc 2.33+ only: the threshold is glibc's")
-@pytest.mark.parametrize(("own_threshold", "held"), [(None, True), ("131072", False)])
-def test_the_mmap_threshold_is_held_for_the_whole_run(tmp_path, own_threshold, held):
+@pytest.mark.parametrize(("own_threshold", "held"), [(None, False), ("33554432", True)])
+def test_malloc_is_left_as_the_script_alone_has_it(tmp_path, own_threshold, held):
     script = tmp_path / "activations.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONWARNINGS="ignore")
@@ -67,8 +66,7 @@ def test_the_mmap_threshold_is_held_for_the_whole_run(tmp_path, own_threshold, h
                str(script)]  # fmt: skip
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert f"MAPPED {not held}" in done.stdout  # a 4 MiB tensor from the heap (held) or fresh pages (the user's)
+    assert f"MAPPED {not held}" in done.stdout  # fresh pages as alone, or the heap where the user holds it
     report = json.loads((tmp_path / "run" / "report.json").read_text())
-    notes = [warning for warning in report["warnings"] if warning.startswith("malloc's mmap threshold was held")]
-    assert len(notes) == (1 if held else 0)
-    assert "mmap threshold" not in done.stderr  # said once, with the report, not as the run goes
+    assert not [warning for warning in report["warnings"] if "mmap threshold" in warning]
+    assert report["capture"]["baseline_steps"] == 2  # the wait and warm-up steps, before the recording

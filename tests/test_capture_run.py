@@ -133,14 +133,11 @@ def _assert_overhead_measured(capture) -> None:
     assert "un-profiled step(s) to compare with" not in capture.overhead_words(), capture.overhead_words()
 
 
-def test_demo_with_its_old_18_steps_could_not_measure_the_overhead(tmp_path: Path) -> None:
-    """Why the demo trains 24 steps: at 18 its two 8-step windows left too few un-profiled steps after them, and
-    the overhead rested on one step. The control for the assertion above: it fails here."""
+def test_demo_with_18_steps_measures_the_overhead_before_its_recording(tmp_path: Path) -> None:
+    """At 18 steps its two 8-step windows leave too few un-profiled steps after them; the baseline is taken before
+    the recording now (the steps after it ran in a process the profiler changed), so the overhead is measured."""
     result = _skalpel("demo", "--steps", "18", "--out", str(tmp_path / "demo"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     capture = Report.from_json((tmp_path / "demo" / "report.json").read_bytes()).capture
     assert capture.repeats == 2 and len(capture.window_medians_ms) == 2  # both windows recorded
-    assert capture.baseline_steps < _FEWEST_BASELINE_STEPS, capture
-    assert "un-profiled step(s) to compare with" in capture.overhead_words(), capture.overhead_words()
-    with pytest.raises(AssertionError):
-        _assert_overhead_measured(capture)
+    _assert_overhead_measured(capture)

@@ -439,12 +439,14 @@ def test_detector_times_the_threads_backward_and_optimizer_step_a_closures_backw
     assert torch.autograd.backward.__name__ == "backward"  # the wrapper is gone
 
 
-def test_step_timing_baseline_is_steady_state_and_overhead_carries_its_noise() -> None:
-    settings = CaptureSettings(wait=1, warmup=2, active=3)
-    # step 0 (first iteration, slow) and the warm-up steps are not the baseline: the steps timed after are
-    seconds = [0.5, 0.02, 0.02, 0.012, 0.013, 0.0115]
-    timing = step_timing(list(enumerate(seconds)), settings, after=[0.010, 0.0105, 0.011, 0.0095, 0.009])
+def test_step_timing_baseline_is_before_the_recording_and_the_steps_after_it_its_check() -> None:
+    settings = CaptureSettings(wait=2, warmup=2, active=3)
+    # step 0 (slow) is left out of the baseline; the wait and warm-up steps after it are the baseline; the steps
+    # after the window ran faster (a process the profiler changed): the check, said, never the baseline
+    seconds = [0.5, 0.010, 0.0105, 0.0095, 0.012, 0.013, 0.0115]
+    timing = step_timing(list(enumerate(seconds)), settings, after=[0.008, 0.0081, 0.0079, 0.008, 0.0082])
     assert timing["unprofiled_step_ms"] == pytest.approx(10.0)
-    assert timing["baseline_steps"] == 5
+    assert timing["baseline_steps"] == 3
     assert timing["overhead_pct"] == pytest.approx(20.0)
+    assert timing["after_step_ms"] == pytest.approx(8.0) and timing["after_change_pct"] == pytest.approx(-20.0)
     assert 0 < timing["overhead_noise_pct"] < 20.0

@@ -286,6 +286,14 @@ class BoundaryPolicy:
         self.last_boundary = now
         return Boundary(signal, takeover=took)
 
+    @property
+    def steps_ran(self) -> int:
+        """Iterations the script ran, by the boundaries: an optimizer's or a fallback's boundary is taken where the next
+        iteration starts, so the last iteration has none (``skalpel.step()`` ends its own)."""
+        if self.boundaries == 0:
+            return 1 if self.pending else 0
+        return self.boundaries + (1 if self.pending or self.marking in FALLBACKS else 0)
+
     def _take_pending(self) -> Boundary | None:
         if self.pending and self._stepped >= self._optimizers.keys() and self.marking == "optimizer":
             self.pending = False
@@ -329,9 +337,10 @@ class BoundaryPolicy:
         return took
 
     # -- what the report says -----------------------------------------------------------------------
-    def held_note(self) -> str | None:
+    def held_note(self, measured: str | None = None) -> str | None:
         """What ran before the first optimizer step, taken for evaluation, when it was far longer than a step: if it
-        comes before every update (an RL rollout), the recorded steps are not the whole iteration."""
+        comes before every update (an RL rollout), the recorded steps are not the whole iteration. ``measured``: what
+        the run's clock measured between the steps (``skalpel run``), said instead of the supposition."""
         if self.held_s is None or self.marking != "optimizer" or len(self._intervals) < 3:
             return None
         import statistics  # here: `skalpel --help` imports this module for the signals' names
@@ -342,10 +351,11 @@ class BoundaryPolicy:
         return (
             f"before its first optimizer.step(), the script ran {self.held_s:.2f} s ({self.held_s / step_s:.0f}x a "
             f"step) of repeated {LABELS[self._held_signal]} ({self.held + 1} rounds) with no optimizer step: skalpel "
-            "took them for evaluation, and they are in no recorded step. If that work comes before every update "
-            "(an RL rollout, then the update's minibatches), each recorded step is one optimizer step, not the "
-            "iteration, and each later rollout lies inside the step of an update's last minibatch: "
-            f"{HOW_TO_MARK}"
+            "took them for evaluation, and they are in no recorded step. "
+            + (measured or "If that work comes before every update (an RL rollout, then the update's minibatches), "
+               "each recorded step is one optimizer step, not the iteration, and each later rollout lies inside the "
+               "step of an update's last minibatch")
+            + f": {HOW_TO_MARK}"
         )
 
     def skipped_note(self) -> str | None:

@@ -259,6 +259,14 @@ def uninstall() -> None:
         _active = None
 
 
+def compilations() -> list[dict[str, Any]]:
+    """Every compilation logged so far (its start in epoch microseconds, its duration), for the run's ledger."""
+    if _active is None:
+        return []
+    _active.collect()
+    return list(_active.compilations)
+
+
 def before_step(prof: Any, *, starting: bool = False) -> None:
     """Called before ``prof.step()`` at a change of phase (and before ``prof.start()``).
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import SkalpelError
-from . import compile_log, distributed, runfolder, signals
+from . import compile_log, distributed, runclock, runfolder, signals
 from .outputs import write_run
 from .profile import Profile
+from .runledger import run_ledger
 from .session import ProfileRun
 from .target import Target
 
@@ -65,6 +66,9 @@ def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int
     chosen = capture.result_run
     chosen.script = target.name
     chosen.exit_status = status
+    clock = runclock.active() or runclock.last()
+    if clock is not None:  # first: the notes read it
+        chosen.run_ledger = run_ledger(clock, compile_log.compilations())
     chosen.notes.extend(capture.notes(guard, error))
     late = _stop_whole(chosen) or guard.late
     compile_log.uninstall()

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import SkalpelError
-from . import compile_log, distributed, exits, malloc, profile, signals
+from ..result.sections import RunLedger
+from . import compile_log, distributed, exits, profile, runclock, signals
 from .aside import ProfilerWatch
 from .boundaries import Takeover, why_no_boundary
 from .children import Children
@@ -64,16 +65,13 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
     signals.set_owner()
     guard = signals.Guard()
     compile_log.install()  # before the script: its first compilation comes before the first step
-    held = malloc.hold_mmap_threshold()  # before the script: every step runs with the same allocator
-    if held:
-        own.notes.append(held)
-        own.said.add(held)  # with the report, not as the run goes
     exits.ran_script()
     filtering, installed = filtered_stderr(), capture.installed()
 
     def concluded_at_exit(status: int) -> int:
         """The script calls os._exit(status): the run is written and shown first, as at the script's end."""
         guard.hold()
+        runclock.uninstall()
         installed.__exit__()
         capture.result_run.notes.append(
             f"the script ended its process with os._exit({status}): skalpel wrote the run first; the rest of the "
@@ -93,7 +91,9 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
         ending = exits.os_exit_concludes(concluded_at_exit, owner=signals.is_owner,
                                          holding=lambda: holding(capture.result_run))  # fmt: skip
         with installed, as_main(target, code_path), ending:
+            runclock.install()  # last: the script's start
             status, error = run_script(target, code_path, guard)
+            runclock.uninstall()  # first: the script's end
         if not signals.is_owner():  # a child the script forked came back here
             return RunResult(status, None, error=error, forked_child=True)
         return conclude(capture, guard, target, status, error, folder, removable=not reused)
@@ -134,6 +134,20 @@ def runs_on_note(run: ProfileRun, seconds: float) -> str:
     )
 
 
+def between_words(ledger: RunLedger | None) -> str | None:
+    """What the run's clock measured between the steps, for the note on work held before the first step; None when
+    it saw none."""
+    if ledger is None or ledger.long_steps == 0:
+        return None
+    named = ledger.between_no_grad_s + ledger.between_eval_s
+    return (
+        f"skalpel's clock measured it: {ledger.pct(ledger.between_steps_s):.0f}% of the run ({ledger.between_steps_s:.1f} "
+        f"of {ledger.run_s:.1f} s) went between the steps, in {ledger.long_steps} step(s) far longer than the typical "
+        f"{ledger.step_s * 1000:.1f} ms, {named:.1f} s of it under no_grad (an RL rollout, an evaluation); each "
+        "recorded step is one optimizer step, not the iteration"
+    )
+
+
 class _Capture:
     """Drives skalpel's own session from detected boundaries (``driver.py``), until a user's session takes over."""
 
@@ -164,10 +178,15 @@ class _Capture:
         return self.user or self.own
 
     def _boundary(self) -> None:
+        clock = runclock.active()
+        if clock is not None and self.driver.on_script_thread:
+            clock.mark()
         if not self.driver.boundary():
             return
-        # recorded, and un-profiled steps timed after it for the overhead's baseline
+        # recorded, and un-profiled steps timed after it for the overhead baseline's check
         self.detector.settle()  # a stronger signal may still show the real iteration, and take over
+        if clock is not None and not self.detector.hooks.installed:
+            clock.continue_marking(self.detector.policy.marking)
         if self.stop_after_capture:
             raise CaptureComplete
         self._time_runs_on()
@@ -205,7 +224,8 @@ class _Capture:
                 f"there (two profilers at once crash), after {run.recorded_steps} recorded step(s)"
             )
         notes.extend(takeover.note() for takeover in self.detector.policy.takeovers)
-        for note in (self.detector.policy.held_note(), self.detector.policy.skipped_note()):
+        held = self.detector.policy.held_note(measured=between_words(run.run_ledger))
+        for note in (held, self.detector.policy.skipped_note()):
             if note is not None:
                 notes.append(note)
         children = self.children.note(run.step_signal if run.steps_done else None)
@@ -220,13 +240,22 @@ class _Capture:
         for signum in guard.arrived:
             handler = "the script's own handler" if signum in guard.script_handlers else "skalpel"
             notes.append(
-                f"{signals.name(signum)} arrived after {run.steps_done} step(s) and was handled by {handler}; "
+                f"{signals.name(signum)} arrived after {self.steps_ran()} step(s) and was handled by {handler}; "
                 f"the trace holds the {run.recorded_steps} step(s) recorded before it"
             )
         if isinstance(error, KeyboardInterrupt):
-            notes.append(f"interrupted (Ctrl-C) after {run.steps_done} step(s); the trace holds the "
+            notes.append(f"interrupted (Ctrl-C) after {self.steps_ran()} step(s); the trace holds the "
                          f"{run.recorded_steps} step(s) recorded before it")  # fmt: skip
         return notes
+
+    def steps_ran(self) -> str:
+        """How many steps the script ran, in words: the run's clock counted them to the end where it could (the
+        session's own count stops with the capture), else the boundaries, and "at least" where counting stopped."""
+        ledger = self.result_run.run_ledger
+        counted = self.detector.policy.steps_ran
+        if ledger is None:
+            return str(counted)
+        return str(max(counted, ledger.steps)) if ledger.steps_to_end else f"at least {max(counted, ledger.steps)}"
 
     def _adopt(self, user: profile.Profile) -> Path | None:
         """A script's own skalpel.profile() session: it keeps its steps, we stand down."""
@@ -252,11 +281,11 @@ class _Capture:
                               children=self.children.note(None))  # fmt: skip
         if why is not None:
             return why
-        count = policy.boundaries
+        count = policy.steps_ran
         settings = self.own.settings
         return (
             f"no step was recorded: {target.name} ran {count} step(s), and recording starts at step "
-            f"{settings.wait + settings.warmup + 2} (after {settings.wait + settings.warmup} un-profiled steps); "
+            f"{settings.wait + settings.warmup + 2} (after {settings.wait + settings.warmup + 1} un-profiled steps); "
             "run more steps or lower --warmup"
         )
 

@@ -5,8 +5,9 @@ boundaries (``driver.py``: ``skalpel run``, ``skalpel watch``); it records and w
 and hands over its trace files and ``capture_info()``: ``outputs.py`` turns them into the Report
 and the run folder.
 
-skalpel times every step itself (``perf_counter`` at the step boundaries): the steps the
-profiler does not record (wait and warm-up) are the baseline for the profiler's overhead, and
+skalpel times every step itself (``perf_counter`` at the step boundaries): the steps before the
+first window (wait and warm-up, the profiler not recording) are the baseline for the profiler's
+overhead, a few un-profiled steps after the last window its check (``timing.py``), and
 with ``repeat >= 2`` the spread between the recorded windows' medians is the measurement noise.
 The first window's trace is written to the run folder; later windows serve the noise estimate
 only. Stopping early still yields the trace of what was recorded.
@@ -27,8 +28,9 @@ from torch.profiler import ProfilerAction
 from ..analysis.steps import CLOSING_RANGE
 from ..errors import SkalpelError
 from ..result.report import CaptureInfo
+from ..result.sections import RunLedger
 from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
-from . import compile_log, cpu, distributed, runfolder, signals
+from . import compile_log, cpu, distributed, runclock, runfolder, signals
 from .aside import OWN
 from .bounded import PartialStep
 from .budget import release_results
@@ -52,7 +54,7 @@ class ProfileRun:
         self.exit_status: int | None = None
         self.script: str | None = None
         self._intervals: list[tuple[int, float]] = []  # (profiler step, seconds)
-        self._after: list[float] = []  # seconds of un-profiled steps after the last window
+        self._after: list[float] = []  # seconds of un-profiled steps after the last window: the baseline's check
         self._after_started = False
         self._prof: Any = None
         self._last = 0.0
@@ -69,7 +71,8 @@ class ProfileRun:
         self.step_signal: str | None = None  # what marked the steps, for the summary
         self.loader_workers = 0  # the most DataLoader workers seen (skalpel run tells)
         self._cpu_window: list[cpu.Snapshot] = []  # CPU snapshots at the start and end of the first window
-        self.baseline_steps = max(settings.active, 5)  # un-profiled steps timed after the last window
+        self.check_steps = max(settings.active, 5)  # un-profiled steps timed after the last window
+        self.run_ledger: RunLedger | None = None  # the whole run by skalpel run's clock (conclude.py sets it)
         self._sampler: LineSampler | None = None  # statement lines of the first window (with_stack only)
         # the export's stretches, left out of the CPU window
         self._cpu_excluded: list[tuple[cpu.Snapshot, cpu.Snapshot]] = []
@@ -84,7 +87,7 @@ class ProfileRun:
         self._owns_compile_log = compile_log.install()  # `skalpel run` installs it before the script starts
         compile_log.before_step(self._prof, starting=True)
         OWN.add(self._prof)
-        with _quiet():
+        with _quiet(), runclock.own_work():
             self._prof.start()
         if self._phases[0] == (0, ACTIVE):  # no wait or warm-up: the window opened with the profiler
             self._window_opens()
@@ -124,7 +127,7 @@ class ProfileRun:
                 compile_log.before_step(prof)
                 excluded = _excluded_from_cpu_window(self) if closes else _nothing()
                 excluded.__enter__()  # the CPU snapshot (reading /proc) is ours too
-            with _quiet():
+            with _quiet(), runclock.own_work():
                 prof.step()  # closing: the export, which the CPU window leaves out
             excluded.__exit__(None, None, None)
             if opens:
@@ -158,8 +161,8 @@ class ProfileRun:
                 self._prof.add_metadata_json(LINE_SAMPLES, json.dumps(sampler.header_value()))
 
     def _time_after_capture(self, now: float) -> None:
-        """Un-profiled steps after the last window: the steady-state baseline of the overhead."""
-        if self._after_started and len(self._after) < self.baseline_steps:
+        """Un-profiled steps after the last window: the check of the overhead's baseline (taken before the window)."""
+        if self._after_started and len(self._after) < self.check_steps:
             self._after.append(now - self._last)
         self._after_started = True  # the first step after the stop may carry the profiler's teardown: left out
         self._last = time.perf_counter()
@@ -185,8 +188,8 @@ class ProfileRun:
 
     @property
     def baseline_complete(self) -> bool:
-        """Every window recorded and enough un-profiled steps timed after them."""
-        return self.capture_complete and len(self._after) >= self.baseline_steps
+        """Every window recorded and enough un-profiled steps timed after them (the baseline's check)."""
+        return self.capture_complete and len(self._after) >= self.check_steps
 
     @property
     def steps_done(self) -> int:
@@ -219,7 +222,7 @@ class ProfileRun:
         if closes:
             self._samples_into_trace()  # stopped inside the first window: keep what it sampled
         compile_log.before_stop(self._prof)
-        with _quiet(), _excluded_from_cpu_window(self) if closes else _nothing():
+        with _quiet(), _excluded_from_cpu_window(self) if closes else _nothing(), runclock.own_work():
             self._prof.stop()
         if closes and len(self._cpu_window) == 1:
             self._cpu_window.append(cpu.snapshot())
@@ -276,6 +279,7 @@ class ProfileRun:
             exit_status=self.exit_status,
             step_signal=self.step_signal,
             cpu=cpu_facts,
+            run=self.run_ledger,
             **timing,
         )
 

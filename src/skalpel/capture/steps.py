@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from . import signals
+from . import runclock, signals
 from .boundaries import ALL_SIGNALS, FALLBACKS, HOW_TO_MARK, LABELS, USER, Boundary, BoundaryPolicy, Takeover
 from .hooks import TorchHooks
 
@@ -25,6 +25,10 @@ def mark_step() -> None:
     """``skalpel.step()``: the end of one iteration, under ``skalpel run`` (elsewhere it does nothing)."""
     if _active is not None:
         _active.hooks.user_step()
+    else:
+        clock = runclock.active()  # the capture is done: the run's clock still counts the steps
+        if clock is not None:
+            clock.mark_user()
 
 
 class StepDetector:

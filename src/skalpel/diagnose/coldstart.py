@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import thresholds
-from .rule import Context, Docs, Outcome, Rule
+from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
 def _check_cold_start(ctx: Context, rule: Rule) -> Outcome:
@@ -64,4 +64,58 @@ COLD_START = Rule(
     ),
 )
 
-RULES = (COLD_START,)
+def _check_one_time_costs(ctx: Context, rule: Rule) -> Outcome:
+    capture = ctx.capture
+    ledger = capture.run if capture is not None else None
+    if ledger is None:
+        return NotJudged("no whole-run ledger: only `skalpel run` times the script from its start to its end",
+                         applies=capture is not None)  # fmt: skip
+    limits = rule.thresholds
+    # what the user can act on: compilation and the first steps' extra time (imports and building are every run's)
+    paid = ledger.compile_s + ledger.first_steps_extra_s
+    share = ledger.pct(paid)
+    if share < limits.share_pct or paid < limits.floor:
+        return []
+    evidence = {
+        "share_pct": share,
+        "one_time_s": paid,
+        "run_s": ledger.run_s,
+        "compile_s": ledger.compile_s,
+        "first_steps_extra_s": ledger.first_steps_extra_s,
+        "startup_s": ledger.startup_s,
+        "in_steps_s": ledger.in_steps_s,
+        "steps": ledger.steps,
+    }
+    severity = "warning" if share >= limits.param("warning_pct") else "info"
+    return [rule.finding(evidence, severity=severity)]
+
+
+ONE_TIME_COSTS = Rule(
+    id="one_time_costs",
+    family="measurement",
+    severity="info",
+    title="One-time costs are {share_pct:.0f}% of the whole run: torch.compile {compile_s:.1f} s and the first "
+    "steps' extra {first_steps_extra_s:.1f} s, of a {run_s:.1f} s run ({in_steps_s:.1f} s in its {steps} steps)",
+    thresholds=thresholds.ONE_TIME_COSTS,
+    check=_check_one_time_costs,
+    scope="job",
+    fix="weigh them against the run's length: a run this short pays more to compile than it gains; for longer "
+    "runs keep the compile cache warm (TORCHINDUCTOR_FX_GRAPH_CACHE, torch.compile(mode='default') before "
+    "'max-autotune'), avoid recompiles (fixed shapes, dynamic=True), or train without torch.compile",
+    docs=Docs(
+        what="The run's one-time costs, by `skalpel run`'s clock over the whole script: torch.compile's "
+        "compilations (its compile log, wherever they ran) and the first steps' time beyond a typical step, as a "
+        "share of the script's whole run (its start to its end, less skalpel's own work).",
+        why="The steady-state step says nothing of them: a short run or a benchmark can spend as long compiling "
+        "as training, and a speed-up per step is then no speed-up of the run.",
+        evidence="The one-time seconds and their share, torch.compile's seconds, the first steps' extra seconds, "
+        "the start-up before the first step, the run's length and its time in steps.",
+        fix="For a short run, compile less (or not at all); for a long one the share falls by itself. Keep "
+        "Inductor's caches warm across runs and avoid recompiles.",
+        false_positives="A capture run shorter than the real training (a few steps to profile) inflates the share: "
+        "judge it against the length of the real run. Start-up (imports, building the model) is left out: every "
+        "run pays it.",
+    ),
+)
+
+RULES = (COLD_START, ONE_TIME_COSTS)

@@ -215,6 +215,8 @@ STRAGGLER_RANK = Threshold(
 # --- one-time work and the allocator (rules in coldstart.py and allocator.py) ---------------
 # A CUDA context takes 0.2-30 s, a first cuDNN convolution 0.5-1.5 s: work a steady state never
 # pays again. It matters when it is a large part of what was recorded.
+ONE_TIME_COSTS = Threshold(25.0, "of the whole run in torch.compile and the first steps' extra time", 2.0, "s",
+                           params=(("warning_pct", 50.0),))
 COLD_START = Threshold(
     20.0,
     "of the recorded window in one-time work",

@@ -445,6 +445,8 @@ def capture(report: Report) -> str:
             facts.append(("step unprofiled / profiled", f"{c.unprofiled_step_ms:.2f} / {c.profiled_step_ms:.2f} ms"))
         if c.window_medians_ms:
             facts.append(("window medians", ", ".join(f"{v:.2f} ms" for v in c.window_medians_ms)))
+        if c.run is not None:
+            facts.extend(("whole run" if i == 0 else "", line) for i, line in enumerate(c.run.lines()))
         if c.script:
             facts.append(("script", c.script))
         if c.exit_status is not None:

@@ -333,4 +333,7 @@ def _capture(report: Report) -> Text:
         parts.append(overhead)
     if capture.noise_pct is not None:
         parts.append(f"noise {capture.noise_pct:.1f}%")
-    return Text(", ".join(parts))
+    lines = [", ".join(parts)]
+    if capture.run is not None:
+        lines.extend(capture.run.lines())
+    return Text("\n".join(lines))

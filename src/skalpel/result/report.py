@@ -24,6 +24,7 @@ from .sections import (
     CompileSummary,
     DistributedSummary,
     LaunchSummary,
+    RunLedger,
     StepDeviceSummary,
     SyncSummary,
 )
@@ -238,6 +239,9 @@ class CaptureInfo:
     baseline_steps: int | None = None  # un-profiled steps the overhead's baseline is the median of
     step_signal: str | None = None  # what marked the steps: "optimizer.step()", "backward()", "run.step()", ...
     cpu: dict[str, Any] | None = None  # threads asked, cores available, CPU time over the recorded steps (capture/cpu.py)
+    run: RunLedger | None = None  # the script's whole run by the step clock: start-up, steps, between, one-time costs
+    after_step_ms: float | None = None  # median un-profiled step after the recording: the baseline's check
+    after_change_pct: float | None = None  # after_step_ms against the baseline, where it stands out of the noise
 
     def overhead_words(self) -> str | None:
         """The overhead as a reader may take it: a figure only when it stands out of its noise."""
@@ -247,13 +251,13 @@ class CaptureInfo:
         if noise is None:
             return f"profiler overhead {overhead:+.1f}%" if overhead >= 0 else "profiler overhead not measurable"
         if self.baseline_steps is not None and self.baseline_steps < _FEWEST_BASELINE_STEPS:
-            return (f"profiler overhead not measurable: {self.baseline_steps} un-profiled step(s) to compare with "
-                    "(the script ended soon after the recording)")  # fmt: skip
+            return (f"profiler overhead not measurable: {self.baseline_steps} un-profiled step(s) before the "
+                    f"recording to compare with (at least {_FEWEST_BASELINE_STEPS}: raise --wait)")  # fmt: skip
         if abs(overhead) <= noise:
             return f"profiler overhead within the noise (+-{noise:.0f}%)"
         if overhead < 0:
-            return (f"profiler overhead not measurable (profiled steps {-overhead:.0f}% faster than un-profiled "
-                    "ones: the un-profiled steps were disturbed)")  # fmt: skip
+            return (f"profiler overhead not measurable (profiled steps {-overhead:.0f}% faster than the "
+                    f"{self.baseline_steps or 0} un-profiled step(s) before the recording)")  # fmt: skip
         return f"profiler overhead {overhead:+.1f}% (+-{noise:.0f}%)"
 
     def unprofiled_ratio(self) -> float | None:
@@ -577,6 +581,13 @@ def _capture_from_dict(data: Any, where: str) -> CaptureInfo:
         _bounded(ms, 0.0, _MOST_MS, f"{where}.window_medians_ms[{i}]")
     for name in ("overhead_pct", "noise_pct", "overhead_noise_pct"):
         _bounded(getattr(capture, name), -_MOST_PCT, _MOST_PCT, f"{where}.{name}")
+    _bounded(capture.after_step_ms, 0.0, _MOST_MS, f"{where}.after_step_ms")
+    _bounded(capture.after_change_pct, -_MOST_PCT, _MOST_PCT, f"{where}.after_change_pct")
+    if capture.run is not None:  # seconds and counts of the run: none negative, none beyond a billion
+        for spec in dataclasses.fields(capture.run):
+            value = getattr(capture.run, spec.name)
+            if not isinstance(value, bool):
+                _bounded(value, 0, _MOST[float], f"{where}.run.{spec.name}")
     if capture.cpu is not None:
         for name in _CPU_NEEDED:
             if name not in capture.cpu:

@@ -296,3 +296,77 @@ SECTIONS: dict[str, type[_Section]] = {
     "launch": LaunchSummary, "step_device": StepDeviceSummary, "blame": BlameSummary, "syncs": SyncSummary,
     "compile": CompileSummary, "compiled": CompiledSummary, "comm": CommSummary, "distributed": DistributedSummary,
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunLedger(_Section):
+    """The script's whole run by skalpel's step clock (capture/runledger.py): where its wall time went, and its
+    one-time costs. Seconds; the five parts (start-up, first-steps extra, in steps, between steps, after the last
+    step) add up to ``run_s``; the shares are of ``run_s``.
+
+    ``between_steps_s`` is the time of the steps far longer than the typical one (``long_step_ratio`` times or more),
+    beyond a typical step: work the loop does between its steps (a rollout, an evaluation, a checkpoint). Of it, what
+    the clock could name (``between_*``, outermost blocks that ran in those steps); ``first_steps_extra_s``: the same
+    excess in the first steps, a one-time cost rather than work between steps.
+    """
+
+    run_s: float  # the script's wall time, its start to its end, less skalpel's own work
+    steps: int  # step boundaries the clock saw
+    step_s: float  # the typical step: the median time between boundaries
+    startup_s: float  # before the first step (imports, building the model and data), less one typical step
+    in_steps_s: float
+    between_steps_s: float
+    after_last_step_s: float  # after the last step boundary the clock saw, to the script's end
+    first_steps_extra_s: float  # the first steps' time beyond a typical step (one-time work in them)
+    compile_s: float  # torch.compile's compilations over the whole run (its compile log)
+    compile_startup_s: float  # of them, before the first step
+    between_no_grad_s: float  # under no_grad / inference_mode, not in eval mode: a rollout, inference
+    between_eval_s: float  # under no_grad / inference_mode with a module in eval mode: evaluation
+    between_save_s: float  # in torch.save: checkpoints
+    between_compile_s: float  # compiling
+    skalpel_s: float  # skalpel's own work at the step boundaries (the trace written...): left out of every figure
+    long_steps: int  # steps counted as holding work between steps
+    steps_to_end: bool  # the clock saw the steps to the script's end (else: after_last_step_s holds more steps)
+    long_step_ratio: float
+
+    @property
+    def one_time_s(self) -> float:
+        """Start-up before the first step and the first steps' extra time (compile inside either included)."""
+        return self.startup_s + self.first_steps_extra_s
+
+    def pct(self, seconds: float) -> float:
+        return 100.0 * seconds / self.run_s if self.run_s > 0 else 0.0
+
+    def lines(self) -> list[str]:
+        """The ledger in words, one line each: where the run's time went, what the time between steps was, and the
+        one-time costs (terminal and HTML say the same)."""
+        pct = self.pct
+        where = [f"start-up before the first step {self.startup_s:.1f} s ({pct(self.startup_s):.0f}%)",
+                 f"in {self.steps} steps {self.in_steps_s:.1f} s ({pct(self.in_steps_s):.0f}%)",
+                 f"between steps {self.between_steps_s:.1f} s ({pct(self.between_steps_s):.0f}%)"]  # fmt: skip
+        if self.first_steps_extra_s > 0:
+            extra = self.first_steps_extra_s
+            where.insert(1, f"first steps' extra {extra:.1f} s ({pct(extra):.0f}%)")
+        tail = "after the last step" if self.steps_to_end else "after the last step skalpel timed (steps went on)"
+        where.append(f"{tail} {self.after_last_step_s:.1f} s ({pct(self.after_last_step_s):.0f}%)")
+        own = f" (skalpel's own {self.skalpel_s:.1f} s left out)" if self.skalpel_s >= 0.05 else ""
+        lines = [f"whole run {self.run_s:.1f} s{own}: " + ", ".join(where)]
+        if self.pct(self.between_steps_s) >= 1.0:  # a share worth a line
+            named = {"rollout/inference under no_grad": self.between_no_grad_s, "evaluation": self.between_eval_s,
+                     "checkpoints (torch.save)": self.between_save_s, "torch.compile": self.between_compile_s}
+            known = sum(named.values())
+            parts = [f"{name} {seconds:.1f} s ({pct(seconds):.0f}%)" for name, seconds in named.items() if seconds > 0]
+            parts.append(f"not named {max(self.between_steps_s - known, 0.0):.1f} s")
+            lines.append(f"between steps ({self.long_steps} step(s) of {self.long_step_ratio:g}x the typical "
+                         f"{self.step_s * 1000:.1f} ms or more, beyond it): " + ", ".join(parts))  # fmt: skip
+        one_time = [f"start-up {self.startup_s:.1f} s"]
+        if self.compile_startup_s > 0:
+            one_time[0] += f" (torch.compile {self.compile_startup_s:.1f} s)"
+        if self.first_steps_extra_s > 0:
+            one_time.append(f"first steps +{self.first_steps_extra_s:.1f} s")
+        compiled = ""
+        if self.compile_s:
+            compiled = f"; torch.compile {self.compile_s:.1f} s over the run ({pct(self.compile_s):.0f}%)"
+        lines.append(f"one-time costs {self.one_time_s:.1f} s, {pct(self.one_time_s):.0f}% of the run: "
+                     + ", ".join(one_time) + compiled)  # fmt: skip
+        return lines
