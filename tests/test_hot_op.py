@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from skalpel.analysis.bundle import run_analyses
+from skalpel.analysis.op_sources import MODEL
 from skalpel.api import analyze
 from skalpel.diagnose import lookup, thresholds
+from skalpel.trace.loader import load
 from skalpel.trace.opnames import FALLBACK_KERNELS
 from tests.tracebuilder import TraceBuilder
 
@@ -120,6 +123,29 @@ def test_a_fallback_convolution_on_the_device_is_named(tmp_path):
     assert evidence["kind"] == "fallback" and evidence["time"] == "device" and evidence["calls_per_step"] == 1
     assert evidence["share_pct"] == pytest.approx(90, abs=2) and found[0].severity == "critical"
     assert "cudnn" in found[0].fix.lower()
+
+
+def test_held_ops_leave_one_time_work_out_and_count_calls_outermost(tmp_path):
+    """The analysis hot_op reads: a slow first sort (one-time work) and the sort inside it are not the op's time;
+    a sort run inside its overload is one call; the heavier calls are the ones located."""
+    builder = TraceBuilder()
+    builder.device_properties = []
+    for number in range(4):
+        start = number * 60_000.0
+        builder.step(number + 1, start, 59_000)
+        outer = 50_000.0 if number == 0 else 5_000.0  # the first call is ten times the later ones: one-time work
+        builder.host("aten::sort", start + 5, outer)
+        builder.host("aten::sort", start + 10, 4_000)  # its overload, inside it
+        builder.host("aten::mm", start + outer + 20, 1_000)
+    analyses = run_analyses(load(builder.write(tmp_path / "trace.json")))
+    held = analyses.held_ops.for_rank(0)
+    assert [op.name for op in held.ops] == ["aten::sort", "aten::mm"]
+    assert held.ops[0].self_ms == pytest.approx(3 * 5.0)  # outer 1 ms + inner 4 ms self, the first step's left out
+    assert held.ops[1].library_compute and not held.ops[0].library_compute
+    assert not any(op.reference for op in held.ops) and held.reference is None
+    assert held.top.ops == ("aten::sort",) and held.top.calls == 3 and held.top.source == MODEL
+    assert len(held.top.located) == 3  # the inner sorts: 4 ms of self time each against the outer ones' 1 ms
+    assert (analyses.trace.dur[held.top.located] == 4_000).all()
 
 
 # --- real runs ------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from .compile import (
 )
 from .cpu_ops import CpuOps, cpu_ops
 from .gpu_time import GpuTimeResult, gpu_time
+from .held_ops import HeldOps, held_ops
 from .idle_gaps import IdleGaps, idle_gaps
 from .kept_memory import KeptMemory
 from .kernel_launchers import KernelLaunchers, kernel_launchers
@@ -92,6 +93,7 @@ class Analyses:
     idle_gaps: IdleGaps | None = None  # the device work ending the longest gaps, idle time inside DataLoader ranges
     kernel_launchers: KernelLaunchers | None = None  # kernels launched by graph launches, their ops by source
     cpu_ops: CpuOps | None = None  # CPU-only runs: host ops in the steps, self times, sources, collectives' time
+    held_ops: HeldOps | None = None  # per rank, the op names holding the steps and the reference kernels (hot_op)
     attention: Attention | None = None  # SDPA's backends and their device time, eager bmm + softmax attention
     sync_causes: SyncCauses | None = None  # the syncs that blocked on device work inside the steps, by cause
     one_time: OneTimeResult | None = None  # one-time work per rank: cold_start's, and blame's and the allocator's
@@ -134,6 +136,7 @@ def run_analyses(trace: Trace, *, processes: int = 1) -> Analyses:
     # the child's results, or computed here (no second core, or the child died: killed for memory?)
     analyses.ops, analyses.breakdown = done if done is not None else (op_table(trace), step_breakdown(trace, steps))
     analyses.attention = attention(trace, analyses.ops, analyses.kernels)
+    analyses.held_ops = held_ops(trace, analyses.cpu_ops, analyses.one_time, analyses.ops)
     return analyses
 
 

@@ -12,20 +12,16 @@ takes three quarters of it. Two cases are judged here:
   multiply or a convolution on its fast kernel is the model's own compute (a healthy step is dominated by it, on a
   CPU as on a GPU) and is only an info note; any other op is named with what a user can check.
 
-The share is of the ledger's host lane (the unit's time less one-time work); the op's self times and sources come
-from ``analysis.cpu_ops``, its shapes from the op table. On a device run no generic rule fires: a GEMM that
+The share is of the ledger's host lane (the unit's time less one-time work); the op's self times, calls and sources
+come from ``analysis.held_ops``, its shapes from the op table. On a device run no generic rule fires: a GEMM that
 dominates device time is the goal there, not a problem.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..analysis import intervals
-from ..analysis.cpu_ops import RankCpuOps
+from ..analysis.held_ops import HeldCalls, HeldOp, RankHeldOps
 from ..analysis.ledger import RankLedger
-from ..analysis.ops import RankOps
-from ..trace import opnames
+from ..result.report import OpRow
 from . import thresholds
 from .common import pct
 from .rule import Context, Docs, NotJudged, Outcome, Rule
@@ -61,119 +57,91 @@ def _check_hot_op(ctx: Context, rule: Rule) -> Outcome:
         return NotJudged("no steps with host ops")
     if ctx.analyses.has_device:
         return _device_fallbacks(ctx, rule, ledger.ranks)
-    cpu = ctx.analyses.cpu_ops
-    if cpu is None or not cpu.ranks:
+    held = ctx.analyses.held_ops
+    if held is None or not held.ranks:
         return NotJudged("no host ops in the steps")
     findings = []
-    for rank, ops in cpu.ranks.items():
+    for rank, ops in held.ranks.items():
         rank_ledger = ledger.for_rank(rank)
         host = rank_ledger.lane("host") if rank_ledger is not None else None
-        if host is None or len(ops.ops) == 0:
+        if host is None or not ops.ops:
             continue
-        table = ctx.analyses.ops.for_rank(rank) if ctx.analyses.ops is not None else None
-        found = _cpu_finding(ctx, rule, rank_ledger, ops, table)
+        found = _cpu_finding(ctx, rule, rank_ledger, ops)
         if found is not None:
             findings.append(found)
     return findings
 
 
-def _cpu_finding(ctx: Context, rule: Rule, rank_ledger: RankLedger, ops: RankCpuOps, table: RankOps | None):
+def _cpu_finding(ctx: Context, rule: Rule, rank_ledger: RankLedger, held: RankHeldOps):
     limits = rule.thresholds
     host = rank_ledger.lane("host")
     units = max(len(host.units), 1)
-    steady_ms = host.length_ms - host.total_ms.get("one_time", 0.0)
+    steady_ms = host.length_ms - host.total_ms.get("one_time", 0.0)  # the op's time leaves one-time work out too
     if steady_ms <= 0:
         return None
-    names = ctx.analyses.trace.name[ops.ops]
-    steady = _outside_one_time(ctx, ops)  # the share is of the step less one-time work: so is the op's time
-    self_ms = np.bincount(names, weights=np.where(steady, ops.self_us, 0.0)) / 1000.0
-    order = np.argsort(-self_ms)
-    share = 100.0 * self_ms / steady_ms
-    fallback = [int(i) for i in order if share[i] > 0 and opnames.is_reference_kernel(_name(ctx, i))]
-    fallback_ms = float(sum(self_ms[i] for i in fallback))
-    if fallback and pct(fallback_ms, steady_ms) >= limits.param("fallback_share_pct") \
-            and fallback_ms / units >= limits.param("fallback_floor_ms"):  # fmt: skip
-        lead = fallback[0]
-        picked = np.isin(names, fallback) & steady
-        return _finding(ctx, rule, rank_ledger, ops, table, fallback, picked, self_ms, steady_ms, units, order,
-                        kind="fallback", fix=f"{_CONV_FIX}; it runs the reference kernel because {_CONV_CPU}",
-                        lead=lead)  # fmt: skip
-    top = int(order[0])
-    if share[top] < limits.share_pct or self_ms[top] / units < limits.floor:
+    fallback = held.reference
+    if fallback is not None and pct(fallback.ms, steady_ms) >= limits.param("fallback_share_pct") \
+            and fallback.ms / units >= limits.param("fallback_floor_ms"):  # fmt: skip
+        others = [op for op in held.ops[:4] if not op.reference][:2]
+        return _finding(ctx, rule, rank_ledger, fallback, steady_ms, units, others, kind="fallback",
+                        fix=f"{_CONV_FIX}; it runs the reference kernel because {_CONV_CPU}")  # fmt: skip
+    top = held.ops[0]
+    if 100.0 * top.self_ms / steady_ms < limits.share_pct or top.self_ms / units < limits.floor:
         return None
-    name = _name(ctx, top)
-    kind = "compute" if opnames.is_library_compute(name) else "dominant"
-    picked = (names == top) & steady
-    return _finding(ctx, rule, rank_ledger, ops, table, [top], picked, self_ms, steady_ms, units, order, kind=kind,
-                    fix=_dominant_fix(name), lead=top)  # fmt: skip
+    kind = "compute" if top.library_compute else "dominant"
+    return _finding(ctx, rule, rank_ledger, held.top, steady_ms, units, list(held.ops[1:3]), kind=kind,
+                    fix=_dominant_fix(top))  # fmt: skip
 
 
-def _finding(ctx, rule, rank_ledger, ops, table, ids, picked, self_ms, steady_ms, units, order, *, kind, fix, lead):
-    name = _name(ctx, lead)
-    held_ms = float(sum(self_ms[i] for i in ids))
-    share = pct(held_ms, steady_ms)
-    trace = ctx.analyses.trace
-    events = ops.ops[picked]  # a call is an outermost one: aten::sort runs inside aten::sort (its overload)
-    calls = int(intervals.outermost(trace.ts[events], trace.end[events], trace.tid[events].astype(np.int64)).sum())
-    heavy = picked & (ops.self_us >= np.median(ops.self_us[picked]))  # where the time is, not every tiny call
-    sources = ops.sources(picked)
-    others = [{"op": _name(ctx, int(i)), "share_pct": pct(float(self_ms[i]), steady_ms)}
-              for i in order[:4] if int(i) not in ids and self_ms[i] > 0][:2]  # fmt: skip
-    row = next((item for item in table.rows if item.name == name), None) if table is not None else None
+def _finding(ctx, rule, rank_ledger, held: HeldCalls, steady_ms, units, others: list[HeldOp], *, kind, fix):
+    lead = held.ops[0]
+    share = pct(held.ms, steady_ms)
+    row = _row(ctx, rank_ledger.rank, lead)
     evidence = {
-        "op": name,
+        "op": lead,
         "share_pct": share,
-        "ms_per_step": held_ms / units,
-        "calls_per_step": calls / units,
+        "ms_per_step": held.ms / units,
+        "calls_per_step": held.calls / units,
         "kind": kind,
-        "ops": [_name(ctx, i) for i in ids],
-        "ms_per_call": held_ms / max(calls, 1),
+        "ops": list(held.ops),
+        "ms_per_call": held.ms / max(held.calls, 1),
         "step_ms": steady_ms / units,
         "judged_over": rank_ledger.describe(),
         "input_shapes": row.input_shapes if row is not None else None,
-        "source": sources[0].name if sources else None,
-        "next_ops": others,
+        "source": held.source,
+        "next_ops": [{"op": op.name, "share_pct": pct(op.self_ms, steady_ms)} for op in others],
     }
-    locations = ctx.locations(ops.ops[heavy])
+    locations = ctx.locations(held.located)
     if kind == "fallback":
-        named = ", ".join(_name(ctx, i) for i in ids)
-        title = (f"A fallback kernel holds the step: torch's reference convolution ({named}) takes {share:.0f}% of "
-                 f"it ({held_ms / units:.1f} ms/step, {_calls(calls / units)})")
+        title = (f"A fallback kernel holds the step: torch's reference convolution ({', '.join(held.ops)}) takes "
+                 f"{share:.0f}% of it ({held.ms / units:.1f} ms/step, {_calls(held.calls / units)})")
     else:
-        title = (f"One op holds the step: {name} takes {share:.0f}% of it ({held_ms / units:.1f} ms/step, "
-                 f"{_calls(calls / units)})")
+        title = (f"One op holds the step: {lead} takes {share:.0f}% of it ({held.ms / units:.1f} ms/step, "
+                 f"{_calls(held.calls / units)})")
         title += "; the model's own matrix multiplies or convolutions" if kind == "compute" else ""
     where = f" at {locations[0]}" if locations and ".py:" in locations[0] else ""
     shapes = f" (input shapes {evidence['input_shapes']})" if evidence["input_shapes"] else ""
-    fix = f"{name}{where}{shapes}: {fix}"
+    fix = f"{lead}{where}{shapes}: {fix}"
     severity = "info" if kind == "compute" else rule.severity_for(share)
     return rule.finding(evidence, locations=locations, rank=rank_ledger.rank, title=title, fix=fix, severity=severity)
+
+
+def _row(ctx: Context, rank: int, op: str) -> OpRow | None:
+    """The op's row of the rank's op table (its most frequent input shapes)."""
+    table = ctx.analyses.ops.for_rank(rank) if ctx.analyses.ops is not None else None
+    return next((item for item in table.rows if item.name == op), None) if table is not None else None
 
 
 def _calls(per_step: float) -> str:
     return f"{per_step:g} call{'' if per_step == 1 else 's'}/step"
 
 
-def _outside_one_time(ctx: Context, ops: RankCpuOps) -> np.ndarray:
-    """Mask of the ops that are not one-time work (a first call, and the ops inside it on its thread)."""
-    work = ctx.analyses.one_time.for_rank(ops.rank) if ctx.analyses.one_time is not None else None
-    keep = np.ones(len(ops.ops), dtype=bool)
-    if work is None:
-        return keep
-    trace = ctx.analyses.trace
-    starts, ends, threads = trace.ts[ops.ops], trace.end[ops.ops], trace.tid[ops.ops]
-    for cost in work.costs:  # a few slow first calls
-        event = cost.event
-        keep &= ~((starts >= trace.ts[event]) & (ends <= trace.end[event]) & (threads == trace.tid[event]))
-    return keep
-
-
-def _dominant_fix(name: str) -> str:
-    if opnames.is_library_compute(name):
+def _dominant_fix(op: HeldOp) -> str:
+    if op.library_compute:
         return ("the step is the model's matrix multiplies or convolutions on their fast kernels: nothing in the "
                 "loop to fix; a faster step needs fewer FLOPs (smaller layers, a smaller batch per step) or a "
                 "faster kernel (bfloat16 where the CPU has it, more intra-op threads on free cores)")  # fmt: skip
-    known = CHEAPER.get(name)
+    known = CHEAPER.get(op.name)
     generic = ("the step's speed is this op's: check its input shapes are the ones intended (a broadcast or a "
                "missing batch dimension makes it do more work), whether a cheaper op gives the same result, and that "
                "its dtype has a fast kernel on this device (float32 or bfloat16 on a CPU)")  # fmt: skip
@@ -183,45 +151,36 @@ def _dominant_fix(name: str) -> str:
 def _device_fallbacks(ctx: Context, rule: Rule, ranks: dict[int, RankLedger]) -> Outcome:
     """With a device: only fallback kernels, by the device time they launched; a dominant GEMM is healthy there."""
     limits = rule.thresholds
-    table = ctx.analyses.ops
-    if table is None:
+    held = ctx.analyses.held_ops
+    if ctx.analyses.ops is None or held is None:
         return NotJudged("no op table")
     findings = []
     for rank, rank_ledger in ranks.items():
         lane = rank_ledger.lane("device")
-        rows = table.for_rank(rank)
-        if lane is None or rows is None:
+        rank_held = held.for_rank(rank)
+        if lane is None or rank_held is None or rank_held.reference is None:
             continue
-        slow = [row for row in rows.rows if opnames.is_reference_kernel(row.name) and row.device_ms > 0]
+        slow = rank_held.reference
         units = max(len(lane.units), 1)
         steady_ms = lane.length_ms - lane.total_ms.get("one_time", 0.0)
-        held_ms = sum(row.device_ms for row in slow)
-        share = min(pct(held_ms, steady_ms), 100.0)  # the op table spans the trace, the lane its steps
-        if not slow or share < limits.param("fallback_share_pct") \
-                or held_ms / units < limits.param("fallback_floor_ms"):  # fmt: skip
+        share = min(pct(slow.ms, steady_ms), 100.0)  # the op table spans the trace, the lane its steps
+        if share < limits.param("fallback_share_pct") or slow.ms / units < limits.param("fallback_floor_ms"):
             continue
-        lead = slow[0]
-        trace = ctx.analyses.trace
-        ids = [trace.names.index(row.name) for row in slow]
-        events = np.flatnonzero((trace.rank == rank) & np.isin(trace.name, ids))
-        calls = int(intervals.outermost(trace.ts[events], trace.end[events], trace.tid[events].astype(np.int64)).sum())
-        locations = ctx.locations(events)
-        evidence = {"op": lead.name, "share_pct": share, "ms_per_step": held_ms / units,
-                    "calls_per_step": calls / units, "kind": "fallback",
-                    "ops": [row.name for row in slow],
+        lead = slow.ops[0]
+        row = _row(ctx, rank, lead)
+        locations = ctx.locations(slow.located)
+        evidence = {"op": lead, "share_pct": share, "ms_per_step": slow.ms / units,
+                    "calls_per_step": slow.calls / units, "kind": "fallback",
+                    "ops": list(slow.ops),
                     "step_ms": steady_ms / units, "judged_over": rank_ledger.describe(),
-                    "input_shapes": lead.input_shapes, "time": "device"}  # fmt: skip
-        title = (f"A fallback kernel holds the device: {lead.name} (reference convolution) launches {share:.0f}% of "
-                 f"the step's device time ({held_ms / units:.1f} ms/step)")  # fmt: skip
+                    "input_shapes": row.input_shapes if row is not None else None, "time": "device"}  # fmt: skip
+        title = (f"A fallback kernel holds the device: {lead} (reference convolution) launches {share:.0f}% of "
+                 f"the step's device time ({slow.ms / units:.1f} ms/step)")  # fmt: skip
         where = f" at {locations[0]}" if locations and ".py:" in locations[0] else ""
-        fix = f"{lead.name}{where}: {_CONV_FIX}; it runs the reference kernel because {_CONV_GPU}"
+        fix = f"{lead}{where}: {_CONV_FIX}; it runs the reference kernel because {_CONV_GPU}"
         findings.append(rule.finding(evidence, locations=locations, rank=rank, title=title, fix=fix,
                                      severity=rule.severity_for(share)))  # fmt: skip
     return findings
-
-
-def _name(ctx: Context, name_id: int) -> str:
-    return ctx.analyses.trace.names[int(name_id)]
 
 
 HOT_OP = Rule(
