@@ -55,6 +55,13 @@ class RunOutcome:
         return max(0.0, self.first_step_s + sum(self.steps_ms) / 1000.0 - (len(self.steps_ms) + 1) * pace)
 
     @property
+    def window_wall_s(self) -> float:
+        """What the run took up to its window's end: its wall time, less the steps it was followed past the window."""
+        if self.end != "follow_limit" or self.first_step_s is None:
+            return self.wall_s
+        return min(self.wall_s, self.first_step_s + sum(self.steps_ms) / 1000.0 + 1.0)  # + exit, as a run that stops
+
+    @property
     def ran_to_end(self) -> bool:
         return self.end == "script_end"
 

@@ -42,6 +42,7 @@ LOSS_TOLERANCE_PCT = 0.1
 COMPILE_ALLOWANCE_S = 120.0  # a cold torch.compile takes tens of seconds before the first step
 MIN_RUN_TIMEOUT_S = 60.0
 MAX_EXTRA_RUNS = 3  # more runs for a candidate whose interval straddles the line
+ONE_TIME_FLOOR_S = 0.5  # one-time costs closer than this (or the baseline's own spread) count as the same
 FOLLOW_CAP_S = 30.0  # the first baseline run follows the script to its end for at most this long (or a tenth of
 # the budget): how many steps the whole run has, over which one-time costs (a compile) are weighed
 
@@ -252,15 +253,30 @@ class _Session:
         """The candidate's whole run against the baseline's: one-time cost + the run's steps x the step time."""
         base, steps = self.result.baseline, self.result.run_steps
         entry.one_time_s = _median_one_time(runs, self.options.window)
-        entry.whole_run_s = _whole_run_s(entry.one_time_s, entry.median_ms, steps)
+        one_time = entry.one_time_s
+        if one_time is not None and base.one_time_s is not None:
+            # start-up (python, import torch) jitters by seconds on a loaded machine: a difference within the
+            # baseline's own spread of one-time costs is no difference
+            if abs(one_time - base.one_time_s) <= self._one_time_noise_s():
+                one_time = base.one_time_s
+        entry.whole_run_s = _whole_run_s(one_time, entry.median_ms, steps)
         if entry.whole_run_s and base.whole_run_s:
             entry.whole_run_speedup = round(base.whole_run_s / entry.whole_run_s, 3)
             line = 1 + self.result.min_effect_pct / 100
             entry.whole_run_verdict = ("faster" if entry.whole_run_speedup > line else
                                        "slower" if entry.whole_run_speedup < 1 / line else "no_gain")  # fmt: skip
         saved_ms = (base.median_ms or 0.0) - (entry.median_ms or 0.0)
-        extra_s = (entry.one_time_s or 0.0) - (base.one_time_s or 0.0)
+        extra_s = (one_time or 0.0) - (base.one_time_s or 0.0)
         entry.break_even_steps = round(extra_s / saved_ms * 1000, 1) if saved_ms > 0 and extra_s > 0 else None
+
+    def _one_time_noise_s(self) -> float:
+        """How much the baseline's one-time cost varies between its runs (twice 1.4826 x its MAD), at least
+        ``ONE_TIME_FLOOR_S``."""
+        costs = [cost for cost in (run.one_time_s(self.options.window) for run in self.baseline_runs) if cost is not None]
+        if len(costs) < 2:
+            return ONE_TIME_FLOOR_S
+        centre = statistics.median(costs)
+        return max(ONE_TIME_FLOOR_S, 2 * 1.4826 * statistics.median(abs(cost - centre) for cost in costs))
 
     def _settle_undecided(self) -> None:
         """More runs, each round with its baseline run, for the candidates whose interval straddles the line."""
@@ -309,12 +325,12 @@ class _Session:
         return self.options.budget_s - (time.monotonic() - self.started)
 
     def _estimate(self, fix: dict) -> float:
-        walls = [run.wall_s for run in self.baseline_runs]
+        walls = [run.window_wall_s for run in self.baseline_runs]
         base = max(walls) if walls else 10.0
         return base * 1.2 + (COMPILE_ALLOWANCE_S / 4 if fix.get("compile") else 0.0)
 
     def _timeout(self, fix: dict) -> float:
-        walls = [run.wall_s for run in self.baseline_runs] or [10.0]
+        walls = [run.window_wall_s for run in self.baseline_runs] or [10.0]
         allowance = COMPILE_ALLOWANCE_S if fix.get("compile") else 0.0
         return max(MIN_RUN_TIMEOUT_S, 4 * max(walls) + allowance)
 

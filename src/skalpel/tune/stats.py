@@ -13,7 +13,7 @@ The verdict (``compare``), from paired rounds:
   the ratios (with two pairs, their range), widened by twice the runs' own step noise and, below six
   pairs (too few to show their spread), by the baseline's noise (below); a single pair is never
   ``faster``: faster in one round is ``undecided`` until more rounds settle it;
-- the line: the larger of ``TUNE_MIN_EFFECT_PCT`` and twice the baseline's noise: the robust spread of its
+- the line: the larger of ``TUNE_MIN_EFFECT_PCT`` and the baseline's noise: the robust spread of its
   runs (1.4826 x the median absolute deviation of their logs), so that one disturbed baseline run
   does not set it (max - min would);
 - ``faster`` when the whole interval is beyond the line on the faster side, ``slower`` beyond it on
@@ -44,7 +44,7 @@ from ..diagnose.thresholds import (
 
 CLEARLY_WORSE_PCT = 25.0  # a first run this much slower, beyond the noise, ends a candidate early
 MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample times this is its standard deviation
-LINE_NOISES = 2.0  # the line: this many times the baseline's noise (or the minimum effect)
+LINE_NOISES = 1.0  # the line: this many times the baseline's noise (or the minimum effect): paired rounds cancel drift
 OUTER_PERCENTILE = 10.0  # the interval: this percentile of the paired ratios to its mirror
 FEW_PAIRS = 6  # below this many pairs, their range covers the median's 95% interval too rarely (1 - 2^(1-n))
 
@@ -61,7 +61,7 @@ class Timing:
 class Comparison:
     change_pct: float  # (candidate - baseline) / baseline, at the median paired ratio
     speedup: float  # baseline / candidate at the centre
-    band_pct: float  # the line: max(minimum effect, twice the baseline's noise)
+    band_pct: float  # the line: max(minimum effect, the baseline's noise)
     ci_low_pct: float  # the change's interval
     ci_high_pct: float
     speedup_low: float  # the speed-ups at the interval's ends (low: the slower end)
