@@ -5,8 +5,10 @@ and, for the report, the exact change at the line of the user's code that it act
 candidates run follows the profile's findings (``dataloader_bound`` -> more workers) and the
 machine: a GPU brings pinned memory, bf16, cudnn autotuning; a host-bound step (every CPU run,
 or a GPU run whose findings at any severity say launches or idle gaps) brings ``torch.compile``;
-loader workers and intra-op threads that together exceed the usable cores bring fewer workers
-and a split of the cores between the two (``cores.worker_split``). All filtered by what the
+loader workers and intra-op threads that together exceed the usable cores bring the plan ``skalpel run``'s
+advice names (``cores.workers_that_fit``), no workers at all, and a split of the cores between the two
+(``cores.worker_split``); an optimizer that the installed torch runs ``fused=True`` for on its device
+(probed in the baseline run, not assumed by device type) brings ``fused``. All filtered by what the
 script builds (no DataLoader, no DataLoader candidate). ``--try NAME`` runs one anyway.
 Candidates that need a GPU, on a machine without one, are listed once as not applicable.
 
@@ -20,8 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .edits import parses
 from ..cores import loader_workers, threads_beside_workers, worker_split, workers_that_fit
+from .edits import parses
 
 Facts = dict[str, Any]
 Fix = dict[str, Any]
