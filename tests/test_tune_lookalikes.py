@@ -130,6 +130,10 @@ def _tune(folder: Path, *args: str, env: dict | None = None) -> tuple[subprocess
     return done, json.loads(out.read_text())
 
 
+def _line_of(script: Path, start: str) -> int:
+    return next(number for number, line in enumerate(script.read_text().splitlines(), 1) if line.startswith(start))
+
+
 def _assert_edits_parse(script: Path, changes: list[dict], what: str) -> str:
     edited = edits.apply(script.read_text(), changes)
     try:
@@ -163,7 +167,8 @@ def test_fused_adamw_is_offered_on_the_cpu_where_this_torch_runs_it(fused) -> No
     assert entry["reason"] == "this torch runs fused for AdamW on cpu (probed)" and entry["verdict"] != "error"
     assert not any(note.startswith("fused_optimizer: the run found nothing") for note in result["notes"])  # applied
     (change,) = entry["change"]
-    assert (change["line"], change["end_line"]) == (25, 28)  # the whole four-line statement
+    first = _line_of(script, "optimizer = torch.optim.AdamW(")
+    assert (change["line"], change["end_line"]) == (first, first + 3)  # the whole four-line statement
     assert change["after"] == "optimizer = torch.optim.AdamW(\n    model.parameters(),\n    lr=1e-3,\n    fused=True,\n)"
     edited = _assert_edits_parse(script, entry["change"], "fused_optimizer")
     assert "    fused=True,\n)\nx = torch.randn(8, 16)" in edited
@@ -191,7 +196,8 @@ def test_compile_on_a_short_run_is_weighed_over_the_whole_run(tmp_path: Path) ->
         assert "--run-steps N" in done.stdout
     # the edit goes after the whole five-line model statement
     (change,) = compiled["change"]
-    assert (change["line"], change["end_line"]) == (7, 12)
+    first = _line_of(script, "model = nn.Sequential(")
+    assert (change["line"], change["end_line"]) == (first, first + 5)
     edited = _assert_edits_parse(script, compiled["change"], "compile")
     assert "    nn.Linear(64, 64),\n)\nmodel = torch.compile(model)\n" in edited
 
@@ -229,7 +235,8 @@ def test_every_candidates_edit_parses_on_every_lookalike(tmp_path: Path, source:
     assert written >= 4  # edits were really written, not all left out
     if source is LOADER_OVER_LINES:
         (loader,) = candidates.BY_NAME["no_workers"].changes(facts, cores)
-        assert (loader["line"], loader["end_line"]) == (9, 14)
+        first = _line_of(script, "    loader = DataLoader(")
+        assert (loader["line"], loader["end_line"]) == (first, first + 5)
         assert "persistent_workers=False" in loader["after"] and "num_workers=0" in loader["after"]
         (model,) = candidates.BY_NAME["compile"].changes(facts, cores)
         assert model["after"].endswith(")\nmodel = torch.compile(model)")

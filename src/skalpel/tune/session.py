@@ -169,7 +169,8 @@ class _Session:
         if self.options.run_steps:
             self.result.run_steps, self.result.run_steps_from = self.options.run_steps, "--run-steps"
             return
-        self.result.run_steps = max(first.steps_seen, len(first.steps_ms) + 1)
+        # a step's boundary is taken where the next one starts: a script that ended ran one step past its last
+        self.result.run_steps = max(first.steps_seen, len(first.steps_ms) + 1) + (1 if first.ran_to_end else 0)
         if first.ran_to_end:
             self.result.run_steps_from = "the script's end"
             return
