@@ -463,7 +463,8 @@ def _machine_reason(candidate: Candidate, facts: Facts, cores: int) -> str:
     if candidate.device_rule is _host_bound:
         return "host-bound step (CPU)"
     if candidate.name == "fused_optimizer":
-        return f"this torch runs fused for {facts['optimizers'][0].get('class')} on {facts.get('device', 'cpu')} (probed)"
+        opt = next(opt for opt in facts["optimizers"] if opt.get("fused_supported"))
+        return f"this torch runs fused for {opt.get('class')} on {opt.get('device', 'cpu')} (probed)"
     return f"device {facts.get('device', 'cpu')}"
 
 

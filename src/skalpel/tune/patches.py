@@ -222,8 +222,10 @@ def _with_fused_probe(optimizer: dict[str, Any]) -> dict[str, Any]:
     (``fused_supported``): probed, not assumed by device type (torch 2.13 runs fused AdamW on the CPU)."""
     facts = {key: value for key, value in optimizer.items() if not key.startswith("_")}
     cls = optimizer.get("_type")
+    lr = facts.get("lr") if isinstance(facts.get("lr"), float) else None  # a tensor lr is not a cache key
+    facts["lr"] = lr
     facts["fused_supported"] = bool(cls is not None and "fused" in facts["accepts"]
-                                    and fused_runs(cls, facts["device"], facts.get("lr")))  # fmt: skip
+                                    and fused_runs(cls, facts["device"], lr))  # fmt: skip
     return facts
 
 
