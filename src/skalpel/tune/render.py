@@ -107,7 +107,7 @@ def print_result(result: TuneResult, *, console: Console | None = None) -> None:
             console.print(Text(f"{entry.name}: {one_time_note(entry, result)}", style="yellow"))
     line = f"{result.min_effect_pct:g}%"
     if result.baseline.noise_pct is not None:
-        line = f"the larger of {line} and the baseline's noise between its runs ({result.baseline.noise_pct:.1f}%)"
+        line += f" (the baseline's noise between its runs, {result.baseline.noise_pct:.1f}%, widens the interval)"
     console.print(Text(f"step time: the median over runs of each run's mean step ({result.window_steps} steps after "
                        f"{result.warmup_steps} warm-up), ± the robust spread between runs; speed-up: the median of "
                        "each run over its round's baseline run, its interval in brackets; whole run: the one-time "

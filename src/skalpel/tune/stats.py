@@ -10,12 +10,13 @@ The verdict (``compare``), from paired rounds:
 - each candidate run over its paired baseline run is one ratio: the machine's drift over the
   session, and a disturbance that slows a whole round, weigh on both sides of a pair alike;
 - change: the median of the paired ratios (in logs); its interval is the 10th to 90th percentile of
-  the ratios (with two pairs, their range), widened by twice the runs' own step noise and, below six
-  pairs (too few to show their spread), by the baseline's noise (below); a single pair is never
-  ``faster``: faster in one round is ``undecided`` until more rounds settle it;
-- the line: the larger of ``TUNE_MIN_EFFECT_PCT`` and the baseline's noise: the robust spread of its
-  runs (1.4826 x the median absolute deviation of their logs), so that one disturbed baseline run
-  does not set it (max - min would);
+  the ratios (up to four pairs, their range), widened by twice the runs' own step noise and, with two
+  or three pairs (too few to show their spread), by a pair's share of the baseline's noise: the robust
+  spread of its runs (1.4826 x the median absolute deviation of their logs), which one disturbed
+  baseline run does not set (max - min would); a single pair is never ``faster``: faster in one
+  round is ``undecided`` until more rounds settle it;
+- the line: ``TUNE_MIN_EFFECT_PCT``, the smallest change worth a verdict: the machine's drift over the
+  session cancels within each pair, and its noise widens the interval instead;
 - ``faster`` when the whole interval is beyond the line on the faster side, ``slower`` beyond it on
   the slower side, else ``no_gain``; a ``no_gain`` whose interval straddles the faster line is
   ``undecided``: more rounds could settle it (the session adds them within its budget).
@@ -44,9 +45,8 @@ from ..diagnose.thresholds import (
 
 CLEARLY_WORSE_PCT = 25.0  # a first run this much slower, beyond the noise, ends a candidate early
 MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample times this is its standard deviation
-LINE_NOISES = 1.0  # the line: this many times the baseline's noise (or the minimum effect): paired rounds cancel drift
 OUTER_PERCENTILE = 10.0  # the interval: this percentile of the paired ratios to its mirror
-FEW_PAIRS = 6  # below this many pairs, their range covers the median's 95% interval too rarely (1 - 2^(1-n))
+FEW_PAIRS = 4  # below this many pairs, their range covers the median too rarely (1 - 2^(1-n): 50%, 75%)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Timing:
 class Comparison:
     change_pct: float  # (candidate - baseline) / baseline, at the median paired ratio
     speedup: float  # baseline / candidate at the centre
-    band_pct: float  # the line: max(minimum effect, the baseline's noise)
+    band_pct: float  # the line: the minimum effect
     ci_low_pct: float  # the change's interval
     ci_high_pct: float
     speedup_low: float  # the speed-ups at the interval's ends (low: the slower end)
@@ -119,10 +119,11 @@ def compare(baseline_runs: list[list[float]], candidate_runs: list[list[float]],
     noise = noise_pct(tuple(float(x) for x in b))
     machine = (noise or 0.0) / 100.0
     own = math.sqrt(2) * _within_run_sd([s for pair in kept for s in pair])  # a pair's own step noise
-    # few pairs show too little of their spread: the baseline's robust noise between runs widens them
-    widen = 2 * (own if len(ratios) >= FEW_PAIRS else math.hypot(own, machine))
-    if len(ratios) >= 2:  # two pairs: their range; more: the outer percentiles, so one odd round does not set it
-        outer = OUTER_PERCENTILE if len(ratios) >= 3 else 0.0
+    # two or three pairs show too little of their spread: the baseline's robust noise (one pair's, sqrt 2 runs')
+    # widens their range; from four on, their own spread is the interval
+    widen = 2 * own + (math.sqrt(2) * machine if len(ratios) < FEW_PAIRS else 0.0)
+    if len(ratios) >= 2:  # up to four pairs: their range; more: the outer percentiles, so one odd round does not set it
+        outer = OUTER_PERCENTILE if len(ratios) >= 5 else 0.0
         low_log = float(np.percentile(ratios, outer)) - widen
         high_log = float(np.percentile(ratios, 100 - outer)) + widen
     else:  # one pair shows no spread of its own: the machine's noise between identical runs stands in for it
@@ -130,7 +131,7 @@ def compare(baseline_runs: list[list[float]], candidate_runs: list[list[float]],
         low_log, high_log = centre - half, centre + half
     low_log, high_log = min(low_log, centre), max(high_log, centre)
     change, low, high = (_pct(centre), _pct(low_log), _pct(high_log))
-    line = max(min_effect_pct, LINE_NOISES * (noise or 0.0))
+    line = min_effect_pct  # the machine's drift cancels within pairs; its noise is in the interval, not the line
     if high < -line and len(ratios) >= 2:  # faster in one round only is not yet faster: more rounds settle it
         verdict = "faster"
     elif low > line:
