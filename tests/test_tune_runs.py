@@ -360,8 +360,8 @@ def test_a_candidate_outside_the_budget_is_not_run_and_says_so(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     result = _validated(out)
     assert result["baseline"]["runs"] == 1 and result["candidates"] == [] and result["recommended"] == []
-    (skipped,) = result["not_run"]
-    assert skipped["name"] == "foreach_optimizer" and skipped["why"].startswith("the budget: ")
+    skipped = {item["name"]: item["why"] for item in result["not_run"]}  # fused too, where this torch runs it
+    assert "foreach_optimizer" in skipped and all(why.startswith("the budget: ") for why in skipped.values()), skipped
 
 
 def test_ctrl_c_prints_the_results_measured_so_far(tmp_path: Path) -> None:
