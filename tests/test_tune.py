@@ -586,3 +586,13 @@ def test_paired_rounds_hold_a_gain_that_one_disturbed_baseline_run_would_have_hi
     # and a look-alike: a candidate no faster, paired the same way, stays no_gain
     same = stats.compare(base, _runs([100.5, 100.8], jitter=0.005, seed=34), pairs=[0, 2])
     assert same.verdict == "no_gain" and not same.undecided
+
+
+def test_a_runs_one_time_cost_is_its_time_to_the_last_step_less_its_steps_at_their_pace() -> None:
+    """3 s to the end of the first step, then a 2 s compile in step 2, then 10 ms steps: 3 + 2 + 11 x 0.01 s to
+    the last boundary, 13 steps at 10 ms: about 4.98 s of one-time work (start-up, first step, compile)."""
+    from skalpel.tune.measure import RunOutcome
+
+    run = RunOutcome([2000.0] + [10.0] * 11, "window", 0, first_step_s=3.0)
+    assert run.one_time_s(Window(warmup=2, steps=8)) == pytest.approx(3.0 + 2.0 + 0.11 - 13 * 0.010, abs=1e-6)
+    assert RunOutcome([10.0] * 5, "window", 0).one_time_s(Window(1, 3)) is None  # no start recorded: unknown

@@ -260,13 +260,16 @@ class _Session:
             # baseline's own spread of one-time costs is no difference
             if abs(one_time - base.one_time_s) <= self._one_time_noise_s():
                 one_time = base.one_time_s
-        entry.whole_run_s = _whole_run_s(one_time, entry.median_ms, steps)
+        # the step time the paired rounds measured (the baseline's over the speed-up), not the unpaired median:
+        # the whole run and the break-even agree with the speed-up shown
+        step_ms = base.median_ms / entry.speedup if base.median_ms and entry.speedup else entry.median_ms
+        entry.whole_run_s = _whole_run_s(one_time, step_ms, steps)
         if entry.whole_run_s and base.whole_run_s:
             entry.whole_run_speedup = round(base.whole_run_s / entry.whole_run_s, 3)
             line = 1 + self.result.min_effect_pct / 100
             entry.whole_run_verdict = ("faster" if entry.whole_run_speedup > line else
                                        "slower" if entry.whole_run_speedup < 1 / line else "no_gain")  # fmt: skip
-        saved_ms = (base.median_ms or 0.0) - (entry.median_ms or 0.0)
+        saved_ms = (base.median_ms or 0.0) - (step_ms or 0.0)
         extra_s = (one_time or 0.0) - (base.one_time_s or 0.0)
         entry.break_even_steps = round(extra_s / saved_ms * 1000, 1) if saved_ms > 0 and extra_s > 0 else None
 
