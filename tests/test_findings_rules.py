@@ -482,6 +482,15 @@ def test_loader_oversubscribed_named_only_past_the_cores(tmp_path):
     found = [finding for finding in crowded if finding.id == "loader_oversubscribed"]
     assert len(found) == 1 and found[0].evidence["threads_asked"] == 6
     assert "num_workers=0" in found[0].fix and "set_num_threads(1)" in found[0].fix
+    # the advice follows its own condition (issue 35): workers hide a batch cheaper to make than the compute; no
+    # workers only where a batch is cheaper to make than a worker's hand-over
+    assert "num_workers=0 only where a batch takes less to make than a worker takes to hand one over" in found[0].fix
+    assert "hide the making of a batch behind the" in found[0].fix
+    assert "num_workers=0 where a batch takes less to make than the" not in found[0].fix
+    # the numbers are the plan skalpel tune's fewer_workers times (cores.workers_that_fit)
+    from skalpel.cores import workers_that_fit
+
+    assert workers_that_fit(4, 2, 2) == (1, 1) and found[0].fix.startswith("num_workers=1 with torch.set_num_threads(1)")
     fitting = _with_capture(tmp_path, cpu=_cpu(intra_op_threads=1, loader_workers=1)).findings
     assert not [finding for finding in fitting if finding.id == "loader_oversubscribed"]
     assert not [f for f in _with_capture(tmp_path).findings if f.id == "loader_oversubscribed"]  # no facts

@@ -121,8 +121,27 @@ def worker_split(workers: int, threads: int, cores: int) -> tuple[int, int]:
     return split_workers, max(1, cores - split_workers)
 
 
-def fewer_workers(workers: int, threads: int, cores: int) -> int | None:
-    """Fewer DataLoader workers where workers and intra-op threads exceed ``cores``; None when they fit."""
-    if workers <= 1 or workers + threads <= cores:
+def workers_that_fit(workers: int, threads: int, cores: float) -> tuple[int, int | None] | None:
+    """DataLoader workers, and the intra-op threads to set (None: keep them), where ``workers`` worker processes and
+    ``threads`` intra-op threads ask for more than ``cores``; None when they fit.
+
+    The workers go on the cores the threads leave free; where the threads fill every core, one worker and one
+    thread fewer. The other setting worth timing beside it is no worker at all (``num_workers=0``), which wins
+    where a batch takes less to make than a worker takes to hand one over (``WORKER_HANDOFF_MS``). The one plan
+    ``skalpel run``'s ``loader_oversubscribed`` advice names and ``skalpel tune``'s ``fewer_workers`` and
+    ``no_workers`` candidates time.
+    """
+    usable = int(cores)
+    if workers < 1 or workers + threads <= usable:
         return None
-    return max(1, min(workers - 1, cores))
+    free = usable - threads
+    if free >= 1:
+        return min(free, workers), None
+    return 1, max(usable - 1, 1)
+
+
+def fewer_workers(workers: int, threads: int, cores: int) -> int | None:
+    """Fewer DataLoader workers where workers and intra-op threads exceed ``cores`` (``workers_that_fit``); None
+    when they fit."""
+    fit = workers_that_fit(workers, threads, cores)
+    return None if fit is None or fit[0] >= workers else fit[0]

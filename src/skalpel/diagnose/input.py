@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cores import WORKER_HANDOFF_MS, loader_workers, threads_beside_workers
+from ..cores import WORKER_HANDOFF_MS, loader_workers, threads_beside_workers, workers_that_fit
 from . import thresholds
 from .common import pct, window_of
 from .cpu import contended, usable_cores
@@ -264,14 +264,17 @@ def _check_oversubscribed(ctx: Context, rule: Rule) -> Outcome:
         "threads_asked": asked, "asked_pct_of_cores": 100.0 * asked / cores, "wait_ms_per_step": wait, "compute_ms_per_step": compute,
     }  # fmt: skip
     per_process = max(int(cores) // processes, 1)
-    fitting = max(per_process - threads, 0)
-    if fitting:
-        costly = f"num_workers={fitting}, the cores the {threads} intra-op thread(s) leave free"
+    fit_workers, fit_threads = workers_that_fit(workers, threads, per_process) or (workers, None)  # what tune times
+    if fit_threads is None:
+        costly = f"num_workers={fit_workers}, the cores the {threads} intra-op thread(s) leave free"
     else:
-        costly = f"num_workers=1 with torch.set_num_threads({max(per_process - 1, 1)})"
-    fix = (f"num_workers=0 where a batch takes less to make than the {compute:.1f} ms of compute per step it would "
-           "hide (workers copy every batch between processes and take cores from training's threads; time both); "
-           f"where batches are costly, {costly}")  # fmt: skip
+        costly = f"num_workers={fit_workers} with torch.set_num_threads({fit_threads})"
+    # workers hide the making of a batch behind the compute when it takes less than the compute: keep them, fitted
+    # to the cores; none only where a worker's hand-over (start-up, IPC) costs more than the fetch it takes away
+    fix = (f"{costly} (workers that fit the cores hide the making of a batch behind the {compute:.1f} ms of compute "
+           "per step, when a batch takes less than that to make); num_workers=0 only where a batch takes less to "
+           f"make than a worker takes to hand one over (~{WORKER_HANDOFF_MS:g} ms: start-up, collate, pickle, "
+           "queue), so that the workers cost more than the fetch they take away (time both)")  # fmt: skip
     return [rule.finding(evidence, fix=fix)]
 
 
@@ -284,8 +287,8 @@ LOADER_OVERSUBSCRIBED = Rule(
     thresholds=thresholds.LOADER_OVERSUBSCRIBED,
     check=_check_oversubscribed,
     scope="job",
-    fix="num_workers=0 for batches cheaper to make than the step's compute; else workers and intra-op threads "
-    "that together fit the usable cores",
+    fix="workers and intra-op threads that together fit the usable cores; num_workers=0 only for batches cheaper "
+    "to make than a worker's hand-over (start-up, IPC)",
     docs=Docs(
         what="The script asked for more DataLoader worker processes than the cores its intra-op threads leave "
         "free: workers + intra-op threads x processes exceed the usable cores (affinity, cgroup quota) by at "
@@ -296,9 +299,11 @@ LOADER_OVERSUBSCRIBED = Rule(
         "ran 1.15-1.2x slower than none.",
         evidence="The workers, intra-op threads and processes, the usable cores, the threads asked, and the "
         "step's wait for data and its compute (ms per step, from the step-time breakdown).",
-        fix="`num_workers=0` when a batch takes less to make than the step's compute (time both); otherwise "
-        "workers on the cores the intra-op threads leave free, or fewer intra-op threads "
-        "(`torch.set_num_threads`).",
+        fix="Workers on the cores the intra-op threads leave free, or fewer intra-op threads "
+        "(`torch.set_num_threads`): workers hide the making of a batch behind the step's compute when a batch "
+        "takes less to make than that compute. `num_workers=0` wins only where a batch takes less to make than a "
+        "worker takes to hand one over (`cores.WORKER_HANDOFF_MS`, ~1.5 ms: start-up, collate, pickle, queue): "
+        "there the workers cost more than the fetch they take away (time both).",
         false_positives="Workers that mostly sleep (a prefetch queue kept full by cheap batches) cost little; "
         "the finding is an info note, and `cpu_contention` says when the cores were really short.",
     ),

@@ -26,7 +26,7 @@ from .candidates import BY_NAME
 
 RESULT_FILE = "tune.json"
 # Candidates that act on a finding beyond those its catalogue entry names: the worker count both ways.
-_ALSO = {"dataloader_bound": ("fewer_workers", "workers_threads")}
+_ALSO = {"dataloader_bound": ("fewer_workers", "no_workers", "workers_threads")}
 
 
 def same_script(document: dict[str, Any], script: str, args: tuple[str, ...]) -> bool:

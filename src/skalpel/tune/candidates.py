@@ -5,8 +5,10 @@ and, for the report, the exact change at the line of the user's code that it act
 candidates run follows the profile's findings (``dataloader_bound`` -> more workers) and the
 machine: a GPU brings pinned memory, bf16, cudnn autotuning; a host-bound step (every CPU run,
 or a GPU run whose findings at any severity say launches or idle gaps) brings ``torch.compile``;
-loader workers and intra-op threads that together exceed the usable cores bring fewer workers
-and a split of the cores between the two (``cores.worker_split``). All filtered by what the
+loader workers and intra-op threads that together exceed the usable cores bring the plan ``skalpel run``'s
+advice names (``cores.workers_that_fit``), no workers at all, and a split of the cores between the two
+(``cores.worker_split``); an optimizer that the installed torch runs ``fused=True`` for on its device
+(probed in the baseline run, not assumed by device type) brings ``fused``. All filtered by what the
 script builds (no DataLoader, no DataLoader candidate). ``--try NAME`` runs one anyway.
 Candidates that need a GPU, on a machine without one, are listed once as not applicable.
 
@@ -20,7 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..cores import fewer_workers, loader_workers, threads_beside_workers, worker_split
+from ..cores import loader_workers, threads_beside_workers, worker_split, workers_that_fit
+from .edits import parses
 
 Facts = dict[str, Any]
 Fix = dict[str, Any]
@@ -68,16 +71,25 @@ def _settings_text(facts: Facts, key: str) -> str:
 
 
 def set_keyword(code: str, key: str, value: str) -> str | None:
-    """``code`` (one line with a call) with ``key=value`` set in its outermost call; None when unsure."""
+    """``code`` (a statement ending in a call, over one line or several) with ``key=value`` set in its outermost
+    call; None when unsure, and None rather than an edit that does not parse."""
     if not code or code.count("(") != code.count(")") or not code.rstrip().endswith(")"):
         return None
     found = re.search(rf"\b{re.escape(key)}\s*=", code)
     if found:
         end = _argument_end(code, found.end())
-        return None if end is None else f"{code[:found.start()]}{key}={value}{code[end:]}"
-    body = code.rstrip()[:-1]
-    joiner = "" if body.rstrip().endswith("(") else ", "
-    return f"{body}{joiner}{key}={value})"
+        edited = None if end is None else f"{code[:found.start()]}{key}={value}{code[end:]}"
+    else:
+        last = code.rstrip()[:-1].rstrip()
+        arguments = last[last.find("(") + 1 :]
+        if "\n" in arguments:  # one argument a line: the new one on its own line, before the closing bracket
+            indent = re.match(r"\s*", last.splitlines()[-1]).group(0)
+            comma = "" if last.endswith((",", "(")) else ","
+            edited = f"{last}{comma}\n{indent}{key}={value},\n)"
+        else:
+            joiner = "" if last.endswith("(") else (" " if last.endswith(",") else ", ")
+            edited = f"{last}{joiner}{key}={value})"
+    return edited if parses(edited) else None
 
 
 def _argument_end(code: str, start: int) -> int | None:
@@ -99,9 +111,15 @@ def _keyword_changes(objects: list[dict[str, Any]], key: str, value: str, call: 
     for item in objects:
         site = item.get("site") or {}
         code = site.get("code", "")
-        changes.append({"location": site.get("location"), "before": code or None,
+        changes.append({"location": site.get("location"), **_lines(site), "before": code or None,
                         "after": set_keyword(code, key, value), "edit": f"pass {key}={value} to {item.get('class') or call}(...)"})  # fmt: skip
     return changes
+
+
+def _lines(site: dict[str, Any]) -> dict[str, int | None]:
+    """The statement a change rewrites: its first and last lines in the file (``edits.statement_at``)."""
+    line = site.get("line")
+    return {"line": line, "end_line": site.get("end_line", line)}
 
 
 def _threads_for_workers(facts: Facts, cores: int) -> int | None:
@@ -156,27 +174,43 @@ def _competing(facts: Facts, cores: int) -> bool:
     return not _gpu(facts) and _loader_workers(facts) > 0 and _loader_workers(facts) + facts.get("threads", 1) > cores
 
 
+def _fit(facts: Facts, cores: int) -> tuple[int, int | None] | None:
+    """``cores.workers_that_fit``: the plan ``skalpel run``'s ``loader_oversubscribed`` advice names too."""
+    return workers_that_fit(_loader_workers(facts), facts.get("threads", 1), cores)
+
+
 def _fewer_workers_why_not(facts: Facts, cores: int) -> str | None:
     if not facts.get("loaders"):
         return "the script builds no DataLoader"
-    workers, threads = _loader_workers(facts), facts.get("threads", 1)
-    if fewer_workers(workers, threads, cores) is None:
-        return (f"{_settings_text(facts, 'num_workers')} and {threads} intra-op threads fit in the {cores} usable "
-                "cores")  # fmt: skip
+    if _fit(facts, cores) is None:
+        return (f"{_settings_text(facts, 'num_workers')} and {facts.get('threads', 1)} intra-op threads fit in the "
+                f"{cores} usable cores")  # fmt: skip
     return None
 
 
 def _fewer_workers_fix(facts: Facts, cores: int) -> Fix:
-    return {"dataloader": {"num_workers": fewer_workers(_loader_workers(facts), facts.get("threads", 1), cores) or 1}}
+    workers, threads = _fit(facts, cores) or (1, None)
+    return {"dataloader": {"num_workers": workers}, **({"threads": threads} if threads else {})}
 
 
 def _fewer_workers_changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
-    wanted = _fewer_workers_fix(facts, cores)["dataloader"]["num_workers"]
+    fix = _fewer_workers_fix(facts, cores)
+    wanted = fix["dataloader"]["num_workers"]
     loaders = [loader for loader in facts.get("loaders", []) if (loader.get("num_workers") or 0) > wanted]
     changes = _keyword_changes(loaders, "num_workers", str(wanted), "DataLoader")
     for change, loader in zip(changes, loaders):
         change["edit"] += (f" (now {loader.get('num_workers')} workers with {facts.get('threads', 1)} intra-op "
                            f"threads on {cores} usable cores)")  # fmt: skip
+    return changes + (_threads_changes(facts, fix["threads"]) if "threads" in fix else [])
+
+
+def _no_workers_changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
+    loaders = [loader for loader in facts.get("loaders", []) if loader.get("num_workers")]
+    changes = _keyword_changes(loaders, "num_workers", "0", "DataLoader")
+    for change in changes:  # persistent_workers and prefetch_factor are errors without workers
+        for key, value in (("persistent_workers", "False"), ("prefetch_factor", "None")):
+            if change["after"] and re.search(rf"\b{key}\s*=", change["after"]):
+                change["after"] = set_keyword(change["after"], key, value)
     return changes
 
 
@@ -191,6 +225,8 @@ def _split_why_not(facts: Facts, cores: int) -> str | None:
     workers, threads = _split(facts, cores)
     if threads == facts.get("threads", 1):
         return f"the split of {cores} cores keeps {threads} intra-op threads: fewer_workers tries it"
+    if _split_fix(facts, cores) == _fewer_workers_fix(facts, cores):
+        return f"the split of {cores} cores ({workers} worker(s), {threads} thread(s)) is what fewer_workers tries"
     return None
 
 
@@ -216,23 +252,37 @@ def _text(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def _optimizer_candidate(key: str, findings: tuple[str, ...], *, gpu_only: bool) -> Candidate:
+def _optimizer_candidate(key: str, findings: tuple[str, ...], *, probed: bool = False) -> Candidate:
+    """``foreach=True`` or ``fused=True``; ``probed``: tried wherever the baseline run found that the installed torch
+    runs it for the script's optimizer on its device (``patches.fused_runs``), finding or not."""
+
+    def runs_here(opt: dict[str, Any]) -> bool:
+        return not probed or bool(opt.get(f"{key}_supported"))
+
     def targets(facts: Facts) -> list[dict[str, Any]]:
-        return [opt for opt in facts.get("optimizers", []) if key in opt.get("accepts", ()) and not opt.get(key)]
+        return [opt for opt in facts.get("optimizers", [])
+                if key in opt.get("accepts", ()) and not opt.get(key) and runs_here(opt)]  # fmt: skip
 
     def why_not(facts: Facts, cores: int) -> str | None:
         if not facts.get("optimizers"):
             return "the script builds no torch.optim optimizer"
         if not targets(facts):
+            unsupported = [opt for opt in facts["optimizers"] if key in opt.get("accepts", ()) and not runs_here(opt)]
+            if unsupported:
+                opt = unsupported[0]
+                return f"this torch does not run {key}=True for {opt.get('class')} on {opt.get('device', 'this device')}"
             return f"no optimizer takes {key}=True, or it is already set"
         return None
 
+    def supported(facts: Facts, cores: int) -> bool:
+        return probed and bool(targets(facts))
+
     return Candidate(
         name=f"{key}_optimizer", what=f"{key}=True in the optimizer: one kernel (or a few) for all parameters",
-        findings=findings, device_rule=_on_gpu if gpu_only else _never, why_not=why_not,
+        findings=findings, device_rule=supported, why_not=why_not,
         fix=lambda facts, cores: {"optimizer": {key: True}},
         changes=lambda facts, cores: _keyword_changes(targets(facts), key, "True", "the optimizer"),
-        device_note="on a GPU" if gpu_only else "", gpu_only=gpu_only,
+        device_note="where this torch runs it for the script's optimizer on its device (probed)" if probed else "",
     )  # fmt: skip
 
 
@@ -242,8 +292,10 @@ def _model_changes(wrap: str) -> Callable[[Facts, int], list[dict[str, Any]]]:
         site = model.get("site") or {}
         code = site.get("code") or ""
         match = re.match(r"^(?P<name>[A-Za-z_][\w.]*)\s*=", code)
-        after = f"{code}\n{match['name']} = {wrap.format(match['name'])}" if match else None
-        return [{"location": site.get("location"), "before": code or None, "after": after,
+        # after the whole statement (its last line), never inside it; a compound one (a for header) is left alone
+        after = f"{code}\n{match['name']} = {wrap.format(match['name'])}" if match and site.get("simple", True) else None
+        return [{"location": site.get("location"), **_lines(site), "before": code or None,
+                 "after": after if parses(after) else None,
                  "edit": f"wrap the model built here ({model.get('class', 'model')}) as {wrap.format('model')}"}]  # fmt: skip
 
     return changes
@@ -270,7 +322,7 @@ def _autocast_changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
     model = facts.get("model") or {}
     site = model.get("call_site") or {}
     device = "cuda" if _gpu(facts) else "cpu"
-    return [{"location": site.get("location"), "before": site.get("code") or None, "after": None,
+    return [{"location": site.get("location"), **_lines(site), "before": site.get("code") or None, "after": None,
              "edit": f'run this forward pass under `with torch.autocast("{device}", dtype=torch.bfloat16):`'}]  # fmt: skip
 
 
@@ -293,9 +345,9 @@ def _threads_changes(facts: Facts, cores: int) -> list[dict[str, Any]]:
     site = call.get("site") or {}
     if site.get("code"):
         after = re.sub(r"set_num_threads\(\s*[^)]*\)", f"set_num_threads({cores})", site["code"], count=1)
-        return [{"location": site.get("location"), "before": site["code"], "after": after,
+        return [{"location": site.get("location"), **_lines(site), "before": site["code"], "after": after,
                  "edit": f"torch.set_num_threads({cores})"}]  # fmt: skip
-    return [{"location": None, "before": None, "after": f"torch.set_num_threads({cores})",
+    return [{"location": None, "line": None, "end_line": None, "before": None, "after": f"torch.set_num_threads({cores})",
              "edit": f"call torch.set_num_threads({cores}) at the start of the script"}]  # fmt: skip
 
 
@@ -316,6 +368,10 @@ CATALOGUE: tuple[Candidate, ...] = (
     Candidate("fewer_workers", "fewer DataLoader workers: workers and intra-op threads share the usable cores",
               _CONTENTION, device_rule=_competing, why_not=_fewer_workers_why_not, fix=_fewer_workers_fix,
               changes=_fewer_workers_changes, device_note="when loader workers + intra-op threads exceed the cores"),
+    Candidate("no_workers", "no DataLoader workers: the training process makes its batches (cheap batches cost "
+              "less to make than a worker's hand-over)", _CONTENTION, device_rule=_competing,
+              why_not=_fewer_workers_why_not, fix=lambda facts, cores: {"dataloader": {"num_workers": 0}},
+              changes=_no_workers_changes, device_note="when loader workers + intra-op threads exceed the cores"),
     Candidate("workers_threads", "split the usable cores between DataLoader workers and intra-op threads "
               "(torch.set_num_threads)", _CONTENTION, device_rule=_competing, why_not=_split_why_not,
               fix=_split_fix, changes=_split_changes,
@@ -340,11 +396,11 @@ CATALOGUE: tuple[Candidate, ...] = (
               device_rule=lambda facts, cores: _gpu(facts) and bool(facts.get("bf16_supported")),
               why_not=_autocast_why_not, fix=lambda facts, cores: {"autocast": "bfloat16"},
               changes=_autocast_changes, device_note="on a GPU with bf16", gpu_only=True),
-    _optimizer_candidate("foreach", ("launch_bound",), gpu_only=False),
-    _optimizer_candidate("fused", ("launch_bound",), gpu_only=True),
+    _optimizer_candidate("foreach", ("launch_bound",)),
+    _optimizer_candidate("fused", ("launch_bound",), probed=True),
     Candidate("cudnn_benchmark", "let cuDNN time its algorithms once and keep the fastest", (),
               device_rule=_on_gpu, why_not=_cudnn_why_not, fix=lambda facts, cores: {"cudnn_benchmark": True},
-              changes=lambda facts, cores: [{"location": None, "before": None,
+              changes=lambda facts, cores: [{"location": None, "line": None, "end_line": None, "before": None,
                                              "after": "torch.backends.cudnn.benchmark = True",
                                              "edit": "set torch.backends.cudnn.benchmark = True at the start"}],
               device_note="on a GPU", gpu_only=True),
@@ -406,6 +462,9 @@ def _machine_reason(candidate: Candidate, facts: Facts, cores: int) -> str:
         return f"{_loader_workers(facts)} workers + {facts.get('threads', 1)} threads > {cores} cores"
     if candidate.device_rule is _host_bound:
         return "host-bound step (CPU)"
+    if candidate.name == "fused_optimizer":
+        opt = next(opt for opt in facts["optimizers"] if opt.get("fused_supported"))
+        return f"this torch runs fused for {opt.get('class')} on {opt.get('device', 'cpu')} (probed)"
     return f"device {facts.get('device', 'cpu')}"
 
 

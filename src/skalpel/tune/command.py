@@ -34,6 +34,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--repeats", type=int, default=2, metavar="N", help="runs per candidate (2)")
     parser.add_argument("--extra-runs", type=int, default=3, metavar="N",
                         help="more runs, at most, for a candidate whose interval straddles the line (3; 0: none)")  # fmt: skip
+    parser.add_argument("--run-steps", type=int, default=None, metavar="N",
+                        help="the real run has N steps: one-time costs (a compile) are weighed over them (default: "
+                        "the steps the script ran to its end, as far as tune followed it)")  # fmt: skip
     parser.add_argument("--from", dest="findings_from", metavar="PATH",
                         help="take the findings from this run folder, report.json or trace instead of profiling")  # fmt: skip
     parser.add_argument("--no-profile", dest="profile", action="store_false",
@@ -56,7 +59,8 @@ def check(args: argparse.Namespace) -> None:
     if not 0 < args.budget < float("inf"):
         raise SkalpelError(f"--budget must be a positive number of seconds, not {args.budget}")
     for name, value, low in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
-                             ("--extra-runs", args.extra_runs, 0)):  # fmt: skip
+                             ("--extra-runs", args.extra_runs, 0),
+                             ("--run-steps", args.run_steps if args.run_steps is not None else 1, 1)):  # fmt: skip
         if value < low:
             raise SkalpelError(f"{name} must be at least {low}, not {value}")
     if not args.target and args.findings_from:
@@ -101,7 +105,7 @@ def execute(args: argparse.Namespace) -> int:
                           extra_runs=args.extra_runs,
                           forced=tuple(dict.fromkeys(args.forced)), skipped=tuple(dict.fromkeys(args.skipped)),
                           findings_from=args.findings_from,
-                          profile=args.profile)  # fmt: skip
+                          profile=args.profile, run_steps=args.run_steps)  # fmt: skip
     try:
         result = tune(args.target, tuple(args.args), options)
     except TuneFailed as failed:

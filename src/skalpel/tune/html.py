@@ -9,7 +9,7 @@ from html import escape
 
 from ..report import html_parts as parts
 from ..report.html import page
-from .render import ms_text, not_applicable_groups, note, speedup_text
+from .render import ms_text, not_applicable_groups, note, one_time_note, speedup_text, whole_text
 from .result import TuneResult
 
 _VERDICT_CLASS = {"faster": "better", "slower": "worse", "error": "worse"}
@@ -50,10 +50,12 @@ def _change(change: dict) -> str:
 
 
 def _table(result: TuneResult) -> str:
-    headers = [("candidate", False), ("why", False), ("step time", True), ("speed-up", True), ("verdict", False), ("note", False)]
+    headers = [("candidate", False), ("why", False), ("step time", True), ("speed-up", True), ("whole run", True),
+               ("verdict", False), ("note", False)]  # fmt: skip
     base = result.baseline
     rows = ["<tr>" + parts.name_cell("baseline") + "<td>the script unchanged</td>"
             + parts.num(base.median_ms, ms_text(base.median_ms, base.noise_pct)) + parts.num(1.0, "1.00x")
+            + parts.num(base.whole_run_s, whole_text(base.whole_run_s, 1.0))
             + f"<td></td><td>{base.runs} runs</td></tr>"]  # fmt: skip
     for entry in result.candidates:
         verdict = entry.verdict or "not measured"
@@ -61,8 +63,10 @@ def _table(result: TuneResult) -> str:
         speedup = None if entry.speedup is None else speedup_text(entry)
         rows.append("<tr>" + parts.name_cell(entry.name) + f"<td>{escape(entry.reason)}</td>"
                     + parts.num(entry.median_ms, ms_text(entry.median_ms, entry.noise_pct))
-                    + parts.num(entry.speedup, speedup) + f'<td class="{klass}">{escape(verdict)}</td>'
-                    + f"<td>{escape(note(entry))}</td></tr>")  # fmt: skip
+                    + parts.num(entry.speedup, speedup)
+                    + parts.num(entry.whole_run_speedup, whole_text(entry.whole_run_s, entry.whole_run_speedup))
+                    + f'<td class="{klass}">{escape(verdict)}</td>'
+                    + f"<td>{escape('; '.join(filter(None, (note(entry), one_time_note(entry, result)))))}</td></tr>")  # fmt: skip
     return parts.table(headers, rows)
 
 
@@ -70,7 +74,9 @@ def _method(result: TuneResult) -> str:
     facts = [
         f"each run: {result.warmup_steps} warm-up steps, then {result.window_steps} timed steps, without the profiler",
         f"{result.repeats} runs per candidate, interleaved with baseline runs; step time is the median over runs "
-        "of each run's mean step, ± the spread between runs",
+        "of each run's mean step, ± the robust spread between runs; the speed-up is the median of each run over "
+        "its round's baseline run",
+        f"whole run: each run's one-time cost + {result.run_steps or '?'} steps ({result.run_steps_from or 'unknown'})",
         f"{result.cores} usable cores; device {result.device or 'unknown'}",
         f"findings from {result.findings_source or 'nowhere'}: {', '.join(result.findings) or 'none'}",
         f"{result.elapsed_s:.0f} s of a {result.budget_s:.0f} s budget" + (" (interrupted)" if result.interrupted else ""),

@@ -14,8 +14,11 @@ steps pass ``--max-seconds``), the script is stopped at the next boundary.
 
 The result file gets one JSON object per line as the run goes, so a run killed from outside
 still leaves its steps: ``{"step_ms": ...}`` per step, then at the end
-``{"end": "window"|"time_limit"|"script_end"|"error"|"bad_target", "exit_status", "error",
-"loss", "loss_step", "steps_seen", "facts"}``.
+``{"end": "window"|"time_limit"|"follow_limit"|"script_end"|"error"|"bad_target", "exit_status", "error",
+"loss", "loss_step", "steps_seen", "facts", "first_step_at", "last_step_at"}`` (the last two: wall-clock
+seconds at the first and the last step boundary, so that the caller knows the one-time work before the
+steps and the whole run's length). With ``--follow-s`` the script goes on past the window, its steps
+counted but not timed, to its end or for that long: how many steps the whole run has.
 """
 
 from __future__ import annotations
@@ -44,8 +47,12 @@ class StepClock:
     """Times the steps between boundaries, writes each, and ends the run when the window is done."""
 
     def __init__(self, out: IO[str], *, warmup: int, steps: int, max_seconds: float | None,
-                 sync: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+                 sync: Callable[[], None] = lambda: None, follow_s: float | None = None) -> None:  # fmt: skip
         self.out = out
+        self.follow_s = follow_s  # after the window, follow the script (steps counted, not timed) this long
+        self.follow_until: float | None = None
+        self.first_step_at: float | None = None  # wall-clock (epoch) seconds at the first and the last boundary
+        self.last_step_at: float | None = None
         self.sync = sync
         self.warmup = warmup
         self.stop_after = warmup + steps
@@ -60,6 +67,14 @@ class StepClock:
         self.boundaries, self.timed_s, self._last = 0, 0.0, None
 
     def boundary(self) -> None:
+        self.last_step_at = time.time()
+        if self.first_step_at is None:
+            self.first_step_at = self.last_step_at  # the script's one-time work (imports, set-up) ends here
+        if self.follow_until is not None:  # past the window: only how long the whole run is
+            self.boundaries += 1
+            if time.perf_counter() > self.follow_until:
+                raise WindowDone("follow_limit")
+            return
         if self.boundaries + 1 in (self.warmup + 1, self.stop_after + 1):
             self.sync()  # the timed window starts and ends with the device idle: queued work is counted in it
         now = time.perf_counter()
@@ -70,6 +85,9 @@ class StepClock:
                 self.timed_s += seconds
         self.boundaries += 1
         if self.boundaries > self.stop_after:
+            if self.follow_s:
+                self.follow_until = time.perf_counter() + self.follow_s
+                return
             raise WindowDone("window")
         if self.max_seconds is not None and self.timed_s > self.max_seconds:
             raise WindowDone("time_limit")
@@ -83,6 +101,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--max-seconds", type=float, default=None, help="stop once the timed steps take longer")
+    parser.add_argument("--follow-s", type=float, default=None,
+                        help="after the window, let the script go on to its end (steps counted) for at most this long")  # fmt: skip
     parser.add_argument("target", metavar="SCRIPT")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)
@@ -116,7 +136,8 @@ def run(options: argparse.Namespace, out: IO[str]) -> int:
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()
 
-    clock = StepClock(out, warmup=options.warmup, steps=options.steps, max_seconds=options.max_seconds, sync=sync)
+    clock = StepClock(out, warmup=options.warmup, steps=options.steps, max_seconds=options.max_seconds, sync=sync,
+                      follow_s=options.follow_s)  # fmt: skip
     patcher = Patcher(json.loads(options.fix), current_step=lambda: clock.boundaries)
     def boundary() -> None:
         if detector.policy.restart:  # as under skalpel run: the iteration is what the stronger signal marks
@@ -143,7 +164,8 @@ def run(options: argparse.Namespace, out: IO[str]) -> int:
     patcher.uninstall()
     facts = {**patcher.facts(), "step_signal": detector.policy.signal}
     record: dict[str, Any] = {"end": end, "exit_status": status, "error": error, "loss": _loss(patcher),
-                              "loss_step": patcher.loss_step, "steps_seen": clock.boundaries, "facts": facts}  # fmt: skip
+                              "loss_step": patcher.loss_step, "steps_seen": clock.boundaries, "facts": facts,
+                              "first_step_at": clock.first_step_at, "last_step_at": clock.last_step_at}  # fmt: skip
     out.write(json.dumps(record, default=str) + "\n")
     return status
 

@@ -32,6 +32,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from ..trace.stacks import format_location, is_user_file
+from .edits import statement_at
 
 LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 NEEDS_WORKERS = ("persistent_workers", "prefetch_factor")  # DataLoader raises for these without workers
@@ -46,8 +47,13 @@ def user_site(owner: object = None) -> dict[str, Any] | None:
         own_init = owner is not None and code.co_name == "__init__" and frame.f_locals.get("self") is owner
         if is_user_file(code.co_filename) and not own_init:
             path, line = code.co_filename, frame.f_lineno
-            return {"location": format_location(path, line, code.co_name), "path": path, "line": line,
-                    "code": linecache.getline(path, line).strip()}  # fmt: skip
+            site = {"location": format_location(path, line, code.co_name), "path": path, "line": line,
+                    "end_line": line, "simple": True, "code": linecache.getline(path, line).strip()}  # fmt: skip
+            statement = statement_at(path, line)  # the whole statement: an edit after its first line would not parse
+            if statement is not None:
+                site.update(line=statement["line"], end_line=statement["end_line"], code=statement["code"],
+                            simple=statement["simple"])  # fmt: skip
+            return site
         frame = frame.f_back
     return None
 
@@ -105,7 +111,7 @@ class Patcher:
             "threads_call": self.threads_call,
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
             "loaders": self.loaders,
-            "optimizers": self.optimizers,
+            "optimizers": [_with_fused_probe(optimizer) for optimizer in self.optimizers],
             "model": self.model,
             "applied": sorted(self.applied),
         }
@@ -131,6 +137,10 @@ class Patcher:
             for key, value in overrides.items():
                 if key not in NEEDS_WORKERS or workers:
                     bound.arguments[key] = value
+            if not workers:  # no workers (the no_workers fix): the settings that need them would be errors
+                bound.arguments.pop("prefetch_factor", None)
+                if bound.arguments.get("persistent_workers"):
+                    bound.arguments["persistent_workers"] = False
             args, kwargs = bound.args[1:], bound.kwargs
             self.applied.add("dataloader")
         original(loader, *args, **kwargs)
@@ -140,10 +150,12 @@ class Patcher:
     def _optimizer_init(self, original: Any, optimizer: Any, params: Any, defaults: Any, *args: Any, **kwargs: Any) -> None:
         original(optimizer, params, defaults, *args, **kwargs)
         accepts = inspect.signature(type(optimizer).__init__).parameters
+        device = next((p.device.type for group in optimizer.param_groups for p in group["params"]), "cpu")
         self.optimizers.append({
             "class": type(optimizer).__name__, "site": user_site(owner=optimizer),
             "foreach": defaults.get("foreach"), "fused": defaults.get("fused"),
-            "accepts": [key for key in ("foreach", "fused") if key in accepts],
+            "accepts": [key for key in ("foreach", "fused") if key in accepts], "device": device,
+            "lr": defaults.get("lr"), "_type": type(optimizer),
         })  # fmt: skip
 
     def _module_init(self, original: Any, module: Any, *args: Any, **kwargs: Any) -> None:
@@ -203,6 +215,32 @@ def _with_argument(key: str, value: Any, *, on_apply: Callable[[], None]) -> Cal
         original(*bound.args, **bound.kwargs)
 
     return init
+
+
+def _with_fused_probe(optimizer: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer's facts, with whether this torch runs ``fused=True`` for its class on its parameters' device
+    (``fused_supported``): probed, not assumed by device type (torch 2.13 runs fused AdamW on the CPU)."""
+    facts = {key: value for key, value in optimizer.items() if not key.startswith("_")}
+    cls = optimizer.get("_type")
+    lr = facts.get("lr") if isinstance(facts.get("lr"), float) else None  # a tensor lr is not a cache key
+    facts["lr"] = lr
+    facts["fused_supported"] = bool(cls is not None and "fused" in facts["accepts"]
+                                    and fused_runs(cls, facts["device"], lr))  # fmt: skip
+    return facts
+
+
+@functools.lru_cache(maxsize=None)
+def fused_runs(cls: type, device: str, lr: Any = None) -> bool:
+    """One ``fused=True`` step of ``cls`` on a tiny parameter on ``device`` runs (constructors and steps raise where
+    the installed torch has no fused kernel for that device)."""
+    try:
+        param = torch.zeros(4, device=device, requires_grad=True)
+        param.grad = torch.ones_like(param)
+        extra = {"lr": lr} if isinstance(lr, float) else {}
+        cls([param], fused=True, **extra).step()
+    except Exception:  # noqa: BLE001 - any refusal (RuntimeError, ValueError, a missing kernel) means: not here
+        return False
+    return True
 
 
 def _optimizers_taking(key: str) -> list[type]:

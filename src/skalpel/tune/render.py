@@ -42,16 +42,42 @@ def _loss_why(entry: CandidateResult) -> str:
 
 def table(result: TuneResult) -> Table:
     grid = Table(title=f"skalpel tune: {result.script}", title_justify="left")
-    for name, right in (("candidate", False), ("why", False), ("step time", True), ("speed-up", True), ("verdict", False)):
+    for name, right in (("candidate", False), ("why", False), ("step time", True), ("speed-up", True),
+                        ("whole run", True), ("verdict", False)):  # fmt: skip
         grid.add_column(name, justify="right" if right else "left", overflow="fold", no_wrap=name != "why")
     base = result.baseline
-    grid.add_row("baseline", f"unchanged, {base.runs} run{'s' if base.runs != 1 else ''}", ms_text(base.median_ms, base.noise_pct), "1.00x", "")
+    grid.add_row("baseline", f"unchanged, {base.runs} run{'s' if base.runs != 1 else ''}", ms_text(base.median_ms, base.noise_pct), "1.00x",
+                 whole_text(base.whole_run_s, 1.0), "")  # fmt: skip
     for entry in result.candidates:
         verdict = entry.verdict or "not measured"
         speedup = speedup_text(entry)
         grid.add_row(entry.name, entry.reason, ms_text(entry.median_ms, entry.noise_pct), speedup,
+                     whole_text(entry.whole_run_s, entry.whole_run_speedup),
                      Text(verdict, style=VERDICT_STYLE.get(verdict, "dim")))  # fmt: skip
     return grid
+
+
+def whole_text(seconds: float | None, speedup: float | None) -> str:
+    """The whole run (one-time cost + its steps): ``12.3 s 0.61x``."""
+    if seconds is None:
+        return "–"
+    return f"{seconds:.1f} s" + (f" {speedup:.2f}x" if speedup is not None else "")
+
+
+def one_time_note(entry: CandidateResult, result: TuneResult) -> str:
+    """Faster per step, slower over the whole run: its one-time cost, and after how many steps it pays back."""
+    if entry.verdict != "faster" or entry.whole_run_verdict != "slower":
+        return ""
+    extra = (entry.one_time_s or 0.0) - (result.baseline.one_time_s or 0.0)
+    back = f"; it pays back after ~{entry.break_even_steps:.0f} steps" if entry.break_even_steps else ""
+    return (f"{entry.speedup:.2f}x per step, but its one-time cost (+{extra:.1f} s) makes the whole run "
+            f"({result.run_steps} steps, {_steps_from(result)}) {entry.whole_run_speedup:.2f}x{back}: not recommended "
+            "unless the real run is longer (--run-steps N)")  # fmt: skip
+
+
+def _steps_from(result: TuneResult) -> str:
+    return {"followed": "as far as tune followed the script", "--run-steps": "--run-steps"}.get(
+        result.run_steps_from or "", "to the script's end")
 
 
 def speedup_text(entry: CandidateResult) -> str:
@@ -77,12 +103,16 @@ def print_result(result: TuneResult, *, console: Console | None = None) -> None:
     for entry in result.candidates:
         if note(entry):
             console.print(Text(f"{entry.name}: {note(entry)}", style=VERDICT_STYLE.get(entry.verdict or "", "")))
+        if one_time_note(entry, result):
+            console.print(Text(f"{entry.name}: {one_time_note(entry, result)}", style="yellow"))
     line = f"{result.min_effect_pct:g}%"
     if result.baseline.noise_pct is not None:
-        line = f"the larger of {line} and the baseline's drift between its runs ({result.baseline.noise_pct:.1f}%)"
+        line += f" (the baseline's noise between its runs, {result.baseline.noise_pct:.1f}%, widens the interval)"
     console.print(Text(f"step time: the median over runs of each run's mean step ({result.window_steps} steps after "
-                       f"{result.warmup_steps} warm-up), ± the spread between runs; speed-up: the centre of its "
-                       f"interval (in brackets); faster only when the whole interval is beyond {line}; "
+                       f"{result.warmup_steps} warm-up), ± the robust spread between runs; speed-up: the median of "
+                       "each run over its round's baseline run, its interval in brackets; whole run: the one-time "
+                       f"cost + {result.run_steps or '?'} steps ({_steps_from(result)}); "
+                       f"faster only when the whole interval is beyond {line}; "
                        f"{result.cores} usable cores; "
                        f"findings from {result.findings_source or 'nowhere'}: {', '.join(result.findings) or 'none'}",
                        style="dim"))  # fmt: skip
@@ -111,7 +141,8 @@ def recommendation(result: TuneResult) -> Text:
     text = Text("Recommended (measured faster):\n", style="bold green")
     for name in result.recommended:
         entry = by_name[name]
-        text.append(f"  {name}: {speedup_text(entry)}, {entry.what}\n", style="bold")
+        whole = f"; whole run {entry.whole_run_speedup:.2f}x" if entry.whole_run_speedup is not None else ""
+        text.append(f"  {name}: {speedup_text(entry)} per step{whole}, {entry.what}\n", style="bold")
         for change in entry.change:
             text.append(change_text(change, indent="    ") + "\n")
         if entry.loss is not None and not entry.loss.within_tolerance:

@@ -47,6 +47,8 @@ class Baseline:
     steps: int = 0
     loss: float | None = None
     loss_step: int | None = None
+    one_time_s: float | None = None  # the median run's one-time cost: start-up, set-up, warm-up's excess
+    whole_run_s: float | None = None  # one-time cost + the run's steps x the step time (TuneResult.run_steps)
 
 
 @dataclass
@@ -75,6 +77,12 @@ class CandidateResult:
     stopped_early: str | None = None  # why its runs ended before the planned number
     error: str | None = None
     loss: LossCheck | None = None
+    ratios: list[float] = field(default_factory=list)  # each run's step time over its paired baseline run's
+    one_time_s: float | None = None  # as the baseline's: a compile's cost is here
+    whole_run_s: float | None = None
+    whole_run_speedup: float | None = None  # the baseline's whole run over this one's
+    whole_run_verdict: str | None = None  # faster | no_gain | slower over the whole run (the minimum effect its line)
+    break_even_steps: float | None = None  # the steps after which a higher one-time cost is paid back
 
 
 @dataclass
@@ -100,6 +108,8 @@ class TuneResult:
     min_effect_pct: float = 0.0  # the smallest change called faster or slower, whatever the drift
     script_path: str | None = None  # the script, absolute: skalpel run finds this result by it
     run_folder: str | None = None  # the run folder the findings came from; tune.json is written there too
+    run_steps: int | None = None  # the steps of the whole run the verdicts weigh one-time costs over
+    run_steps_from: str | None = None  # --run-steps | the script's end | followed (at least that many)
     schema: str = TUNE_SCHEMA
 
     def to_dict(self) -> dict[str, Any]:

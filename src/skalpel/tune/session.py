@@ -12,13 +12,18 @@
    each with its baseline run, up to ``--extra-runs`` (``MAX_EXTRA_RUNS``) and within the budget; tune says so.
 5. The winners (``faster``) combined in one more candidate, measured the same way.
 6. Recommended: the winners measured together, when that is at least as fast as the best alone;
-   else the best one alone. Nothing that was not measured ``faster`` is ever recommended.
+   else the best one alone. Nothing that was not measured ``faster`` is ever recommended, nor anything
+   whose whole run is slower: each run's one-time cost (start-up, set-up, a compile: its time to the last
+   step less its steps at their steady pace) plus the run's steps at its step time, the steps being
+   ``--run-steps`` or what the first baseline run reached (it follows the script to its end, for at most
+   ``FOLLOW_CAP_S``).
 
 Ctrl-C returns what was measured so far, marked ``interrupted``.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -37,6 +42,9 @@ LOSS_TOLERANCE_PCT = 0.1
 COMPILE_ALLOWANCE_S = 120.0  # a cold torch.compile takes tens of seconds before the first step
 MIN_RUN_TIMEOUT_S = 60.0
 MAX_EXTRA_RUNS = 3  # more runs for a candidate whose interval straddles the line
+ONE_TIME_FLOOR_S = 0.5  # one-time costs closer than this (or the baseline's own spread) count as the same
+FOLLOW_CAP_S = 30.0  # the first baseline run follows the script to its end for at most this long (or a tenth of
+# the budget): how many steps the whole run has, over which one-time costs (a compile) are weighed
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class TuneOptions:
     skipped: tuple[str, ...] = ()  # --skip: left out whatever the findings
     findings_from: str | None = None  # a run folder, report.json or trace: skip the profiled run
     profile: bool = True  # False: no profiled run, candidates from the device and --try only
+    run_steps: int | None = None  # --run-steps: the real run's steps (one-time costs weighed over them)
 
 
 def tune(script: str, args: tuple[str, ...], options: TuneOptions, *,
@@ -69,6 +78,7 @@ class _Session:
         self.cores = usable_cores()
         self.baseline_runs: list[RunOutcome] = []
         self.runs: dict[str, list[RunOutcome]] = {}
+        self.sequence = 0  # runs so far: pairs each candidate run with the baseline run nearest in time
         self.result = TuneResult(script, list(args), options.window.warmup, options.window.steps, options.repeats,
                                  self.cores, None, [], "", Baseline(), [], [], [], options.budget_s,
                                  min_effect_pct=TUNE_MIN_EFFECT_PCT)  # fmt: skip
@@ -125,8 +135,10 @@ class _Session:
 
     def _baseline_run(self) -> RunOutcome:
         first = not self.baseline_runs
-        outcome = run_once(self.script, self.args, {}, self.options.window, max_seconds=None,
+        follow = None if not first or self.options.run_steps else min(FOLLOW_CAP_S, self.options.budget_s / 10)
+        outcome = run_once(self.script, self.args, {}, self.options.window, max_seconds=None, follow_s=follow,
                            timeout_s=max(self._left(), MIN_RUN_TIMEOUT_S) if first else self._timeout({}))  # fmt: skip
+        outcome.seq = self._next()
         if outcome.failed:
             if first:
                 raise TuneFailed(f"{self.script} failed on the baseline run, unchanged: {_last_line(outcome)}",
@@ -143,7 +155,29 @@ class _Session:
                  f"{outcome.wall_s:.1f} s)")  # fmt: skip
         if first:
             self.result.notes.extend(steady_notes(outcome, self.options.window))
+            self._run_length(outcome)
+            self._update_baseline()
         return outcome
+
+    def _next(self) -> int:
+        self.sequence += 1
+        return self.sequence
+
+    def _run_length(self, first: RunOutcome) -> None:
+        """The whole run's steps, over which one-time costs are weighed: --run-steps, else as many as the first
+        baseline run reached (to the script's end, or as far as it was followed: then at least that many)."""
+        if self.options.run_steps:
+            self.result.run_steps, self.result.run_steps_from = self.options.run_steps, "--run-steps"
+            return
+        # a step's boundary is taken where the next one starts: a script that ended ran one step past its last
+        self.result.run_steps = max(first.steps_seen, len(first.steps_ms) + 1) + (1 if first.ran_to_end else 0)
+        if first.ran_to_end:
+            self.result.run_steps_from = "the script's end"
+            return
+        self.result.run_steps_from = "followed"
+        self.result.notes.append(f"the script was followed for {self.result.run_steps} steps, not to its end: "
+                                 "one-time costs (a compile) are weighed over that many; if the real run is longer, "
+                                 "say so with --run-steps N")  # fmt: skip
 
     def _update_baseline(self) -> None:
         runs = [run.timed(self.options.window) for run in self.baseline_runs]
@@ -151,6 +185,8 @@ class _Session:
         base = self.result.baseline
         if timing is not None:
             base.median_ms, base.noise_pct, base.run_ms, base.steps = timing.median_ms, timing.noise_pct, list(timing.run_ms), timing.steps
+        base.one_time_s = _median_one_time(self.baseline_runs, self.options.window)
+        base.whole_run_s = _whole_run_s(base.one_time_s, base.median_ms, self.result.run_steps)
         base.runs = len(self.baseline_runs)
         base.loss, base.loss_step = self.baseline_runs[0].loss, self.baseline_runs[0].loss_step
 
@@ -171,6 +207,7 @@ class _Session:
             return False
         outcome = run_once(self.script, self.args, entry.fix, self.options.window,
                            max_seconds=self._max_window_s(), timeout_s=self._timeout(entry.fix))  # fmt: skip
+        outcome.seq = self._next()
         self.runs.setdefault(entry.name, []).append(outcome)
         if outcome.failed:
             entry.verdict, entry.error = "error", outcome.error or outcome.log_tail or f"exit status {outcome.exit_status}"
@@ -191,7 +228,9 @@ class _Session:
     def _comparison(self, entry: CandidateResult) -> stats.Comparison | None:
         window = self.options.window
         good = [run for run in self.runs.get(entry.name, []) if not run.failed]
-        return stats.compare([run.timed(window) for run in self.baseline_runs], [run.timed(window) for run in good])
+        base = self.baseline_runs
+        pairs = [min(range(len(base)), key=lambda j: (abs(base[j].seq - run.seq), -j)) for run in good]  # its round's
+        return stats.compare([run.timed(window) for run in base], [run.timed(window) for run in good], pairs=pairs)
 
     def _judge(self, entry: CandidateResult) -> None:
         runs = [run for run in self.runs.get(entry.name, []) if not run.failed]
@@ -208,6 +247,40 @@ class _Session:
         entry.band_pct, entry.ci_low_pct, entry.ci_high_pct = comparison.band_pct, comparison.ci_low_pct, comparison.ci_high_pct
         entry.speedup_low, entry.speedup_high, entry.undecided = comparison.speedup_low, comparison.speedup_high, comparison.undecided
         entry.loss = loss_check(self.baseline_runs, runs[-1])
+        entry.ratios = list(comparison.ratios)
+        self._weigh_one_time(entry, runs)
+
+    def _weigh_one_time(self, entry: CandidateResult, runs: list[RunOutcome]) -> None:
+        """The candidate's whole run against the baseline's: one-time cost + the run's steps x the step time."""
+        base, steps = self.result.baseline, self.result.run_steps
+        entry.one_time_s = _median_one_time(runs, self.options.window)
+        one_time = entry.one_time_s
+        if one_time is not None and base.one_time_s is not None:
+            # start-up (python, import torch) jitters by seconds on a loaded machine: a difference within the
+            # baseline's own spread of one-time costs is no difference
+            if abs(one_time - base.one_time_s) <= self._one_time_noise_s():
+                one_time = base.one_time_s
+        # the step time the paired rounds measured (the baseline's over the speed-up), not the unpaired median:
+        # the whole run and the break-even agree with the speed-up shown
+        step_ms = base.median_ms / entry.speedup if base.median_ms and entry.speedup else entry.median_ms
+        entry.whole_run_s = _whole_run_s(one_time, step_ms, steps)
+        if entry.whole_run_s and base.whole_run_s:
+            entry.whole_run_speedup = round(base.whole_run_s / entry.whole_run_s, 3)
+            line = 1 + self.result.min_effect_pct / 100
+            entry.whole_run_verdict = ("faster" if entry.whole_run_speedup > line else
+                                       "slower" if entry.whole_run_speedup < 1 / line else "no_gain")  # fmt: skip
+        saved_ms = (base.median_ms or 0.0) - (step_ms or 0.0)
+        extra_s = (one_time or 0.0) - (base.one_time_s or 0.0)
+        entry.break_even_steps = round(extra_s / saved_ms * 1000, 1) if saved_ms > 0 and extra_s > 0 else None
+
+    def _one_time_noise_s(self) -> float:
+        """How much the baseline's one-time cost varies between its runs (twice 1.4826 x its MAD), at least
+        ``ONE_TIME_FLOOR_S``."""
+        costs = [cost for cost in (run.one_time_s(self.options.window) for run in self.baseline_runs) if cost is not None]
+        if len(costs) < 2:
+            return ONE_TIME_FLOOR_S
+        centre = statistics.median(costs)
+        return max(ONE_TIME_FLOOR_S, 2 * 1.4826 * statistics.median(abs(cost - centre) for cost in costs))
 
     def _settle_undecided(self) -> None:
         """More runs, each round with its baseline run, for the candidates whose interval straddles the line."""
@@ -238,7 +311,7 @@ class _Session:
                                          "settle it (a larger --budget or --repeats)")  # fmt: skip
 
     def _combine_winners(self) -> None:
-        winners = sorted((c for c in self.result.candidates if c.verdict == "faster"), key=lambda c: -(c.speedup or 0))
+        winners = sorted((c for c in self.result.candidates if pays(c)), key=lambda c: -(c.speedup or 0))
         if len(winners) < 2:
             return
         combined = CandidateResult("combined", "the faster candidates together", "the winners combined",
@@ -256,12 +329,12 @@ class _Session:
         return self.options.budget_s - (time.monotonic() - self.started)
 
     def _estimate(self, fix: dict) -> float:
-        walls = [run.wall_s for run in self.baseline_runs]
+        walls = [run.window_wall_s for run in self.baseline_runs]
         base = max(walls) if walls else 10.0
         return base * 1.2 + (COMPILE_ALLOWANCE_S / 4 if fix.get("compile") else 0.0)
 
     def _timeout(self, fix: dict) -> float:
-        walls = [run.wall_s for run in self.baseline_runs] or [10.0]
+        walls = [run.window_wall_s for run in self.baseline_runs] or [10.0]
         allowance = COMPILE_ALLOWANCE_S if fix.get("compile") else 0.0
         return max(MIN_RUN_TIMEOUT_S, 4 * max(walls) + allowance)
 
@@ -302,15 +375,33 @@ def steady_notes(outcome: RunOutcome, window: Window) -> list[str]:
     return notes
 
 
+def pays(entry: CandidateResult) -> bool:
+    """Measured ``faster`` per step, and its whole run (one-time costs included) not longer than the baseline's."""
+    return entry.verdict == "faster" and entry.whole_run_verdict != "slower"
+
+
 def recommend(entries: list[CandidateResult]) -> list[str]:
-    """Names to recommend: only candidates measured ``faster`` (see the module docstring)."""
-    singles = sorted((c for c in entries if c.verdict == "faster" and not c.members), key=lambda c: -(c.speedup or 0))
+    """Names to recommend: only candidates measured ``faster`` whose whole run is not slower (see the module
+    docstring)."""
+    # best first by the interval's conservative end: two rounds that disagree (1.1x and 3x) rank below two that agree
+    singles = sorted((c for c in entries if pays(c) and not c.members), key=lambda c: -(c.speedup_low or c.speedup or 0))
     if not singles:
         return []
     combined = next((c for c in entries if c.members), None)
-    if combined is not None and combined.verdict == "faster" and (combined.speedup or 0) >= (singles[0].speedup or 0):
+    if combined is not None and pays(combined) and (combined.speedup or 0) >= (singles[0].speedup or 0):
         return list(combined.members)
     return [singles[0].name] if combined is not None else [c.name for c in singles]
+
+
+def _median_one_time(runs: list[RunOutcome], window: Window) -> float | None:
+    costs = sorted(cost for cost in (run.one_time_s(window) for run in runs if not run.failed) if cost is not None)
+    return round(float(statistics.median(costs)), 3) if costs else None
+
+
+def _whole_run_s(one_time_s: float | None, step_ms: float | None, steps: int | None) -> float | None:
+    if one_time_s is None or step_ms is None or not steps:
+        return None
+    return round(one_time_s + steps * step_ms / 1000.0, 3)
 
 
 def _mean(values: list[float]) -> float:

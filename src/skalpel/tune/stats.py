@@ -2,21 +2,24 @@
 
 A run's step time is the mean of its timed steps (the window's time over its steps): with
 DataLoader workers, steps alternate between waiting and not, and the median of such steps
-is one of the two modes, not the throughput. The session interleaves baseline runs with the
-candidates' runs, so the baseline's runs measure the machine's own drift over the session.
+is one of the two modes, not the throughput. The session runs in rounds, each candidate once and
+then the baseline once, so every candidate run has a baseline run beside it in time: its pair.
 
-The verdict (``compare``), from the runs' step times (each run one sample):
+The verdict (``compare``), from paired rounds:
 
-- change: the ratio of the candidate's run times to the baseline's (in logs: the mean log run
-  time of each side); its 95% interval is where a repeat of the whole measurement (as many runs
-  again, as a hand check of the fix would time) would land: Student's t (runs on both sides less
-  2 degrees of freedom) times the spread between runs (the larger of the two sides', and at least
-  a run's own step noise) times sqrt(2 (1/m + 1/n)), so more runs narrow it;
-- the line: the larger of ``TUNE_MIN_EFFECT_PCT`` and the baseline's drift (the spread between
-  its runs, as ``skalpel run --repeat`` measures it);
+- each candidate run over its paired baseline run is one ratio: the machine's drift over the
+  session, and a disturbance that slows a whole round, weigh on both sides of a pair alike;
+- change: the median of the paired ratios (in logs); its interval is the 10th to 90th percentile of
+  the ratios (up to four pairs, their range), widened by twice the runs' own step noise and, with two
+  or three pairs (too few to show their spread), by a pair's share of the baseline's noise: the robust
+  spread of its runs (1.4826 x the median absolute deviation of their logs), which one disturbed
+  baseline run does not set (max - min would); a single pair is never ``faster``: faster in one
+  round is ``undecided`` until more rounds settle it;
+- the line: ``TUNE_MIN_EFFECT_PCT``, the smallest change worth a verdict: the machine's drift over the
+  session cancels within each pair, and its noise widens the interval instead;
 - ``faster`` when the whole interval is beyond the line on the faster side, ``slower`` beyond it on
   the slower side, else ``no_gain``; a ``no_gain`` whose interval straddles the faster line is
-  ``undecided``: more runs could settle it (the session adds them within its budget).
+  ``undecided``: more rounds could settle it (the session adds them within its budget).
 
 The speed-up shown is the interval's centre (baseline / candidate), with the speed-ups at its ends.
 A pure function of the samples: the same samples give the same verdict.
@@ -33,7 +36,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..capture.timing import spread_pct
 from ..diagnose.thresholds import (
     TUNE_MIN_EFFECT_PCT,
     TUNE_STEADY_MIN_STEPS,
@@ -42,31 +44,32 @@ from ..diagnose.thresholds import (
 )
 
 CLEARLY_WORSE_PCT = 25.0  # a first run this much slower, beyond the noise, ends a candidate early
-# Student's t, two-sided 95%, by degrees of freedom (runs on both sides less 2): few runs, a wide interval.
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
-        15: 2.13, 20: 2.09, 30: 2.04}  # fmt: skip
+MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample times this is its standard deviation
+OUTER_PERCENTILE = 10.0  # the interval: this percentile of the paired ratios to its mirror
+FEW_PAIRS = 4  # below this many pairs, their range covers the median too rarely (1 - 2^(1-n): 50%, 75%)
 
 
 @dataclass(frozen=True)
 class Timing:
     median_ms: float  # median over runs of each run's mean step time
-    noise_pct: float | None  # spread between the runs' step times; None with one run
+    noise_pct: float | None  # robust spread between the runs' step times (noise_pct); None with one run
     run_ms: tuple[float, ...]
     steps: int  # timed steps over all runs
 
 
 @dataclass(frozen=True)
 class Comparison:
-    change_pct: float  # (candidate - baseline) / baseline, at the interval's centre (in logs)
+    change_pct: float  # (candidate - baseline) / baseline, at the median paired ratio
     speedup: float  # baseline / candidate at the centre
-    band_pct: float  # the line: max(minimum effect, the baseline's drift)
+    band_pct: float  # the line: the minimum effect
     ci_low_pct: float  # the change's interval
     ci_high_pct: float
     speedup_low: float  # the speed-ups at the interval's ends (low: the slower end)
     speedup_high: float
-    drift_pct: float | None  # the baseline's spread between runs; None with one baseline run
+    drift_pct: float | None  # the baseline's robust noise between runs; None with one baseline run
     verdict: str  # faster | no_gain | slower
     undecided: bool = False  # no_gain, but the interval straddles the faster line: more runs could settle it
+    ratios: tuple[float, ...] = ()  # each candidate run over its paired baseline run
 
 
 @dataclass(frozen=True)
@@ -77,46 +80,68 @@ class Steady:
     judged: bool  # True when the warm-up was judged from the steps (a script shorter than the window)
 
 
+def noise_pct(values: list[float] | tuple[float, ...]) -> float | None:
+    """The robust spread of repeated run times, in percent: 1.4826 x the median absolute deviation of their logs
+    (a standard deviation that one disturbed run cannot set); None with fewer than two or a non-positive one."""
+    if len(values) < 2 or min(values) <= 0:
+        return None
+    logs = np.log(np.asarray(values, dtype=float))
+    return round(float(MAD_TO_SD * np.median(np.abs(logs - np.median(logs)))) * 100.0, 2)
+
+
 def timing(runs: list[list[float]]) -> Timing | None:
     """None when no run has a timed step."""
     runs = [steps for steps in runs if steps]
     if not runs:
         return None
     run_ms = tuple(round(float(np.mean(steps)), 4) for steps in runs)
-    return Timing(round(float(np.median(run_ms)), 4), spread_pct(run_ms), run_ms, sum(len(s) for s in runs))
+    return Timing(round(float(np.median(run_ms)), 4), noise_pct(run_ms), run_ms, sum(len(s) for s in runs))
 
 
-def compare(baseline_runs: list[list[float]], candidate_runs: list[list[float]], *,
+def compare(baseline_runs: list[list[float]], candidate_runs: list[list[float]], *, pairs: list[int] | None = None,
             min_effect_pct: float = TUNE_MIN_EFFECT_PCT) -> Comparison | None:  # fmt: skip
-    """The verdict of the candidate's runs against the baseline's (see the module docstring); None without steps."""
+    """The verdict of the candidate's runs against the baseline's (see the module docstring); None without steps.
+    ``pairs[i]``: the index in ``baseline_runs`` of the run paired with candidate run ``i`` (its round's: the
+    nearest in time); by default the ``i``-th (the last for runs beyond them)."""
+    pairs = list(pairs) if pairs is not None else [min(i, len(baseline_runs) - 1) for i in range(len(candidate_runs))]
+    kept = [(baseline_runs[j], steps) for steps, j in zip(candidate_runs, pairs)
+            if steps and 0 <= j < len(baseline_runs) and baseline_runs[j]]  # fmt: skip
     base_runs = [s for s in baseline_runs if s]
-    cand_runs = [s for s in candidate_runs if s]
-    if not base_runs or not cand_runs:
+    if not kept or not base_runs:
         return None
     b = np.array([float(np.mean(s)) for s in base_runs])
-    c = np.array([float(np.mean(s)) for s in cand_runs])
-    if b.min() <= 0 or c.min() <= 0:
+    paired_b = np.array([float(np.mean(base)) for base, _ in kept])
+    c = np.array([float(np.mean(cand)) for _, cand in kept])
+    if b.min() <= 0 or c.min() <= 0 or paired_b.min() <= 0:
         return None
-    # In logs: a ratio's interval stays positive, and its centre is the same speed-up either way round.
-    log_b, log_c = np.log(b), np.log(c)
-    centre = float(log_c.mean() - log_b.mean())
-    run_sd = max(_sd(log_b), _sd(log_c), _within_run_sd(base_runs + cand_runs))
-    # where a repeat of the whole measurement (as many runs again) would land: what a hand check of the fix sees
-    half = t95(len(b) + len(c) - 2) * run_sd * math.sqrt(2 * (1 / len(b) + 1 / len(c)))
-    change, low, high = (_pct(centre), _pct(centre - half), _pct(centre + half))
-    spread = spread_pct(tuple(float(x) for x in b)) if len(b) >= 2 else None
-    drift = None if spread is None else float(spread)
-    line = max(min_effect_pct, drift or 0.0)
-    if high < -line:
+    ratios = np.log(c) - np.log(paired_b)  # in logs: a ratio's interval stays positive, its centre the same either way
+    centre = float(np.median(ratios))
+    noise = noise_pct(tuple(float(x) for x in b))
+    machine = (noise or 0.0) / 100.0
+    own = math.sqrt(2) * _within_run_sd([s for pair in kept for s in pair])  # a pair's own step noise
+    # two or three pairs show too little of their spread: the baseline's robust noise (one pair's, sqrt 2 runs')
+    # widens their range; from four on, their own spread is the interval
+    widen = 2 * own + (math.sqrt(2) * machine if len(ratios) < FEW_PAIRS else 0.0)
+    if len(ratios) >= 2:  # up to four pairs: their range; more: the outer percentiles, so one odd round does not set it
+        outer = OUTER_PERCENTILE if len(ratios) >= 5 else 0.0
+        low_log = float(np.percentile(ratios, outer)) - widen
+        high_log = float(np.percentile(ratios, 100 - outer)) + widen
+    else:  # one pair shows no spread of its own: the machine's noise between identical runs stands in for it
+        half = 2 * math.hypot(own, math.sqrt(2) * machine)
+        low_log, high_log = centre - half, centre + half
+    low_log, high_log = min(low_log, centre), max(high_log, centre)
+    change, low, high = (_pct(centre), _pct(low_log), _pct(high_log))
+    line = min_effect_pct  # the machine's drift cancels within pairs; its noise is in the interval, not the line
+    if high < -line and len(ratios) >= 2:  # faster in one round only is not yet faster: more rounds settle it
         verdict = "faster"
     elif low > line:
         verdict = "slower"
     else:
         verdict = "no_gain"
-    undecided = verdict == "no_gain" and low < -line <= high
+    undecided = verdict == "no_gain" and (low < -line <= high or (len(ratios) < 2 and high < -line))
     return Comparison(round(change, 2), round(math.exp(-centre), 3), round(line, 2), round(low, 2), round(high, 2),
-                      round(math.exp(-(centre + half)), 3), round(math.exp(-(centre - half)), 3), drift, verdict,
-                      undecided)  # fmt: skip
+                      round(math.exp(-high_log), 3), round(math.exp(-low_log), 3), noise, verdict, undecided,
+                      tuple(round(float(math.exp(r)), 4) for r in ratios))  # fmt: skip
 
 
 def _pct(log_ratio: float) -> float:
@@ -124,22 +149,11 @@ def _pct(log_ratio: float) -> float:
     return (math.exp(log_ratio) - 1) * 100
 
 
-def _sd(values: np.ndarray) -> float:
-    """The sample standard deviation (of logs: a relative spread); 0 for one value."""
-    return float(np.std(values, ddof=1)) if len(values) >= 2 else 0.0
-
-
 def _within_run_sd(runs: list[list[float]]) -> float:
     """What one run's mean is uncertain by from its own steps (relative standard error): the floor of the spread."""
     errors = [float(np.std(s, ddof=1)) / math.sqrt(len(s)) / float(np.mean(s)) for s in runs
               if len(s) >= 2 and np.mean(s) > 0]  # fmt: skip
     return float(np.median(errors)) if errors else 0.0
-
-
-def t95(freedom: int) -> float:
-    """Student's t for a two-sided 95% interval; ``freedom`` below 1 (one run a side) counts as 1."""
-    known = [df for df in _T95 if df <= max(1, freedom)]
-    return _T95[max(known)] if freedom <= 30 else 1.96
 
 
 def clearly_worse(comparison: Comparison | None) -> bool:
