@@ -7,6 +7,12 @@ event of ``capture/boundaries.BoundaryPolicy`` (a method call: no tuple built on
 and hands what it answers, a boundary or a takeover, to ``deliver``, before the call it wraps runs
 (where ``prof.step()`` would be in a hand-written loop).
 
+torch.compile sees global module hooks: it traces ``Module.__call__`` with them instead of the
+forward (other graphs and guards) and warns at each call of a compiled module ("Using
+`torch.compile(module)` when there are global hooks on modules"). So ``torch.compile`` is wrapped:
+before it compiles anything, the global module hooks are removed for good, and the calls of compiled
+modules (``OptimizedModule.__call__``, which runs before Dynamo) mark top-level module calls instead.
+
 Only the script's thread sends events: another thread's optimizer steps and ``skalpel.step()`` calls
 go as ``elsewhere`` (counted), the rest of its calls pass through untouched. The same wrappers time
 the script thread's DataLoader waits, backward calls and optimizer steps (``loader_s``,
@@ -55,6 +61,7 @@ class TorchHooks:
         self._depth = 0  # module calls running (0: the next call is top-level)
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []
+        self.compile_called = False  # the script called torch.compile: no global module hook from then on
         self._restore: list[tuple[Any, str, Any]] = []
         # Set from another thread (the recording's memory budget): the next hook on the script's thread acts on it.
         self.stop_requested = False
@@ -164,16 +171,48 @@ class TorchHooks:
                 if not settled:
                     policy.backward_done()
 
+        original_compile = torch.compile
+
+        def wrapped_compile(*args: Any, **kwargs: Any) -> Any:
+            if not hooks.compile_called and hooks._handles:
+                hooks.compile_called = True
+                hooks.remove_module_hooks(final=True)  # before Dynamo traces anything: its graphs never see them
+                hooks._depth = 0
+                hooks._mark_compiled_calls()  # here: importing torch._dynamo costs every run a second
+            return original_compile(*args, **kwargs)
+
+        self._patch(torch, "compile", wrapped_compile, original_compile)
         self._patch(dataloader._BaseDataLoaderIter, "__next__", __next__, original_next)
         self._patch(optimizer_module.Optimizer, "__init__", optimizer_init, original_init)
         self._patch(optimizer_module.Optimizer, "zero_grad", wrapped_zero_grad, zero_grad)
         self._patch(torch.amp.GradScaler, "step", wrapped_scaler_step, scaler_step)  # torch.cuda.amp's inherits it
         self._patch(torch.autograd, "backward", wrapped_backward, backward)  # Tensor.backward calls it
-        if policy.only in (None, "backward", "forward"):
+        if policy.only in (None, "backward", "forward") and not self.compile_called:
             self._module_handles = [
                 module_hooks.register_module_forward_pre_hook(self._before_module),
                 module_hooks.register_module_forward_hook(self._after_module, always_call=True),
             ]
+
+    def _mark_compiled_calls(self) -> None:
+        """Calls of compiled modules mark top-level module calls (the global module hooks are gone)."""
+        from torch._dynamo.eval_frame import OptimizedModule
+
+        hooks, policy, optimized_call = self, self.policy, OptimizedModule.__call__
+
+        def wrapped_optimized_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            # a compiled module's call, in eager before Dynamo runs: a top-level module call once the global hooks are
+            # gone (a compiled module inside a compiled region is Dynamo's, and marks nothing)
+            if (not hooks.compile_called or not policy.module_calls_matter or hooks._depth or tracing()
+                    or threading.get_ident() != hooks.thread):  # fmt: skip
+                return optimized_call(module, *args, **kwargs)
+            hooks._depth += 1
+            try:
+                hooks._send(policy.forward(id(module._orig_mod)))
+                return optimized_call(module, *args, **kwargs)
+            finally:
+                hooks._depth -= 1
+
+        self._patch(OptimizedModule, "__call__", wrapped_optimized_call, optimized_call)
 
     def _patch(self, owner: Any, name: str, replacement: Any, original: Any) -> None:
         replacement.__wrapped__ = original
