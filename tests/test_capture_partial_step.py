@@ -1,10 +1,10 @@
 """The memory budget stops the recording inside a step: that partial step is never counted; a window whose first
-recorded step trips it is recorded again without memory profiling, then without stacks, before the budget gives up.
+recorded step cannot be recorded whole is recorded again without memory profiling, stacks and shapes, at once.
 
 A real `skalpel run` of a script whose steps run thousands of small ops (an LSTM cell over
-its time steps), with a small ``SKALPEL_RECORD_BUDGET_MB``: the step under way when the
-budget trips is left out of the trace (so of the median, the cv and the op table), and the
-note says what grew. The look-alike: a step of few ops that allocates 1 GiB on CPU (a big
+its time steps), with a small ``SKALPEL_RECORD_BUDGET_MB``: a step that grows past 1.5 budgets
+before its end (one five times the others) is left out of the trace (so of the median, the cv and
+the op table), and the note says what grew. The look-alike: a step of few ops that allocates 1 GiB on CPU (a big
 activation) under a budget far below it records its whole window, since the budget charges
 what the profiler holds, not the step's own tensors.
 """
@@ -24,11 +24,9 @@ from skalpel.result.report import Report
 
 pytestmark = pytest.mark.slow
 
-# About 17 MiB the profiler holds a step with memory profiling: the 24 MiB budget trips from the 2nd step on, never the
-# 1st (at 16 MiB a rank's 1st step could cross it, so the window was recorded again without memory profiling, then
-# without stacks, and the script could end before the lighter window reached the budget: no "stopped early").
-# The budget charges the least growth of its last three polls (0.75 s): 4 steps of about 180 ms on a quiet machine
-# ended before it saw 24 MiB for that long (the clean-clone CI tripped in 1 run of 3), so the window is 8 steps.
+# About 17 MiB the profiler holds a step with memory profiling: the 24 MiB budget trips in the 2nd step, never the 1st,
+# and the recording stops at that step's end (two steps, 34 MiB, under 1.5 budgets; or, the budget's three polls not
+# seen in time, because a third step would pass them). The window is 8 steps: the ranks' test needs the 2nd step.
 ACTIVE = "8"
 TIME_STEPS = 600
 BUDGET_MB = "24"
@@ -39,19 +37,23 @@ torch.set_num_threads(1)
 {init}torch.manual_seed(0)
 cell, head = nn.LSTMCell(4, 8), {head}
 optimizer = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.01)
-x = torch.randn(2, {time_steps}, 4)
-for _ in range(14):
+x = torch.randn(2, 5 * {time_steps}, 4)
+for i in range(14):
     h = c = torch.zeros(2, 8)
-    for t in range(x.shape[1]):
+    for t in range({time_steps} * (5 if i == {huge} else 1)):
         h, c = cell(x[:, t], (h, c))
     optimizer.zero_grad(set_to_none=True)
     head(h).pow(2).mean().backward()
     optimizer.step()
 {end}"""
-SCRIPT = LSTM_STEPS.format(imports="", init="", head="nn.Linear(8, 1)", end="", time_steps=TIME_STEPS)
+# Iteration 5 is the third recorded step (--wait 1 --warmup 1): five times the others, it passes 1.5 budgets of 40 MiB
+# (two steps of about 17 MiB before it) long before it ends, and is cut; the steps before it fit, with room for one
+# more.
+HUGE_STEP_BUDGET_MB = "40"
+SCRIPT = LSTM_STEPS.format(imports="", init="", head="nn.Linear(8, 1)", end="", time_steps=TIME_STEPS, huge=5)
 RANKS = LSTM_STEPS.format(imports="import torch.distributed as dist\n", init='dist.init_process_group("gloo")\n',
                           head="nn.parallel.DistributedDataParallel(nn.Linear(8, 1))", end="dist.destroy_process_group()\n",
-                          time_steps=TIME_STEPS)
+                          time_steps=TIME_STEPS, huge=-1)
 
 BIG_STEP = """
 import torch
@@ -85,7 +87,7 @@ def test_a_step_allocating_a_gigabyte_does_not_cut_the_recording(tmp_path: Path)
 def test_the_step_cut_by_the_memory_budget_is_left_out(tmp_path: Path) -> None:
     script = tmp_path / "big_step.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB=BUDGET_MB, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB=HUGE_STEP_BUDGET_MB, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     command = [sys.executable, "-m", "skalpel", "run", "--warmup", "1", "--active", ACTIVE, "--out", str(tmp_path / "run"),
                str(script)]  # fmt: skip
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
@@ -148,10 +150,10 @@ for _ in range(14):
 """
 
 
-def test_the_budget_drops_memory_profiling_then_stacks_before_giving_up(tmp_path: Path) -> None:
-    """Each of the window's first steps trips the budget while stacks are on (200,000 Python calls, about 4.6 MiB of
-    records per step against 1.5 MiB): memory profiling is dropped first, then stacks, and the window without them
-    (a few dozen ops per step) is recorded in full; each drop is said once, with the step it took effect from."""
+def test_the_budget_drops_memory_profiling_stacks_and_shapes_at_once(tmp_path: Path) -> None:
+    """The window's first recorded step passes 1.5 budgets while stacks are on (200,000 Python calls, about 4.6 MiB of
+    records per step against 1.5 MiB) before it ends: memory profiling, stacks and shapes are dropped together, one
+    window left out, not one per setting, and the window without them (a few dozen ops per step) is recorded in full."""
     script = tmp_path / "calls_step.py"
     script.write_text(CALLS_STEP)
     env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB="1.5", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
@@ -160,17 +162,17 @@ def test_the_budget_drops_memory_profiling_then_stacks_before_giving_up(tmp_path
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = Report.from_json((tmp_path / "run" / "report.json").read_bytes())
-    (memory,) = [warning for warning in report.warnings if warning.startswith("memory profiling dropped from step")]
-    (stacks,) = [warning for warning in report.warnings if warning.startswith("Python stacks dropped from step")]
-    assert _from_step(memory) < _from_step(stacks)  # memory first, then stacks, each from a later step
-    assert "without memory profiling" in memory and "without Python stacks" in stacks
+    (dropped,) = [warning for warning in report.warnings if " dropped from step " in warning]
+    assert dropped.startswith("memory profiling, Python stacks and input shapes dropped from step ")
+    assert _from_step(dropped) == 5  # after the window's first recorded step, step 4 (--wait 1 --warmup 1)
     assert not [warning for warning in report.warnings if "stopped early" in warning], report.warnings
     assert report.steps.marked and report.steps.count == 4  # the lighter window, whole
     trace = json.loads(gzip.decompress((tmp_path / "run" / "trace-rank0.json.gz").read_bytes()))
     names = {event.get("name") for event in trace["traceEvents"]}
     categories = {event.get("cat") for event in trace["traceEvents"]}
     assert "[memory]" not in names and "python_function" not in categories  # recorded without either
-    assert done.stderr.count("memory profiling dropped") == 1 and done.stderr.count("Python stacks dropped") == 1
+    assert not [event for event in trace["traceEvents"] if "Input Dims" in event.get("args", {})]  # nor shapes
+    assert done.stderr.count(" dropped from step ") == 1
 
 
 def _from_step(note: str) -> int:

@@ -74,23 +74,24 @@ class OverBudget:
             f"when a window starts, so the window was left out and recorded again after that step without {what}"
         )
 
-    def kept_note(self, recorded_steps: int, active: int) -> str:
-        """The budget tripped inside a step that then ran to its end under ``FINISH_CEILING`` budgets: the recording
-        ended there, with ``recorded_steps`` whole steps of the ``active`` asked for."""
+    def kept_note(self, recorded_steps: int, active: int, *, stacks: bool = True) -> str:
+        """The recording ended at a step's end (the budget was passed there, or the next step would pass
+        ``FINISH_CEILING`` budgets), with ``recorded_steps`` whole steps of the ``active`` asked for; ``stacks``: they
+        were recorded (else leaving them out is no advice)."""
+        no_stack = "leave out Python stacks (--no-stack), " if stacks else ""
+        advice = (f"raise the budget (${ENV_BUDGET}=MiB) if the machine has the memory, {no_stack}or mark a smaller "
+                  "unit of work as the step (skalpel.step())")  # fmt: skip
         if recorded_steps <= 1:
             return (
-                f"recording ended after one step: the window's first recorded step grew the profiler's records by "
-                f"{self.grown / 2**20:,.0f} MiB (budget {self.budget / 2**20:,.0f} MiB, {self.source}; up to "
-                f"{FINISH_CEILING:g}x it while a step runs to its end), so the budget cannot hold the {active} steps "
-                "asked for. That step ran to its end: it is kept whole and analysed. For more steps: raise the budget "
-                f"(${ENV_BUDGET}=MiB) if the machine has the memory, leave out Python stacks (--no-stack), or mark a "
-                "smaller unit of work as the step (skalpel.step())"
+                f"recording stopped early, after one step: the window's first recorded step grew the profiler's "
+                f"records by {self.grown / 2**20:,.0f} MiB (budget {self.budget / 2**20:,.0f} MiB, {self.source}; up "
+                f"to {FINISH_CEILING:g}x it while a step runs to its end), so the budget cannot hold the {active} "
+                f"steps asked for. That step ran to its end: it is kept whole and analysed. For more steps: {advice}"
             )
         return (
-            f"recording ended early, at the end of a step: the profiler's records grew the memory in use by "
+            f"recording stopped early, at the end of a step: the profiler's records grew the memory in use by "
             f"{self.grown / 2**20:,.0f} MiB (budget {self.budget / 2**20:,.0f} MiB, {self.source}); the trace holds "
-            f"{recorded_steps} whole recorded steps of the {active} asked for. Raise the budget (${ENV_BUDGET}=MiB) "
-            "if the machine has the memory, or leave out Python stacks (--no-stack)"
+            f"{recorded_steps} whole recorded steps of the {active} asked for. For more: {advice}"
         )
 
     def gave_up_note(self, script: str, dropped: list[str]) -> str:

@@ -153,7 +153,7 @@ class Driver:
 
     def _end_at_step(self, run: ProfileRun, tripped: OverBudget) -> None:
         run.step(last=True)  # the profiler stops instead of stepping: the steps so far are whole
-        note = tripped.kept_note(run.recorded_steps, run.settings.active)
+        note = tripped.kept_note(run.recorded_steps, run.settings.active, stacks=run.settings.with_stack)
         run.notes.append(note)
         run.said.add(note)
         self.say(note)
@@ -169,6 +169,9 @@ class Driver:
             if self._record_lighter(run, tripped):
                 return
             self.gave_up = tripped.gave_up_note(run.script or "the script", self.dropped)
+            run.discard()  # no whole step to keep: the run ends with why, not with an empty trace
+            self.say(self.gave_up)
+            return
         run.cut_inside_step = True  # the step under way is left out of the trace
         run.stop()  # writes what was recorded; the script runs on
         note = tripped.note(run.recorded_steps, partial=run.partial[0] if run.partial else None,

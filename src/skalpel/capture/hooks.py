@@ -61,8 +61,10 @@ class TorchHooks:
         self._depth = 0  # module calls running (0: the next call is top-level)
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []
-        self.compile_called = False  # the script called torch.compile: no global module hook from then on
-        self._restore: list[tuple[Any, str, Any]] = []
+        self.compile_called = False  # the script compiles: no global module hook from then on
+        self._compile_start_hooked = False
+        self._forget: list[Callable[[], Any]] = []  # callbacks of ours to remove at uninstall
+        self._restore: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, replacement)
         # Set from another thread (the recording's memory budget): the next hook on the script's thread acts on it.
         self.stop_requested = False
         self.on_stop_request: Callable[[], None] | None = None
@@ -174,12 +176,12 @@ class TorchHooks:
         original_compile = torch.compile
 
         def wrapped_compile(*args: Any, **kwargs: Any) -> Any:
-            if not hooks.compile_called and hooks._handles:
-                hooks.compile_called = True
-                hooks.remove_module_hooks(final=True)  # before Dynamo traces anything: its graphs never see them
-                hooks._depth = 0
-                hooks._mark_compiled_calls()  # here: importing torch._dynamo costs every run a second
-            return original_compile(*args, **kwargs)
+            target = args[0] if args else kwargs.get("model")
+            if isinstance(target, torch.nn.Module) or getattr(target, "__self__", None) is not None:
+                hooks._compiling()  # a module (or a module's method: module.compile()): its calls would warn at once
+            compiled = original_compile(*args, **kwargs)  # imports Dynamo
+            hooks._on_compile_start()  # a function compiles at its first call, if ever (a library's decorator)
+            return compiled
 
         self._patch(torch, "compile", wrapped_compile, original_compile)
         self._patch(dataloader._BaseDataLoaderIter, "__next__", __next__, original_next)
@@ -192,6 +194,25 @@ class TorchHooks:
                 module_hooks.register_module_forward_pre_hook(self._before_module),
                 module_hooks.register_module_forward_hook(self._after_module, always_call=True),
             ]
+
+    def _compiling(self, *_: Any) -> None:
+        """The script compiles: skalpel's global module hooks go, for good, before Dynamo traces anything."""
+        if self.compile_called:
+            return
+        self.compile_called = True
+        self.remove_module_hooks(final=True)
+        self._depth = 0  # a module call under way when they went never reports its end
+        self._mark_compiled_calls()  # here: importing torch._dynamo costs every run a second
+
+    def _on_compile_start(self) -> None:
+        """Have Dynamo call ``_compiling`` when it starts compiling a frame, before tracing it (once)."""
+        if self._compile_start_hooked:
+            return
+        self._compile_start_hooked = True
+        handler = getattr(sys.modules.get("torch._dynamo.callback"), "callback_handler", None)
+        if handler is not None and hasattr(handler, "register_start_callback"):
+            handler.register_start_callback(self._compiling)
+            self._forget.append(lambda: handler.remove_start_callback(self._compiling))
 
     def _mark_compiled_calls(self) -> None:
         """Calls of compiled modules mark top-level module calls (the global module hooks are gone)."""
@@ -217,7 +238,7 @@ class TorchHooks:
     def _patch(self, owner: Any, name: str, replacement: Any, original: Any) -> None:
         replacement.__wrapped__ = original
         setattr(owner, name, replacement)
-        self._restore.append((owner, name, original))
+        self._restore.append((owner, name, original, replacement))
 
     def _wrap_step(self, cls: type) -> None:
         """Wrap ``cls.step`` (torch's profiling wrapper, whose range the hooks run in) so that an optimizer stepping
@@ -235,7 +256,7 @@ class TorchHooks:
             return inner(optimizer, *args, **kwargs)
 
         step.skalpel_steps = True  # type: ignore[attr-defined]  # a subclass made later inherits it: wrapped once
-        self._restore.append((cls, "step", cls.__dict__.get("step")))  # None: inherited, deleted at uninstall
+        self._restore.append((cls, "step", cls.__dict__.get("step"), step))  # None: inherited, deleted at uninstall
         cls.step = step
 
     def uninstall(self, *, final: bool = True) -> None:
@@ -245,12 +266,21 @@ class TorchHooks:
             handle.remove()
         self._handles = []
         self.remove_module_hooks(final=final)
-        for owner, name, original in reversed(self._restore):
+        for owner, name, original, replacement in reversed(self._restore):
+            if getattr(owner, name, None) is not replacement:
+                continue  # replaced since (compile_log puts torch.compile back once Dynamo is hooked): not ours now
             if original is None:
                 delattr(owner, name)
             else:
                 setattr(owner, name, original)
         self._restore = []
+        for forget in self._forget:
+            try:
+                forget()
+            except ValueError:
+                pass  # already removed
+        self._forget = []
+        self._compile_start_hooked = False
 
     def remove_module_hooks(self, *, final: bool = False) -> None:
         if not final and _compiled_anything():
