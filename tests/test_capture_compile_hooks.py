@@ -52,6 +52,8 @@ model = Net()
 if how == "module.compile":
     model.compile(backend=backend)
     compiled = model
+elif how == "function":  # a compiled function that calls the model: Dynamo inlines the module call
+    compiled = torch.compile(lambda x: model(x) * 2, backend=backend)
 else:
     compiled = torch.compile(model, backend=backend)
 if how != "inference":
@@ -73,7 +75,7 @@ def _facts(stdout: str) -> dict:
     return json.loads(re.sub(r" at 0x[0-9a-f]+", "", line.removeprefix("compile facts: ")))  # function addresses
 
 
-@pytest.mark.parametrize("how", ["torch.compile", "module.compile", "inference"])
+@pytest.mark.parametrize("how", ["torch.compile", "module.compile", "function", "inference"])
 def test_compiled_code_and_its_warnings_are_the_same_with_and_without_skalpel(tmp_path: Path, how: str) -> None:
     script = tmp_path / "compiled_train.py"
     script.write_text(COMPILED)

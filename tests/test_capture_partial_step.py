@@ -24,36 +24,40 @@ from skalpel.result.report import Report
 
 pytestmark = pytest.mark.slow
 
-# About 17 MiB the profiler holds a step with memory profiling: the 24 MiB budget trips in the 2nd step, never the 1st,
-# and the recording stops at that step's end (two steps, 34 MiB, under 1.5 budgets; or, the budget's three polls not
-# seen in time, because a third step would pass them). The window is 8 steps: the ranks' test needs the 2nd step.
+# About 41 MiB the profiler holds a step of 600 time steps with everything on (torch 2.13), past 1.5 budgets of 24 MiB:
+# each rank records lighter, then stops early. The window is 8 steps.
 ACTIVE = "8"
 TIME_STEPS = 600
 BUDGET_MB = "24"
 LSTM_STEPS = """
+import time
 import torch
 {imports}from torch import nn
 torch.set_num_threads(1)
 {init}torch.manual_seed(0)
 cell, head = nn.LSTMCell(4, 8), {head}
 optimizer = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.01)
-x = torch.randn(2, 5 * {time_steps}, 4)
+x = torch.randn(2, {factor} * {time_steps}, 4)
 for i in range(14):
     h = c = torch.zeros(2, 8)
-    for t in range({time_steps} * (5 if i == {huge} else 1)):
+    for t in range({time_steps} * ({factor} if i == {huge} else 1)):
         h, c = cell(x[:, t], (h, c))
+    if i == {huge}:
+        time.sleep(1.5)  # the budget's polls see its forward past 1.5 budgets before the step's next hook
     optimizer.zero_grad(set_to_none=True)
     head(h).pow(2).mean().backward()
     optimizer.step()
 {end}"""
-# Iteration 5 is the third recorded step (--wait 1 --warmup 1): five times the others, it passes 1.5 budgets of 40 MiB
-# (two steps of about 17 MiB before it) long before it ends, and is cut; the steps before it fit, with room for one
-# more.
-HUGE_STEP_BUDGET_MB = "40"
-SCRIPT = LSTM_STEPS.format(imports="", init="", head="nn.Linear(8, 1)", end="", time_steps=TIME_STEPS, huge=5)
+# Iteration 7 is neither the first recorded step (--wait 1 --warmup 1) nor past the window: a hundred times the others
+# (2,000 time steps against 20: about 140 MiB of records against 1.4 MiB), its forward alone passes 1.5 budgets of
+# 34 MiB, and the pause after it lets the budget's polls see so before the step's next hook: that step is cut.
+CUT_TIME_STEPS = 20
+HUGE_STEP_BUDGET_MB = "34"
+SCRIPT = LSTM_STEPS.format(imports="", init="", head="nn.Linear(8, 1)", end="", time_steps=CUT_TIME_STEPS, huge=7,
+                           factor=100)
 RANKS = LSTM_STEPS.format(imports="import torch.distributed as dist\n", init='dist.init_process_group("gloo")\n',
                           head="nn.parallel.DistributedDataParallel(nn.Linear(8, 1))", end="dist.destroy_process_group()\n",
-                          time_steps=TIME_STEPS, huge=-1)
+                          time_steps=TIME_STEPS, huge=-1, factor=1)
 
 BIG_STEP = """
 import torch
@@ -97,7 +101,7 @@ def test_the_step_cut_by_the_memory_budget_is_left_out(tmp_path: Path) -> None:
     assert "step cut where the recording stopped is left out" in note
     assert note.startswith("recording stopped early: the profiler's")
     whole = int(note.split("the trace holds ")[1].split(" whole")[0])
-    assert whole < int(ACTIVE)  # the budget did stop the window
+    assert 1 <= whole < int(ACTIVE)  # the steps before the huge one: the budget stopped the window inside it
     trace = json.loads(gzip.decompress((tmp_path / "run" / "trace-rank0.json.gz").read_bytes()))
     markers = [event for event in trace["traceEvents"] if event.get("name", "").startswith("ProfilerStep#")]
     assert len(markers) == whole  # the partial step is not in the trace
@@ -108,9 +112,9 @@ def test_the_step_cut_by_the_memory_budget_is_left_out(tmp_path: Path) -> None:
         # one call per time step, whole steps only: in the trace, and in the op table where the op made its top rows
         # (by self time, which load reorders among the cell's dozen ops of the same count)
         cells = [event for event in trace["traceEvents"] if event.get("name") == "aten::lstm_cell"]
-        assert len(cells) == TIME_STEPS * whole
+        assert len(cells) == CUT_TIME_STEPS * whole
         rows = {row.name: row for row in report.ranks[0].top_ops}
-        assert "aten::lstm_cell" not in rows or rows["aten::lstm_cell"].calls == TIME_STEPS * whole
+        assert "aten::lstm_cell" not in rows or rows["aten::lstm_cell"].calls == CUT_TIME_STEPS * whole
     assert "step cut" in done.stderr and done.stderr.count("recording stopped early") == 1
 
 
