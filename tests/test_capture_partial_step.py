@@ -39,18 +39,18 @@ cell, head = nn.LSTMCell(4, 8), {head}
 optimizer = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.01)
 x = torch.randn(2, {factor} * {time_steps}, 4)
 for i in range(14):
+    optimizer.zero_grad(set_to_none=True)
     h = c = torch.zeros(2, 8)
     for t in range({time_steps} * ({factor} if i == {huge} else 1)):
         h, c = cell(x[:, t], (h, c))
-    if i == {huge}:
-        time.sleep(1.5)  # the budget's polls see its forward past 1.5 budgets before the step's next hook
-    optimizer.zero_grad(set_to_none=True)
     head(h).pow(2).mean().backward()
+    if i == {huge}:
+        time.sleep(1.5)  # the budget's polls see the step past 1.5 budgets before its next hook (optimizer.step())
     optimizer.step()
 {end}"""
 # Iteration 7 is neither the first recorded step (--wait 1 --warmup 1) nor past the window: a hundred times the others
-# (2,000 time steps against 20: about 140 MiB of records against 1.4 MiB), its forward alone passes 1.5 budgets of
-# 34 MiB, and the pause after it lets the budget's polls see so before the step's next hook: that step is cut.
+# (2,000 time steps against 20: about 140 MiB of records against 1.4 MiB), it passes 1.5 budgets of 34 MiB, and the
+# pause after its backward lets the budget's polls see so before the step's next hook: that step is cut.
 CUT_TIME_STEPS = 20
 HUGE_STEP_BUDGET_MB = "34"
 SCRIPT = LSTM_STEPS.format(imports="", init="", head="nn.Linear(8, 1)", end="", time_steps=CUT_TIME_STEPS, huge=7,

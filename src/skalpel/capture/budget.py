@@ -285,13 +285,16 @@ class RecordingBudget:
             if budget is None or len(recent) < RECENT_POLLS:
                 continue
             grown = held - start
+            if self.past_ceiling is not None and grown > budget[0] * FINISH_CEILING:
+                # the stop request goes first: a boundary in between must not read ``tripped`` alone and keep the step
+                self.hard = OverBudget(grown, budget[0], budget[1])
+                self.past_ceiling(self.hard)
+                if self.tripped is None:
+                    self.tripped = self.hard
+                    self.over(self.tripped)
+                return
             if self.tripped is None and grown > budget[0]:
                 self.tripped = OverBudget(grown, budget[0], budget[1])
                 self.over(self.tripped)
                 if self.past_ceiling is None:
                     return
-            if self.tripped is not None and grown > budget[0] * FINISH_CEILING:
-                self.hard = OverBudget(grown, budget[0], budget[1])
-                assert self.past_ceiling is not None
-                self.past_ceiling(self.hard)
-                return
