@@ -1,10 +1,10 @@
 """The memory budget stops the recording inside a step: that partial step is never counted; a window whose first
-recorded step trips it is recorded again without memory profiling, then without stacks, before the budget gives up.
+recorded step cannot be recorded whole is recorded again without memory profiling, stacks and shapes, at once.
 
 A real `skalpel run` of a script whose steps run thousands of small ops (an LSTM cell over
-its time steps), with a small ``SKALPEL_RECORD_BUDGET_MB``: the step under way when the
-budget trips is left out of the trace (so of the median, the cv and the op table), and the
-note says what grew. The look-alike: a step of few ops that allocates 1 GiB on CPU (a big
+its time steps), with a small ``SKALPEL_RECORD_BUDGET_MB``: a step that grows past 1.5 budgets
+before its end (one five times the others) is left out of the trace (so of the median, the cv and
+the op table), and the note says what grew. The look-alike: a step of few ops that allocates 1 GiB on CPU (a big
 activation) under a budget far below it records its whole window, since the budget charges
 what the profiler holds, not the step's own tensors.
 """
@@ -24,34 +24,40 @@ from skalpel.result.report import Report
 
 pytestmark = pytest.mark.slow
 
-# About 17 MiB the profiler holds a step with memory profiling: the 24 MiB budget trips from the 2nd step on, never the
-# 1st (at 16 MiB a rank's 1st step could cross it, so the window was recorded again without memory profiling, then
-# without stacks, and the script could end before the lighter window reached the budget: no "stopped early").
-# The budget charges the least growth of its last three polls (0.75 s): 4 steps of about 180 ms on a quiet machine
-# ended before it saw 24 MiB for that long (the clean-clone CI tripped in 1 run of 3), so the window is 8 steps.
+# About 41 MiB the profiler holds a step of 600 time steps with everything on (torch 2.13), past 1.5 budgets of 24 MiB:
+# each rank records lighter, then stops early. The window is 8 steps.
 ACTIVE = "8"
 TIME_STEPS = 600
 BUDGET_MB = "24"
 LSTM_STEPS = """
+import time
 import torch
 {imports}from torch import nn
 torch.set_num_threads(1)
 {init}torch.manual_seed(0)
 cell, head = nn.LSTMCell(4, 8), {head}
 optimizer = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.01)
-x = torch.randn(2, {time_steps}, 4)
-for _ in range(14):
-    h = c = torch.zeros(2, 8)
-    for t in range(x.shape[1]):
-        h, c = cell(x[:, t], (h, c))
+x = torch.randn(2, {factor} * {time_steps}, 4)
+for i in range(14):
     optimizer.zero_grad(set_to_none=True)
+    h = c = torch.zeros(2, 8)
+    for t in range({time_steps} * ({factor} if i == {huge} else 1)):
+        h, c = cell(x[:, t], (h, c))
     head(h).pow(2).mean().backward()
+    if i == {huge}:
+        time.sleep(1.5)  # the budget's polls see the step past 1.5 budgets before its next hook (optimizer.step())
     optimizer.step()
 {end}"""
-SCRIPT = LSTM_STEPS.format(imports="", init="", head="nn.Linear(8, 1)", end="", time_steps=TIME_STEPS)
+# Iteration 7 is neither the first recorded step (--wait 1 --warmup 1) nor past the window: a hundred times the others
+# (2,000 time steps against 20: about 140 MiB of records against 1.4 MiB), it passes 1.5 budgets of 34 MiB, and the
+# pause after its backward lets the budget's polls see so before the step's next hook: that step is cut.
+CUT_TIME_STEPS = 20
+HUGE_STEP_BUDGET_MB = "34"
+SCRIPT = LSTM_STEPS.format(imports="", init="", head="nn.Linear(8, 1)", end="", time_steps=CUT_TIME_STEPS, huge=7,
+                           factor=100)
 RANKS = LSTM_STEPS.format(imports="import torch.distributed as dist\n", init='dist.init_process_group("gloo")\n',
                           head="nn.parallel.DistributedDataParallel(nn.Linear(8, 1))", end="dist.destroy_process_group()\n",
-                          time_steps=TIME_STEPS)
+                          time_steps=TIME_STEPS, huge=-1, factor=1)
 
 BIG_STEP = """
 import torch
@@ -85,7 +91,7 @@ def test_a_step_allocating_a_gigabyte_does_not_cut_the_recording(tmp_path: Path)
 def test_the_step_cut_by_the_memory_budget_is_left_out(tmp_path: Path) -> None:
     script = tmp_path / "big_step.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB=BUDGET_MB, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB=HUGE_STEP_BUDGET_MB, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     command = [sys.executable, "-m", "skalpel", "run", "--warmup", "1", "--active", ACTIVE, "--out", str(tmp_path / "run"),
                str(script)]  # fmt: skip
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
@@ -95,7 +101,7 @@ def test_the_step_cut_by_the_memory_budget_is_left_out(tmp_path: Path) -> None:
     assert "step cut where the recording stopped is left out" in note
     assert note.startswith("recording stopped early: the profiler's")
     whole = int(note.split("the trace holds ")[1].split(" whole")[0])
-    assert whole < int(ACTIVE)  # the budget did stop the window
+    assert 1 <= whole < int(ACTIVE)  # the steps before the huge one: the budget stopped the window inside it
     trace = json.loads(gzip.decompress((tmp_path / "run" / "trace-rank0.json.gz").read_bytes()))
     markers = [event for event in trace["traceEvents"] if event.get("name", "").startswith("ProfilerStep#")]
     assert len(markers) == whole  # the partial step is not in the trace
@@ -106,9 +112,9 @@ def test_the_step_cut_by_the_memory_budget_is_left_out(tmp_path: Path) -> None:
         # one call per time step, whole steps only: in the trace, and in the op table where the op made its top rows
         # (by self time, which load reorders among the cell's dozen ops of the same count)
         cells = [event for event in trace["traceEvents"] if event.get("name") == "aten::lstm_cell"]
-        assert len(cells) == TIME_STEPS * whole
+        assert len(cells) == CUT_TIME_STEPS * whole
         rows = {row.name: row for row in report.ranks[0].top_ops}
-        assert "aten::lstm_cell" not in rows or rows["aten::lstm_cell"].calls == TIME_STEPS * whole
+        assert "aten::lstm_cell" not in rows or rows["aten::lstm_cell"].calls == CUT_TIME_STEPS * whole
     assert "step cut" in done.stderr and done.stderr.count("recording stopped early") == 1
 
 
@@ -148,10 +154,10 @@ for _ in range(14):
 """
 
 
-def test_the_budget_drops_memory_profiling_then_stacks_before_giving_up(tmp_path: Path) -> None:
-    """Each of the window's first steps trips the budget while stacks are on (200,000 Python calls, about 4.6 MiB of
-    records per step against 1.5 MiB): memory profiling is dropped first, then stacks, and the window without them
-    (a few dozen ops per step) is recorded in full; each drop is said once, with the step it took effect from."""
+def test_the_budget_drops_memory_profiling_stacks_and_shapes_at_once(tmp_path: Path) -> None:
+    """The window's first recorded step passes 1.5 budgets while stacks are on (200,000 Python calls, about 4.6 MiB of
+    records per step against 1.5 MiB) before it ends: memory profiling, stacks and shapes are dropped together, one
+    window left out, not one per setting, and the window without them (a few dozen ops per step) is recorded in full."""
     script = tmp_path / "calls_step.py"
     script.write_text(CALLS_STEP)
     env = dict(os.environ, SKALPEL_RECORD_BUDGET_MB="1.5", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
@@ -160,17 +166,17 @@ def test_the_budget_drops_memory_profiling_then_stacks_before_giving_up(tmp_path
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = Report.from_json((tmp_path / "run" / "report.json").read_bytes())
-    (memory,) = [warning for warning in report.warnings if warning.startswith("memory profiling dropped from step")]
-    (stacks,) = [warning for warning in report.warnings if warning.startswith("Python stacks dropped from step")]
-    assert _from_step(memory) < _from_step(stacks)  # memory first, then stacks, each from a later step
-    assert "without memory profiling" in memory and "without Python stacks" in stacks
+    (dropped,) = [warning for warning in report.warnings if " dropped from step " in warning]
+    assert dropped.startswith("memory profiling, Python stacks and input shapes dropped from step ")
+    assert _from_step(dropped) == 5  # after the window's first recorded step, step 4 (--wait 1 --warmup 1)
     assert not [warning for warning in report.warnings if "stopped early" in warning], report.warnings
     assert report.steps.marked and report.steps.count == 4  # the lighter window, whole
     trace = json.loads(gzip.decompress((tmp_path / "run" / "trace-rank0.json.gz").read_bytes()))
     names = {event.get("name") for event in trace["traceEvents"]}
     categories = {event.get("cat") for event in trace["traceEvents"]}
     assert "[memory]" not in names and "python_function" not in categories  # recorded without either
-    assert done.stderr.count("memory profiling dropped") == 1 and done.stderr.count("Python stacks dropped") == 1
+    assert not [event for event in trace["traceEvents"] if "Input Dims" in event.get("args", {})]  # nor shapes
+    assert done.stderr.count(" dropped from step ") == 1
 
 
 def _from_step(note: str) -> int:

@@ -393,13 +393,13 @@ def test_a_recording_past_its_memory_budget_stops_early_and_keeps_what_it_has(tm
     script = tmp_path / "many_ops.py"
     script.write_text(textwrap.dedent(MANY_OPS))
     out = tmp_path / "run"
-    # Above one step's records, so the window is not recorded again without memory profiling first (that path:
-    # test_capture_partial_step); the recording stops inside its second step.
+    # About 41 MiB a step with everything on (torch 2.13), past 1.5 budgets: the window is recorded again lighter
+    # (test_capture_long_steps), and that one stops early.
     result = _skalpel("--out", str(out), "--warmup", "1", "--active", "5", str(script), cwd=tmp_path,
                       env=dict(os.environ, SKALPEL_RECORD_BUDGET_MB="24"))  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "script done 9" in result.stdout  # the script ran on to its end, un-profiled
-    assert "recording stopped early" in result.stderr and "(budget 24 MiB, $SKALPEL_RECORD_BUDGET_MB)" in result.stderr
+    assert "recording stopped early" in result.stderr and "(budget 24 MiB, $SKALPEL_RECORD_BUDGET_MB" in result.stderr
     report = Report.from_json((out / "report.json").read_bytes())
     assert any("recording stopped early" in warning for warning in report.warnings)
     assert report.steps.count >= 1 and (out / "trace-rank0.json.gz").is_file()

@@ -46,7 +46,7 @@ STACKS_BUDGET_MB = Variable(
 RECORD_BUDGET_MB = Variable(
     "SKALPEL_RECORD_BUDGET_MB", None,
     "Memory (MiB) the profiler's recording may hold (malloc's bytes in use above the warm-up's) before it stops "
-    "early, keeping what it recorded.",
+    "early, at the end of the step under way (inside it past 1.5 times this), keeping the whole steps recorded.",
     default_text="1/40 of the memory available when recording begins, at least 64",
 )  # fmt: skip
 OUT = Variable(

@@ -44,9 +44,13 @@ MIN_BUDGET_BYTES = 64 * 2**20
 POLL_S = 0.25
 RECENT_POLLS = 3  # the growth charged is the least of the last polls (0.75 s): a step's transient peak passes
 MANY_OPS_PER_STEP = 20_000  # fewer host ops than this per step cannot make the profiler's events weigh much
-# What a window drops, in this order, before the budget gives up on it: memory events first (two per tensor
-# allocated and freed: the most of a many-op step's records), then Python stacks.
-LIGHTER = (("profile_memory", "memory profiling"), ("with_stack", "Python stacks"))
+# A step the budget trips inside may run on to its end, to be kept whole, while the growth stays under this many
+# budgets: stopping then peaks at up to 1.5 x 17/40 of the memory available at the start (64%: the worst factor seen).
+FINISH_CEILING = 1.5
+# What a window whose first recorded step cannot be recorded whole drops, all at once (one window left out, not one per
+# setting): which of them weighs most depends on the step (an LSTM stepped by LBFGS, torch 2.13, per step: 85 MiB with
+# all three, 82 without memory, 81 without stacks, 35 without any; Python-heavy steps: stacks are most of it).
+LIGHTER = (("profile_memory", "memory profiling"), ("with_stack", "Python stacks"), ("record_shapes", "input shapes"))
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -58,19 +62,55 @@ class OverBudget:
     budget: int
     source: str  # how the budget was chosen, in words
 
-    def dropped_note(self, dropped: str, step: int) -> str:
-        """The window's first recorded step (the script's step ``step``) tripped the budget: the window starts again
-        after it without ``dropped``."""
+    def dropped_note(self, dropped: list[str], step: int) -> str:
+        """The window's first recorded step (the script's step ``step``) passed ``FINISH_CEILING`` budgets before
+        its end: the window starts again after it without ``dropped``."""
+        what = words(dropped)
         return (
-            f"{dropped} dropped from step {step + 1} on: the profiler's records grew the memory in use by "
-            f"{self.grown / 2**20:,.0f} MiB in the window's first recorded step, step {step} (budget "
-            f"{self.budget / 2**20:,.0f} MiB, {self.source}); torch.profiler fixes what it records when a window "
-            f"starts, so the window was left out and recorded again after that step without {dropped}"
+            f"{what} dropped from step {step + 1} on: the profiler's records grew the memory in use by "
+            f"{self.grown / 2**20:,.0f} MiB inside the window's first recorded step, step {step}, before it ended "
+            f"(budget {self.budget / 2**20:,.0f} MiB, {self.source}; a step may run to its end up to "
+            f"{FINISH_CEILING:g}x the budget): one step with them does not fit. torch.profiler fixes what it records "
+            f"when a window starts, so the window was left out and recorded again after that step without {what}"
         )
 
-    def note(self, recorded_steps: int, *, cut: bool = True, partial: PartialStep | None = None) -> str:
+    def kept_note(self, recorded_steps: int, active: int, *, stacks: bool = True) -> str:
+        """The recording ended at a step's end (the budget was passed there, or the next step would pass
+        ``FINISH_CEILING`` budgets), with ``recorded_steps`` whole steps of the ``active`` asked for; ``stacks``: they
+        were recorded (else leaving them out is no advice)."""
+        no_stack = "leave out Python stacks (--no-stack), " if stacks else ""
+        advice = (f"raise the budget (${ENV_BUDGET}=MiB) if the machine has the memory, {no_stack}or mark a smaller "
+                  "unit of work as the step (skalpel.step())")  # fmt: skip
+        if recorded_steps <= 1:
+            return (
+                f"recording stopped early, after one step: the window's first recorded step grew the profiler's "
+                f"records by {self.grown / 2**20:,.0f} MiB (budget {self.budget / 2**20:,.0f} MiB, {self.source}; up "
+                f"to {FINISH_CEILING:g}x it while a step runs to its end), so the budget cannot hold the {active} "
+                f"steps asked for. That step ran to its end: it is kept whole and analysed. For more steps: {advice}"
+            )
+        return (
+            f"recording stopped early, at the end of a step: the profiler's records grew the memory in use by "
+            f"{self.grown / 2**20:,.0f} MiB (budget {self.budget / 2**20:,.0f} MiB, {self.source}); the trace holds "
+            f"{recorded_steps} whole recorded steps of the {active} asked for. For more: {advice}"
+        )
+
+    def gave_up_note(self, script: str, dropped: list[str]) -> str:
+        """Even the lightest window's first recorded step passed ``FINISH_CEILING`` budgets: no whole step fits."""
+        without = f" even without {words(dropped)}" if dropped else ""
+        return (
+            f"no step was recorded: one step of {script} is too large for the memory budget. The profiler's records "
+            f"grew the memory in use by {self.grown / 2**20:,.0f} MiB inside one step{without}, past "
+            f"{FINISH_CEILING:g}x the budget ({self.budget / 2**20:,.0f} MiB, {self.source}), before the step ended. "
+            f"Raise the budget (${ENV_BUDGET}=MiB) if the machine has the memory, or mark a smaller unit of work as "
+            "the step (skalpel.step())"
+        )
+
+    def note(self, recorded_steps: int, *, cut: bool = True, partial: PartialStep | None = None,
+             stacks: bool = True) -> str:  # fmt: skip
         """``cut``: stopped inside a step (``skalpel run``'s hooks), not at a step's end (``run.step()``);
-        ``partial``: that step, left out of the trace, with the ops recorded (None: not known)."""
+        ``partial``: that step, left out of the trace, with the ops recorded (None: not known); ``stacks``: they were
+        recorded (else leaving them out is no advice)."""
+        no_stack = "leave out Python stacks (--no-stack), " if stacks else ""
         held = f"the trace holds {recorded_steps} whole recorded step(s)"
         if cut:
             held += ("; the step cut where the recording stopped is left out of it (a partial step is no step)"
@@ -82,8 +122,8 @@ class OverBudget:
                 f"{self.grown / 2**20:,.0f} MiB (budget {self.budget / 2**20:,.0f} MiB, {self.source}; the steps' own "
                 f"tensors at their warm-up peak are not counted); {held}. The steps run few ops ({ops_per_step:,.0f} "
                 "recorded per step), so what grew is what the profiler keeps of each (its memory events and Python "
-                f"stacks): raise the budget (${ENV_BUDGET}=MiB) if the machine has the memory, leave out Python "
-                "stacks (--no-stack), or mark a smaller unit of work as the step (skalpel.step())"
+                f"stacks): raise the budget (${ENV_BUDGET}=MiB) if the machine has the memory, {no_stack}"
+                "or mark a smaller unit of work as the step (skalpel.step())"
             )
         many = f" ({ops_per_step:,.0f} recorded per step)" if ops_per_step is not None else ""
         return (
@@ -91,16 +131,20 @@ class OverBudget:
             f"(budget {self.budget / 2**20:,.0f} MiB, {self.source}); {held}. Each step runs a very large number of "
             f"ops{many}: "
             + ("record fewer steps (--active), " if recorded_steps else "")
-            + "leave out Python stacks (--no-stack), or mark a smaller unit of work as the step (skalpel.step())"
+            + no_stack + "or mark a smaller unit of work as the step (skalpel.step())"
         )
 
 
-def lighter(settings: CaptureSettings) -> tuple[CaptureSettings, str] | None:
-    """``settings`` with the next of ``LIGHTER`` turned off, and its name; None when nothing is left to drop."""
-    for field, name in LIGHTER:
-        if getattr(settings, field):
-            return dataclasses.replace(settings, **{field: False}), name
-    return None
+def lightest(settings: CaptureSettings) -> tuple[CaptureSettings, list[str]] | None:
+    """``settings`` without any of ``LIGHTER``, and the names of those it had; None when it had none."""
+    dropped = [(field, name) for field, name in LIGHTER if getattr(settings, field)]
+    if not dropped:
+        return None
+    return dataclasses.replace(settings, **{field: False for field, _ in dropped}), [name for _, name in dropped]
+
+
+def words(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def resident_bytes() -> int | None:
@@ -176,14 +220,20 @@ def release_results(prof: object) -> None:
 class RecordingBudget:
     """Polls resident memory from the profiler's start (``profiling()``) and calls ``over(OverBudget)`` once,
     from its own thread, when the growth passes the budget while the window records (``recording()``):
-    never during the warm-up, which would leave nothing recorded."""
+    never during the warm-up, which would leave nothing recorded. With ``past_ceiling``, it watches on and calls that
+    once when the growth passes ``FINISH_CEILING`` budgets (the step under way may not run on to its end)."""
 
     def __init__(self, profiling: Callable[[], bool], recording: Callable[[], bool],
-                 over: Callable[[OverBudget], None]) -> None:  # fmt: skip
+                 over: Callable[[OverBudget], None],
+                 past_ceiling: Callable[[OverBudget], None] | None = None) -> None:  # fmt: skip
         self.profiling = profiling
         self.recording = recording
         self.over = over
+        self.past_ceiling = past_ceiling
         self.tripped: OverBudget | None = None
+        self.hard: OverBudget | None = None  # past the ceiling
+        self._base: int | None = None  # the memory in use the growth is charged from (the warm-up's high-water mark)
+        self._limit: tuple[int, str] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="skalpel-record-budget", daemon=True)
 
@@ -193,6 +243,18 @@ class RecordingBudget:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def next_step_past_ceiling(self, whole_steps: int) -> OverBudget | None:
+        """At the end of the recording's ``whole_steps``-th step: what grew, when one more step like these would pass
+        ``FINISH_CEILING`` budgets (the recording ends here, its steps whole, rather than inside the next); else None.
+        """
+        base, limit, now = self._base, self._limit, in_use_bytes()
+        if base is None or limit is None or now is None or whole_steps < 1:
+            return None
+        grown = now - base
+        if grown + grown / whole_steps <= limit[0] * FINISH_CEILING:
+            return None
+        return OverBudget(grown, limit[0], limit[1])
 
     def _watch(self) -> None:
         sys.setprofile(None)  # out of the profiler's Python tracer (and the flame graph)
@@ -217,9 +279,22 @@ class RecordingBudget:
                 # the steps themselves hold at their peak (their tensors), which the recording is not charged for
                 start = max(start, now)
                 continue
+            self._base, self._limit = start, budget
             recent = (recent + [now])[-RECENT_POLLS:]
             held = min(recent)  # what the profiler holds only grows: a step's passing peak is not it
-            if budget is not None and len(recent) == RECENT_POLLS and held - start > budget[0]:
-                self.tripped = OverBudget(held - start, budget[0], budget[1])
-                self.over(self.tripped)
+            if budget is None or len(recent) < RECENT_POLLS:
+                continue
+            grown = held - start
+            if self.past_ceiling is not None and grown > budget[0] * FINISH_CEILING:
+                # the stop request goes first: a boundary in between must not read ``tripped`` alone and keep the step
+                self.hard = OverBudget(grown, budget[0], budget[1])
+                self.past_ceiling(self.hard)
+                if self.tripped is None:
+                    self.tripped = self.hard
+                    self.over(self.tripped)
                 return
+            if self.tripped is None and grown > budget[0]:
+                self.tripped = OverBudget(grown, budget[0], budget[1])
+                self.over(self.tripped)
+                if self.past_ceiling is None:
+                    return

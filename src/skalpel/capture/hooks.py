@@ -7,6 +7,12 @@ event of ``capture/boundaries.BoundaryPolicy`` (a method call: no tuple built on
 and hands what it answers, a boundary or a takeover, to ``deliver``, before the call it wraps runs
 (where ``prof.step()`` would be in a hand-written loop).
 
+torch.compile sees global module hooks: it traces ``Module.__call__`` with them instead of the
+forward (other graphs and guards) and warns at each call of a compiled module ("Using
+`torch.compile(module)` when there are global hooks on modules"). So ``torch.compile`` is wrapped:
+before it compiles anything, the global module hooks are removed for good, and the calls of compiled
+modules (``OptimizedModule.__call__``, which runs before Dynamo) mark top-level module calls instead.
+
 Only the script's thread sends events: another thread's optimizer steps and ``skalpel.step()`` calls
 go as ``elsewhere`` (counted), the rest of its calls pass through untouched. The same wrappers time
 the script thread's DataLoader waits, backward calls and optimizer steps (``loader_s``,
@@ -55,7 +61,10 @@ class TorchHooks:
         self._depth = 0  # module calls running (0: the next call is top-level)
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []
-        self._restore: list[tuple[Any, str, Any]] = []
+        self.compile_called = False  # the script compiles: no global module hook from then on
+        self._compile_start_hooked = False
+        self._forget: list[Callable[[], Any]] = []  # callbacks of ours to remove at uninstall
+        self._restore: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, replacement)
         # Set from another thread (the recording's memory budget): the next hook on the script's thread acts on it.
         self.stop_requested = False
         self.on_stop_request: Callable[[], None] | None = None
@@ -164,21 +173,72 @@ class TorchHooks:
                 if not settled:
                     policy.backward_done()
 
+        original_compile = torch.compile
+
+        def wrapped_compile(*args: Any, **kwargs: Any) -> Any:
+            target = args[0] if args else kwargs.get("model")
+            if isinstance(target, torch.nn.Module) or getattr(target, "__self__", None) is not None:
+                hooks._compiling()  # a module (or a module's method: module.compile()): its calls would warn at once
+            compiled = original_compile(*args, **kwargs)  # imports Dynamo
+            hooks._on_compile_start()  # a function compiles at its first call, if ever (a library's decorator)
+            return compiled
+
+        self._patch(torch, "compile", wrapped_compile, original_compile)
         self._patch(dataloader._BaseDataLoaderIter, "__next__", __next__, original_next)
         self._patch(optimizer_module.Optimizer, "__init__", optimizer_init, original_init)
         self._patch(optimizer_module.Optimizer, "zero_grad", wrapped_zero_grad, zero_grad)
         self._patch(torch.amp.GradScaler, "step", wrapped_scaler_step, scaler_step)  # torch.cuda.amp's inherits it
         self._patch(torch.autograd, "backward", wrapped_backward, backward)  # Tensor.backward calls it
-        if policy.only in (None, "backward", "forward"):
+        if policy.only in (None, "backward", "forward") and not self.compile_called:
             self._module_handles = [
                 module_hooks.register_module_forward_pre_hook(self._before_module),
                 module_hooks.register_module_forward_hook(self._after_module, always_call=True),
             ]
 
+    def _compiling(self, *_: Any) -> None:
+        """The script compiles: skalpel's global module hooks go, for good, before Dynamo traces anything."""
+        if self.compile_called:
+            return
+        self.compile_called = True
+        self.remove_module_hooks(final=True)
+        self._depth = 0  # a module call under way when they went never reports its end
+        self._mark_compiled_calls()  # here: importing torch._dynamo costs every run a second
+
+    def _on_compile_start(self) -> None:
+        """Have Dynamo call ``_compiling`` when it starts compiling a frame, before tracing it (once)."""
+        if self._compile_start_hooked:
+            return
+        self._compile_start_hooked = True
+        handler = getattr(sys.modules.get("torch._dynamo.callback"), "callback_handler", None)
+        if handler is not None and hasattr(handler, "register_start_callback"):
+            handler.register_start_callback(self._compiling)
+            self._forget.append(lambda: handler.remove_start_callback(self._compiling))
+
+    def _mark_compiled_calls(self) -> None:
+        """Calls of compiled modules mark top-level module calls (the global module hooks are gone)."""
+        from torch._dynamo.eval_frame import OptimizedModule
+
+        hooks, policy, optimized_call = self, self.policy, OptimizedModule.__call__
+
+        def wrapped_optimized_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            # a compiled module's call, in eager before Dynamo runs: a top-level module call once the global hooks are
+            # gone (a compiled module inside a compiled region is Dynamo's, and marks nothing)
+            if (not hooks.compile_called or not policy.module_calls_matter or hooks._depth or tracing()
+                    or threading.get_ident() != hooks.thread):  # fmt: skip
+                return optimized_call(module, *args, **kwargs)
+            hooks._depth += 1
+            try:
+                hooks._send(policy.forward(id(module._orig_mod)))
+                return optimized_call(module, *args, **kwargs)
+            finally:
+                hooks._depth -= 1
+
+        self._patch(OptimizedModule, "__call__", wrapped_optimized_call, optimized_call)
+
     def _patch(self, owner: Any, name: str, replacement: Any, original: Any) -> None:
         replacement.__wrapped__ = original
         setattr(owner, name, replacement)
-        self._restore.append((owner, name, original))
+        self._restore.append((owner, name, original, replacement))
 
     def _wrap_step(self, cls: type) -> None:
         """Wrap ``cls.step`` (torch's profiling wrapper, whose range the hooks run in) so that an optimizer stepping
@@ -196,7 +256,7 @@ class TorchHooks:
             return inner(optimizer, *args, **kwargs)
 
         step.skalpel_steps = True  # type: ignore[attr-defined]  # a subclass made later inherits it: wrapped once
-        self._restore.append((cls, "step", cls.__dict__.get("step")))  # None: inherited, deleted at uninstall
+        self._restore.append((cls, "step", cls.__dict__.get("step"), step))  # None: inherited, deleted at uninstall
         cls.step = step
 
     def uninstall(self, *, final: bool = True) -> None:
@@ -206,12 +266,21 @@ class TorchHooks:
             handle.remove()
         self._handles = []
         self.remove_module_hooks(final=final)
-        for owner, name, original in reversed(self._restore):
+        for owner, name, original, replacement in reversed(self._restore):
+            if getattr(owner, name, None) is not replacement:
+                continue  # replaced since (compile_log puts torch.compile back once Dynamo is hooked): not ours now
             if original is None:
                 delattr(owner, name)
             else:
                 setattr(owner, name, original)
         self._restore = []
+        for forget in self._forget:
+            try:
+                forget()
+            except ValueError:
+                pass  # already removed
+        self._forget = []
+        self._compile_start_hooked = False
 
     def remove_module_hooks(self, *, final: bool = False) -> None:
         if not final and _compiled_anything():

@@ -276,6 +276,9 @@ class _Capture:
             )
         if self.user is not None:
             return f"{target.name} opened skalpel.profile() but recorded no step (call run.step() once per iteration)"
+        budget = self.driver.why_nothing(target.name)  # a step too large for the memory budget, not --warmup
+        if budget is not None:
+            return budget
         policy = self.detector.policy
         why = why_no_boundary(policy, target.name, batches=self.detector.hooks.batches, failed=failed,
                               children=self.children.note(None))  # fmt: skip
