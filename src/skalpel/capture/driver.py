@@ -227,8 +227,7 @@ class Driver:
 
 
 def successor(old: ProfileRun, settings: CaptureSettings) -> ProfileRun:
-    """A new run in ``old``'s place: its folder, name and script; the run's notes so far (the malloc threshold
-    held...) still hold."""
+    """A new run in ``old``'s place: its folder, name and script; the run's notes so far still hold."""
     run = ProfileRun(settings, out=old.folder, name=old.name)
     run.script = old.script
     run.notes.extend(old.notes)
