@@ -101,6 +101,24 @@ def test_a_damaged_run_ledger_reads_as_a_clear_error() -> None:
         _capture_from_dict(data, "capture")
 
 
+def test_a_ranks_saved_capture_reads_back_with_its_run_ledger(tmp_path: Path) -> None:
+    """Under --nproc each trace-only rank saves its CaptureInfo (``dataclasses.asdict``) for the launcher's report:
+    the run's ledger comes back a RunLedger, not a dict (a dict ended the launcher in an internal error)."""
+    import dataclasses
+
+    import orjson
+
+    from skalpel.capture import distributed
+    from skalpel.result.report import CaptureInfo
+
+    capture = CaptureInfo(warmup_steps=3, active_steps=5, window_medians_ms=(4.0, 4.2),
+                          run=run_ledger(_clock([1.0, 1.1, 1.2, 1.3])))  # fmt: skip
+    (tmp_path / distributed._capture_file(1)).write_bytes(orjson.dumps(dataclasses.asdict(capture)))
+    assert distributed.load_capture(tmp_path, 1) == capture
+    (tmp_path / distributed._capture_file(1)).write_bytes(b'{"warmup_steps": "three", "active_steps": 5}')
+    assert distributed.load_capture(tmp_path, 1) is None  # damaged: the report goes on without its figures
+
+
 # -- real runs ------------------------------------------------------------------------------------------------------
 
 PPO = """

@@ -170,22 +170,17 @@ def save_capture(folder: Path | None, rank: int, capture) -> None:
 
 
 def load_capture(folder: Path, rank: int = 0):
-    """The CaptureInfo a rank saved (None when it saved none)."""
+    """The CaptureInfo a rank saved (None when it saved none, or a damaged one)."""
     import orjson
+
+    from ..result.checked import ReportFormatError
+    from ..result.report import capture_from_dict
 
     path = folder / _capture_file(rank)
     try:
         return capture_from_dict(orjson.loads(path.read_bytes()))
-    except (OSError, orjson.JSONDecodeError, TypeError):
+    except (OSError, orjson.JSONDecodeError, ReportFormatError):
         return None
-
-
-def capture_from_dict(data: dict):
-    """A CaptureInfo saved as JSON (``dataclasses.asdict``): its window medians back to a tuple. A key it does not
-    have raises TypeError."""
-    from ..result.report import CaptureInfo
-
-    return CaptureInfo(**{**data, "window_medians_ms": tuple(data.get("window_medians_ms", ()))})
 
 
 def _capture_file(rank: int) -> str:

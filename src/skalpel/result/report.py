@@ -571,6 +571,12 @@ _MOST_MS = 1e12  # 31 years: no step or window takes longer
 _MOST_PCT = 1e6
 
 
+def capture_from_dict(data: Any, where: str = "capture") -> CaptureInfo:
+    """A CaptureInfo from its JSON object (a report's, or one a rank saved with ``dataclasses.asdict``): nested facts
+    as their types (the run's ledger), every field checked. Raises ReportFormatError."""
+    return _capture_from_dict(data, where)
+
+
 def _capture_from_dict(data: Any, where: str) -> CaptureInfo:
     """CaptureInfo with its measured facts checked: a damaged report.json cannot put a fact no capture produces
     (a negative time, a CPU time of 1e308 s, a string) into the arithmetic of the rules that read them."""

@@ -47,16 +47,19 @@ def collect(folder: Path, world_size: int, wait_s: float) -> str:
     if not traces:
         return "no report: no rank recorded the steps" + (f" ({'; '.join(notes)})" if notes else "")
     from ..capture import runfolder
-    from ..capture.distributed import capture_from_dict
     from ..capture.timing import with_noise_note
     from ..job.report_of import report_of
-    from ..result.report import CaptureInfo
+    from ..result.checked import ReportFormatError
+    from ..result.report import CaptureInfo, capture_from_dict
 
     timing = next((marker["capture"] for _, marker in sorted(markers.items()) if marker.get("capture")), None)
     capture = None
     if timing is not None:  # only the fields CaptureInfo has
         known = {field.name for field in dataclasses.fields(CaptureInfo)}
-        capture = capture_from_dict({key: value for key, value in timing.items() if key in known})
+        try:
+            capture = capture_from_dict({key: value for key, value in timing.items() if key in known})
+        except ReportFormatError as error:  # a damaged marker: the report goes on without the capture's figures
+            notes.append(f"the capture's timing is left out: {error}")
     analysis = report_of(traces, capture=capture, notes=notes, flame_files=True)
     assert analysis.flame is not None
     report = with_noise_note(analysis.report)
