@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from skalpel.display import plain
+from skalpel.job.report_of import report_of_trace
+from skalpel.report import html
+from skalpel.report.terminal import render_text
 from skalpel.trace import load, loader
 from skalpel.trace.rawcontrols import escape_raw_controls
 
@@ -87,10 +89,15 @@ def test_raw_control_characters_load_every_event_with_names_intact(tmp_path: Pat
     assert [name.encode() for name in trace.names] == renamed
 
 
-def test_shown_with_visible_escapes(profiled, tmp_path: Path) -> None:
+def test_reports_show_them_as_visible_escapes(profiled, tmp_path: Path) -> None:
+    """The model keeps the characters; the HTML report and the terminal show them as escapes, raw nowhere."""
     trace = load(_write(tmp_path / "planted.json", profiled[1]))
-    shown = plain("step\x07\x1b[2J\x00")
-    assert "step\x07\x1b[2J\x00" in trace.names and shown == "step\\x07\\x1b[2J\\x00"
+    report = report_of_trace(trace)
+    page = html.render(report)
+    terminal = render_text(report, width=200)
+    assert "step\\x07\\x1b[2J\\x00" in page and "step\\x07\\x1b[2J\\x00" in terminal  # the annotation's row
+    for shown in (page, terminal):
+        assert not any(ord(char) < 0x20 and char not in "\n\t\r" for char in shown)
 
 
 @pytest.mark.parametrize("streamed", [False, True])
