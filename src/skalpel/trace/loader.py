@@ -9,7 +9,10 @@ CUDA, ROCm, MTIA and CPU-only traces.
 A complete document is cut into batches by ``fastsplit`` (checked by parsing) and
 each batch is decoded by ``events`` and turned into columns by ``columns``; a cut-off
 or damaged document goes through the exact scanner of ``jsonscan`` instead, which
-recovers every whole event. Only one batch of decoded events is alive at a time. A
+recovers every whole event. A batch that strict JSON refuses is read again as Python's
+``json.loads(strict=False)`` would (``rawcontrols``: torch writes control characters into
+strings raw) and with invalid UTF-8 replaced; only an event that still does not parse is
+skipped, and the note says why. Only one batch of decoded events is alive at a time. A
 large .json.gz is never inflated whole: ``gzstream`` feeds its text to the same paths a
 window at a time.
 """
