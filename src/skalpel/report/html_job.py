@@ -13,10 +13,9 @@ from __future__ import annotations
 import base64
 import struct
 import zlib
-from html import escape
 
 from ..result.report import JobSummary, Report
-from .html_parts import num, section, table
+from .html_parts import escape, num, section, table
 
 HEATMAP_STEPS = 200  # steps drawn per rank; later ones are left out (the image would be too wide to read)
 _LOW, _HIGH = (240, 244, 250), (8, 48, 107)  # light to dark blue

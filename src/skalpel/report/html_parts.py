@@ -6,10 +6,11 @@ a reader knows whether an analysis found nothing or never ran.
 
 from __future__ import annotations
 
+import html
 import statistics
-from html import escape
 from typing import Any, Iterable, Sequence
 
+from ..display import plain
 from ..result.report import Finding, RankReport, Report, sorted_findings
 from ..result.sections import BlameSummary, DistributedSummary
 from . import html_svg as svg
@@ -24,6 +25,11 @@ LONG_TEXT = 300
 CHART_RANKS = 32  # per-rank bars drawn; the per-rank table lists every rank
 STEP_BARS = 300
 BLAME_STEPS = 60  # one bar per step, each a line high
+
+
+def escape(text: str, quote: bool = True) -> str:
+    """Text escaped for markup; a trace's control characters shown as escapes (``\\x1b``), as on a terminal."""
+    return html.escape(plain(text, keep_newlines=True), quote)
 
 
 def na(why: str) -> str:

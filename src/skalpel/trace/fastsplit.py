@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from . import rawcontrols
 from .jsonscan import BATCH_BYTES, scan_structure
 
 _KEY = b'"traceEvents"'
@@ -79,7 +80,7 @@ def _events_array_end(data: bytes | bytearray, opened: int) -> tuple[int, dict] 
         if close < 0:
             return None
         try:
-            header = orjson.loads(head + b"[]" + data[close + 1 :])
+            header = rawcontrols.loads(head + b"[]" + data[close + 1 :])
         except orjson.JSONDecodeError:
             continue
         if isinstance(header, dict):

@@ -22,6 +22,8 @@ from typing import Iterator
 import numpy as np
 import orjson
 
+from . import rawcontrols
+
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _OPENERS = (ord("{"), ord("["))
 _CLOSERS = (ord("}"), ord("]"))
@@ -207,7 +209,7 @@ def _parse_header(data: bytes, structure: Structure, array_span: tuple[int, int]
     else:
         text = data[: array_span[0]] + b"[]" + data[array_span[1] :]
     try:
-        header = orjson.loads(text)
+        header = rawcontrols.loads(text)
     except orjson.JSONDecodeError as error:
         if structure.truncated:
             raise NotATraceError("the JSON document is cut off before its trace events begin") from error
@@ -224,7 +226,7 @@ def _parse_truncated_header(data: bytes, array_start: int) -> dict:
     key_start = prefix.rfind(b'"traceEvents"')
     prefix = prefix[:key_start].rstrip().rstrip(b",")
     try:
-        header = orjson.loads(prefix + b"}")
+        header = rawcontrols.loads(prefix + b"}")
     except orjson.JSONDecodeError:
         return {}
     return header if isinstance(header, dict) else {}

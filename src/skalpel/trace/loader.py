@@ -9,7 +9,10 @@ CUDA, ROCm, MTIA and CPU-only traces.
 A complete document is cut into batches by ``fastsplit`` (checked by parsing) and
 each batch is decoded by ``events`` and turned into columns by ``columns``; a cut-off
 or damaged document goes through the exact scanner of ``jsonscan`` instead, which
-recovers every whole event. Only one batch of decoded events is alive at a time. A
+recovers every whole event. A batch that strict JSON refuses is read again as Python's
+``json.loads(strict=False)`` would (``rawcontrols``: torch writes control characters into
+strings raw) and with invalid UTF-8 replaced; only an event that still does not parse is
+skipped, and the note says why. Only one batch of decoded events is alive at a time. A
 large .json.gz is never inflated whole: ``gzstream`` feeds its text to the same paths a
 window at a time.
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
+import orjson
 
 from ..display import cut_name
 from ..errors import TraceError
@@ -39,6 +43,7 @@ from .jsonscan import NotATraceError, iter_batch_ranges, split_document
 from .model import RankInfo, Trace
 from .outliers import set_aside_far_events
 from .parallel import ONE_PROCESS, Meanwhile, Split, decode_in_parallel, process_count
+from .rawcontrols import escape_raw_controls
 from .source import GzipText, available_memory, describe_foreign, is_gzip, read_source, release
 
 ProgressCallback = Callable[[int, int], None]
@@ -192,6 +197,8 @@ class _Outcome:
     truncated: bool = False
     recovered_bytes: int = 0
     repaired: int = 0  # batches or events whose invalid UTF-8 bytes were replaced
+    unreadable: int = 0  # events that are not valid JSON, skipped
+    first_unreadable: str = ""  # what is wrong with the first of them
 
 
 def _parse_file(path: Path, report: Callable[[float], None], split: Split = ONE_PROCESS) -> FileColumns:
@@ -280,6 +287,9 @@ class _StreamDecoder:
     def document(self, text: bytes | bytearray) -> _Outcome:
         outcome = _read_whole(text, self.builder, self.path, _quiet)
         outcome.repaired += self.outcome.repaired
+        if self.outcome.unreadable:  # the windows came first
+            outcome.first_unreadable = self.outcome.first_unreadable
+        outcome.unreadable += self.outcome.unreadable
         return outcome
 
     def column_bytes(self) -> int:
@@ -292,6 +302,9 @@ def _quiet(fraction: float) -> None:
 
 def _warnings(path: Path, builder: ColumnBuilder, outcome: _Outcome, truncated: bool, size: int) -> list[str]:
     warnings = []
+    if outcome.unreadable:
+        warnings.append(f"{path.name}: skipped {outcome.unreadable:,} malformed events that do not parse as JSON "
+                        f"(the first: {outcome.first_unreadable})")
     if builder.skipped:
         warnings.append(
             f"{path.name}: skipped {builder.skipped:,} malformed events (missing or invalid fields, negative "
@@ -348,7 +361,9 @@ def _decode_spans(data, spans: np.ndarray, builder: ColumnBuilder, outcome: _Out
         if not _decode_into(builder, data, start, end, outcome):
             for one_start, one_end in spans[first:last].tolist():
                 if not _decode_into(builder, data, one_start, one_end, outcome):
-                    builder.skipped += 1
+                    if not outcome.unreadable:
+                        outcome.first_unreadable = _syntax_error(bytes(data[one_start:one_end]))
+                    outcome.unreadable += 1
         report(end / max(len(data), 1))
 
 
@@ -377,17 +392,49 @@ def _decode_into(builder: ColumnBuilder, data, start: int, end: int, outcome: _O
     try:
         events, not_events = decode_events(buffer)
     except BatchSyntaxError:
-        repaired = _repair_utf8(buffer)
-        if repaired is None:
+        decoded = _decode_repaired(buffer, outcome)
+        if decoded is None:
             return False
-        try:
-            events, not_events = decode_events(repaired)
-        except BatchSyntaxError:
-            return False
-        outcome.repaired += 1
+        events, not_events = decoded
     builder.skipped += not_events
     builder.add(events)
     return True
+
+
+def _decode_repaired(buffer: bytes, outcome: _Outcome) -> tuple[list, int] | None:
+    """A batch that is not strict JSON, decoded after the repairs real traces need (None: it still is not JSON).
+
+    Raw control characters inside strings (torch writes them unescaped) are read as those characters;
+    invalid UTF-8 is replaced with U+FFFD. Only batches that fail to decode pay for these checks.
+    """
+    escaped = escape_raw_controls(buffer)
+    if escaped is not None:
+        try:
+            return decode_events(escaped)
+        except BatchSyntaxError:
+            buffer = escaped  # maybe invalid UTF-8 as well
+    repaired = _repair_utf8(buffer)
+    if repaired is None:
+        return None
+    try:
+        decoded = decode_events(repaired)
+    except BatchSyntaxError:
+        return None
+    outcome.repaired += 1
+    return decoded
+
+
+def _syntax_error(event: bytes) -> str:
+    """What is wrong with one event that is not valid JSON, and how it begins, for the load's note."""
+    try:
+        orjson.loads(escape_raw_controls(event) or event)
+        problem = "nesting too deep"  # JSON, but deeper than the event decoder goes
+    except orjson.JSONDecodeError as error:
+        problem = "nesting too deep" if "recursion" in str(error).lower() else str(error)
+    except RecursionError:
+        problem = "nesting too deep"
+    start = " ".join(event[:200].decode("utf-8", "replace").split())  # pretty-printed: one line
+    return f"{problem}, in {cut_name(start, 60)}"
 
 
 def _repair_utf8(buffer: bytes) -> bytes | None:
