@@ -58,7 +58,7 @@ CAUSE_WORDS = {
     "allocator": "cudaMalloc / cudaFree: the caching allocator's misses",
     "launch": "launch calls (cudaLaunchKernel and the like)",
     "launch_overhead": "idle between launches: the launch calls and the device's dispatch",
-    "optimizer": "the optimizer step (Optimizer.step, zero_grad)",
+    "optimizer": "the optimizer's step (Optimizer.step, zero_grad), less a closure's forward and backward (LBFGS)",
     "backward": "backward (autograd nodes)",
     "compute": "other ops: the forward pass and the model's other work",
     "collective": "collective kernels no compute overlaps",
