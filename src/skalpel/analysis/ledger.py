@@ -58,7 +58,7 @@ CAUSE_WORDS = {
     "allocator": "cudaMalloc / cudaFree: the caching allocator's misses",
     "launch": "launch calls (cudaLaunchKernel and the like)",
     "launch_overhead": "idle between launches: the launch calls and the device's dispatch",
-    "optimizer": "the optimizer step (Optimizer.step, zero_grad)",
+    "optimizer": "the optimizer's step (Optimizer.step, zero_grad), less a closure's forward and backward (LBFGS)",
     "backward": "backward (autograd nodes)",
     "compute": "other ops: the forward pass and the model's other work",
     "collective": "collective kernels no compute overlaps",
@@ -294,8 +294,9 @@ def _host_lane(trace: Trace, rank: int, tid: int, units: list[Step], starts, end
     # nothing on the main thread while another thread runs ops: it waits for that thread (autograd's backward)
     busy = others[isin_few(trace.kind[others], [Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER])]
     gaps = _between_ops(trace, mine)
-    begin = np.concatenate([trace.ts[mine], waits[0], trace.ts[busy], gaps[0]])
-    finish = np.concatenate([trace.ts[mine] + trace.dur[mine], waits[1], trace.ts[busy] + trace.dur[busy], gaps[1]])
+    begin, finish, cause = _closure_out_of_optimizer(trace, mine, cause)
+    begin = np.concatenate([begin, waits[0], trace.ts[busy], gaps[0]])
+    finish = np.concatenate([finish, waits[1], trace.ts[busy] + trace.dur[busy], gaps[1]])
     code = np.concatenate([cause, np.full(len(waits[0]), HOST_CAUSES.index("collective_wait")),
                            np.full(len(busy), HOST_CAUSES.index("other_thread")),
                            np.full(len(gaps[0]), HOST_CAUSES.index("between_ops"))])  # fmt: skip
@@ -304,6 +305,39 @@ def _host_lane(trace: Trace, rank: int, tid: int, units: list[Step], starts, end
                             {name: float(charged[i, code]) for code, name in enumerate(HOST_CAUSES)})
                  for i, step in enumerate(units))  # fmt: skip
     return Lane("host", f"main thread {tid}", rows)
+
+
+def _closure_out_of_optimizer(trace: Trace, mine: np.ndarray, cause: np.ndarray):
+    """The intervals of the main thread's events and their causes, the optimizer's cut around the closure's work: an
+    LBFGS step (its range, its frames) holds the forward and backward its closure runs, and the first cause open
+    wins, so the step would take them all. Its own update (the rest of the step) stays the optimizer's."""
+    begin, finish = trace.ts[mine], trace.ts[mine] + trace.dur[mine]
+    optimizer = cause == HOST_CAUSES.index("optimizer")
+    closure = isin_few(trace.phase[mine], [Phase.FORWARD, Phase.BACKWARD]) | (trace.role[mine] == Role.BACKWARD_NODE)
+    if not (optimizer.any() and closure.any()):
+        return begin, finish, cause
+    inside = _closure_calls(trace, mine, intervals.union(begin[closure], finish[closure]))
+    own = intervals.difference(intervals.union(begin[optimizer], finish[optimizer]), inside)
+    keep = ~optimizer
+    return (np.concatenate([begin[keep], own[0]]), np.concatenate([finish[keep], own[1]]),
+            np.concatenate([cause[keep], np.full(len(own[0]), HOST_CAUSES.index("optimizer"))]))  # fmt: skip
+
+
+def _closure_calls(trace: Trace, mine: np.ndarray, work: tuple[np.ndarray, np.ndarray]):
+    """The closure's work with the gaps inside one optimizer step in which the optimizer starts no op of its own
+    (the autograd engine between backward nodes, the closure's Python between modules) filled in."""
+    lows, highs = work[1][:-1], work[0][1:]
+    steps = mine[trace.role[mine] == Role.OPTIMIZER_STEP]
+    if len(lows) == 0 or len(steps) == 0:
+        return work
+    ranges = intervals.union(trace.ts[steps], trace.ts[steps] + trace.dur[steps])
+    around = np.searchsorted(ranges[0], lows, side="right") - 1
+    within = (around >= 0) & (highs <= ranges[1][np.maximum(around, 0)])
+    own = mine[(trace.phase[mine] == Phase.OPTIMIZER) & (trace.kind[mine] == Kind.CPU_OP)]
+    starts = np.sort(trace.ts[own])
+    idle = np.searchsorted(starts, highs, side="left") == np.searchsorted(starts, lows, side="left")
+    fill = within & idle
+    return intervals.union(np.concatenate([work[0], lows[fill]]), np.concatenate([work[1], highs[fill]]))
 
 
 def _between_ops(trace: Trace, mine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -30,8 +30,9 @@ import io
 import os
 import sys
 import threading
-import warnings
 from collections.abc import Callable
+
+from .quiet import ignored
 
 OWN_THREAD_PREFIX = "skalpel-"  # skalpel's own helper threads are named so: they never hold the process open
 
@@ -115,8 +116,7 @@ def running_threads() -> list[threading.Thread]:
 def _flush_files() -> None:
     """What the teardown would have done for a script's file left open: its buffer reaches the file."""
     _flush_streams()
-    with warnings.catch_warnings():  # isinstance on a deprecated module attribute warns (torch.distributed.reduce_op)
-        warnings.simplefilter("ignore")
+    with ignored():  # isinstance on a deprecated module attribute warns (torch.distributed.reduce_op)
         for obj in gc.get_objects():
             if isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
                 try:

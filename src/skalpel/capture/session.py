@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from .aside import OWN
 from .bounded import PartialStep
 from .budget import release_results
 from .export import ExportError, export_trace
+from .quiet import ignored
 from .sampler import LineSampler
 from .settings import ACTIVE, CaptureSettings, profiler_kwargs, torch_schedule
 from .timing import step_timing
@@ -320,10 +320,7 @@ class _nothing:
         return None
 
 
-class _quiet(warnings.catch_warnings):
-    """Silence torch.profiler's warnings about its own cycles and unknown-size blocks."""
-
-    def __enter__(self) -> None:
-        super().__enter__()
-        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-        warnings.filterwarnings("ignore", message=".*won't be using warmup.*")
+def _quiet() -> Any:
+    """Silence torch.profiler's warnings about its own cycles and unknown-size blocks (the script's own warnings
+    are left as they are: ``quiet.py``)."""
+    return ignored(".*Profiler clears events.*", ".*won't be using warmup.*")

@@ -88,7 +88,7 @@ class Role(enum.IntEnum):
     COMPILE = 16  # torch.compile compiling: dynamo / inductor ranges and frames
     COLLECTIVE = 17  # a collective: host op (nccl:, gloo:, c10d::) or kernel (NCCL, RCCL, all-to-all, expert dispatch)
     PROFILER = 18  # the profiler's own work: its overhead spans, its Python frames, skalpel's closing range
-    MODULE = 19  # nn.Module: Name ranges (with_modules)
+    MODULE = 19  # nn.Module: Name ranges and frames (with_modules, with_stack)
 
 
 SYNC_ROLES = (Role.USER_SYNC, Role.SYNC_COPY)  # the syncs the user's code made: a sync call, a synchronous copy
@@ -155,6 +155,8 @@ def _python_role(name: str) -> Role:
         return Role.PROFILER
     if COMPILE_FRAME.search(name):
         return Role.COMPILE
+    if name.startswith("nn.Module: "):  # with_stack records each module call as such a frame
+        return Role.MODULE
     return Role.NONE
 
 
@@ -205,7 +207,7 @@ class Phase(enum.IntEnum):
     """Which part of a training iteration a host event runs in, by the ranges around it on its thread."""
 
     NONE = 0  # not inside a recognised phase (forward work, or outside any step)
-    FORWARD = 1  # set only by analyses that know the step (everything of a step not below)
+    FORWARD = 1  # a module's forward inside an optimizer step (an LBFGS closure); elsewhere forward work is NONE
     BACKWARD = 2  # inside a backward node
     OPTIMIZER = 3  # inside Optimizer.step or zero_grad
     DATA = 4  # inside a DataLoader fetch
@@ -231,7 +233,24 @@ def event_phases(roles: np.ndarray, kind: np.ndarray, rank: np.ndarray, tid: np.
         if len(ranges) == 0:
             continue
         _mark_inside(phases, host, ranges, int(phase), rank, tid, ts, end)
+    _closure_forward(phases, roles, host, rank, tid, ts, end)
     return phases
+
+
+def _closure_forward(phases, roles, host, rank, tid, ts, end) -> None:
+    """A module called inside an optimizer step runs the model's forward (LBFGS calls the closure, which runs the
+    forward and the backward, several times a step): its work is forward, not the optimizer's update. Only
+    optimizer-phase events change: the closure's backward stays backward, its zero_grad the optimizer's."""
+    modules = np.flatnonzero((roles == Role.MODULE) & (phases == Phase.OPTIMIZER))
+    if len(modules) == 0:
+        return
+    optimizer = host[phases[host] == Phase.OPTIMIZER]
+    inside = np.zeros(len(phases), dtype=np.int8)
+    _mark_inside(inside, optimizer, modules, 1, rank, tid, ts, end)
+    zero_grads = np.flatnonzero(roles == Role.ZERO_GRAD)
+    if len(zero_grads):  # a module's hook that zeroes grads: the optimizer's still
+        _mark_inside(inside, optimizer, zero_grads, 0, rank, tid, ts, end)
+    phases[inside == 1] = Phase.FORWARD
 
 
 def _mark_inside(phases, host, ranges, phase, rank, tid, ts, end) -> None:
