@@ -433,7 +433,11 @@ def _syntax_error(event: bytes) -> str:
         problem = "nesting too deep" if "recursion" in str(error).lower() else str(error)
     except RecursionError:
         problem = "nesting too deep"
-    start = " ".join(event[:200].decode("utf-8", "replace").split())  # pretty-printed: one line
+    at = re.search(r"\(char (\d+)\)", problem)
+    if at is not None:  # the text just before the fault (not the fault itself: a NaN quoted would read as a value)
+        before = " ".join(event[:int(at.group(1))].decode("utf-8", "replace").split())  # pretty-printed: one line
+        return f"{problem}, after ...{before[-60:]}" if len(before) > 60 else f"{problem}, after {before}"
+    start = " ".join(event[:200].decode("utf-8", "replace").split())
     return f"{problem}, in {cut_name(start, 60)}"
 
 
