@@ -137,9 +137,11 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
     if why_not:
         evidence["workers_speedup_up_to"] = 1.0
         return LoaderPlan(f"{cheap}; not more workers: {why_not}", evidence)
-    if "cores_held_by_others" in evidence:  # contention measured: not a veto, but the gain is the idle machine's
-        sized += (f" (the machine's other processes hold {evidence['cores_held_by_others']:.1f} of the {cores:g} "
-                  "cores: a worker still makes batches while the main thread waits for one, on a share of its own)")
+    if "cores_held_by_others" in evidence:  # contention measured: not a veto, but the gain is the free cores'
+        ran = evidence.get("ran_share_of_wanted", 1.0)
+        sized += (f" where a core is free: at the capture the process ran {100 * ran:.0f}% of the time it wanted a "
+                  f"core (load {cpu['load_avg_1m']:.1f} on {cores:g}); while the others hold every core a worker only "
+                  "shares the process's time, so time it")  # fmt: skip
     if worst >= cheap_speedup:  # even with the threads it costs, the workers gain the most
         return LoaderPlan(f"{sized}; {cheap}", evidence)
     return LoaderPlan(f"{cheap}; or {sized}", evidence)
@@ -150,10 +152,10 @@ def _why_no_workers(cpu: dict, evidence: dict, *, wait_ms: float, compute_ms: fl
     """Why workers would not pay on the batches measured, in words with the numbers; None if they may.
 
     Adds what it weighed to ``evidence``. Other load on the machine is no reason: a worker runs beside the main
-    thread, on the core the main thread leaves idle while it waits for its batch, and under load the scheduler
-    gives the worker a share of the cores of its own (mnist_rnn on a loaded 2-core machine: num_workers 0 -> 1 2.8x
-    faster). Where the capture measured contention, the cores the others hold and the fetch's time on a core are
-    recorded beside. The one veto here: a batch made faster than a worker hands it over (``WORKER_HANDOFF_MS``).
+    thread, on the core the main thread leaves idle while it waits for its batch (mnist_rnn on a loaded 2-core
+    machine: num_workers 0 -> 1 2.8x faster). Where the capture measured contention, the cores the others hold and
+    the fetch's time on a core are recorded, and the fix says its gain needs a free core (a scheduler that shares
+    the CPU between sessions or cgroups gives the workers no time of their own while others hold every core). The one veto here: a batch made faster than a worker hands it over (``WORKER_HANDOFF_MS``).
     """
     batches = max(batches_per_step, 1.0)
     # on a loaded machine the fetch's wall time is stretched by its waits for a core; a batch's cost is the part it
