@@ -155,7 +155,8 @@ def _why_no_workers(cpu: dict, evidence: dict, *, wait_ms: float, compute_ms: fl
     thread, on the core the main thread leaves idle while it waits for its batch (mnist_rnn on a loaded 2-core
     machine: num_workers 0 -> 1 2.8x faster). Where the capture measured contention, the cores the others hold and
     the fetch's time on a core are recorded, and the fix says its gain needs a free core (a scheduler that shares
-    the CPU between sessions or cgroups gives the workers no time of their own while others hold every core). The one veto here: a batch made faster than a worker hands it over (``WORKER_HANDOFF_MS``).
+    the CPU between sessions or cgroups gives the workers no time of their own while others hold every core).
+    The one veto here: a batch made faster than a worker hands it over (``WORKER_HANDOFF_MS``).
     """
     batches = max(batches_per_step, 1.0)
     # on a loaded machine the fetch's wall time is stretched by its waits for a core; a batch's cost is the part it
