@@ -5,7 +5,7 @@
 to the ``cores.workers_that_fit`` plan: 1 worker). Settings run interleaved, round by round, 1 intra-op thread
 (OMP_NUM_THREADS=1); prints each setting's median ms a step and its ratio to the script as written.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/loader_worker_advice.py [--repeats 5] [--steps 40]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/loader_worker_advice.py [--repeats 5] [--steps 120]
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ CASES = {"a_costly_items": (_COSTLY, 0, (2, 1)), "b_cheap_batches": (_CHEAP, 4, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=120)  # 40 steps hid the workers (1.00x at load 5-8)
     args = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     times: dict[tuple[str, int], list[float]] = {}
