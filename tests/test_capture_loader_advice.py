@@ -4,7 +4,9 @@ Look-alikes of the scripts issue 21 measured on 2 cores: a costly Python ``__get
 ``num_workers=0`` and 2 intra-op threads (``num_workers=1`` alone made it 1.33x slower), the same
 loop with 1 intra-op thread (where one worker has a free core: its advice must not change), and
 4 DataLoader workers for trivial batches (0 workers was 1.15-1.2x faster) beside 1 worker on
-1 thread, which fits. Every test runs the real `skalpel run` and reads the report.json it wrote;
+1 thread, which fits. The advice about workers reasons from the measured wait, batch cost and cores: the costly
+loop (a) gets workers even on a loaded machine, the 4-worker twin (b) is cut to the shared plan (1 worker), never
+to "or less". Every test runs the real `skalpel run` and reads the report.json it wrote;
 the runs start together (module fixture) so that their torch imports overlap.
 """
 
@@ -17,11 +19,13 @@ import textwrap
 
 import pytest
 
+from skalpel.cores import WORKER_HANDOFF_MS
 from tests.conftest import skip
 
 pytestmark = pytest.mark.slow
 
-QUICK = ("--wait", "1", "--warmup", "1", "--active", "4", "--stop-after-capture")
+QUICK = ("--wait", "2", "--warmup", "1", "--active", "4", "--stop-after-capture")  # 3 baseline steps: the
+# profiler overhead measured, so that the fetch per batch is scaled to the un-profiled step
 
 COSTLY_ITEMS = """
 import torch
@@ -125,15 +129,13 @@ def _on_two_cores(report: dict) -> None:
         skip(f"the look-alikes are sized for 2 usable cores, this machine gives {cpu['cores_available']}")
 
 
-def _cores_taken(report: dict, finding: dict) -> bool:
-    """The look-alikes run together, and beside other jobs on a shared machine: when the capture measured contention
-    (cpu_contention in the same report), the advice must say the other processes hold the cores, not add workers."""
-    if "workers would wait for a core" not in finding["fix"]:
-        return False
-    assert _finding(report, "cpu_contention") is not None, finding["fix"]
-    assert finding["evidence"]["cores_held_by_others"] > 0 and finding["evidence"]["workers_speedup_up_to"] == 1.0
-    assert "not more workers: the machine's other processes hold" in finding["fix"]
-    return True
+def _load_is_no_veto(report: dict, finding: dict) -> None:
+    """The look-alikes run together, and beside other jobs on a shared machine: where the capture measured contention,
+    the advice still weighs the batches, never "workers would wait for a core" (a worker runs on the core the main
+    thread leaves idle while it waits, and under load takes a share of the cores of its own)."""
+    assert "workers would wait for a core" not in finding["fix"]
+    if "cores_held_by_others" in finding["evidence"]:
+        assert _finding(report, "cpu_contention") is not None, finding["fix"]
 
 
 def test_no_worker_without_a_core_when_the_threads_hold_them(reports):
@@ -144,29 +146,39 @@ def test_no_worker_without_a_core_when_the_threads_hold_them(reports):
     assert finding["evidence"]["intra_op_threads"] == 2
     assert finding["fix"].startswith("num_workers=0 loads every batch in the training process: make __getitem__ cheap")
     assert "DataLoader(num_workers=" not in finding["fix"] or "with torch.set_num_threads(1)" in finding["fix"]
-    _cores_taken(report, finding)
+    _load_is_no_veto(report, finding)
     assert finding["evidence"]["cheap_items_speedup_up_to"] > 1.0
 
 
 def test_one_thread_leaves_a_core_for_one_worker(reports):
-    """The look-alike: with 1 intra-op thread the advice names one worker per core, and no thread change."""
+    """(a) A costly __getitem__ with num_workers=0 and the main thread waiting: the advice proposes workers (one per
+    core, no thread change), loaded machine or not (mnist_rnn, loaded: 0 -> 1 worker 2.8x faster)."""
     report = reports["one_thread"]
     _on_two_cores(report)
     finding = _finding(report, "dataloader_bound")
     assert finding is not None, [f["id"] for f in report["findings"]]
     assert "DataLoader(num_workers=2," in finding["fix"] and "set_num_threads" not in finding["fix"]
     assert finding["evidence"]["intra_op_threads"] == 1 and "workers_speedup_up_to" in finding["evidence"]
-    if not _cores_taken(report, finding):
-        assert finding["evidence"]["workers_speedup_up_to"] > 1.1 and "not more workers" not in finding["fix"]
+    assert finding["evidence"]["workers_speedup_up_to"] > 1.1 and "not more workers" not in finding["fix"]
+    assert finding["evidence"]["fetch_ms_per_batch"] > 3 * WORKER_HANDOFF_MS  # batches that cost time to make
+    _load_is_no_veto(report, finding)
 
 
 def test_four_workers_on_two_cores_are_named(reports):
+    """(b) The twin of (a): 4 workers for cheap batches beside 2 threads on 2 cores; the advice to cut workers stays,
+    to the plan tune times (cores.workers_that_fit: 1 worker on 1 thread), in every finding that names workers."""
     report = reports["four_workers"]
     _on_two_cores(report)
     finding = _finding(report, "loader_oversubscribed")
     assert finding is not None, [f["id"] for f in report["findings"]]
     assert finding["evidence"]["loader_workers"] == 4 and finding["evidence"]["threads_asked"] == 6
-    assert "num_workers=0" in finding["fix"]
+    assert finding["fix"].startswith("num_workers=1 with torch.set_num_threads(1)")
+    assert "num_workers=0 only where a batch takes less to make" in finding["fix"]
+    contention = _finding(report, "cpu_contention")
+    if contention is not None:
+        assert "num_workers=1 (not 0 unless" in contention["fix"] and "or less" not in contention["fix"]
+    waits = _finding(report, "dataloader_bound")
+    assert waits is None or "more workers" not in waits["fix"], waits
 
 
 def test_one_worker_on_one_thread_fits(reports):
@@ -178,10 +190,8 @@ def test_one_worker_on_one_thread_fits(reports):
 
 def test_batches_cheaper_than_a_workers_handoff_get_no_workers(reports):
     """8 micro-batches a step, each made in ~1 ms of Python: a worker's hand-over costs more than it saves, so the
-    advice leads with a cheap __getitem__ and says why not workers, with the numbers (or, on a busy machine, that
-    the other processes hold the cores)."""
-    from skalpel.cores import WORKER_HANDOFF_MS
-
+    advice leads with a cheap __getitem__ and says why not workers, with the numbers (on a busy machine, the fetch
+    counted on a core)."""
     report = reports["cheap_tokens"]
     _on_two_cores(report)
     finding = _finding(report, "dataloader_bound")
@@ -190,6 +200,6 @@ def test_batches_cheaper_than_a_workers_handoff_get_no_workers(reports):
     assert evidence["batches_per_step"] == 8
     assert "not more workers" in finding["fix"] and evidence["workers_speedup_up_to"] == 1.0
     assert finding["fix"].startswith("num_workers=0 loads every batch in the training process: make __getitem__ cheap")
-    if not _cores_taken(report, finding):
-        assert evidence["fetch_ms_per_batch"] < WORKER_HANDOFF_MS
-        assert f"{evidence['fetch_ms_per_batch']:.1f} ms to make" in finding["fix"]
+    assert evidence["fetch_ms_per_batch"] < WORKER_HANDOFF_MS
+    assert f"{evidence['fetch_ms_per_batch']:.1f} ms to make" in finding["fix"]
+    _load_is_no_veto(report, finding)

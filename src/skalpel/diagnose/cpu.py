@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..cores import WORKER_HANDOFF_MS, workers_that_fit
 from . import thresholds
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
@@ -119,8 +120,13 @@ def _fix(threads: int, processes: int, workers: int, cores: float, load: float |
     steps = []
     if threads > per_process:
         steps.append(f"torch.set_num_threads({per_process}) (or OMP_NUM_THREADS={per_process})")
-    if workers and workers + processes * min(threads, per_process) > cores:
-        steps.append(f"fewer DataLoader workers (num_workers={max(int(cores) - processes, 0)} or less)")
+    fit = workers_that_fit(workers, min(threads, per_process), max(int(cores) // max(processes, 1), 1))
+    if fit is not None and fit[0] < workers:
+        # the plan loader_oversubscribed names and tune times; never "or less": num_workers=0 puts the making of every
+        # batch into the step (makemore, 4 -> 0 workers: 1.10-1.28x slower), which pays only for batches cheaper
+        # than a worker's hand-over
+        steps.append(f"fewer DataLoader workers: num_workers={fit[0]} (not 0 unless a batch takes less than "
+                     f"~{WORKER_HANDOFF_MS:g} ms to make: num_workers=0 makes every batch inside the step)")
     if processes > cores:
         steps.append(f"at most {int(cores)} processes on this machine")
     if load is not None and load > cores:
@@ -143,7 +149,7 @@ CPU_CONTENTION = Rule(
     check=_check_contention,
     scope="job",
     fix="torch.set_num_threads(N) or OMP_NUM_THREADS=N with N the cores per process; fewer DataLoader workers "
-    "or processes; stop other loads on the machine",
+    "(the cores the intra-op threads leave free, at least one) or processes; stop other loads on the machine",
     docs=Docs(
         what="Over the recorded steps, the process's threads spent a large share of the time they wanted a CPU "
         "core waiting for one (the Linux run-queue delay of every thread, against their CPU time plus that delay). "
@@ -157,8 +163,12 @@ CPU_CONTENTION = Rule(
         "asks for (intra-op threads x processes on this machine + DataLoader workers), the cores it may use "
         "(sched_getaffinity, cgroup cpu.max quota) and the 1-minute system load average; recorded by the capture.",
         fix="Match threads to cores: `torch.set_num_threads(N)` or `OMP_NUM_THREADS=N`, N = usable cores / processes "
-        "(one less with DataLoader workers); fewer DataLoader workers or processes; stop competing loads. The fix "
-        "given names numbers that fit the machine measured.",
+        "(one less with DataLoader workers); fewer DataLoader workers (`cores.workers_that_fit`, the plan "
+        "`loader_oversubscribed` names and `skalpel tune` times: the cores the threads leave free, at least one) "
+        "or processes; stop competing loads. Never down to `num_workers=0` for batches that cost time to make: "
+        "that moves their making into the step (makemore, 4 -> 0 workers on 2 cores: 1.10-1.28x slower); "
+        "0 only where a batch takes less than a worker's hand-over (~1.5 ms). The fix given names numbers that "
+        "fit the machine measured.",
         false_positives="A burst of other load during the few recorded steps (a backup, another user's job) makes "
         "one capture look starved; capture again. Stored traces carry no CPU facts and are not judged.",
     ),
