@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -136,12 +137,6 @@ HOLD_SECOND_RUN = """    if step == 1 and len(open("runs-in-their-steps.txt").re
     time.sleep(0.02)"""
 
 INDUCTOR_CACHE = {"TORCHINDUCTOR_CACHE_DIR": str(REPO / ".inductor-cache")}  # compiled once, warm after
-
-
-def torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def _tune(*args: str, cwd: Path = REPO, timeout: float = 400, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -286,7 +281,10 @@ def test_four_workers_on_few_cores_try_fewer_workers_and_a_split_with_threads(fo
     done, result = four_workers
     by_name = {c["name"]: c for c in result["candidates"]}
     fewer, none = by_name["fewer_workers"], by_name["no_workers"]
-    workers, threads = workers_that_fit(4, torch_threads(), usable_cores())
+    # the plan for the script's own threads (what tune measured in its process: this test process may run fewer)
+    seen = re.match(r"4 workers \+ (\d+) threads", fewer["reason"])
+    assert seen is not None, fewer["reason"]
+    workers, threads = workers_that_fit(4, int(seen.group(1)), usable_cores())
     assert fewer["fix"] == {"dataloader": {"num_workers": workers}, **({"threads": threads} if threads else {})}
     assert fewer["reason"].startswith("4 workers + ") and fewer["verdict"] in ("faster", "no_gain", "slower")
     assert none["fix"] == {"dataloader": {"num_workers": 0}} and none["verdict"] in ("faster", "no_gain", "slower")
