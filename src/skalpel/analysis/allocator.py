@@ -62,9 +62,7 @@ def allocator_calls(trace: Trace, steps: StepSegmentation, *, one_time: OneTimeR
 def _inside_one_time(trace: Trace, calls: np.ndarray, one_time: OneTimeResult) -> np.ndarray:
     inside = np.zeros(len(calls), dtype=bool)
     for rank, work in one_time.ranks.items():
-        for cost in work.costs:
-            event = cost.event
-            inside |= (trace.rank[calls] == rank) & (trace.ts[calls] >= trace.ts[event]) & (trace.end[calls] <= trace.end[event])
+        inside |= (trace.rank[calls] == rank) & work.holds(trace, calls, same_thread=False)
     return inside
 
 

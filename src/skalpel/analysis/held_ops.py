@@ -100,14 +100,7 @@ def _cpu_calls(trace: Trace, ops: RankCpuOps, steady: np.ndarray, self_ms: np.nd
 
 def _outside_one_time(trace: Trace, ops: RankCpuOps, work: RankOneTime | None) -> np.ndarray:
     """Mask of the ops that are not one-time work (a first call, and the ops inside it on its thread)."""
-    keep = np.ones(len(ops.ops), dtype=bool)
-    if work is None:
-        return keep
-    starts, ends, threads = trace.ts[ops.ops], trace.end[ops.ops], trace.tid[ops.ops]
-    for cost in work.costs:  # a few slow first calls
-        event = cost.event
-        keep &= ~((starts >= trace.ts[event]) & (ends <= trace.end[event]) & (threads == trace.tid[event]))
-    return keep
+    return np.ones(len(ops.ops), dtype=bool) if work is None else ~work.holds(trace, ops.ops)
 
 
 def _device_rank(trace: Trace, rank_ops: RankOps) -> RankHeldOps:

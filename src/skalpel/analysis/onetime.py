@@ -63,6 +63,17 @@ class RankOneTime:
     def share_pct(self) -> float:
         return 100.0 * self.total_ms / self.window_ms if self.window_ms > 0 else 0.0
 
+    def holds(self, trace: Trace, events: np.ndarray, *, same_thread: bool = True) -> np.ndarray:
+        """Mask of ``events`` that lie inside this rank's one-time work (on its thread, unless ``same_thread`` is
+        False: a runtime call the first call made may sit on another)."""
+        inside = np.zeros(len(events), dtype=bool)
+        starts, ends, threads = trace.ts[events], trace.end[events], trace.tid[events]
+        for cost in self.costs:  # a few slow first calls
+            event = cost.event
+            around = (starts >= trace.ts[event]) & (ends <= trace.end[event])
+            inside |= around & (threads == trace.tid[event]) if same_thread else around
+        return inside
+
 
 @dataclass(frozen=True)
 class OneTimeResult:
