@@ -273,13 +273,16 @@ class RecordingBudget:
                 start, budget = now, budget_bytes()
                 if budget is None:
                     return
+                self._base, self._limit = start, budget
                 continue
             if not self.recording():
                 # the warm-up runs the steps as the window will, but keeps no event: its high-water mark is what
-                # the steps themselves hold at their peak (their tensors), which the recording is not charged for
+                # the steps themselves hold at their peak (their tensors), which the recording is not charged for.
+                # Kept on self at once: a recorded step shorter than a poll ends before the next poll, and its end
+                # (``next_step_past_ceiling``) must still weigh it against the warm-up's mark
                 start = max(start, now)
+                self._base = start
                 continue
-            self._base, self._limit = start, budget
             recent = (recent + [now])[-RECENT_POLLS:]
             held = min(recent)  # what the profiler holds only grows: a step's passing peak is not it
             if budget is None or len(recent) < RECENT_POLLS:
