@@ -7,7 +7,9 @@ reads them. Got: the process's CPU time against the wall time of the recorded st
 (Linux) the time its threads spent runnable but waiting for a core
 (``/proc/self/task/*/schedstat``, the run-queue delay), which is contention itself rather
 than a guess from load. The system load average, and the threads runnable at the end of
-the window, say whether the machine is busier than its cores.
+the window, say whether the machine is busier than its cores. The CPU time of the process's
+children over the window (its DataLoader workers: ``/proc/<pid>/stat``) says what a batch costs
+to make where the trace cannot see it, in the workers.
 
 The facts go into the capture info (``CaptureInfo.cpu``), which the rule reads without torch.
 """
@@ -27,10 +29,11 @@ class Snapshot:
     wall_s: float
     cpu_s: float  # user + system time of every thread of this process
     waits_ns: dict[str, int] | None  # run-queue delay of each live thread (None: not on this system)
+    children_cpu_s: dict[str, float] | None = None  # user + system time of each live child process (None: unknown)
 
 
 def snapshot() -> Snapshot:
-    return Snapshot(time.perf_counter(), time.process_time(), _run_queue_waits())
+    return Snapshot(time.perf_counter(), time.process_time(), _run_queue_waits(), _children_cpu())
 
 
 def left_out(end: Snapshot, stretches: list[tuple[Snapshot, Snapshot]]) -> Snapshot:
@@ -46,11 +49,13 @@ def left_out(end: Snapshot, stretches: list[tuple[Snapshot, Snapshot]]) -> Snaps
             for tid, ns in after.waits_ns.items():
                 if tid in waits:
                     waits[tid] -= ns - before.waits_ns.get(tid, 0)
-    return Snapshot(wall, used, waits)
+    return Snapshot(wall, used, waits, end.children_cpu_s)
 
 
-def facts(start: Snapshot, end: Snapshot, *, steps: int, loader_workers: int = 0) -> dict[str, Any]:
-    """The CPU facts of the stretch between two snapshots (``steps`` recorded steps)."""
+def facts(start: Snapshot, end: Snapshot, *, steps: int, loader_workers: int = 0,
+          loader_batches: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """The CPU facts of the stretch between two snapshots (``steps`` recorded steps, ``loader_batches`` DataLoader
+    batches fetched in it, where skalpel run's hooks counted them)."""
     import torch
 
     wall = max(end.wall_s - start.wall_s, 1e-9)
@@ -74,6 +79,12 @@ def facts(start: Snapshot, end: Snapshot, *, steps: int, loader_workers: int = 0
         # per thread: a thread that ended in between takes its delay with it; one born in between brings all of its own
         waited = sum(ns - start.waits_ns.get(tid, 0) for tid, ns in end.waits_ns.items())
         result["run_queue_wait_s"] = round(max(waited, 0) / 1e9, 4)
+    if loader_workers and start.children_cpu_s is not None and end.children_cpu_s is not None:
+        # per child alive at the end: one started in between brings all of its time; one that ended takes its own
+        used_by_children = sum(s - start.children_cpu_s.get(pid, 0.0) for pid, s in end.children_cpu_s.items())
+        result["loader_worker_cpu_s"] = round(max(used_by_children, 0.0), 6)
+        if loader_batches is not None:
+            result["loader_batches"] = loader_batches
     return result
 
 
@@ -92,6 +103,37 @@ def _run_queue_waits() -> dict[str, int] | None:
         if len(fields) >= 2:
             waits[task] = int(fields[1])
     return waits or None
+
+
+def _children_cpu() -> dict[str, float] | None:
+    """CPU seconds each live child of this process has run, over all its threads (Linux ``schedstat``: nanoseconds,
+    where ``stat``'s clock ticks of 10 ms cannot see a worker's 1 ms batches over a few steps); None where
+    unreadable."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    used: dict[str, float] = {}
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children", "rb") as file:
+                children = file.read().decode().split()
+        except OSError:
+            continue  # the thread ended, or a kernel without the file
+        for child in children:
+            try:
+                threads = os.listdir(f"/proc/{child}/task")
+            except OSError:
+                continue  # the child ended meanwhile
+            ran = 0
+            for thread in threads:
+                try:
+                    with open(f"/proc/{child}/task/{thread}/schedstat", "rb") as file:
+                        ran += int(file.read().split()[0])
+                except (OSError, ValueError, IndexError):
+                    continue
+            used[child] = ran / 1e9
+    return used
 
 
 def _local_processes() -> int:

@@ -112,6 +112,8 @@ class Driver:
         self.budget = RecordingBudget(lambda: run.profiling, lambda: run.recording, self._over_budget,
                                       past_ceiling=self._past_ceiling)  # fmt: skip
         self.budget.start()  # before the profiler: its first reading is the memory held before it
+        hooks = self.detector.hooks
+        run.batches_seen = lambda: hooks.batches  # the CPU window counts the batches its workers made
         run.start()
 
     def _record_again(self) -> None:

@@ -118,12 +118,14 @@ def _flush_files() -> None:
     _flush_streams()
     with ignored():  # isinstance on a deprecated module attribute warns (torch.distributed.reduce_op)
         for obj in gc.get_objects():
-            if isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
-                try:
-                    if not obj.closed and obj.writable():
-                        obj.flush()
-                except (OSError, ValueError, RuntimeError):
-                    pass
+            try:
+                # a dead weakref.proxy raises on isinstance (torch.compile leaves some at exit)
+                if not isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
+                    continue
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except (OSError, ValueError, RuntimeError, ReferenceError):
+                pass
 
 
 def _flush_streams() -> None:

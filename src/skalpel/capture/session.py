@@ -19,7 +19,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.profiler import ProfilerAction
@@ -71,6 +71,8 @@ class ProfileRun:
         self.step_signal: str | None = None  # what marked the steps, for the summary
         self.loader_workers = 0  # the most DataLoader workers seen (skalpel run tells)
         self._cpu_window: list[cpu.Snapshot] = []  # CPU snapshots at the start and end of the first window
+        self.batches_seen: Callable[[], int] | None = None  # DataLoader batches fetched so far (skalpel run's hooks)
+        self._cpu_batches: list[int] = []  # that count at the window's snapshots
         self.check_steps = max(settings.active, 5)  # un-profiled steps timed after the last window
         self.run_ledger: RunLedger | None = None  # the whole run by skalpel run's clock (conclude.py sets it)
         self._sampler: LineSampler | None = None  # statement lines of the first window (with_stack only)
@@ -133,17 +135,22 @@ class ProfileRun:
             if opens:
                 self._anchor(number + 1)
             if closes:
-                self._cpu_window.append(cpu.snapshot())
+                self._cpu_snapshot()
             self._tag_trace()
             if self.windows_done >= self.settings.repeat:
                 self._stop_profiler()
         self._last = time.perf_counter()
 
+    def _cpu_snapshot(self) -> None:
+        self._cpu_window.append(cpu.snapshot())
+        if self.batches_seen is not None:
+            self._cpu_batches.append(self.batches_seen())
+
     # The first window's own bookkeeping stays out of its recorded steps (reading /proc and starting a
     # thread cost far more than a 1 ms step): it runs before recording starts, and after the export.
     def _window_opens(self) -> None:
         """CPU snapshot and line sampler on, before the first recorded step begins."""
-        self._cpu_window.append(cpu.snapshot())
+        self._cpu_snapshot()
         if self.settings.with_stack and not self._discarded:
             self._sampler = LineSampler()
             self._sampler.start()
@@ -225,7 +232,7 @@ class ProfileRun:
         with _quiet(), _excluded_from_cpu_window(self) if closes else _nothing(), runclock.own_work():
             self._prof.stop()
         if closes and len(self._cpu_window) == 1:
-            self._cpu_window.append(cpu.snapshot())
+            self._cpu_snapshot()
         if self._owns_compile_log:
             compile_log.uninstall()
 
@@ -269,7 +276,9 @@ class ProfileRun:
         if len(self._cpu_window) >= 2:
             start, end = self._cpu_window[0], self._cpu_window[1]
             end = cpu.left_out(end, self._cpu_excluded)
-            cpu_facts = cpu.facts(start, end, steps=self.settings.active, loader_workers=self.loader_workers)
+            batches = self._cpu_batches[1] - self._cpu_batches[0] if len(self._cpu_batches) >= 2 else None
+            cpu_facts = cpu.facts(start, end, steps=self.settings.active, loader_workers=self.loader_workers,
+                                  loader_batches=batches)  # fmt: skip
         return CaptureInfo(
             warmup_steps=self.settings.wait + self.settings.warmup,
             wait_steps=self.settings.wait,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cores import WORKER_HANDOFF_MS, workers_that_fit
+from ..cores import WORKER_CPU_CHEAP_MS, WORKER_HANDOFF_MS, workers_that_fit
 from . import thresholds
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
@@ -95,8 +95,39 @@ def _check_contention(ctx: Context, rule: Rule) -> Outcome:
         + (f", system load {load:.1f}" if load is not None else "")
     )
     severity = rule.severity_for(waiting_pct)
-    fix = _fix(threads, processes, workers, cores, load, causes)
+    measured = worker_ms_per_batch(cpu) if workers else None
+    if measured is not None:
+        evidence["worker_cpu_ms_per_batch"] = measured[0]
+    fix = _fix(threads, processes, workers, cores, load, causes, cheap_batches(measured))
     return [rule.finding(evidence, title=title, severity=severity, fix=fix)]
+
+
+def worker_ms_per_batch(cpu: dict) -> tuple[float, int] | None:
+    """The CPU milliseconds the DataLoader workers spent on a batch over the capture's window, and the batches
+    fetched in it; None where the capture did not measure them (``loader_worker_cpu_s``, ``loader_batches``: skalpel
+    run's hooks) or no batch was fetched.
+
+    The trace cannot see a worker's work, only the training process's wait; the workers' CPU time can. It holds
+    the whole hand-over on the worker's side (collate, pickle into shared memory): a batch made in the training
+    process costs no more (``cores.WORKER_CPU_CHEAP_MS`` has the figures).
+    """
+    used, batches = cpu.get("loader_worker_cpu_s"), cpu.get("loader_batches")
+    if used is None or not batches:
+        return None
+    return 1000.0 * used / batches, int(batches)
+
+
+def cheap_batches(measured: tuple[float, int] | None) -> str | None:
+    """``num_workers=0`` with the measure that backs it, where the workers spent less CPU on a batch than
+    ``cores.WORKER_CPU_CHEAP_MS`` (two hand-overs, as measured under the profiler); None where they did not or it was
+    not measured."""
+    if measured is None or measured[0] >= WORKER_CPU_CHEAP_MS:
+        return None
+    ms, batches = measured
+    return (f"num_workers=0: the workers spent {ms:.2f} ms of CPU a batch while recorded ({batches} batches), "
+            f"under {WORKER_CPU_CHEAP_MS:g} ms: most of it is their side of the hand-over (collate into shared memory, "
+            f"pickle; a hand-over costs ~{WORKER_HANDOFF_MS:g} ms), so the training process makes a batch for less "
+            "than it pays to receive one from a worker")
 
 
 def _causes(asked: int, threads: int, processes: int, workers: int, cores: float, load: float | None,
@@ -114,14 +145,18 @@ def _causes(asked: int, threads: int, processes: int, workers: int, cores: float
     return causes
 
 
-def _fix(threads: int, processes: int, workers: int, cores: float, load: float | None, causes: list[str]) -> str:
-    """A fix that fits the machine measured: never more threads, workers or processes than its cores."""
+def _fix(threads: int, processes: int, workers: int, cores: float, load: float | None, causes: list[str],
+         no_workers: str | None = None) -> str:  # fmt: skip
+    """A fix that fits the machine measured: never more threads, workers or processes than its cores;
+    ``no_workers``: the workers' measured cost a batch says none pays best (``cheap_batches``)."""
     per_process = max(int(cores) // max(processes, 1) - (1 if workers else 0), 1)
     steps = []
     if threads > per_process:
         steps.append(f"torch.set_num_threads({per_process}) (or OMP_NUM_THREADS={per_process})")
     fit = workers_that_fit(workers, min(threads, per_process), max(int(cores) // max(processes, 1), 1))
-    if fit is not None and fit[0] < workers:
+    if no_workers is not None:
+        steps.append(no_workers)
+    elif fit is not None and fit[0] < workers:
         # the plan loader_oversubscribed names and tune times; never "or less": num_workers=0 puts the making of every
         # batch into the step (makemore, 4 -> 0 workers: 1.10-1.28x slower), which pays only for batches cheaper
         # than a worker's hand-over

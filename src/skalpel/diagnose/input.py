@@ -9,7 +9,7 @@ import numpy as np
 from ..cores import WORKER_HANDOFF_MS, loader_workers, threads_beside_workers, workers_that_fit
 from . import thresholds
 from .common import pct, window_of
-from .cpu import contended, usable_cores
+from .cpu import cheap_batches, contended, usable_cores, worker_ms_per_batch
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
@@ -44,7 +44,7 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
         batches = len(waits) / max(ledger.units, 1)  # gradient accumulation fetches several a step
         plan = loader_plan(cpu, wait_ms=saving, step_ms=unit_ms, single=single, device=ctx.analyses.has_device,
                            min_speedup=limits.param("min_speedup"), batches_per_step=batches,
-                           unprofiled_ratio=ratio)  # fmt: skip
+                           unprofiled_ratio=ratio, worker_batch=worker_ms_per_batch(cpu) if cpu else None)  # fmt: skip
         evidence.update(plan.evidence)
         fix = plan.fix
         if single:
@@ -74,8 +74,8 @@ class LoaderPlan:
 
 
 def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: bool, device: bool,
-                min_speedup: float, batches_per_step: float = 1.0,
-                unprofiled_ratio: float | None = None) -> LoaderPlan:  # fmt: skip
+                min_speedup: float, batches_per_step: float = 1.0, unprofiled_ratio: float | None = None,
+                worker_batch: tuple[float, int] | None = None) -> LoaderPlan:  # fmt: skip
     """Lead with the fix that can pay: workers hide the fetch behind the step's compute and share it out.
 
     A step of ``step_ms`` waits ``wait_ms`` for its batch; the rest is compute. Worker processes
@@ -91,7 +91,8 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
     nearly the whole step (the most they gain is under ``min_speedup``), a single usable core, or a batch made
     faster than a worker can hand it over (``_why_no_workers``: ``cores.WORKER_HANDOFF_MS``; the fetch per batch
     is scaled by ``unprofiled_ratio``, un-profiled / profiled step, as the profiler inflates the Python that makes
-    it). Other load is no veto: while the main thread waits for its batch its core is idle, and a worker gets a
+    it). With workers already, ``worker_batch`` (``cpu.worker_ms_per_batch``: their CPU a batch) may show batches
+    cheaper than a worker's hand-over: then none. Other load is no veto: while the main thread waits for its batch its core is idle, and a worker gets a
     share of the cores of its own.
     """
     cores = usable_cores(cpu) if cpu else None
@@ -105,6 +106,11 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
     workers_now = int(cpu.get("loader_workers") or 0)
     evidence.update({"intra_op_threads": threads, "loader_workers": workers_now, "usable_cores": cores})
     if not single and workers_now:
+        if worker_batch is not None:
+            evidence["worker_cpu_ms_per_batch"] = worker_batch[0]
+        no_workers = cheap_batches(worker_batch)
+        if no_workers is not None:
+            return LoaderPlan(f"{no_workers}; {cheap}", evidence)
         busy = threads + workers_now > cores
         why = (f"its {workers_now} worker(s) and {threads} intra-op thread(s) already ask for more than the "
                f"{cores:g} usable cores" if busy else f"its {workers_now} worker(s) do not keep up")  # fmt: skip
@@ -281,6 +287,13 @@ def _check_oversubscribed(ctx: Context, rule: Rule) -> Outcome:
         costly = f"num_workers={fit_workers}, the cores the {threads} intra-op thread(s) leave free"
     else:
         costly = f"num_workers={fit_workers} with torch.set_num_threads({fit_threads})"
+    measured = worker_ms_per_batch(cpu)
+    if measured is not None:
+        evidence["worker_cpu_ms_per_batch"] = measured[0]
+    no_workers = cheap_batches(measured)
+    if no_workers is not None:  # the workers' own CPU time says a batch costs less than handing it over
+        return [rule.finding(evidence, fix=f"{no_workers} (workers that fit the cores, {costly}, would still pay "
+                                           "the hand-over on every batch)")]  # fmt: skip
     # workers hide the making of a batch behind the compute when it takes less than the compute: keep them, fitted
     # to the cores; none only where a worker's hand-over (start-up, IPC) costs more than the fetch it takes away
     fix = (f"{costly} (workers that fit the cores hide the making of a batch behind the {compute:.1f} ms of compute "
