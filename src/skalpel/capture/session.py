@@ -291,6 +291,8 @@ class ProfileRun:
 
 def _default_name() -> str:
     script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else ""
+    if script == "ipykernel_launcher":  # a Jupyter kernel: the script is the kernel's, not the user's
+        return "notebook"
     return script or "profile"
 
 
