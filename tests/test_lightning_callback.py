@@ -3,6 +3,8 @@ steps for steps and validation left out of the recording."""
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 
 from .conftest import importorskip
@@ -31,12 +33,22 @@ def test_fit_findings_match_skalpel_run(tmp_path) -> None:
 
 
 def test_a_step_is_an_optimizer_step(tmp_path) -> None:
-    run_script(SCRIPT, "--skalpel", str(tmp_path / "run"), "--accumulate", "3", "--steps", "12", "--val-every", "0")
+    run_script(SCRIPT, "--skalpel", str(tmp_path / "run"), "--accumulate", "3", "--steps", "12", "--val-every", "0",
+               "--csv", str(tmp_path / "logs"))  # fmt: skip
     events = trace_events(tmp_path / "run")
     optimizer = per_step(events, lambda name: name.startswith("Optimizer.step#SGD.step"))
     batches = per_step(events, lambda name: name.startswith("enumerate(DataLoader)"))
-    assert len(optimizer) == 5 and report(tmp_path / "run")["steps"]["count"] == 5
+    got = report(tmp_path / "run")
+    assert len(optimizer) == 5 and got["steps"]["count"] == 5
     assert optimizer == [1] * 5 and batches == [3] * 5, (optimizer, batches)
+    # the configured logger got the step time and the findings
+    logged = next((tmp_path / "logs" / "fit").glob("version_*"))
+    rows = list(csv.DictReader((logged / "metrics.csv").open()))
+    medians = [row["skalpel_step_median_ms"] for row in rows if row.get("skalpel_step_median_ms")]
+    assert medians and float(medians[-1]) == pytest.approx(got["steps"]["median_ms"], rel=1e-3)
+    hparams = (logged / "hparams.yaml").read_text()
+    assert "skalpel_findings: " + ",".join(finding["id"] for finding in got["findings"]) in hparams, hparams
+    assert str(tmp_path / "run" / "report.html") in hparams
 
 
 def test_validation_ends_the_recording_and_stays_out_of_it(tmp_path) -> None:

@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--skalpel", metavar="OUT", help="profile with skalpel's callback into this run folder")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps")
+    parser.add_argument("--csv", metavar="DIR", help="log to a CSVLogger in DIR (the callback logs its findings)")
     parser.add_argument("--val-every", type=int, default=10, help="validate every this many batches (0: never)")
     args = parser.parse_args()
     callbacks = []
@@ -63,7 +64,8 @@ def main() -> None:
         callbacks.append(SkalpelCallback(out=args.skalpel))
     trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, callbacks=callbacks,
                         accumulate_grad_batches=args.accumulate, val_check_interval=args.val_every or None,
-                        limit_val_batches=4 if args.val_every else 0, num_sanity_val_steps=1, logger=False,
+                        limit_val_batches=4 if args.val_every else 0, num_sanity_val_steps=1,
+                        logger=L.loggers.CSVLogger(args.csv, name="fit") if args.csv else False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     loader = DataLoader(SlowDataset(16 * args.steps * args.accumulate), batch_size=16, num_workers=0)
     val = DataLoader(SlowDataset(64), batch_size=16, num_workers=0)

@@ -75,7 +75,7 @@ class SkalpelCallback(Callback):
 def _log(logger: Any, report: Any, folder: Path | None, step: int) -> None:
     """The step time and the findings into the user's logger (metrics and hyperparameters every logger takes)."""
     ids = [finding.id for finding in report.findings]
-    logger.log_metrics({"skalpel/step_median_ms": report.steps.median_ms, "skalpel/findings": len(ids)}, step=step)
+    logger.log_metrics({"skalpel_step_median_ms": report.steps.median_ms, "skalpel_finding_count": len(ids)}, step=step)
     logger.log_hyperparams({"skalpel_findings": ",".join(ids) or "none",
                             "skalpel_report": str(folder / "report.html") if folder else ""})  # fmt: skip
     logger.save()
