@@ -15,13 +15,14 @@ EXAMPLES = REPO / "examples" / "integrations"
 MACHINE_FINDINGS = {"cpu_contention", "profiler_overhead", "noisy_measurement", "not_judged"}
 
 
-def run_script(script: str, *args: str, skalpel_run: Path | None = None, timeout: int = 300) -> str:
+def run_script(script: str, *args: str, skalpel_run: Path | None = None, timeout: int = 300,
+               cwd: Path = REPO) -> str:  # fmt: skip
     """Run an example: directly (its own callback, when ``args`` ask for it) or, with ``skalpel_run``, under
     ``skalpel run --out skalpel_run``. Its stderr."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     head = [sys.executable, "-m", "skalpel", "run", "--out", str(skalpel_run)] if skalpel_run else [sys.executable]
     done = subprocess.run([*head, str(EXAMPLES / script), *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=REPO)  # fmt: skip
+                          timeout=timeout, cwd=cwd)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr
 

@@ -61,3 +61,17 @@ def test_validation_ends_the_recording_and_stays_out_of_it(tmp_path) -> None:
     assert got["steps"]["count"] == 2
     assert any("an evaluation began" in warning for warning in got["warnings"]), got["warnings"]
     assert "2 optimizer steps profiled" in said
+
+
+def test_ddp_ranks_share_one_run_folder(tmp_path) -> None:
+    # Lightning's own DDP launcher sets no RANK: the ranks agree on rank 0's default folder over their process group
+    said = run_script(SCRIPT, "--skalpel", "-", "--devices", "2", "--val-every", "0", "--steps", "14", cwd=tmp_path)
+    folders = list((tmp_path / "skalpel-runs").iterdir())
+    assert len(folders) == 1, folders
+    folder = folders[0]
+    assert (folder / "trace-rank0.json.gz").is_file() and (folder / "trace-rank1.json.gz").is_file()
+    got = report(folder)
+    assert [rank["rank"] for rank in got["ranks"]] == [0, 1] and got["source"]["world_size"] == 2
+    lines = [text for text in said.splitlines() if text.startswith("skalpel: ")]
+    assert len(lines) == 2 and "skalpel: no report: this rank leaves the report to rank 0" in lines, lines
+    assert any("5 optimizer steps on each of 2 ranks" in line and str(folder / "report.html") in line for line in lines)

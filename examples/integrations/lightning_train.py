@@ -51,9 +51,11 @@ class Model(L.LightningModule):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--skalpel", metavar="OUT", help="profile with skalpel's callback into this run folder")
+    parser.add_argument("--skalpel", metavar="OUT", help="profile with skalpel's callback into this run folder "
+                        "(-: the default, ./skalpel-runs/<time>-<script>)")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps")
+    parser.add_argument("--devices", type=int, default=1, help="CPU processes (2 or more: the ddp strategy)")
     parser.add_argument("--csv", metavar="DIR", help="log to a CSVLogger in DIR (the callback logs its findings)")
     parser.add_argument("--val-every", type=int, default=10, help="validate every this many batches (0: never)")
     args = parser.parse_args()
@@ -61,8 +63,9 @@ def main() -> None:
     if args.skalpel:
         from skalpel.integrations.lightning import SkalpelCallback
 
-        callbacks.append(SkalpelCallback(out=args.skalpel))
-    trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, callbacks=callbacks,
+        callbacks.append(SkalpelCallback(out=None if args.skalpel == "-" else args.skalpel))
+    trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=args.devices,
+                        strategy="ddp" if args.devices > 1 else "auto", callbacks=callbacks,
                         accumulate_grad_batches=args.accumulate, val_check_interval=args.val_every or None,
                         limit_val_batches=4 if args.val_every else 0, num_sanity_val_steps=1,
                         logger=L.loggers.CSVLogger(args.csv, name="fit") if args.csv else False,

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..capture import distributed
 from ..capture.profile import Profile, profile
 from ..errors import SkalpelError
 from ..result.report import Report, sorted_findings
@@ -41,6 +42,8 @@ class TrainingCapture:
         if self.run is None and not self._finished:
             self.run = profile(out=self.out, name=self.name, **self.settings)
             self.run.step_signal = self.signal
+            if self.out is None:  # every rank of a job (the callback runs on each at once): rank 0's folder
+                self.out = self.run.folder = distributed.folder_by_group(self.run.name)
             self.run.start()
 
     def optimizer_step(self) -> None:
@@ -94,5 +97,10 @@ class TrainingCapture:
         serious = [f"{f.id} ({f.severity})" for f in findings if f.severity != "info"]
         said = "; ".join(serious) if serious else "no bottleneck found"
         where = self.folder / "report.html" if self.folder is not None else "(not written)"
-        head = f"skalpel: {steps.count} optimizer steps profiled, median {steps.median_ms:.2f} ms"
+        ranks = len(self.report.ranks)
+        each, unequal = divmod(steps.count, max(ranks, 1))
+        counted = f"{steps.count} optimizer steps"
+        if ranks > 1 and not unequal:  # the count pools every rank's steps
+            counted = f"{each} optimizer steps on each of {ranks} ranks"
+        head = f"skalpel: {counted} profiled, median {steps.median_ms:.2f} ms"
         return f"{head}: {said}; report: {where}"
