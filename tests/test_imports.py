@@ -54,8 +54,12 @@ def test_command_never_imports_torch(command: list[str], tmp_path) -> None:
     assert not {name for name in modules if name.startswith("skalpel.capture.")} - _HELP_CAPTURE
     if command != ["--help"]:  # the help lists every command's options; a command builds only its own
         assert not _OTHER_COMMANDS & modules
+    # the integrations' frameworks (the extras), installed or not, are imported only by what uses them
+    assert not {name.split(".")[0] for name in modules} & _EXTRAS
+    assert not {name for name in modules if name.startswith(("skalpel.integrations", "skalpel.agent"))}
 
 
+_EXTRAS = {"lightning", "pytorch_lightning", "transformers", "accelerate", "mcp", "IPython", "ipykernel", "nbclient"}
 # The capture modules the help may import: the run's options, with the step signals (boundaries.py: no torch).
 _HELP_CAPTURE = {"skalpel.capture.command", "skalpel.capture.settings", "skalpel.capture.boundaries"}
 # What only `run`, `demo` and `tune` need for their options (capture settings, tune candidates, traceback).

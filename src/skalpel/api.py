@@ -38,7 +38,17 @@ def analyze(
     """
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files = find_trace_files(paths)
-    return analyze_job(paths, workers=workers, ray=ray, on_rank_progress=_in_bytes(files, on_progress)).report
+    report = analyze_job(paths, workers=workers, ray=ray, on_rank_progress=_in_bytes(files, on_progress)).report
+    _shown_inline()
+    return report
+
+
+def _shown_inline() -> None:
+    """A Report shows as the HTML report in a notebook (``Report._repr_html_``)."""
+    from .report.inline import report_inline
+    from .result.report import show_inline_with
+
+    show_inline_with(report_inline)
 
 
 def analyze_job(

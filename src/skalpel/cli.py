@@ -322,6 +322,23 @@ def _add_history(commands: argparse._SubParsersAction) -> None:
     add_history_parser(commands)
 
 
+def _add_mcp(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "mcp",
+        help="serve skalpel's analyze, explain, diff, run and tune to a coding agent (Model Context Protocol, stdio)",
+        description="Start a Model Context Protocol server on stdin/stdout for a coding agent: tools analyze, explain, "
+        "diff, run and tune, each returning skalpel's JSON (findings with their evidence) and its text. Needs the "
+        "mcp extra: pip install 'skalpel[mcp]'. docs/integrations.md gives the lines for an agent's configuration.",
+    )
+    parser.set_defaults(handler=_cmd_mcp)
+
+
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    from .agent.server import serve
+
+    return serve()
+
+
 _COMMANDS = {  # in the order `skalpel --help` lists them
     "analyze": _add_analyze,
     "diff": _add_diff,
@@ -332,6 +349,7 @@ _COMMANDS = {  # in the order `skalpel --help` lists them
     "tune": _add_tune,
     "watch": _add_watch,
     "history": _add_history,
+    "mcp": _add_mcp,
 }
 
 

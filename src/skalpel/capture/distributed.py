@@ -53,9 +53,10 @@ class Job:
 
 def job() -> Job | None:
     """The job this process belongs to; None for a single process."""
+    group = process_group() if "RANK" not in os.environ else None
     try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
+        world = group[0] if group else int(os.environ.get("WORLD_SIZE", "1"))
+        rank = group[1] if group else int(os.environ.get("RANK", "0"))
     except ValueError:
         return None
     if world <= 1:
@@ -63,6 +64,31 @@ def job() -> Job | None:
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
     run_id = env.text(env.RUN_ID) or (elastic if elastic and elastic != "none" else None)
     return Job(rank, world, run_id, env.text(env.TRACE_ONLY) == "1")
+
+
+def process_group() -> tuple[int, int] | None:
+    """(world size, rank) of torch.distributed's default group once the script started one; None before, or alone.
+
+    For the launchers that set no ``RANK`` (Lightning's DDP, ``mp.spawn``); torch is not imported for it.
+    """
+    torch = sys.modules.get("torch")
+    group = getattr(torch, "distributed", None) if torch is not None else None
+    if group is None or not group.is_available() or not group.is_initialized():
+        return None
+    return int(group.get_world_size()), int(group.get_rank())
+
+
+def folder_by_group(label: str) -> Path | None:
+    """Rank 0's new default folder, sent to every rank over the script's process group: a collective, for callers
+    that run on every rank at once (a framework's callback); None alone."""
+    group = process_group()
+    if group is None or group[0] <= 1:
+        return None
+    import torch.distributed
+
+    sent = [str(runfolder.prepare_new(runfolder.default_folder(label))) if group[1] == 0 else None]
+    torch.distributed.broadcast_object_list(sent, src=0)
+    return Path(sent[0])
 
 
 def run_folder(out: Path | None, label: str) -> Path:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import SkalpelError
-from ..result.report import Report
+from ..result.report import Report, show_inline_with
 from .budget import OverBudget, RecordingBudget
 from .kineto_noise import filtered_stderr
 from .outputs import Outputs, own_report, write_run
@@ -141,9 +141,25 @@ class Profile(ProfileRun):
         """Every file of the run, once written."""
         return self._outputs.written if self._outputs is not None else []
 
+    def _repr_html_(self) -> str | None:
+        """In a notebook, the session shows as its HTML report once it ended (the run folder's page, flame graph
+        included, when written); before, as its text repr."""
+        if self.profiling or not self.trace_paths:
+            return None
+        from ..report.inline import framed, report_inline
+
+        report = self.report()  # the run folder is written first (when it is)
+        page = next((path for path in self.written if path.suffix == ".html"), None)  # the run folder's page
+        if page is not None and page.is_file():
+            return framed(page.read_text(encoding="utf-8"))
+        return report_inline(report)
+
     def report(self) -> Report:
         """The skalpel Report of the recorded steps (analysed once, on first use)."""
         if self._report is None:
+            from ..report.inline import report_inline
+
+            show_inline_with(report_inline)  # in a notebook, the Report shows as the HTML report
             # a rank that leaves the merged report to rank 0: its own trace only
             self._report = self.outputs().report or own_report(self)
         return self._report

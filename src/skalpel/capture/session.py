@@ -167,6 +167,11 @@ class ProfileRun:
             if sampler.samples and sampler.anchor is not None:
                 self._prof.add_metadata_json(LINE_SAMPLES, json.dumps(sampler.header_value()))
 
+    def not_a_step(self) -> None:
+        """The time since the last boundary was no training step (a framework's evaluation ran): the next step's
+        time starts now, so the overhead's baseline and its check leave it out."""
+        self._last = time.perf_counter()
+
     def _time_after_capture(self, now: float) -> None:
         """Un-profiled steps after the last window: the check of the overhead's baseline (taken before the window)."""
         if self._after_started and len(self._after) < self.check_steps:
@@ -295,6 +300,8 @@ class ProfileRun:
 
 def _default_name() -> str:
     script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else ""
+    if script == "ipykernel_launcher":  # a Jupyter kernel: the script is the kernel's, not the user's
+        return "notebook"
     return script or "profile"
 
 

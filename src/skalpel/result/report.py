@@ -503,6 +503,20 @@ class Report:
     def from_json(cls, text: bytes | str) -> Report:
         return cls.from_dict(orjson.loads(text))
 
+    def _repr_html_(self) -> str | None:
+        """The HTML report inline in a notebook (Jupyter calls this), once the renderer is known: the contract
+        imports no renderer, ``skalpel.analyze()`` and ``skalpel.profile()`` tell it (``show_inline_with``)."""
+        return _inline_renderer(self) if _inline_renderer is not None else None
+
+
+_inline_renderer: typing.Callable[[Report], str] | None = None
+
+
+def show_inline_with(renderer: typing.Callable[[Report], str]) -> None:
+    """The renderer ``Report._repr_html_`` uses (``report/inline.py``)."""
+    global _inline_renderer
+    _inline_renderer = renderer
+
 
 def _finding_from_dict(data: Any, where: str) -> Finding:
     if isinstance(data, dict) and data.get("across"):
