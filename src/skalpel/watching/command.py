@@ -37,6 +37,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help=f"at most one capture per anomaly kind every S seconds ({DEFAULT_COOLDOWN_S:g})",
     )  # fmt: skip
     parser.add_argument("--active", type=int, default=5, metavar="N", help="steps recorded per capture (5)")
+    parser.add_argument(
+        "--hang-after", type=_seconds, default=None, metavar="S",
+        help="a step that has not ended after max(S, 20x the median step) is a hang: every rank dumps its stacks "
+        "and collectives into the run folder (60; `skalpel analyze RUN` gives the verdict)",
+    )  # fmt: skip
     parser.add_argument("--no-capture", dest="capture", action="store_false", help="record and judge, never profile")
     parser.add_argument("--show", metavar="RUN", help="print a watched run's timeline and anomalies (a run folder)")
     parser.add_argument("--html", metavar="FILE", help="with --show: also write the run's timelines as an HTML page")
@@ -67,7 +72,7 @@ def execute(args: argparse.Namespace) -> int:
 
     target = Target(args.target, tuple(args.args), module=args.module)
     return watch_script(target, out=Path(args.out) if args.out else None, name=args.name, step_on=args.step_on,
-                        cooldown_s=args.cooldown, capture=args.capture,
+                        cooldown_s=args.cooldown, capture=args.capture, hang_after_s=args.hang_after,
                         settings=CaptureSettings(active=args.active))  # fmt: skip
 
 

@@ -24,6 +24,7 @@ written once, off every rank's training thread (``jobcapture.py``, ``collect.py`
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import threading
@@ -34,15 +35,18 @@ from typing import Any, Iterator
 from .. import env
 from ..capture import distributed, runfolder, signals
 from ..capture.boundaries import Takeover, why_no_boundary
+from ..capture.collectives import Recorder as CollectiveRecorder
 from ..capture.driver import Driver
 from ..capture.outputs import own_report, write_run
 from ..capture.session import ProfileRun
 from ..capture.settings import CaptureSettings
 from ..capture.steps import StepDetector
+from ..diagnose import thresholds as limits
 from ..errors import SkalpelError
 from .collect import capture_summary
 from .detect import Anomaly, Detector
 from .devicetime import DeviceTimes
+from .hangwatch import HangWatch
 from .jobcapture import Request, Requests, start_collector, write_marker
 from .jobcapture import summary as job_summary
 from .live import LiveLine, line
@@ -58,7 +62,7 @@ class Watcher:
 
     def __init__(self, folder: Path, *, script: str, step_on: str | None = None,
                  cooldown_s: float = DEFAULT_COOLDOWN_S, capture: bool = True,
-                 settings: CaptureSettings | None = None) -> None:  # fmt: skip
+                 settings: CaptureSettings | None = None, hang_after_s: float | None = None) -> None:  # fmt: skip
         self.folder = folder
         self.script = script
         self.cooldown_s = cooldown_s
@@ -96,6 +100,9 @@ class Watcher:
         self._closing = False
         self.live = LiveLine()
         self.store.on_flush = self._after_flush
+        self.hang_after_s = limits.COLLECTIVE_HANG.floor if hang_after_s is None else hang_after_s
+        self.hangs: HangWatch | None = None  # installed with the hooks: a step that never ends
+        self.collectives: CollectiveRecorder | None = None  # torch.distributed's calls, on disk as they happen
 
     # -- installing ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -107,7 +114,24 @@ class Watcher:
         self.detector.install()  # it times the DataLoader wait, backward and the optimizer step too
         self.driver.install()
         self.store.on_restart = self.anomalies.clear  # a takeover: the anomalies judged on the steps before are gone
+        self.store.meta(pid=os.getpid())  # a rank whose record stays "running" with its process gone died
+        self._install_hang_watch()
         self.live.start()
+
+    def _install_hang_watch(self) -> None:
+        """The collectives' ring and the thread that notices a step that never ends (``hangwatch.py``)."""
+        try:
+            self.collectives = CollectiveRecorder(self.folder)
+            self.collectives.install()
+        except (OSError, ImportError, ValueError) as error:
+            self.collectives = None
+            _say(f"collectives are not recorded ({type(error).__name__}: {error})")
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # PyTorch's own record too, read at a hang
+        job = distributed.job()
+        self.hangs = HangWatch(self.folder, rank=job.rank if job is not None else None, last_end=lambda: self._last,
+                               steps=lambda: self.steps, median_s=self.store.recent_step_s,
+                               floor_s=self.hang_after_s, say=_say)  # fmt: skip
+        self.hangs.start()
 
     def _after_flush(self) -> None:
         """On the writer thread, after each flush: the job's new capture requests, the reports written, the live
@@ -130,10 +154,15 @@ class Watcher:
             return
         memory = row[7] if row[7] is not None else row[6]
         self.live.update(line(row[0], self.anomaly_detector.median_step, memory, self.anomaly_detector.memory_source,
-                              len(self.anomalies), self._capture is not None))  # fmt: skip
+                              len(self.anomalies), self._capture is not None,
+                              self.hangs.bound_s if self.hangs is not None else None))  # fmt: skip
 
     def uninstall(self) -> None:
         self.live.stop()
+        if self.hangs is not None:
+            self.hangs.stop()
+        if self.collectives is not None:
+            self.collectives.uninstall()
         self.driver.uninstall()
         self.detector.uninstall()
 

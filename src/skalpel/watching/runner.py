@@ -22,12 +22,14 @@ _OWN_FRAMES = ("runpy.py", "<frozen runpy>", "skalpel/capture/runner.py")
 
 
 def watch_script(target: Target, *, out: Path | None = None, name: str | None = None, step_on: str | None = None,
-                 cooldown_s: float, capture: bool = True, settings: CaptureSettings | None = None) -> int:  # fmt: skip
+                 cooldown_s: float, capture: bool = True, settings: CaptureSettings | None = None,
+                 hang_after_s: float | None = None) -> int:  # fmt: skip
     """Run ``target`` watched; returns the script's exit status."""
     code_path = check_target(target)
     signals.set_owner()
     watcher: Watcher | None = open_watcher(out, name or target.label, script=target.name, step_on=step_on,
-                                           cooldown_s=cooldown_s, capture=capture, settings=settings)  # fmt: skip
+                                           cooldown_s=cooldown_s, capture=capture, settings=settings,
+                                           hang_after_s=hang_after_s)  # fmt: skip
     if watcher is not None:
         _say(f"watching {target.name}: every step into {watcher.store.path}")
     guard = signals.Guard()
