@@ -84,6 +84,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .report.progress import rank_progress
     from .trace.loader import find_trace_files
 
+    if _hang_verdicts(args.paths):
+        try:
+            find_trace_files(args.paths)
+        except SkalpelError:
+            return 0  # a watched run's folder without a trace: its records were the answer
     files = requested(RENDERERS, json=args.json, html=args.html, out=args.out)
     printing = args.json != "-"  # rich (20 ms of imports) only for the terminal report: --json - prints none
     with rank_progress(find_trace_files(args.paths)) as on_rank_progress:
@@ -103,6 +108,19 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     terminal.print_report(report, ranks=tuple(args.rank), all_ranks=args.all_ranks)
     terminal.print_written(write(report, files, options))
     return 0
+
+
+def _hang_verdicts(paths: list[str]) -> bool:
+    """The verdict of each folder that holds a stopped job's records (``skalpel watch``'s hang dumps, collectives,
+    dead ranks; flight-recorder dumps): printed first. True when there was one."""
+    from .watching.hangs import has_dumps, verdict_text
+
+    found = False
+    for path in map(Path, paths):
+        if path.is_dir() and has_dumps(path):
+            sys.stdout.write(verdict_text(path))
+            found = True
+    return found
 
 
 def _import_terminal() -> None:

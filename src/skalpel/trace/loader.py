@@ -103,8 +103,8 @@ def _special_file(mode: int) -> str:
 
 def _looks_like_trace_file(path: Path) -> bool:
     name = path.name
-    if name in _SKALPEL_OUTPUTS or name.startswith("report"):
-        return False
+    if name in _SKALPEL_OUTPUTS or name.startswith(("report", "hang-", "fr-trace-")):
+        return False  # hang-<k>.json, fr-trace-<k>.json: skalpel watch's dumps of a stopped job, read by watching/hangs
     return name.endswith(".json") or name.endswith(".json.gz")
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -114,7 +115,8 @@ class Watcher:
         self.detector.install()  # it times the DataLoader wait, backward and the optimizer step too
         self.driver.install()
         self.store.on_restart = self.anomalies.clear  # a takeover: the anomalies judged on the steps before are gone
-        self.store.meta(pid=os.getpid())  # a rank whose record stays "running" with its process gone died
+        # a rank whose record stays "running" with its process gone died (told on this host only)
+        self.store.meta(pid=os.getpid(), host=socket.gethostname())
         self._install_hang_watch()
         self.live.start()
 
@@ -376,7 +378,7 @@ class Watcher:
              f"-> {run.folder}")  # fmt: skip
 
     # -- the end ------------------------------------------------------------------------------
-    def close(self, *, exit_status: int | None = None) -> None:
+    def close(self, *, exit_status: int | None = None, error: str | None = None) -> None:
         """Stop watching: a capture under way is analysed with what it holds; everything queued is written."""
         self.uninstall()
         if self._capture is not None and self.driver.run is not None:
@@ -393,7 +395,7 @@ class Watcher:
             self.driver.take()
         self._close_job_captures()
         self.store.meta(status="ended", ended=time.strftime("%Y-%m-%dT%H:%M:%S"), steps=self.steps,
-                        exit_status=exit_status)  # fmt: skip
+                        exit_status=exit_status, error=error[:500] if error else None)  # fmt: skip
         self.store.close()
         self.runq.close()
 
@@ -464,7 +466,7 @@ def open_watcher(out: str | Path | None, name: str, *, script: str, **options: A
         _say(f"{error}; the script runs unwatched")
         return None
     if job is not None:
-        watcher.store.meta(job=job.run_id, rank=job.rank)
+        watcher.store.meta(job=job.run_id, rank=job.rank, world_size=job.world_size)
         if out is not None:  # JOB/rankN: the other ranks' stores are its siblings, judged with this one's
             watcher.store.peers = Peers(folder, job.rank, job.run_id)
             watcher.rank = job.rank

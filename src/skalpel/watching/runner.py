@@ -41,7 +41,8 @@ def watch_script(target: Target, *, out: Path | None = None, name: str | None = 
         if not signals.is_owner():  # a child the script forked came back here
             return status
         if watcher is not None:
-            watcher.close(exit_status=status)
+            said = None if error is None or isinstance(error, SystemExit) else f"{type(error).__name__}: {error}"
+            watcher.close(exit_status=status, error=said)
     if watcher is not None:
         _say(watcher.why_no_step() or watcher.summary())
     if error is not None and not isinstance(error, (KeyboardInterrupt, signals.Terminated)):
