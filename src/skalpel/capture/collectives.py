@@ -7,7 +7,7 @@ called through ``torch.distributed``'s functions is also written into a memory-m
 spaces. A slot is written when the call is issued and again when it returns; the page cache
 keeps what was written when the process dies, SIGKILL included. Each entry: the record number
 ``n``, the group's sequence number ``seq`` (every rank of a group counts its collectives alike),
-the op, the group, the tensors' sizes and dtype, the state (``issued``, ``completed``, ``failed``,
+the op, the group, the tensors' sizes and dtype, the step under way, the state (``issued``, ``completed``, ``failed``,
 ``async``: an ``async_op`` call, whose end is the caller's ``wait()``), the user's line, the times.
 
 DDP's gradient all-reduces go to the process group from C++ and are not seen here (the flight
@@ -47,12 +47,13 @@ class Ring:
         self.count = 0
         self._seq: dict[str, int] = {}
 
-    def issue(self, op: str, group: str, sizes: list, dtype: str | None, line: str | None) -> dict[str, Any]:
+    def issue(self, op: str, group: str, sizes: list, dtype: str | None, line: str | None,
+              step: int | None = None) -> dict[str, Any]:  # fmt: skip
         with self._lock:
             self.count += 1
             seq = self._seq[group] = self._seq.get(group, 0) + 1
             entry = {"n": self.count, "seq": seq, "op": op, "group": group, "sizes": sizes, "dtype": dtype,
-                     "state": "issued", "line": line, "t": time.time(), "done": None}  # fmt: skip
+                     "state": "issued", "line": line, "step": step, "t": time.time(), "done": None}  # fmt: skip
             self._write(entry)
         return entry
 
@@ -129,8 +130,9 @@ def _group_name(group: Any) -> str:
 class Recorder:
     """The patches on ``torch.distributed``'s collective functions, and the ring they write."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, step: Callable[[], int] | None = None) -> None:
         self.ring = Ring(folder / RING)
+        self.step = step  # the step under way, written with each entry
         self._saved: dict[str, Callable] = {}
 
     def install(self) -> None:
@@ -145,12 +147,13 @@ class Recorder:
                 setattr(dist, op, self._wrap(op, original))
 
     def _wrap(self, op: str, original: Callable) -> Callable:
-        ring = self.ring
+        ring, step = self.ring, self.step
 
         @functools.wraps(original)
         def recorded(*args: Any, **kwargs: Any) -> Any:
             sizes, dtype = _shapes(args, kwargs) if op != "barrier" else ([], None)
-            entry = ring.issue(op, _group_name(kwargs.get("group")), sizes, dtype, _user_line())
+            entry = ring.issue(op, _group_name(kwargs.get("group")), sizes, dtype, _user_line(),
+                               step() if step is not None else None)  # fmt: skip
             try:
                 result = original(*args, **kwargs)
             except BaseException:

@@ -38,8 +38,9 @@ def _from_dumps(ctx: object, rule: Rule) -> NotJudged:
 
 
 def _rule(id: str, severity: str, title: str, threshold: thresholds.Threshold, fix: str, **docs: str) -> Rule:
+    docs = Docs(evidence=_EVIDENCE, fix=fix[0].upper() + fix[1:] + ".", **docs)
     return Rule(id=id, family=FAMILY, severity=severity, title=title, thresholds=threshold, check=_from_dumps,
-                fix=fix, scope="job", docs=Docs(evidence=_EVIDENCE, fix=fix[0].upper() + fix[1:] + ".", **docs))  # fmt: skip
+                fix=fix, scope="job", docs=docs)  # fmt: skip
 
 
 COLLECTIVE_HANG = _rule(
@@ -81,7 +82,7 @@ COLLECTIVE_MISMATCH = _rule(
     "differs, the op and sizes agree): read the sizes before the line.",
 )
 RANK_DIED = _rule(
-    "rank_died", "critical", "Rank {rank} died at step {step}: {how}", thresholds.RANK_DIED,
+    "rank_died", "critical", "Rank {rank} died in step {step}: {how}", thresholds.RANK_DIED,
     "read the rank's last lines and its stack: out of memory (dmesg shows the OOM killer), a fatal signal in "
     "native code, a collective that aborted (see collective_mismatch)",
     what="A rank whose record was never closed (its store still says running) and whose process is gone, or that "
@@ -183,13 +184,15 @@ def _mismatch(records: list[RankRecord]) -> Finding | None:
         described = [{"ranks": sorted(ranks), "op": sig[0], "sizes": by_rank[ranks[0]].get("sizes"),
                       "line": sig[2]} for sig, ranks in ordered]  # fmt: skip
         most, other = described[0], described[1]
-        if other["line"] != most["line"] and (other["op"], str(other["sizes"])) != (most["op"], str(most["sizes"])):
-            difference = (f"{ranks_text(other['ranks'])} call {other['op']} {other['sizes']} at {other['line']} where "
-                          f"{ranks_text(most['ranks'])} call {most['op']} {most['sizes']} at {most['line']}: a "
+        same_call = (other["op"], str(other["sizes"])) == (most["op"], str(most["sizes"]))
+        if other["line"] != most["line"] and not same_call:
+            difference = (f"{ranks_text(other['ranks'])} {_call(other)} {other['op']} {other['sizes']} at {other['line']} "
+                          f"where {ranks_text(most['ranks'])} {_call(most)} {most['op']} {most['sizes']} at "
+                          f"{most['line']}: a "
                           "collective skipped or added before it")  # fmt: skip
         elif other["op"] != most["op"]:
-            difference = (f"{ranks_text(other['ranks'])} call {other['op']}, {ranks_text(most['ranks'])} call "
-                          f"{most['op']}")  # fmt: skip
+            difference = (f"{ranks_text(other['ranks'])} {_call(other)} {other['op']}, {ranks_text(most['ranks'])} "
+                          f"{_call(most)} {most['op']}")  # fmt: skip
         elif str(other["sizes"]) != str(most["sizes"]):
             difference = (f"{most['op']} of {other['sizes']} on {ranks_text(other['ranks'])}, of {most['sizes']} on "
                           f"{ranks_text(most['ranks'])} at {most['line']}")  # fmt: skip
@@ -197,9 +200,13 @@ def _mismatch(records: list[RankRecord]) -> Finding | None:
             difference = (f"{most['op']} called at {other['line']} on {ranks_text(other['ranks'])}, at "
                           f"{most['line']} on {ranks_text(most['ranks'])}")  # fmt: skip
         locations = [variant["line"] for variant in described if variant["line"]]
-        return COLLECTIVE_MISMATCH.finding({"seq": seq, "group": group, "difference": difference, "variants": described},
-                                           locations=locations[:3])  # fmt: skip
+        evidence = {"seq": seq, "group": group, "difference": difference, "variants": described}
+        return COLLECTIVE_MISMATCH.finding(evidence, locations=locations[:3])
     return None
+
+
+def _call(variant: dict[str, Any]) -> str:
+    return "calls" if len(variant["ranks"]) == 1 else "call"
 
 
 def _died(records: list[RankRecord]) -> list[Finding]:
@@ -297,5 +304,6 @@ def story(finding: Finding) -> list[str]:
         if evidence.get("last_collective"):
             lines.append(f"  its last collective: {evidence['last_collective']}")
         for other in evidence.get("then_failed", []):
-            lines.append(f"  then rank {other['rank']} ended with exit status {other['exit_status']}: {other['error']}")
+            error = str(other["error"] or "").split(". ", 1)[0][:160]
+            lines.append(f"  then rank {other['rank']} ended with exit status {other['exit_status']}: {error}")
     return lines

@@ -101,8 +101,9 @@ def _read_rank(rank: int, path: Path) -> RankRecord:
             record.notes.append(f"{torn} slot(s) of {ring.name} torn (written as the rank died): left out")
     _read_hang(record, path)
     _read_fatal(record, path)
-    if record.steps is None and record.hang is not None:
-        record.steps = record.hang.get("step")
+    if record.steps is None:  # never closed: its last step recorded, or the step of its last collective
+        ring_step = _int(record.collectives[-1].get("step")) if record.collectives else None
+        record.steps = max((step for step in (_last_step(path), ring_step) if step is not None), default=None)
     return record
 
 
@@ -141,17 +142,28 @@ def _read_fatal(record: RankRecord, path: Path) -> None:
         return
     first = text.strip().splitlines()[0]
     record.fatal = first.removeprefix("Fatal Python error: ").strip() or "a fatal signal"
-    # the thread that received it is "Current thread"; faulthandler writes the innermost frame first
-    block = text.split("Current thread", 1)[-1] if "Current thread" in text else text
-    frames = []
-    for line in block.splitlines()[1:]:
-        match = _FRAME.match(line)
-        if match:
-            frames.append([match.group(1), int(match.group(2)), match.group(3).strip()])
-        elif frames and not line.strip():
-            break
-    if frames:
-        record.stack, record.stack_from = frames[::-1], FATAL
+    # faulthandler writes each thread innermost frame first; the main thread's is the one not started by threading
+    # (the signal's own thread, "Current thread", when gloo's C++ thread aborted, is none of Python's)
+    blocks = []
+    for block in text.split("\n\n"):
+        frames = [[match.group(1), int(match.group(2)), match.group(3).strip()]
+                  for match in map(_FRAME.match, block.splitlines()) if match]  # fmt: skip
+        if frames:
+            blocks.append((block.lstrip().startswith("Current thread"), frames[::-1]))
+    main = [frames for _, frames in blocks if not frames[0][0].endswith("threading.py")]
+    current = [frames for is_current, frames in blocks if is_current]
+    chosen = current or main or [frames for _, frames in blocks]
+    if chosen:
+        record.stack, record.stack_from = chosen[0], FATAL
+
+
+def _last_step(path: Path) -> int | None:
+    try:
+        with closing(sqlite3.connect(f"file:{path / STORE}?mode=ro", uri=True)) as db:
+            row = db.execute("SELECT MAX(step) FROM steps").fetchone()
+    except sqlite3.Error:
+        return None
+    return _int(row[0]) if row else None
 
 
 def _alive(pid: int | None, host: str | None) -> bool | None:
@@ -211,7 +223,9 @@ def _read_flight_recorder(folder: Path) -> tuple[list[RankRecord], list[str]]:
         rank = _int(body.get("rank"))
         match = re.search(r"(\d+)$", path.stem)
         rank = rank if rank is not None else (int(match.group(1)) if match else index)
-        record = RankRecord(rank=rank, status="flight recorder")
+        # dumped at a collective's timeout (or asked for while it hung): where each rank stood then
+        stopped = {"step": None, "stalled_s": None, "bound_s": None}
+        record = RankRecord(rank=rank, status="flight recorder", hang=stopped)
         record.collectives = [_from_recorder(entry) for entry in body["entries"]
                               if isinstance(entry, dict) and not entry.get("is_p2p")]  # fmt: skip
         records.append(record)

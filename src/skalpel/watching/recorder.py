@@ -123,7 +123,7 @@ class Watcher:
     def _install_hang_watch(self) -> None:
         """The collectives' ring and the thread that notices a step that never ends (``hangwatch.py``)."""
         try:
-            self.collectives = CollectiveRecorder(self.folder)
+            self.collectives = CollectiveRecorder(self.folder, step=lambda: self.steps + 1)
             self.collectives.install()
         except (OSError, ImportError, ValueError) as error:
             self.collectives = None
