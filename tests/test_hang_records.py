@@ -120,8 +120,10 @@ def test_a_skipped_collective_and_sizes_that_differ_are_mismatches_at_their_sequ
     skipper = _record(2, common + [(11, "all_reduce", [[1]], "t.py:37 in <module>", "issued")])
     (finding,) = judge(others + [skipper])
     assert finding.id == "collective_mismatch" and finding.evidence["seq"] == 11
-    assert finding.evidence["difference"].startswith("rank 2 calls all_reduce [[1]] at t.py:37 in <module> where "
-                                                     "ranks 0-1 call all_reduce [[64]] at t.py:28 in average")  # fmt: skip
+    assert finding.evidence["difference"].startswith(
+        "rank 2 calls all_reduce [[1]] at t.py:37 in <module> where ranks 0-1 call all_reduce [[64]] at t.py:28 in "
+        "average"
+    )
     sizes = [_record(rank, common + [(11, "all_reduce", [[64 + (rank >= 2)]], "t.py:28 in average", "issued")])
              for rank in range(4)]  # fmt: skip
     (finding,) = judge(sizes)
@@ -174,8 +176,9 @@ def test_bad_input_is_one_line_each_and_nothing_is_lost(tmp_path: Path) -> None:
 
 def test_flight_recorder_dumps_of_a_job_run_without_skalpel_are_read(tmp_path: Path) -> None:
     def entry(seq: int, sizes: list, retired: bool) -> dict:
-        return {"collective_seq_id": seq, "profiling_name": "gloo:all_reduce", "input_sizes": sizes, "retired": retired,
-                "state": "scheduled", "is_p2p": False, "process_group": ["0", "default_pg"], "record_id": seq}  # fmt: skip
+        return {"collective_seq_id": seq, "profiling_name": "gloo:all_reduce", "input_sizes": sizes,
+                "retired": retired, "state": "scheduled", "is_p2p": False, "process_group": ["0", "default_pg"],
+                "record_id": seq}  # fmt: skip
 
     body = {"version": "2.10", "pg_config": {}, "comm_lib_version": ""}
     for rank in range(3):

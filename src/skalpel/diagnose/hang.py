@@ -186,10 +186,9 @@ def _mismatch(records: list[RankRecord]) -> Finding | None:
         most, other = described[0], described[1]
         same_call = (other["op"], str(other["sizes"])) == (most["op"], str(most["sizes"]))
         if other["line"] != most["line"] and not same_call:
-            difference = (f"{ranks_text(other['ranks'])} {_call(other)} {other['op']} {other['sizes']} at {other['line']} "
-                          f"where {ranks_text(most['ranks'])} {_call(most)} {most['op']} {most['sizes']} at "
-                          f"{most['line']}: a "
-                          "collective skipped or added before it")  # fmt: skip
+            difference = (f"{ranks_text(other['ranks'])} {_call(other)} {other['op']} {other['sizes']} at "
+                          f"{other['line']} where {ranks_text(most['ranks'])} {_call(most)} {most['op']} "
+                          f"{most['sizes']} at {most['line']}: a collective skipped or added before it")  # fmt: skip
         elif other["op"] != most["op"]:
             difference = (f"{ranks_text(other['ranks'])} {_call(other)} {other['op']}, {ranks_text(most['ranks'])} "
                           f"{_call(most)} {most['op']}")  # fmt: skip

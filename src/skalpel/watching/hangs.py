@@ -251,7 +251,7 @@ def _from_recorder(entry: dict[str, Any]) -> dict[str, Any]:
 def verdict(folder: Path) -> tuple[list[Finding], list[str]]:
     """The findings of a stopped job's records, and the lines about what could not be read."""
     records, notes = read(folder)
-    notes = notes + [f"rank {record.rank}: {note}" for record in records for note in record.notes if note != "no folder"]
+    notes += [f"rank {record.rank}: {note}" for record in records for note in record.notes if note != "no folder"]
     return judge(records), notes
 
 
