@@ -40,8 +40,9 @@ def main() -> None:
         recorded.append(per_call(tensor))
         recorder.uninstall()
     added = statistics.median(after - before for after, before in zip(recorded, bare))
-    print(f"all_reduce CPU time a call: bare {statistics.median(bare):.1f} us, recorded {statistics.median(recorded):.1f}"
-          f" us; the ring adds {added:.1f} us (median of 7 interleaved rounds of 3,000 calls)")
+    print(f"all_reduce CPU time a call: bare {statistics.median(bare):.1f} us, recorded "
+          f"{statistics.median(recorded):.1f} us; the ring adds {added:.1f} us (median of 7 interleaved rounds of "
+          "3,000 calls)")
     dist.destroy_process_group()
 
 

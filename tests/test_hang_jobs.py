@@ -86,7 +86,8 @@ def _job(tmp_path: Path, plant: str, *, hangs_expected: bool) -> tuple[Path, str
     script.write_text(textwrap.dedent(JOB))
     out = tmp_path / "job"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "skalpel",
-               "watch", "--out", str(out), "--hang-after", "2", "--no-capture", str(script), "--plant", plant]  # fmt: skip
+               "watch", "--out", str(out), "--hang-after", "2", "--no-capture", str(script),
+               "--plant", plant]  # fmt: skip
     began = time.monotonic()
     with open(tmp_path / "stderr.txt", "w+") as log:
         job = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
