@@ -33,10 +33,10 @@ _FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (.+)$')
 
 def has_dumps(folder: Path) -> bool:
     """A run folder that ``read`` has something to judge in: a watched run's, or flight-recorder dumps."""
-    return bool(_rank_folders(folder)) or bool(_flight_recorder_files(folder))
+    return bool(rank_folders(folder)) or bool(_flight_recorder_files(folder))
 
 
-def _rank_folders(folder: Path) -> dict[int, Path]:
+def rank_folders(folder: Path) -> dict[int, Path]:
     if (folder / STORE).exists() or (folder / RING).exists():
         return {0: folder}
     found = {}
@@ -49,7 +49,7 @@ def _rank_folders(folder: Path) -> dict[int, Path]:
 
 def read(folder: Path) -> tuple[list[RankRecord], list[str]]:
     """Every rank's record, and the lines about the folder itself (a missing rank)."""
-    folders = _rank_folders(folder)
+    folders = rank_folders(folder)
     if not folders:
         return _read_flight_recorder(folder)
     records = [_read_rank(rank, path) for rank, path in sorted(folders.items())]
@@ -65,10 +65,10 @@ def read(folder: Path) -> tuple[list[RankRecord], list[str]]:
 
 
 def _world_size(path: Path) -> str | None:
-    return _meta(path).get("world_size")
+    return store_meta(path).get("world_size")
 
 
-def _meta(path: Path) -> dict[str, str]:
+def store_meta(path: Path) -> dict[str, str]:
     store = path / STORE
     if not store.exists():
         return {}
@@ -81,13 +81,13 @@ def _meta(path: Path) -> dict[str, str]:
 
 def _read_rank(rank: int, path: Path) -> RankRecord:
     record = RankRecord(rank=rank)
-    meta = _meta(path)
+    meta = store_meta(path)
     if meta:
         record.status = meta.get("status", "running")
         record.exit_status = _int(meta.get("exit_status"))
         record.error = meta.get("error") or None
         record.steps = _int(meta.get("steps"))
-        record.alive = _alive(_int(meta.get("pid")), meta.get("host"))
+        record.alive = alive(_int(meta.get("pid")), meta.get("host"))
     else:
         record.notes.append(f"no readable {STORE} in {path}")
     ring = path / RING
@@ -166,7 +166,7 @@ def _last_step(path: Path) -> int | None:
     return _int(row[0]) if row else None
 
 
-def _alive(pid: int | None, host: str | None) -> bool | None:
+def alive(pid: int | None, host: str | None) -> bool | None:
     """Whether the process is still there (a zombie is not); None when it cannot be told from here."""
     if pid is None or (host is not None and host != socket.gethostname()):
         return None

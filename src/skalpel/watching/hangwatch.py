@@ -61,6 +61,22 @@ def write_whole(path: Path, data: bytes) -> None:
     os.replace(aside, path)
 
 
+def write_dump(path: Path, rank: int | None, step: int, fields: dict, *, recorder_name: str | None) -> dict:
+    """A dump of this process now: every thread's stack but the caller's, its last collectives (the ring beside
+    ``path``), PyTorch's flight recorder into ``recorder_name`` when it records; ``fields`` added. Its body."""
+    ring = path.parent / RING
+    collectives, torn = read_ring(ring) if ring.exists() else ([], 0)
+    body = {"rank": rank, "pid": os.getpid(), "step": step, "time": time.time(),
+            "stacks": stacks(skip=threading.get_ident()), "collectives": collectives[-KEPT_COLLECTIVES:],
+            "torn_slots": torn, **fields}  # fmt: skip
+    recorder = flight_recorder_json() if recorder_name is not None else None
+    if recorder is not None and recorder_name is not None:
+        write_whole(path.parent / recorder_name, recorder)
+        body["flight_recorder"] = recorder_name
+    write_whole(path, orjson.dumps(body))
+    return body
+
+
 class HangWatch:
     """The thread that notices a step that does not end, in one rank."""
 
@@ -130,19 +146,9 @@ class HangWatch:
     def dump(self, step: int, stalled_s: float, bound_s: float) -> Path:
         number = len(self.dumps) + 1
         path = self.folder / f"hang-{number}.json"
-        ring = self.folder / RING
-        collectives, torn = read_ring(ring) if ring.exists() else ([], 0)
-        body = {"rank": self.rank, "pid": os.getpid(), "step": step, "stalled_s": round(stalled_s, 3),
-                "bound_s": round(bound_s, 3), "time": time.time(), "stacks": stacks(skip=threading.get_ident()),
-                "collectives": collectives[-KEPT_COLLECTIVES:], "torn_slots": torn,
-                "resolved_after_s": None}  # fmt: skip
-        recorder = flight_recorder_json()
-        if recorder is not None:
-            write_whole(self.folder / f"fr-trace-{number}.json", recorder)
-            body["flight_recorder"] = f"fr-trace-{number}.json"
-        write_whole(path, orjson.dumps(body))
+        body = {"stalled_s": round(stalled_s, 3), "bound_s": round(bound_s, 3), "resolved_after_s": None}
+        self._body = write_dump(path, self.rank, step, body, recorder_name=f"fr-trace-{number}.json")
         self.dumps.append(path)
-        self._body = body
         who = f"rank {self.rank}: " if self.rank is not None else ""
         self.say(f"{who}no step has ended for {stalled_s:.1f} s (bound {bound_s:.1f} s) after step {step}: stacks "
                  f"and collectives in {path}; still watching")  # fmt: skip

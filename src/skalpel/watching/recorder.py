@@ -24,6 +24,7 @@ written once, off every rank's training thread (``jobcapture.py``, ``collect.py`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import subprocess
@@ -44,10 +45,11 @@ from ..capture.settings import CaptureSettings
 from ..capture.steps import StepDetector
 from ..diagnose import thresholds as limits
 from ..errors import SkalpelError
+from .asks import Asks, answer_name
 from .collect import capture_summary
 from .detect import Anomaly, Detector
 from .devicetime import DeviceTimes
-from .hangwatch import HangWatch
+from .hangwatch import HangWatch, write_dump
 from .jobcapture import Request, Requests, start_collector, write_marker
 from .jobcapture import summary as job_summary
 from .live import LiveLine, line
@@ -104,6 +106,8 @@ class Watcher:
         self.hang_after_s = limits.COLLECTIVE_HANG.floor if hang_after_s is None else hang_after_s
         self.hangs: HangWatch | None = None  # installed with the hooks: a step that never ends
         self.collectives: CollectiveRecorder | None = None  # torch.distributed's calls, on disk as they happen
+        self.meeting = folder  # where requests from another terminal are read (the job's folder under torchrun)
+        self.asks: Asks | None = None
 
     # -- installing ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -116,7 +120,8 @@ class Watcher:
         self.driver.install()
         self.store.on_restart = self.anomalies.clear  # a takeover: the anomalies judged on the steps before are gone
         # a rank whose record stays "running" with its process gone died (told on this host only)
-        self.store.meta(pid=os.getpid(), host=socket.gethostname())
+        self.store.meta(pid=os.getpid(), host=socket.gethostname(), capture=self.capture_on)
+        self.asks = Asks(self.meeting, time.time())
         self._install_hang_watch()
         self.live.start()
 
@@ -147,7 +152,33 @@ class Watcher:
                     self._collecting.remove(entry)
             for _, request, anomaly_id in done:
                 self._link_job_capture(request, anomaly_id)
+        if self.asks is not None and not self._closing:
+            for asked in self.asks.take():
+                self._answer(asked)
         self._show_live()
+
+    def _answer(self, asked: dict) -> None:
+        """On the writer thread: a request from another terminal (``asks.py``): the stacks now, or a capture."""
+        ask_id = str(asked.get("id"))
+        if asked["what"] == "stacks":
+            path = self.folder / answer_name(ask_id)
+            try:
+                rank = self.rank if distributed.job() is not None else None
+                write_dump(path, rank, self.steps, {"asked": ask_id}, recorder_name=None)
+            except OSError as error:
+                _say(f"cannot write the stacks asked for into {path}: {error}")
+                return
+            _say(f"stacks asked for (pid {asked.get('pid')}): {path}")
+            return
+        if self.requests is not None and self.rank != 0:
+            return  # rank 0 asks the job's capture for every rank
+        steps = int(asked.get("steps") or self.settings.active)
+        if not self.capture_on:
+            _say(f"a profile asked for (pid {asked.get('pid')}): this run takes no captures")
+            return
+        anomaly = Anomaly(self.steps, "asked", f"a profile of {steps} steps asked for from another terminal (pid "
+                          f"{asked.get('pid')}, request {ask_id})", float(steps), 0.0)  # fmt: skip
+        self._on_anomaly(anomaly, self.store.record_anomaly(anomaly))
 
     def _show_live(self) -> None:
         """The live line (a terminal only)."""
@@ -223,17 +254,21 @@ class Watcher:
         _say(f"step {anomaly.step}: {anomaly.kind}: {anomaly.message}")
         if not self.capture_on:
             return
+        asked = anomaly.kind == "asked"  # from another terminal: no cooldown, its own number of steps
         if self.requests is not None:  # every rank captures, from a step far enough ahead for all to know it
+            settings = self._settings_for(int(anomaly.value) if asked else None)
             request = self.requests.ask(kind=anomaly.kind, anomaly_step=anomaly.step, current_step=self.steps,
                                         median_step_s=self.store.recent_step_s(),
-                                        cooldown_s=self.cooldown_s)  # fmt: skip
+                                        cooldown_s=0.0 if asked else self.cooldown_s,
+                                        active=settings.active if asked else None,
+                                        span=settings.total_steps + max(settings.active, 5) + 3)  # fmt: skip
             if request is not None:
                 self._asked[request.number] = (anomaly, anomaly_id)
                 _say(f"rank {self.rank}: every rank captures steps {request.first_step}-{request.last_step} "
                      f"({anomaly.kind})")  # fmt: skip
             return
         last = self._captured_at.get(anomaly.kind)
-        if last is not None and time.monotonic() - last < self.cooldown_s:
+        if not asked and last is not None and time.monotonic() - last < self.cooldown_s:
             return
         self._captured_at[anomaly.kind] = time.monotonic()
         self._requested.append((anomaly, anomaly_id, None))  # after the capture under way, if any
@@ -277,11 +312,19 @@ class Watcher:
             return
         folder = self._capture_folder(anomaly, request)
         kind = request.kind if request is not None else anomaly.kind  # type: ignore[union-attr]
-        run = ProfileRun(self.settings, out=folder, name=f"{Path(self.script).stem}-{kind}")
+        if request is not None:
+            active = request.active
+        else:
+            active = int(anomaly.value) if anomaly is not None and anomaly.kind == "asked" else None
+        run = ProfileRun(self._settings_for(active), out=folder, name=f"{Path(self.script).stem}-{kind}")
         run.script = self.script
         self.driver.run = run
         self._capture = (anomaly, anomaly_id, request)
         self._profiled = 1
+
+    def _settings_for(self, active: int | None) -> CaptureSettings:
+        """The capture's settings: the watch's, with ``active`` steps recorded when a request names them."""
+        return self.settings if active is None else dataclasses.replace(self.settings, active=active)
 
     def _taken_over(self, takeover: Takeover) -> None:
         """A stronger signal showed the training iteration: the steps so far were not iterations. Their rows and
@@ -467,9 +510,10 @@ def open_watcher(out: str | Path | None, name: str, *, script: str, **options: A
         return None
     if job is not None:
         watcher.store.meta(job=job.run_id, rank=job.rank, world_size=job.world_size)
+        watcher.rank = job.rank
         if out is not None:  # JOB/rankN: the other ranks' stores are its siblings, judged with this one's
             watcher.store.peers = Peers(folder, job.rank, job.run_id)
-            watcher.rank = job.rank
+            watcher.meeting = folder.parent
             if watcher.capture_on:
                 settings = watcher.settings
                 span = settings.total_steps + max(settings.active, 5) + 3  # its steps, the baseline, a few spare
