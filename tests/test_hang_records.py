@@ -19,6 +19,7 @@ from skalpel.capture.collectives import RING, SLOT, Recorder, read_ring
 from skalpel.diagnose.hang import RankRecord, judge, ranks_text, where
 from skalpel.watching import hangs
 from skalpel.watching.hangwatch import hang_bound
+from skalpel.watching.live import line
 
 RING_SCRIPT = """
 import sys
@@ -143,10 +144,24 @@ def test_a_dead_rank_is_named_with_how_it_ended_and_a_live_unclosed_one_is_not()
     assert judge([failed, _record(1, common, status="running", alive=None)]) == []  # another host: cannot tell
 
 
-def test_helpers_say_ranges_stacks_and_the_bound() -> None:
+def test_clocks_that_disagree_change_nothing_the_verdict_goes_by_sequence_numbers() -> None:
+    done = [(seq, "all_reduce", [[64]], "t.py:6 in f", "completed") for seq in range(1, 6)]
+    hang = {"step": 3, "stalled_s": 2.5, "bound_s": 2.0}
+    records = [_record(0, done + [(6, "all_reduce", [[64]], "t.py:6 in f", "issued")], hang=hang),
+               _record(1, done, hang=hang, stack=LOOP)]  # fmt: skip
+    verdict = judge(records)
+    for offset, record in zip((0.0, 3600.0), records):  # rank 1's clock an hour ahead, and its times out of order
+        for index, entry in enumerate(record.collectives):
+            entry["t"], entry["done"] = 1e9 + offset - index, 1e9 + offset - index + 0.01
+    assert judge(records) == verdict and verdict[0].evidence["missing"] == "rank 1"
+
+
+def test_helpers_say_ranges_stacks_the_bound_and_the_live_line_shows_it() -> None:
     assert ranks_text([0, 1, 2, 4, 6, 7]) == "ranks 0-2, 4, 6-7" and ranks_text([3]) == "rank 3"
     assert where([]) is None
     assert hang_bound(None, 60.0) == 60.0 and hang_bound(0.1, 60.0) == 60.0 and hang_bound(10.0, 60.0) == 200.0
+    assert "· hang after 200 s ·" in line(120, 10.0, None, "RSS", 0, False, hang_bound(10.0, 60.0)) + " ·"
+    assert "hang after" not in line(120, 10.0, None, "RSS", 0, False)
 
 
 def test_bad_input_is_one_line_each_and_nothing_is_lost(tmp_path: Path) -> None:

@@ -535,17 +535,19 @@ class WatchHandle:
 
 @contextlib.contextmanager
 def watch(*, out: str | Path | None = None, name: str | None = None, step_on: str | None = None,
-          cooldown_s: float = DEFAULT_COOLDOWN_S, capture: bool = True) -> Iterator[WatchHandle]:  # fmt: skip
+          cooldown_s: float = DEFAULT_COOLDOWN_S, capture: bool = True,
+          hang_after_s: float | None = None) -> Iterator[WatchHandle]:  # fmt: skip
     """Watch every step of the loop inside the block: ``with skalpel.watch(): train()``.
 
     Steps are found as ``skalpel run`` finds them (or marked with ``w.step()``); a run folder
-    holds ``watch.sqlite`` and a capture per anomaly. Nothing here stops the script: a folder
+    holds ``watch.sqlite`` and a capture per anomaly; a step that has not ended after ``hang_after_s`` (at least;
+    ``hangwatch.py``) dumps the stacks and collectives there. Nothing here stops the script: a folder
     that cannot be written is said in one line and the loop runs unwatched.
     """
     script = sys.argv[0] if sys.argv and sys.argv[0] else "python"
     signals.set_owner()
     watcher = open_watcher(out, name or Path(script).stem or "watch", script=script, step_on=step_on,
-                           cooldown_s=cooldown_s, capture=capture)  # fmt: skip
+                           cooldown_s=cooldown_s, capture=capture, hang_after_s=hang_after_s)  # fmt: skip
     if watcher is not None:
         watcher.install()
         watcher.start_clock()  # the block is the loop: its first iteration starts here
