@@ -131,7 +131,7 @@ class HangWatch:
 
     def check(self) -> None:
         last = self.last_end()
-        if last is None:
+        if last is None:  # not started, or a capture's own work under way at a boundary
             return
         steps = self.steps()
         if self._stalled_at is not None:

@@ -106,6 +106,7 @@ class Watcher:
         self.hang_after_s = limits.COLLECTIVE_HANG.floor if hang_after_s is None else hang_after_s
         self.hangs: HangWatch | None = None  # installed with the hooks: a step that never ends
         self.collectives: CollectiveRecorder | None = None  # torch.distributed's calls, on disk as they happen
+        self.busy = False  # the training thread is in a capture's own work at a boundary (hangwatch waits)
         self.meeting = folder  # where requests from another terminal are read (the job's folder under torchrun)
         self.asks: Asks | None = None
 
@@ -135,7 +136,8 @@ class Watcher:
             _say(f"collectives are not recorded ({type(error).__name__}: {error})")
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # PyTorch's own record too, read at a hang
         job = distributed.job()
-        self.hangs = HangWatch(self.folder, rank=job.rank if job is not None else None, last_end=lambda: self._last,
+        self.hangs = HangWatch(self.folder, rank=job.rank if job is not None else None,
+                               last_end=lambda: None if self.busy else self._last,
                                steps=lambda: self.steps, median_s=self.store.recent_step_s,
                                floor_s=self.hang_after_s, say=_say)  # fmt: skip
         self.hangs.start()
@@ -222,8 +224,13 @@ class Watcher:
         if self.store.want_device:  # once: the writer saw CUDA initialised, and reads memory on this device
             self._use_device()
         if self._capture is not None or self._requested or self.policy.restart:
-            self._drive_capture()
-            now, runq = time.perf_counter(), self.runq.read()  # the capture's own work stays out of the next step
+            self.busy = True  # a capture's start or analysis: seconds without a step end that are no hang
+            try:
+                self._drive_capture()
+            finally:
+                now, runq = time.perf_counter(), self.runq.read()  # the capture's own work stays out of the next step
+                self._last = now  # before the hang watch looks again
+                self.busy = False
         self._last, self._last_runq = now, runq  # the detector times the DataLoader, backward and the optimizer
         timed.loader_s = timed.backward_s = timed.optimizer_s = 0.0
 
