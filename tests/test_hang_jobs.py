@@ -75,15 +75,50 @@ dist.destroy_process_group()
 """
 
 
-def _line(marker: str) -> int:
-    return next(number for number, text in enumerate(textwrap.dedent(JOB).splitlines(), 1) if marker in text)
+# DDP: the gradients' all_reduce is issued by DDP's reducer from C++, which torch.distributed's functions never see:
+# the flight recorder (gloo included in torch 2.13) numbers it.
+DDP_JOB = """
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.set_num_threads(1)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 8))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
 
-def _job(tmp_path: Path, plant: str, *, hangs_expected: bool) -> tuple[Path, str, float]:
+class Batches(Dataset):
+    def __len__(self):
+        return 60
+
+    def __getitem__(self, index):
+        if rank == 3 and index == 30:
+            time.sleep(3600)  # PLANT-SLEEP: a rank stuck reading its data
+        return torch.ones(64)
+
+
+for batch in DataLoader(Batches(), batch_size=None):
+    model(batch).sum().backward()  # LINE-BACKWARD
+    optimizer.step()
+    optimizer.zero_grad()
+    time.sleep(0.02)
+dist.destroy_process_group()
+"""
+
+
+def _line(marker: str, source: str = JOB) -> int:
+    return next(number for number, text in enumerate(textwrap.dedent(source).splitlines(), 1) if marker in text)
+
+
+def _job(tmp_path: Path, plant: str, *, hangs_expected: bool, source: str = JOB) -> tuple[Path, str, float]:
     """The job run to its end (or, when it hangs, until every rank dumped, then ended): its folder, its stderr, and
     how long it ran."""
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(JOB))
+    script.write_text(textwrap.dedent(source))
     out = tmp_path / "job"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "skalpel",
                "watch", "--out", str(out), "--hang-after", "2", "--no-capture", str(script),
@@ -140,6 +175,18 @@ def test_a_rank_asleep_in_its_data_loader_is_named_and_the_others_wait_in_the_ne
     (alone,), _ = hangs.verdict(recorder)
     assert alone.id == "collective_hang" and alone.evidence["missing"] == "rank 3"
     assert alone.evidence["waiting"] == "ranks 0-2"
+
+
+def test_under_ddp_the_flight_recorder_numbers_the_all_reduce_the_others_wait_in(tmp_path: Path) -> None:
+    out, text, _ = _job(tmp_path, "none", hangs_expected=True, source=DDP_JOB)
+    (finding,), notes = hangs.verdict(out)
+    assert finding.id == "collective_hang", (finding, notes, text[-3000:])
+    assert finding.evidence["record"] == "the flight recorder's" and finding.evidence["op"] == "all_reduce"
+    assert finding.evidence["waiting"] == "ranks 0-2" and finding.evidence["missing"] == "rank 3"
+    assert finding.evidence["waiting_lines"] == [f"{tmp_path / 'train.py'}:{_line('LINE-BACKWARD', DDP_JOB)} in "
+                                                 "<module>"]  # fmt: skip
+    (missing,) = finding.evidence["missing_ranks"]
+    assert missing["where"].endswith(f"train.py:{_line('PLANT-SLEEP', DDP_JOB)} __getitem__"), missing
 
 
 def test_a_skipped_all_reduce_is_a_mismatch_at_its_number_and_the_rank_gloo_aborted_died(tmp_path: Path) -> None:

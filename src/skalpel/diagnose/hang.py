@@ -112,6 +112,7 @@ class RankRecord:
     stack_from: str | None = None  # the file the stack was read from
     fatal: str | None = None  # "Aborted", "Segmentation fault": from fatal-stacks.txt
     hang: dict[str, Any] | None = None  # the last unresolved hang dump: step, stalled_s, bound_s
+    recorder: list[dict[str, Any]] = field(default_factory=list)  # the flight recorder's entries at the hang
     notes: list[str] = field(default_factory=list)  # what could not be read, one line each
 
 
@@ -232,15 +233,28 @@ def _describe(entry: dict[str, Any]) -> str:
             f"{entry.get('line')}: {entry.get('state')}")  # fmt: skip
 
 
+def _in_flight(records: list[RankRecord], source: str) -> dict[tuple[str, int], list[RankRecord]]:
+    """The ranks whose last collective (in ``source``: the ring, or the flight recorder) never completed."""
+    waiting: dict[tuple[str, int], list[RankRecord]] = {}
+    for record in records:
+        entries = getattr(record, source)
+        last = entries[-1] if entries else None
+        if last is not None and last.get("state") in ("issued", "failed"):  # failed: the job was ended in it
+            waiting.setdefault((str(last.get("group")), int(last.get("seq") or 0)), []).append(record)
+    return waiting
+
+
 def _hang(records: list[RankRecord]) -> Finding | None:
     stuck = [record for record in records if record.hang is not None]
     if not stuck:
         return None
-    waiting: dict[tuple[str, int], list[RankRecord]] = {}
-    for record in records:
-        last = record.collectives[-1] if record.collectives else None
-        if last is not None and last.get("state") in ("issued", "failed"):  # failed: the job was ended in it
-            waiting.setdefault((str(last.get("group")), int(last.get("seq", 0))), []).append(record)
+    # skalpel's ring first (it has the lines); the flight recorder where the ring shows nothing in flight: a
+    # collective torch.distributed's functions never saw (DDP's gradient buckets go to the process group from C++)
+    source = "collectives"
+    waiting = _in_flight(records, source)
+    if not waiting:
+        source = "recorder"
+        waiting = _in_flight(records, source)
     first = stuck[0].hang or {}
     if not waiting:
         evidence = {"step": first.get("step"), "stalled_s": first.get("stalled_s", 0.0),
@@ -249,22 +263,24 @@ def _hang(records: list[RankRecord]) -> Finding | None:
         locations = [loc for loc in (_user_location(record.stack) for record in stuck) if loc]
         return STEP_HANG.finding(evidence, locations=sorted(set(locations))[:3])
     (group, seq), holders = max(waiting.items(), key=lambda item: (len(item[1]), item[0][1]))
-    entry = holders[0].collectives[-1]
+    entry = getattr(holders[0], source)[-1]
     missing = []
     for record in records:
         if record in holders:
             continue
-        reached = [item for item in record.collectives if str(item.get("group")) == group]
+        reached = [item for item in getattr(record, source) if str(item.get("group")) == group]
         last = reached[-1] if reached else None
         missing.append({"rank": record.rank, "where": where(record.stack), "stack_from": record.stack_from,
                         "last_collective": _describe(last) if last else None,
                         "status": record.status if record.alive is not False else "gone"})  # fmt: skip
-    lines = sorted({str(record.collectives[-1].get("line")) for record in holders})
+    lines = sorted({str(getattr(record, source)[-1].get("line") or _user_location(record.stack))
+                    for record in holders})  # fmt: skip
     evidence = {"seq": seq, "group": group, "op": entry.get("op"), "sizes": entry.get("sizes"),
                 "waiting": ranks_text([record.rank for record in holders]), "waiting_lines": lines,
                 "missing": ranks_text([item["rank"] for item in missing]) if missing else "none",
                 "missing_ranks": missing, "step": first.get("step"), "stalled_s": first.get("stalled_s"),
-                "bound_s": first.get("bound_s")}  # fmt: skip
+                "bound_s": first.get("bound_s"),
+                "record": "skalpel's" if source == "collectives" else "the flight recorder's"}  # fmt: skip
     locations = [item for item in (_user_location(r.stack) for r in records if r not in holders) if item] + lines
     return COLLECTIVE_HANG.finding(evidence, locations=locations[:3])
 
@@ -289,6 +305,9 @@ def story(finding: Finding) -> list[str]:
     if finding.id == "collective_hang":
         lines.append(f"  {evidence['waiting']} wait in {evidence['op']} #{evidence['seq']} ({evidence['group']}) at "
                      f"{', '.join(evidence['waiting_lines'])}")  # fmt: skip
+        if evidence.get("record") == "the flight recorder's":
+            lines.append("  (numbered by the flight recorder: a collective torch.distributed's functions never saw, "
+                         "such as DDP's gradient buckets)")  # fmt: skip
         for item in evidence["missing_ranks"]:
             last = f"; its last collective {item['last_collective']}" if item["last_collective"] else ""
             lines.append(f"  rank {item['rank']} never came: it is in {item['where'] or 'no stack dumped'}{last}")

@@ -126,10 +126,24 @@ def _read_hang(record: RankRecord, path: Path) -> None:
         record.steps = body.get("step")
     if body.get("resolved_after_s") is None:
         record.hang = {key: body.get(key) for key in ("step", "stalled_s", "bound_s")}
+        record.recorder = _recorder_entries(record, path / str(body.get("flight_recorder") or ""))
         if body.get("collectives"):  # the state at the hang (a job ended later marks the call under way failed)
             record.collectives = body["collectives"]
     if not record.collectives:
         record.collectives = body.get("collectives", [])
+
+
+def _recorder_entries(record: RankRecord, path: Path) -> list[dict[str, Any]]:
+    """The flight recorder's entries dumped with a hang (none when it recorded nothing)."""
+    if not path.is_file():
+        return []
+    try:
+        body = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as error:
+        record.notes.append(f"{path.name} cannot be read ({error}): left out")
+        return []
+    entries = body.get("entries") if isinstance(body, dict) else None
+    return [_from_recorder(entry) for entry in entries or [] if isinstance(entry, dict) and not entry.get("is_p2p")]
 
 
 def _read_fatal(record: RankRecord, path: Path) -> None:
