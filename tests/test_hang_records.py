@@ -201,7 +201,7 @@ def test_flight_recorder_dumps_of_a_job_run_without_skalpel_are_read(tmp_path: P
         if rank != 2:  # rank 2 never issued #6
             entries.append(entry(6, [[64]], False))
         (tmp_path / f"fr_trace_rank_{rank}.json").write_bytes(orjson.dumps({**body, "entries": entries}))
-    (tmp_path / "fr_trace_rank_3.json").write_bytes(b'{"version": "2.10", "entries": [{"collec')  # cut short
+    (tmp_path / "fr_trace_rank_3.json").write_bytes(b'{"version": "2.10", "entries": [{"collective_seq_id": 1, "pr')
     records, notes = hangs.read(tmp_path)
     assert [record.rank for record in records] == [0, 1, 2]
     assert notes and notes[0].startswith("fr_trace_rank_3.json: not a whole flight-recorder dump")

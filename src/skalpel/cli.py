@@ -85,10 +85,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .trace.loader import find_trace_files
 
     if _hang_verdicts(args.paths):
-        try:
-            find_trace_files(args.paths)
-        except SkalpelError:
-            return 0  # a watched run's folder without a trace: its records were the answer
+        return 0  # a watched run's folder without a trace: its records were the answer
     files = requested(RENDERERS, json=args.json, html=args.html, out=args.out)
     printing = args.json != "-"  # rich (20 ms of imports) only for the terminal report: --json - prints none
     with rank_progress(find_trace_files(args.paths)) as on_rank_progress:
@@ -112,15 +109,21 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 def _hang_verdicts(paths: list[str]) -> bool:
     """The verdict of each folder that holds a stopped job's records (``skalpel watch``'s hang dumps, collectives,
-    dead ranks; flight-recorder dumps): printed first. True when there was one."""
+    dead ranks; flight-recorder dumps), printed first (beside traces, only when it found something). True when
+    they are all there is: no trace to analyse."""
+    from .trace.loader import find_trace_files
     from .watching.hangs import has_dumps, verdict_text
 
-    found = False
-    for path in map(Path, paths):
-        if path.is_dir() and has_dumps(path):
-            sys.stdout.write(verdict_text(path))
-            found = True
-    return found
+    folders = [path for path in map(Path, paths) if path.is_dir() and has_dumps(path)]
+    if not folders:
+        return False
+    try:
+        traced = bool(find_trace_files(paths))
+    except SkalpelError:
+        traced = False
+    for folder in folders:
+        sys.stdout.write(verdict_text(folder, say_clean=not traced))
+    return not traced
 
 
 def _import_terminal() -> None:

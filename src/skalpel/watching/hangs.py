@@ -219,7 +219,7 @@ def _looks_like_recorder(path: Path) -> bool:
             head = file.read(4096)
     except OSError:
         return False
-    return head.lstrip().startswith(b"{") and any(key in head for key in (b'"entries"', b'"pg_config"',
+    return head.lstrip().startswith(b"{") and any(key in head for key in (b'"collective_seq_id"', b'"pg_config"',
                                                                             b'"comm_lib_version"'))
 
 
@@ -269,9 +269,12 @@ def verdict(folder: Path) -> tuple[list[Finding], list[str]]:
     return judge(records), notes
 
 
-def verdict_text(folder: Path) -> str:
-    """The verdict for the terminal: each finding's story, then the notes; one line when there is nothing."""
+def verdict_text(folder: Path, *, say_clean: bool = True) -> str:
+    """The verdict for the terminal: each finding's story, then the notes; one line when there is nothing (or
+    nothing at all unless ``say_clean``)."""
     findings, notes = verdict(folder)
+    if not findings and not notes and not say_clean:
+        return ""
     lines = [f"skalpel: the records of {folder}:"]
     for finding in findings:
         lines.extend(story(finding))
