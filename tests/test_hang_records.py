@@ -210,3 +210,18 @@ def test_flight_recorder_dumps_of_a_job_run_without_skalpel_are_read(tmp_path: P
     (finding,) = judge(records)  # a recorder's dump is taken when the job stopped (its watchdog's timeout)
     assert finding.id == "collective_hang" and finding.evidence["waiting"] == "ranks 0-1"
     assert finding.evidence["missing"] == "rank 2" and finding.evidence["seq"] == 6
+
+
+def test_the_dumps_beside_a_runs_traces_are_no_traces_to_the_loader(tmp_path: Path) -> None:
+    from skalpel.trace.loader import find_trace_files
+    from tests.tracebuilder import TraceBuilder
+
+    builder = TraceBuilder()
+    builder.step(1, 1_000.0, 9_000.0)
+    (tmp_path / "capture-9-asked").mkdir()
+    trace = builder.write(tmp_path / "capture-9-asked" / "trace-rank0.json")
+    for name in ("hang-1.json", "fr-trace-1.json", "asked-124743-6e3301.json"):
+        (tmp_path / "rank0").mkdir(exist_ok=True)
+        (tmp_path / "rank0" / name).write_bytes(b'{"stacks": []}')
+    (tmp_path / "hang-notes.json").write_bytes(b"{}")  # a name of the user's own: still looked at
+    assert find_trace_files([tmp_path]) == sorted([trace, tmp_path / "hang-notes.json"])
