@@ -51,6 +51,8 @@ class Batches(Dataset):
     def __getitem__(self, index):
         if args.plant == "sleep" and rank == 3 and index == 30:
             time.sleep(3600)  # PLANT-SLEEP: a rank stuck reading its data
+        if args.plant == "raise" and rank == 3 and index == 30:
+            raise ValueError(f"sample {index} is corrupt")  # PLANT-RAISE
         return torch.ones(64)
 
 
@@ -227,6 +229,16 @@ def test_a_rank_killed_with_sigkill_is_named_dead_with_its_last_step_and_collect
     assert dead.evidence["last_collective"].startswith("#60 all_reduce [[1]]")  # step 29's loss, completed
     assert {other["rank"] for other in dead.evidence["then_failed"]} <= {0, 1, 2}
     assert not any(finding.id == "collective_mismatch" for finding in findings)
+
+
+def test_a_rank_that_raises_is_named_with_its_error_and_line_and_the_others_as_its_consequence(tmp_path: Path) -> None:
+    out, text, _ = _job(tmp_path, "raise", hangs_expected=False)
+    findings, notes = hangs.verdict(out)
+    (dead,) = [finding for finding in findings if finding.id == "rank_died"]
+    assert dead.rank == 3 and "ended on an error (exit status 1): ValueError: sample 30 is corrupt" in dead.title, (
+        findings, text[-3000:])
+    assert dead.locations == (f"{tmp_path / 'train.py'}:{_line('PLANT-RAISE')} in __getitem__",)
+    assert {other["rank"] for other in dead.evidence["then_failed"]} <= {0, 1, 2}
 
 
 def test_a_straggler_that_goes_on_is_no_hang(tmp_path: Path) -> None:

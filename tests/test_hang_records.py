@@ -141,6 +141,11 @@ def test_a_dead_rank_is_named_with_how_it_ended_and_a_live_unclosed_one_is_not()
     assert finding.evidence["then_failed"] == [{"rank": 0, "exit_status": 1,
                                                 "error": "RuntimeError: Connection reset by peer"}]  # fmt: skip
     assert judge([failed, _record(1, common, status="running", alive=True)]) == []  # still running: not dead
+    raised = _record(2, common, status="ended", exit_status=1, error="ValueError: bad sample",
+                     error_line="t.py:9 in load")  # fmt: skip
+    (first,) = judge([failed, raised])  # its own error; rank 0's reset connection is its consequence
+    assert first.rank == 2 and first.locations == ("t.py:9 in load",) and "ValueError: bad sample" in first.title
+    assert [other["rank"] for other in first.evidence["then_failed"]] == [0]
     assert judge([failed, _record(1, common, status="running", alive=None)]) == []  # another host: cannot tell
 
 

@@ -85,9 +85,10 @@ RANK_DIED = _rule(
     "rank_died", "critical", "Rank {rank} died in step {step}: {how}", thresholds.RANK_DIED,
     "read the rank's last lines and its stack: out of memory (dmesg shows the OOM killer), a fatal signal in "
     "native code, a collective that aborted (see collective_mismatch)",
-    what="A rank whose record was never closed (its store still says running) and whose process is gone, or that "
-    "left the stacks of a fatal signal (an abort, a segfault). Its last step, its last collective and its stack "
-    "where it left one; the ranks that ended after it on an error (a peer that reset its connection) are named.",
+    what="A rank whose record was never closed (its store still says running) and whose process is gone, that "
+    "left the stacks of a fatal signal (an abort, a segfault), or that ended on an error of its own (not a peer's "
+    "reset connection, the job's SIGTERM or a collective's timeout: those are the others' consequences). Its last "
+    "step, its last collective, its stack or the line that raised; the ranks that ended after it are named.",
     why="When one rank dies, the others fail or hang in their next collective and their errors name a lost "
     "connection, not the rank that died nor why.",
     false_positives="A job analysed on another host than the one it ran on cannot tell a dead process from a "
@@ -106,6 +107,7 @@ class RankRecord:
     alive: bool | None = None  # its process still there (None: unknown, another host or no pid)
     exit_status: int | None = None
     error: str | None = None  # the script's error, when it ended on one
+    error_line: str | None = None  # where in the script's code it was raised
     steps: int | None = None
     collectives: list[dict[str, Any]] = field(default_factory=list)  # the ring (or a dump's copy), oldest first
     stack: list[list[Any]] = field(default_factory=list)  # the main thread's frames, outermost first
@@ -209,21 +211,36 @@ def _call(variant: dict[str, Any]) -> str:
     return "calls" if len(variant["ranks"]) == 1 else "call"
 
 
+# The errors a rank ends on when a peer went first: its connection reset, the job's SIGTERM, a collective's timeout.
+_CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "Terminated", "SIGTERM", "Broken pipe",
+                 "Timed out", "timed out", "communicator was aborted", "DistBackendError")  # fmt: skip
+
+
+def _caused_by_a_peer(error: str | None) -> bool:
+    return error is not None and any(words in error for words in _CONSEQUENCES)
+
+
 def _died(records: list[RankRecord]) -> list[Finding]:
     dead = [record for record in records if record.fatal or (record.status == "running" and record.alive is False)]
     failed = [record for record in records if record.status == "ended" and record.exit_status not in (None, 0)]
+    raised = [record for record in failed if record.error and not _caused_by_a_peer(record.error)]
     found = []
-    for record in dead:
-        how = (f"a fatal signal ({record.fatal}; its stacks in {record.stack_from})" if record.fatal else
-               "killed without a word (SIGKILL, or the OOM killer: no error, no fatal signal, its record never "
-               "closed)")  # fmt: skip
+    for record in dead + raised:
+        if record.fatal:
+            how = f"a fatal signal ({record.fatal}; its stacks in {record.stack_from})"
+        elif record in raised:
+            how = f"ended on an error (exit status {record.exit_status}): {record.error}"
+        else:
+            how = ("killed without a word (SIGKILL, or the OOM killer: no error, no fatal signal, its record never "
+                   "closed)")  # fmt: skip
         last = record.collectives[-1] if record.collectives else None
         evidence: dict[str, Any] = {"rank": record.rank, "step": record.steps if record.steps is not None else "?",
                                     "how": how, "where": where(record.stack),
                                     "last_collective": _describe(last) if last else None,
                                     "then_failed": [{"rank": other.rank, "exit_status": other.exit_status,
-                                                     "error": other.error} for other in failed]}  # fmt: skip
-        location = _user_location(record.stack) or (last.get("line") if last else None)
+                                                     "error": other.error} for other in failed
+                                                    if other not in raised]}  # fmt: skip
+        location = record.error_line or _user_location(record.stack) or (last.get("line") if last else None)
         found.append(RANK_DIED.finding(evidence, locations=[location] if location else [], rank=record.rank))
     return found
 

@@ -86,6 +86,7 @@ def _read_rank(rank: int, path: Path) -> RankRecord:
         record.status = meta.get("status", "running")
         record.exit_status = _int(meta.get("exit_status"))
         record.error = meta.get("error") or None
+        record.error_line = meta.get("error_line") or None
         record.steps = _int(meta.get("steps"))
         record.alive = alive(_int(meta.get("pid")), meta.get("host"))
     else:

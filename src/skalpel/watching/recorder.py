@@ -428,7 +428,7 @@ class Watcher:
              f"-> {run.folder}")  # fmt: skip
 
     # -- the end ------------------------------------------------------------------------------
-    def close(self, *, exit_status: int | None = None, error: str | None = None) -> None:
+    def close(self, *, exit_status: int | None = None, error: str | None = None, error_line: str | None = None) -> None:
         """Stop watching: a capture under way is analysed with what it holds; everything queued is written."""
         self.uninstall()
         if self._capture is not None and self.driver.run is not None:
@@ -445,7 +445,8 @@ class Watcher:
             self.driver.take()
         self._close_job_captures()
         self.store.meta(status="ended", ended=time.strftime("%Y-%m-%dT%H:%M:%S"), steps=self.steps,
-                        exit_status=exit_status, error=error[:500] if error else None)  # fmt: skip
+                        exit_status=exit_status, error=error[:500] if error else None,
+                        error_line=error_line)  # fmt: skip
         self.store.close()
         self.runq.close()
 
