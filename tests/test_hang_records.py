@@ -15,8 +15,9 @@ from pathlib import Path
 
 import orjson
 
-from skalpel.capture.collectives import RING, SLOT, Recorder, read_ring
+from skalpel.capture.collectives import Recorder
 from skalpel.diagnose.hang import RankRecord, judge, ranks_text, where
+from skalpel.trace.collective_ring import RING, SLOT, read_ring
 from skalpel.watching import hangs
 from skalpel.watching.hangwatch import hang_bound
 from skalpel.watching.live import line

@@ -114,7 +114,7 @@ def _hang_verdicts(paths: list[str]) -> bool:
     from .trace.loader import find_trace_files
     from .watching.hangs import has_dumps, verdict_text
 
-    folders = [path for path in map(Path, paths) if path.is_dir() and has_dumps(path)]
+    folders = [path for path in map(Path, paths) if _is_folder(path) and has_dumps(path)]
     if not folders:
         return False
     try:
@@ -124,6 +124,13 @@ def _hang_verdicts(paths: list[str]) -> bool:
     for folder in folders:
         sys.stdout.write(verdict_text(folder, say_clean=not traced))
     return not traced
+
+
+def _is_folder(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a name too long, a loop of links: the loader says what is wrong with it
+        return False
 
 
 def _import_terminal() -> None:

@@ -27,9 +27,8 @@ from typing import Any, Callable
 
 import orjson
 
-RING = "collectives.ring"
-SLOT = 384  # bytes per entry
-SLOTS = 256  # the last 256 collectives
+from ..trace.collective_ring import RING, SLOT, SLOTS  # the file's format (read back there)
+
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
        "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "gather", "scatter")  # fmt: skip
 _OWN = (os.sep + "torch" + os.sep, os.sep + "skalpel" + os.sep, "<frozen ", os.sep + "threading.py")
@@ -74,27 +73,6 @@ class Ring:
         with self._lock:
             self._map.flush()
             self._map.close()
-
-
-def read_ring(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The entries of a ring file, oldest first, and how many slots were torn (written as the rank died)."""
-    entries, torn = [], 0
-    data = path.read_bytes()
-    for offset in range(0, len(data) - SLOT + 1, SLOT):
-        slot = data[offset:offset + SLOT]
-        if not slot.strip(b"\x00"):
-            continue  # never written
-        try:
-            entry = orjson.loads(slot.rstrip(b"\x00 \n"))
-        except orjson.JSONDecodeError:
-            torn += 1
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("n"), int):
-            entries.append(entry)
-        else:
-            torn += 1
-    entries.sort(key=lambda entry: entry["n"])
-    return entries, torn
 
 
 def _user_line() -> str | None:

@@ -21,12 +21,12 @@ from typing import Any
 
 import orjson
 
-from ..capture.collectives import RING, read_ring
 from ..diagnose.hang import RankRecord, judge, story
 from ..result.report import Finding
-from .hangwatch import FATAL
+from ..trace.collective_ring import RING, read_ring
 from .store import STORE, read_meta
 
+FATAL = "fatal-stacks.txt"  # faulthandler's stacks at a fatal signal (hangwatch.py enables it)
 _RANK_FOLDER = re.compile(r"rank(\d+)$")
 _FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (.+)$')
 

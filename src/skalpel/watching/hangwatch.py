@@ -25,10 +25,11 @@ from typing import IO, Callable
 
 import orjson
 
-from ..capture.collectives import RING, flight_recorder_json, read_ring
+from ..capture.collectives import flight_recorder_json
 from ..diagnose import thresholds as limits
+from ..trace.collective_ring import RING, read_ring
+from .hangs import FATAL
 
-FATAL = "fatal-stacks.txt"
 KEPT_COLLECTIVES = 32  # the ring's last entries copied into a dump
 
 
