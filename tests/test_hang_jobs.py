@@ -155,6 +155,7 @@ def test_a_rank_asleep_in_its_data_loader_is_named_and_the_others_wait_in_the_ne
     findings, notes = hangs.verdict(out)
     (finding,) = findings
     assert finding.id == "collective_hang", (findings, notes)
+    assert "the verdict so far" in text and "rank 3 never came: it is in " in text  # said live, by rank 0
     assert finding.evidence["waiting"] == "ranks 0-2" and finding.evidence["missing"] == "rank 3"
     assert finding.evidence["op"] == "all_reduce" and finding.evidence["sizes"] == [[64]]
     assert finding.evidence["waiting_lines"] == [f"{tmp_path / 'train.py'}:{_line('LINE-GRADS')} in average"]
@@ -293,6 +294,7 @@ def test_one_process_stuck_is_a_step_hang_at_its_line_and_a_long_step_that_ends_
     out, stderr = _one(tmp_path / "stuck", "3600", stuck=True)
     dump = orjson.loads((out / "hang-1.json").read_bytes())
     assert dump["rank"] is None and dump["bound_s"] == 1.0 and 1.0 < dump["stalled_s"] < 2.0, dump
+    assert "step_hang: No step ended for 1 s after step" in stderr  # said live
     (finding,), notes = hangs.verdict(out)
     assert finding.id == "step_hang" and notes == []
     assert finding.locations == (f"{tmp_path / 'stuck' / 'one.py'}:{_line_of(ONE, 'PLANT-EVAL')} in evaluate",)

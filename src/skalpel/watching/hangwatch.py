@@ -28,7 +28,7 @@ import orjson
 from ..capture.collectives import flight_recorder_json
 from ..diagnose import thresholds as limits
 from ..trace.collective_ring import RING, read_ring
-from .hangs import FATAL
+from .hangs import FATAL, verdict_text
 
 KEPT_COLLECTIVES = 32  # the ring's last entries copied into a dump
 
@@ -83,12 +83,15 @@ class HangWatch:
 
     def __init__(self, folder: Path, *, rank: int | None, last_end: Callable[[], float | None],
                  steps: Callable[[], int], median_s: Callable[[], float | None], floor_s: float,
-                 say: Callable[[str], None]) -> None:  # fmt: skip
+                 say: Callable[[str], None], job_folder: Path | None = None,
+                 world_size: int = 1) -> None:  # fmt: skip
         self.folder = folder
         self.rank = rank
         self.last_end, self.steps, self.median_s = last_end, steps, median_s
         self.floor_s = floor_s
         self.say = say
+        self.job_folder = job_folder  # under torchrun with --out: rank 0 says the job's verdict once ranks dumped
+        self.world_size = world_size
         self.dumps: list[Path] = []
         self._stalled_at: int | None = None  # the step count when the dump under way was written
         self._since = 0.0  # the last step end before it
@@ -153,7 +156,22 @@ class HangWatch:
         who = f"rank {self.rank}: " if self.rank is not None else ""
         self.say(f"{who}no step has ended for {stalled_s:.1f} s (bound {bound_s:.1f} s) after step {step}: stacks "
                  f"and collectives in {path}; still watching")  # fmt: skip
+        if self.rank is None or (self.rank == 0 and self.job_folder is not None):  # one voice for the job
+            self._say_verdict(bound_s)
         return path
+
+    def _say_verdict(self, bound_s: float) -> None:
+        """The verdict on stderr, once every rank dumped too (at most half a bound more: a rank that died dumps
+        nothing), from the folder as ``skalpel analyze`` reads it."""
+        folder = self.job_folder or self.folder
+        deadline = time.monotonic() + max(bound_s / 2, 1.0)
+        while self.job_folder is not None and time.monotonic() < deadline and not self._stop.is_set():
+            if len({path.parent for path in folder.glob("rank*/hang-*.json")}) >= self.world_size:
+                break
+            time.sleep(0.1)
+        text = verdict_text(folder, say_clean=False)
+        if text:
+            self.say("the verdict so far (skalpel analyze " + str(folder) + "):\n" + text.rstrip())
 
     def _resolved(self, after_s: float) -> None:
         self._stalled_at = None

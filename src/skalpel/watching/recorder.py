@@ -139,7 +139,9 @@ class Watcher:
         self.hangs = HangWatch(self.folder, rank=job.rank if job is not None else None,
                                last_end=lambda: None if self.busy else self._last,
                                steps=lambda: self.steps, median_s=self.store.recent_step_s,
-                               floor_s=self.hang_after_s, say=_say)  # fmt: skip
+                               floor_s=self.hang_after_s, say=_say,
+                               job_folder=self.meeting if self.meeting != self.folder else None,
+                               world_size=job.world_size if job is not None else 1)  # fmt: skip
         self.hangs.start()
 
     def _after_flush(self) -> None:
