@@ -60,7 +60,8 @@ def test_rule_thresholds_live_in_the_thresholds_module(rule):
     if rule.family != "verdict":
         assert any(rule.thresholds is value for value in declared), f"{rule.id}: threshold declared outside thresholds.py"
     assert rule.thresholds.floor > 0
-    if rule.family not in ("measurement", "verdict"):  # a bottleneck needs both a share and an absolute floor
+    # a bottleneck needs both a share and an absolute floor; a stopped job (hang) is a fact: a mismatch, a dead rank
+    if rule.family not in ("measurement", "verdict", "hang"):
         assert rule.thresholds.share_pct is not None and rule.thresholds.share_pct > 0
 
 

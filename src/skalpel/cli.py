@@ -84,6 +84,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .report.progress import rank_progress
     from .trace.loader import find_trace_files
 
+    if _hang_verdicts(args.paths):
+        return 0  # a watched run's folder without a trace: its records were the answer
     files = requested(RENDERERS, json=args.json, html=args.html, out=args.out)
     printing = args.json != "-"  # rich (20 ms of imports) only for the terminal report: --json - prints none
     with rank_progress(find_trace_files(args.paths)) as on_rank_progress:
@@ -103,6 +105,32 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     terminal.print_report(report, ranks=tuple(args.rank), all_ranks=args.all_ranks)
     terminal.print_written(write(report, files, options))
     return 0
+
+
+def _hang_verdicts(paths: list[str]) -> bool:
+    """The verdict of each folder that holds a stopped job's records (``skalpel watch``'s hang dumps, collectives,
+    dead ranks; flight-recorder dumps), printed first (beside traces, only when it found something). True when
+    they are all there is: no trace to analyse."""
+    from .trace.loader import find_trace_files
+    from .watching.hangs import has_dumps, verdict_text
+
+    folders = [path for path in map(Path, paths) if _is_folder(path) and has_dumps(path)]
+    if not folders:
+        return False
+    try:
+        traced = bool(find_trace_files(paths))
+    except SkalpelError:
+        traced = False
+    for folder in folders:
+        sys.stdout.write(verdict_text(folder, say_clean=not traced))
+    return not traced
+
+
+def _is_folder(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a name too long, a loop of links: the loader says what is wrong with it
+        return False
 
 
 def _import_terminal() -> None:

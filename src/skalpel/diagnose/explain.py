@@ -40,6 +40,8 @@ def render_rule(rule: Rule) -> Group:
     applies = "GPU traces only" if rule.needs_device else "CPU and GPU traces"
     if rule.family == "watch":
         applies = "skalpel watch, over a whole run (not a finding of a trace)"
+    if rule.family == "hang":
+        applies = "a run folder of skalpel watch (its hang dumps, collectives, dead ranks) or flight-recorder dumps"
     if rule.needs_steps:
         applies += ", needs ProfilerStep markers"
     parts.append(Text(f"applies to: {applies}"))

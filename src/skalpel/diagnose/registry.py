@@ -13,6 +13,7 @@ from . import (
     cpu,
     device,
     distributed,
+    hang,
     host,
     hot_op,
     input,
@@ -26,7 +27,7 @@ from . import compile as compile_rules
 from .rule import Rule
 
 _FAMILIES = (input, cpu, sync, device, host, hot_op, memory, allocator, compile_rules, distributed, measurement,
-             coldstart, recording, verdict)  # fmt: skip
+             coldstart, recording, hang, verdict)  # fmt: skip
 
 RULES: tuple[Rule, ...] = tuple(rule for family in _FAMILIES for rule in family.RULES)
 """Every finding, in the order the rules run."""

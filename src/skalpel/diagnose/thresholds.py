@@ -306,3 +306,13 @@ SLOW_RANK = Threshold(
     25.0, "more CPU time per step than the other ranks' median", 0.5, "ms/step",
     params=(("min_steps", 50), ("every_s", 2.0)),
 )  # fmt: skip
+
+# === A job that stops: hangs, desynchronised collectives, dead ranks (watching/hangwatch.py, diagnose/hang.py) ==
+# No step ends for longer than max(floor, share x the median of the recent steps): every rank dumps its stacks
+# and collectives (`skalpel watch --hang-after S` sets the floor). 20x the median: a checkpoint or an evaluation
+# every N steps is rarely 20 steps long; the floor keeps a 50 ms loop from dumping at its first long step.
+COLLECTIVE_HANG = Threshold(2000.0, "of the median step without a step ending", 60.0, "s")
+# Ranks that disagree on collective #N of a group: its op, its sizes, or the line that called it.
+COLLECTIVE_MISMATCH = Threshold(None, "", 1.0, "collective whose op, sizes or calling line differ across ranks")
+# A rank whose record was never closed and whose process is gone (killed, aborted), or that ended on an error.
+RANK_DIED = Threshold(None, "", 1.0, "rank that ended before the job")

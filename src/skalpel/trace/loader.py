@@ -51,6 +51,8 @@ ProgressCallback = Callable[[int, int], None]
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 _SKALPEL_OUTPUTS = ("report.json", "flamegraph.speedscope.json", "summary.json")
+# skalpel watch's dumps of a stopped or asked run (hang-<k>.json, fr-trace-<k>.json, asked-<id>.json): watching/hangs
+_WATCH_DUMP = re.compile(r"(?:hang-\d+|fr-trace-\d+|asked-[\w-]+)\.json")
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 _GUNZIP_SHARE = 0.3  # of a .gz file's progress read whole: decompressing; the rest is parsing
 WHOLE_GZIP_BYTES = 16 << 20  # a .json.gz whose text is shorter is read whole, like a plain file; longer, as a stream
@@ -103,7 +105,7 @@ def _special_file(mode: int) -> str:
 
 def _looks_like_trace_file(path: Path) -> bool:
     name = path.name
-    if name in _SKALPEL_OUTPUTS or name.startswith("report"):
+    if name in _SKALPEL_OUTPUTS or name.startswith("report") or _WATCH_DUMP.fullmatch(name):
         return False
     return name.endswith(".json") or name.endswith(".json.gz")
 

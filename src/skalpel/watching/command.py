@@ -37,8 +37,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help=f"at most one capture per anomaly kind every S seconds ({DEFAULT_COOLDOWN_S:g})",
     )  # fmt: skip
     parser.add_argument("--active", type=int, default=5, metavar="N", help="steps recorded per capture (5)")
+    parser.add_argument(
+        "--hang-after", type=_seconds, default=None, metavar="S",
+        help="a step that has not ended after max(S, 20x the median step) is a hang: every rank dumps its stacks "
+        "and collectives into the run folder (60; `skalpel analyze RUN` gives the verdict)",
+    )  # fmt: skip
     parser.add_argument("--no-capture", dest="capture", action="store_false", help="record and judge, never profile")
     parser.add_argument("--show", metavar="RUN", help="print a watched run's timeline and anomalies (a run folder)")
+    parser.add_argument(
+        "--ask", metavar="RUN",
+        help="ask a running watch (its run folder; under torchrun the job's): `--ask RUN stacks` (every rank's "
+        "stacks now) or `--ask RUN profile N` (a capture of the next N steps, every rank's same steps)",
+    )  # fmt: skip
     parser.add_argument("--html", metavar="FILE", help="with --show: also write the run's timelines as an HTML page")
     parser.add_argument("target", nargs="?", metavar="SCRIPT", help="the script (or module with -m)")
     parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
@@ -46,6 +56,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
+    if args.ask:
+        return _ask(Path(args.ask), args.target, args.args)
     if args.show:
         from .show import show_run
 
@@ -67,8 +79,41 @@ def execute(args: argparse.Namespace) -> int:
 
     target = Target(args.target, tuple(args.args), module=args.module)
     return watch_script(target, out=Path(args.out) if args.out else None, name=args.name, step_on=args.step_on,
-                        cooldown_s=args.cooldown, capture=args.capture,
+                        cooldown_s=args.cooldown, capture=args.capture, hang_after_s=args.hang_after,
                         settings=CaptureSettings(active=args.active))  # fmt: skip
+
+
+def _ask(run: Path, what: str | None, rest: list[str]) -> int:
+    from .asks import ask, wait_for_answers
+    from .hangs import rank_folders
+
+    if what not in ("stacks", "profile") or (what == "stacks" and rest) or (what == "profile" and len(rest) != 1):
+        raise SkalpelError("ask for `stacks` or `profile N`: skalpel watch --ask RUN stacks | --ask RUN profile N")
+    steps = None
+    if what == "profile":
+        try:
+            steps = int(rest[0])
+        except ValueError:
+            raise SkalpelError(f"profile N: N is a number of steps (got {rest[0]!r})") from None
+    ask_id, folder, running = ask(run, what, steps)
+    if what == "profile":
+        print(f"asked {folder} for a profile of the next {steps} steps (request {ask_id}): the capture is written "
+              f"into {folder}/capture-<step>-asked/ and linked in `skalpel watch --show {folder}`")  # fmt: skip
+        return 0
+    from ..diagnose.hang import where
+
+    answers = wait_for_answers(folder, ask_id, sorted(running), timeout_s=10.0)
+    folders = rank_folders(folder)
+    for rank in sorted(running):
+        answer = answers.get(rank)
+        label = f"rank {rank}" if len(folders) > 1 else "the run"
+        if answer is None:
+            print(f"{label}: no answer within 10 s (its writer thread is late, or the rank is gone)")
+            continue
+        main = next((stack["frames"] for stack in answer.get("stacks", []) if stack.get("main")), [])
+        print(f"{label} after step {answer.get('step')}: {where(main) or 'no main thread stack'}  "
+              f"({folders.get(rank, folder)}/asked-{ask_id}.json)")  # fmt: skip
+    return 0 if len(answers) == len(running) else 1
 
 
 def add_history_parser(commands: argparse._SubParsersAction) -> None:

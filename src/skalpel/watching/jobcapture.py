@@ -54,6 +54,7 @@ class Request:
     anomaly_step: int
     rank: int  # the rank whose anomaly asked for it: it starts the collector and links the report
     asked_at: float  # time.time()
+    active: int | None = None  # steps recorded, when not the watch's --active (skalpel watch --ask JOB profile N)
 
     @property
     def folder_name(self) -> str:
@@ -76,7 +77,7 @@ class Requests:
         return max(MIN_LEAD_STEPS, math.ceil(LEAD_S / median_step_s) if median_step_s else MIN_LEAD_STEPS)
 
     def ask(self, *, kind: str, anomaly_step: int, current_step: int, median_step_s: float | None,
-            cooldown_s: float) -> Request | None:  # fmt: skip
+            cooldown_s: float, active: int | None = None, span: int | None = None) -> Request | None:  # fmt: skip
         """Write a request for a capture of the job; None when one of this kind was asked within the cooldown (by
         any rank) or the folder cannot be written."""
         taken = 0  # the last number found taken (by another rank's request, or a file that is none)
@@ -90,7 +91,8 @@ class Requests:
             if last is not None:
                 first = max(first, last.last_step + 1)
             number = max([taken, *self.requests]) + 1
-            request = Request(number, first, first + self.span - 1, kind, anomaly_step, self.rank, now)
+            last_step = first + (span or self.span) - 1
+            request = Request(number, first, last_step, kind, anomaly_step, self.rank, now, active)
             aside = self.folder / f".{_PREFIX}{number}-rank{self.rank}.tmp"
             try:
                 aside.write_bytes(orjson.dumps(dataclasses.asdict(request)))

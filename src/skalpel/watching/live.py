@@ -13,13 +13,15 @@ MIB = 2**20
 
 
 def line(steps: int, median_s: float | None, memory: int | None, memory_source: str, anomalies: int,
-         capturing: bool) -> str:  # fmt: skip
+         capturing: bool, hang_bound_s: float | None = None) -> str:  # fmt: skip
     parts = [f"skalpel watch: step {steps}"]
     if median_s is not None:
         parts.append(f"median {median_s * 1e3:.2f} ms")
     if memory is not None:
         parts.append(f"{memory_source} {memory / MIB:.0f} MiB")
     parts.append(f"{anomalies} anomal{'y' if anomalies == 1 else 'ies'}")
+    if hang_bound_s is not None:
+        parts.append(f"hang after {hang_bound_s:.0f} s")
     if capturing:
         parts.append("capturing")
     return " · ".join(parts)

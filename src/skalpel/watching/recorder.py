@@ -24,6 +24,9 @@ written once, off every rank's training thread (``jobcapture.py``, ``collect.py`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -34,15 +37,19 @@ from typing import Any, Iterator
 from .. import env
 from ..capture import distributed, runfolder, signals
 from ..capture.boundaries import Takeover, why_no_boundary
+from ..capture.collectives import Recorder as CollectiveRecorder
 from ..capture.driver import Driver
 from ..capture.outputs import own_report, write_run
 from ..capture.session import ProfileRun
 from ..capture.settings import CaptureSettings
 from ..capture.steps import StepDetector
+from ..diagnose import thresholds as limits
 from ..errors import SkalpelError
+from .asks import Asks, answer_name
 from .collect import capture_summary
 from .detect import Anomaly, Detector
 from .devicetime import DeviceTimes
+from .hangwatch import HangWatch, write_dump
 from .jobcapture import Request, Requests, start_collector, write_marker
 from .jobcapture import summary as job_summary
 from .live import LiveLine, line
@@ -58,7 +65,7 @@ class Watcher:
 
     def __init__(self, folder: Path, *, script: str, step_on: str | None = None,
                  cooldown_s: float = DEFAULT_COOLDOWN_S, capture: bool = True,
-                 settings: CaptureSettings | None = None) -> None:  # fmt: skip
+                 settings: CaptureSettings | None = None, hang_after_s: float | None = None) -> None:  # fmt: skip
         self.folder = folder
         self.script = script
         self.cooldown_s = cooldown_s
@@ -96,6 +103,12 @@ class Watcher:
         self._closing = False
         self.live = LiveLine()
         self.store.on_flush = self._after_flush
+        self.hang_after_s = limits.COLLECTIVE_HANG.floor if hang_after_s is None else hang_after_s
+        self.hangs: HangWatch | None = None  # installed with the hooks: a step that never ends
+        self.collectives: CollectiveRecorder | None = None  # torch.distributed's calls, on disk as they happen
+        self.busy = False  # the training thread is in a capture's own work at a boundary (hangwatch waits)
+        self.meeting = folder  # where requests from another terminal are read (the job's folder under torchrun)
+        self.asks: Asks | None = None
 
     # -- installing ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -107,7 +120,29 @@ class Watcher:
         self.detector.install()  # it times the DataLoader wait, backward and the optimizer step too
         self.driver.install()
         self.store.on_restart = self.anomalies.clear  # a takeover: the anomalies judged on the steps before are gone
+        # a rank whose record stays "running" with its process gone died (told on this host only)
+        self.store.meta(pid=os.getpid(), host=socket.gethostname(), capture=self.capture_on)
+        self.asks = Asks(self.meeting, time.time())
+        self._install_hang_watch()
         self.live.start()
+
+    def _install_hang_watch(self) -> None:
+        """The collectives' ring and the thread that notices a step that never ends (``hangwatch.py``)."""
+        try:
+            self.collectives = CollectiveRecorder(self.folder, step=lambda: self.steps + 1)
+            self.collectives.install()
+        except (OSError, ImportError, ValueError) as error:
+            self.collectives = None
+            _say(f"collectives are not recorded ({type(error).__name__}: {error})")
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # PyTorch's own record too, read at a hang
+        job = distributed.job()
+        self.hangs = HangWatch(self.folder, rank=job.rank if job is not None else None,
+                               last_end=lambda: None if self.busy else self._last,
+                               steps=lambda: self.steps, median_s=self.store.recent_step_s,
+                               floor_s=self.hang_after_s, say=_say,
+                               job_folder=self.meeting if self.meeting != self.folder else None,
+                               world_size=job.world_size if job is not None else 1)  # fmt: skip
+        self.hangs.start()
 
     def _after_flush(self) -> None:
         """On the writer thread, after each flush: the job's new capture requests, the reports written, the live
@@ -121,7 +156,33 @@ class Watcher:
                     self._collecting.remove(entry)
             for _, request, anomaly_id in done:
                 self._link_job_capture(request, anomaly_id)
+        if self.asks is not None and not self._closing:
+            for asked in self.asks.take():
+                self._answer(asked)
         self._show_live()
+
+    def _answer(self, asked: dict) -> None:
+        """On the writer thread: a request from another terminal (``asks.py``): the stacks now, or a capture."""
+        ask_id = str(asked.get("id"))
+        if asked["what"] == "stacks":
+            path = self.folder / answer_name(ask_id)
+            try:
+                rank = self.rank if distributed.job() is not None else None
+                write_dump(path, rank, self.steps, {"asked": ask_id}, recorder_name=None)
+            except OSError as error:
+                _say(f"cannot write the stacks asked for into {path}: {error}")
+                return
+            _say(f"stacks asked for (pid {asked.get('pid')}): {path}")
+            return
+        if self.requests is not None and self.rank != 0:
+            return  # rank 0 asks the job's capture for every rank
+        steps = int(asked.get("steps") or self.settings.active)
+        if not self.capture_on:
+            _say(f"a profile asked for (pid {asked.get('pid')}): this run takes no captures")
+            return
+        anomaly = Anomaly(self.steps, "asked", f"a profile of {steps} steps asked for from another terminal (pid "
+                          f"{asked.get('pid')}, request {ask_id})", float(steps), 0.0)  # fmt: skip
+        self._on_anomaly(anomaly, self.store.record_anomaly(anomaly))
 
     def _show_live(self) -> None:
         """The live line (a terminal only)."""
@@ -130,10 +191,15 @@ class Watcher:
             return
         memory = row[7] if row[7] is not None else row[6]
         self.live.update(line(row[0], self.anomaly_detector.median_step, memory, self.anomaly_detector.memory_source,
-                              len(self.anomalies), self._capture is not None))  # fmt: skip
+                              len(self.anomalies), self._capture is not None,
+                              self.hangs.bound_s if self.hangs is not None else None))  # fmt: skip
 
     def uninstall(self) -> None:
         self.live.stop()
+        if self.hangs is not None:
+            self.hangs.stop()
+        if self.collectives is not None:
+            self.collectives.uninstall()
         self.driver.uninstall()
         self.detector.uninstall()
 
@@ -160,8 +226,13 @@ class Watcher:
         if self.store.want_device:  # once: the writer saw CUDA initialised, and reads memory on this device
             self._use_device()
         if self._capture is not None or self._requested or self.policy.restart:
-            self._drive_capture()
-            now, runq = time.perf_counter(), self.runq.read()  # the capture's own work stays out of the next step
+            self.busy = True  # a capture's start or analysis: seconds without a step end that are no hang
+            try:
+                self._drive_capture()
+            finally:
+                now, runq = time.perf_counter(), self.runq.read()  # the capture's own work stays out of the next step
+                self._last = now  # before the hang watch looks again
+                self.busy = False
         self._last, self._last_runq = now, runq  # the detector times the DataLoader, backward and the optimizer
         timed.loader_s = timed.backward_s = timed.optimizer_s = 0.0
 
@@ -192,17 +263,21 @@ class Watcher:
         _say(f"step {anomaly.step}: {anomaly.kind}: {anomaly.message}")
         if not self.capture_on:
             return
+        asked = anomaly.kind == "asked"  # from another terminal: no cooldown, its own number of steps
         if self.requests is not None:  # every rank captures, from a step far enough ahead for all to know it
+            settings = self._settings_for(int(anomaly.value) if asked else None)
             request = self.requests.ask(kind=anomaly.kind, anomaly_step=anomaly.step, current_step=self.steps,
                                         median_step_s=self.store.recent_step_s(),
-                                        cooldown_s=self.cooldown_s)  # fmt: skip
+                                        cooldown_s=0.0 if asked else self.cooldown_s,
+                                        active=settings.active if asked else None,
+                                        span=settings.total_steps + max(settings.active, 5) + 3)  # fmt: skip
             if request is not None:
                 self._asked[request.number] = (anomaly, anomaly_id)
                 _say(f"rank {self.rank}: every rank captures steps {request.first_step}-{request.last_step} "
                      f"({anomaly.kind})")  # fmt: skip
             return
         last = self._captured_at.get(anomaly.kind)
-        if last is not None and time.monotonic() - last < self.cooldown_s:
+        if not asked and last is not None and time.monotonic() - last < self.cooldown_s:
             return
         self._captured_at[anomaly.kind] = time.monotonic()
         self._requested.append((anomaly, anomaly_id, None))  # after the capture under way, if any
@@ -246,11 +321,19 @@ class Watcher:
             return
         folder = self._capture_folder(anomaly, request)
         kind = request.kind if request is not None else anomaly.kind  # type: ignore[union-attr]
-        run = ProfileRun(self.settings, out=folder, name=f"{Path(self.script).stem}-{kind}")
+        if request is not None:
+            active = request.active
+        else:
+            active = int(anomaly.value) if anomaly is not None and anomaly.kind == "asked" else None
+        run = ProfileRun(self._settings_for(active), out=folder, name=f"{Path(self.script).stem}-{kind}")
         run.script = self.script
         self.driver.run = run
         self._capture = (anomaly, anomaly_id, request)
         self._profiled = 1
+
+    def _settings_for(self, active: int | None) -> CaptureSettings:
+        """The capture's settings: the watch's, with ``active`` steps recorded when a request names them."""
+        return self.settings if active is None else dataclasses.replace(self.settings, active=active)
 
     def _taken_over(self, takeover: Takeover) -> None:
         """A stronger signal showed the training iteration: the steps so far were not iterations. Their rows and
@@ -347,7 +430,7 @@ class Watcher:
              f"-> {run.folder}")  # fmt: skip
 
     # -- the end ------------------------------------------------------------------------------
-    def close(self, *, exit_status: int | None = None) -> None:
+    def close(self, *, exit_status: int | None = None, error: str | None = None, error_line: str | None = None) -> None:
         """Stop watching: a capture under way is analysed with what it holds; everything queued is written."""
         self.uninstall()
         if self._capture is not None and self.driver.run is not None:
@@ -364,7 +447,8 @@ class Watcher:
             self.driver.take()
         self._close_job_captures()
         self.store.meta(status="ended", ended=time.strftime("%Y-%m-%dT%H:%M:%S"), steps=self.steps,
-                        exit_status=exit_status)  # fmt: skip
+                        exit_status=exit_status, error=error[:500] if error else None,
+                        error_line=error_line)  # fmt: skip
         self.store.close()
         self.runq.close()
 
@@ -435,10 +519,11 @@ def open_watcher(out: str | Path | None, name: str, *, script: str, **options: A
         _say(f"{error}; the script runs unwatched")
         return None
     if job is not None:
-        watcher.store.meta(job=job.run_id, rank=job.rank)
+        watcher.store.meta(job=job.run_id, rank=job.rank, world_size=job.world_size)
+        watcher.rank = job.rank
         if out is not None:  # JOB/rankN: the other ranks' stores are its siblings, judged with this one's
             watcher.store.peers = Peers(folder, job.rank, job.run_id)
-            watcher.rank = job.rank
+            watcher.meeting = folder.parent
             if watcher.capture_on:
                 settings = watcher.settings
                 span = settings.total_steps + max(settings.active, 5) + 3  # its steps, the baseline, a few spare
@@ -460,17 +545,19 @@ class WatchHandle:
 
 @contextlib.contextmanager
 def watch(*, out: str | Path | None = None, name: str | None = None, step_on: str | None = None,
-          cooldown_s: float = DEFAULT_COOLDOWN_S, capture: bool = True) -> Iterator[WatchHandle]:  # fmt: skip
+          cooldown_s: float = DEFAULT_COOLDOWN_S, capture: bool = True,
+          hang_after_s: float | None = None) -> Iterator[WatchHandle]:  # fmt: skip
     """Watch every step of the loop inside the block: ``with skalpel.watch(): train()``.
 
     Steps are found as ``skalpel run`` finds them (or marked with ``w.step()``); a run folder
-    holds ``watch.sqlite`` and a capture per anomaly. Nothing here stops the script: a folder
+    holds ``watch.sqlite`` and a capture per anomaly; a step that has not ended after ``hang_after_s`` (at least;
+    ``hangwatch.py``) dumps the stacks and collectives there. Nothing here stops the script: a folder
     that cannot be written is said in one line and the loop runs unwatched.
     """
     script = sys.argv[0] if sys.argv and sys.argv[0] else "python"
     signals.set_owner()
     watcher = open_watcher(out, name or Path(script).stem or "watch", script=script, step_on=step_on,
-                           cooldown_s=cooldown_s, capture=capture)  # fmt: skip
+                           cooldown_s=cooldown_s, capture=capture, hang_after_s=hang_after_s)  # fmt: skip
     if watcher is not None:
         watcher.install()
         watcher.start_clock()  # the block is the loop: its first iteration starts here

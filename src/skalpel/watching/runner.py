@@ -19,15 +19,18 @@ from ..capture.target import Target, as_main, check_target
 from .recorder import Watcher, open_watcher
 
 _OWN_FRAMES = ("runpy.py", "<frozen runpy>", "skalpel/capture/runner.py")
+_LIBRARIES = ("/site-packages/", "/dist-packages/", "/lib/python3", "/skalpel/")
 
 
 def watch_script(target: Target, *, out: Path | None = None, name: str | None = None, step_on: str | None = None,
-                 cooldown_s: float, capture: bool = True, settings: CaptureSettings | None = None) -> int:  # fmt: skip
+                 cooldown_s: float, capture: bool = True, settings: CaptureSettings | None = None,
+                 hang_after_s: float | None = None) -> int:  # fmt: skip
     """Run ``target`` watched; returns the script's exit status."""
     code_path = check_target(target)
     signals.set_owner()
     watcher: Watcher | None = open_watcher(out, name or target.label, script=target.name, step_on=step_on,
-                                           cooldown_s=cooldown_s, capture=capture, settings=settings)  # fmt: skip
+                                           cooldown_s=cooldown_s, capture=capture, settings=settings,
+                                           hang_after_s=hang_after_s)  # fmt: skip
     if watcher is not None:
         _say(f"watching {target.name}: every step into {watcher.store.path}")
     guard = signals.Guard()
@@ -39,12 +42,24 @@ def watch_script(target: Target, *, out: Path | None = None, name: str | None = 
         if not signals.is_owner():  # a child the script forked came back here
             return status
         if watcher is not None:
-            watcher.close(exit_status=status)
+            said = None if error is None or isinstance(error, SystemExit) else f"{type(error).__name__}: {error}"
+            watcher.close(exit_status=status, error=said, error_line=_error_line(error) if said else None)
     if watcher is not None:
         _say(watcher.why_no_step() or watcher.summary())
     if error is not None and not isinstance(error, (KeyboardInterrupt, signals.Terminated)):
         _show_error(error, status)
     return status
+
+
+def _error_line(error: BaseException) -> str | None:
+    """The innermost frame of the script's own code in the error's traceback (``train.py:88 in evaluate``)."""
+    found, tb = None, error.__traceback__
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        if not path.endswith(_OWN_FRAMES) and not any(part in path for part in _LIBRARIES):
+            found = f"{path}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
+        tb = tb.tb_next
+    return found
 
 
 def _show_error(error: BaseException, status: int) -> None:

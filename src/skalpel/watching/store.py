@@ -278,6 +278,10 @@ class Store:
             _, anomaly_id, path, summary = item
             self._execute("UPDATE anomalies SET capture = ?, summary = ? WHERE id = ?", [(path, summary, anomaly_id)])
 
+    def record_anomaly(self, anomaly: Anomaly) -> int:
+        """On the writer thread: an anomaly that no step judged (a capture asked for from another terminal); its id."""
+        return self._anomaly(anomaly, self.last_row[1] if self.last_row else 0.0)
+
     def _anomaly(self, anomaly: Anomaly, at_s: float) -> int:
         if self.failed is not None:
             return -1
