@@ -152,7 +152,7 @@ def test_a_folder_where_no_file_loads(tmp_path: Path, capsys) -> None:
     assert "none of the 2 files loads" in _one_line_error(capsys, "analyze", str(tmp_path))
 
 
-_COMMANDS = ("analyze", "diff", "run", "demo", "explain", "commbench", "tune", "watch", "history")
+_COMMANDS = ("analyze", "diff", "run", "demo", "explain", "commbench", "tune", "watch", "history", "mcp")
 
 
 def test_help_and_a_misspelt_command_name_every_command(capsys) -> None:
