@@ -125,7 +125,9 @@ def _allocations(profile: Any, event_type: Any, tensor_key: Any) -> dict:
 
 
 def _phase(event: Any) -> str:
-    """forward, backward, optimizer or zero_grad: what the ops around the allocation that set the peak were doing."""
+    """forward, backward, optimizer or zero_grad: what the ops around the allocation that set the peak were doing
+    (forward: inside a module's call, none of the others)."""
+    module = False
     while event is not None:
         name = event.name
         if name.startswith(OPTIMIZER_PREFIX):
@@ -134,10 +136,10 @@ def _phase(event: Any) -> str:
             return "zero_grad"
         if name.startswith(BACKWARD_PREFIX) or name.startswith("autograd::engine"):
             return "backward"
-        if name.startswith("ProfilerStep#"):
-            return "forward"
+        if name.startswith(_MODULE_PREFIX):
+            module = True
         event = event.parent
-    return "other"
+    return "forward" if module else "other"
 
 
 def _by_module(activations: list, allocations: dict, event_type: Any) -> tuple[ModuleActivations, ...]:
