@@ -89,6 +89,15 @@ def test_checkpointing_the_named_module_saves_what_the_finding_claims(runs):
 
 
 @pytest.mark.slow
+def test_the_html_page_draws_the_split(runs):
+    from skalpel.report.html import render
+    from skalpel.result.report import Report
+
+    page = render(Report.from_dict(runs["planted"]))
+    assert "memory peak on cpu by category" in page and "activations by module: Block (4 calls" in page
+
+
+@pytest.mark.slow
 def test_inference_whose_peak_is_its_weights_stays_quiet(runs):
     report = runs["inference"]
     split = report["capture"]["memory_split"]

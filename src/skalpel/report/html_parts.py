@@ -453,13 +453,21 @@ def capture(report: Report) -> str:
             facts.append(("window medians", ", ".join(f"{v:.2f} ms" for v in c.window_medians_ms)))
         if c.run is not None:
             facts.extend(("whole run" if i == 0 else "", line) for i, line in enumerate(c.run.lines()))
+        if c.memory_split is not None:
+            facts.extend(("memory peak" if i == 0 else "", line) for i, line in enumerate(c.memory_split.lines()))
         if c.script:
             facts.append(("script", c.script))
         if c.exit_status is not None:
             facts.append(("exit status", str(c.exit_status)))
-        body = ""
+        body = _memory_split_bar(c.memory_split) if c.memory_split is not None else ""
     rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in facts)
     return section("capture", "Capture facts", f'<table class="kv">{rows}</table>{body}')
+
+
+def _memory_split_bar(split) -> str:
+    """The peak as one bar, a segment per category (they add up to it)."""
+    parts = {part.category.replace("_", " "): part.bytes / 2**20 for part in split.categories}
+    return svg.stacked_bars([("peak", parts)], unit=" MiB", label=f"memory peak on {split.device} by category")
 
 
 def warnings(report: Report) -> str:
