@@ -31,8 +31,8 @@ MIB = 2**20
 def _run(out: Path, script: str, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     log = open(out.parent / f"{out.name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "skalpel", "run", "--active", "2", "--out", str(out),
-                             str(SCENARIOS / script), *args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    command = [sys.executable, "-m", "skalpel", "run", "--active", "2", "--out", str(out), str(SCENARIOS / script)]
+    return subprocess.Popen([*command, *args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 @pytest.fixture(scope="module")
