@@ -22,7 +22,7 @@ from skalpel.diagnose.rule import JobContext, NotJudged
 from skalpel.result.memory_split import CategoryBytes, MemorySplit, ModuleActivations
 from skalpel.result.report import CaptureInfo, capture_from_dict
 
-from .conftest import REPO
+from .conftest import REPO, corpus
 
 SCENARIOS = REPO / "examples" / "scenarios"
 MIB = 2**20
@@ -167,3 +167,37 @@ def test_a_large_window_is_left_unsplit_and_said(monkeypatch):
         model(torch.randn(8, 64))
     with pytest.raises(memory_split.NotSplit, match="without with_stack"):
         memory_split.split_at_peak(bare, steps=1)
+
+
+# ---- reserved_far_above_allocated, on real GPU traces --------------------------------------------------------------
+
+
+def _analyze(relative: str) -> list:
+    from skalpel.api import analyze
+
+    return list(analyze(corpus(relative), workers=1).findings)
+
+
+def test_a_reserve_twice_the_allocated_peak_is_named():
+    """HTA's df_index_resolver trace (a V100, 32 GiB): 12.2 GiB reserved around a 6.3 GiB allocated peak."""
+    found = _found(_analyze("hta/df_index_resolver/df_index_resolver.json.gz"), "reserved_far_above_allocated")
+    assert found.severity == "info"  # 37% of the device: room to spare
+    assert found.evidence["device"] == "cuda:1" and round(found.evidence["gap_mib"]) == 5868
+    assert 47 < found.evidence["gap_pct"] < 49 and "expandable_segments:True" in found.fix
+
+
+def _found(findings: list, finding_id: str):
+    (found,) = [f for f in findings if f.id == finding_id]
+    return found
+
+
+@pytest.mark.parametrize(
+    "relative",
+    ["extra/AMD-AGI__TraceLens/tests/traces/h100/facebook_timesformer-base-finetuned-k400__1016002.json.gz",
+     "extra/AMD-AGI__TraceLens/tests/traces/h100/google_owlv2-large-patch14-ensemble__1016001.json.gz"],
+    ids=["cache-holds-2-percent", "cache-holds-a-quarter"],
+)  # fmt: skip
+def test_a_cache_holding_freed_blocks_for_reuse_stays_quiet(relative):
+    """Reserved 2% and 25% above the allocated peak (blocks cached for reuse): below the share, not named."""
+    assert not [f for f in _analyze(relative) if f.id == "reserved_far_above_allocated"]
+

@@ -1,11 +1,12 @@
-"""What holds the memory peak: findings on the capture's split of it by category and module (``MemorySplit``)."""
+"""What holds the memory peak: activations (the capture's split of it by category and module, ``MemorySplit``) and
+the caching allocator's reserve beyond it (the trace's memory curve)."""
 
 from __future__ import annotations
 
 from ..result.memory_split import MemorySplit, ModuleActivations
 from . import thresholds
 from .common import pct
-from .rule import Docs, JobContext, NotJudged, Outcome, Rule
+from .rule import Context, Docs, JobContext, NotJudged, Outcome, Rule
 
 MIB = 2**20
 _NO_SPLIT = ("no split of the memory peak: `skalpel run` and `skalpel.profile()` make it from the live "
@@ -91,4 +92,67 @@ ACTIVATIONS_DOMINATE_PEAK = Rule(
     ),
 )
 
-RULES = (ACTIVATIONS_DOMINATE_PEAK,)
+
+
+def _check_reserved(ctx: Context, rule: Rule) -> Outcome:
+    result = ctx.analyses.memory
+    devices = [d for d in (result.devices if result is not None else ()) if d.peak_reserved_bytes is not None]
+    if not devices:
+        on_device = result is not None and any(d.device != "cpu" for d in result.devices)  # the host reserves none
+        return NotJudged("no reserved bytes in the trace's memory events (Total Reserved): only a device's caching "
+                         "allocator reports them", applies=on_device)  # fmt: skip
+    limits = rule.thresholds
+    findings = []
+    for device in devices:
+        reserved, allocated = device.peak_reserved_bytes or 0, device.peak_bytes
+        gap = reserved - allocated
+        if gap < limits.floor * MIB or pct(gap, reserved) < limits.share_pct:
+            continue
+        capacity = device.capacity_bytes
+        tight = capacity is not None and pct(reserved, capacity) >= limits.param("tight_capacity_pct")
+        evidence = {
+            "gap_mib": gap / MIB,
+            "gap_pct": pct(gap, reserved),
+            "reserved_peak_mib": reserved / MIB,
+            "allocated_peak_mib": allocated / MIB,
+            "capacity_mib": capacity / MIB if capacity else None,
+            "reserved_of_capacity_pct": pct(reserved, capacity) if capacity else None,
+            "device": device.device,
+        }
+        findings.append(rule.finding(evidence, severity="warning" if tight else "info", rank=device.rank))
+    return findings
+
+
+RESERVED_FAR_ABOVE_ALLOCATED = Rule(
+    id="reserved_far_above_allocated",
+    family="memory",
+    severity="info",
+    title="The allocator reserved {reserved_peak_mib:.0f} MiB on {device} but never held more than "
+    "{allocated_peak_mib:.0f} MiB at once: {gap_mib:.0f} MiB ({gap_pct:.0f}%) reserved and unused",
+    thresholds=thresholds.RESERVED_FAR_ABOVE_ALLOCATED,
+    check=_check_reserved,
+    needs_device=True,
+    fix="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments that grow in place instead of new ones beside "
+    "fragments); keep tensor shapes fixed from step to step",
+    docs=Docs(
+        what="On a device, the caching allocator's highest reserved bytes (`Total Reserved` of the trace's memory "
+        "events) exceed the highest allocated bytes by `share_pct` of the reserve and `floor` MiB or more: memory "
+        "taken from the device that no moment of the recording needed. A warning where the reserve fills "
+        "`tight_capacity_pct` of the device's memory (`deviceProperties`), info otherwise.",
+        why="Reserved memory is what the device has given away: an out-of-memory error comes when a new segment "
+        "cannot be had, even with gigabytes free inside the reserved ones. Blocks of changing sizes leave holes "
+        "no later request fits (fragmentation), and the reserve grows around them.",
+        evidence="The gap in MiB and as a share of the reserved peak, the reserved and allocated peaks, the "
+        "device's memory and the reserve's share of it, the device.",
+        fix="`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` lets segments grow in place; fixed shapes (pad "
+        "batches to a few sizes) make blocks reusable; a memory snapshot (`torch.cuda.memory._dump_snapshot`, "
+        "then `skalpel analyze snap.pickle`) shows the free blocks inside each segment and the largest one. "
+        "`torch.cuda.empty_cache()` only hands back whole free segments, at the cost of allocating them again.",
+        false_positives="A higher peak before the recording (an evaluation, the first steps, a model load) "
+        "leaves its segments reserved for reuse: the cache doing its job, not fragments. A cache that holds "
+        "freed blocks at about the allocated peak stays below the share. Memory reserved by other pools (CUDA "
+        "graphs' private pools) counts as reserved too.",
+    ),
+)
+
+RULES = (ACTIVATIONS_DOMINATE_PEAK, RESERVED_FAR_ABOVE_ALLOCATED)

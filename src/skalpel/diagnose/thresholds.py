@@ -173,6 +173,11 @@ ACTIVATIONS_DOMINATE_PEAK = Threshold(
     50.0, "of the memory peak held by activations", 16.0, "MiB of activations",
     params=(("min_saving_pct", 10.0), ("min_calls", 2.0)),
 )  # fmt: skip
+# reserved_far_above_allocated: the allocator's reserved peak exceeds the allocated peak by share_pct of it and floor
+# MiB or more; a warning where the reserved peak fills tight_capacity_pct of the device, info otherwise
+RESERVED_FAR_ABOVE_ALLOCATED = Threshold(
+    40.0, "of the reserved peak never allocated at once", 2048.0, "MiB", params=(("tight_capacity_pct", 80.0),),
+)  # fmt: skip
 # LBFGS keeps history_size pairs of flat parameter-sized vectors (a step and a gradient change), made inside its
 # step: a growth whose kept bytes are LBFGS_SHARE or more allocated inside its steps is that history, bounded at
 # LBFGS_HISTORY pairs (torch.optim.LBFGS's default history_size), not a leak
