@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from skalpel.capture import memory_split
-from skalpel.diagnose.peak import ACTIVATIONS_DOMINATE_PEAK, checkpoint_saving
+from skalpel.diagnose.peak import ACTIVATIONS_DOMINATE_PEAK, OPTIMIZER_STATE_DOMINATES_PEAK, checkpoint_saving
 from skalpel.diagnose.rule import JobContext, NotJudged
 from skalpel.result.memory_split import CategoryBytes, MemorySplit, ModuleActivations
 from skalpel.result.report import CaptureInfo, capture_from_dict
@@ -39,7 +39,9 @@ def _run(out: Path, script: str, *args: str) -> subprocess.Popen:
 def runs(tmp_path_factory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("split")
     plan = {"planted": ("activations_peak.py",), "checkpointed": ("activations_peak.py", "--checkpoint"),
-            "inference": ("inference_weights.py",)}  # fmt: skip
+            "inference": ("inference_weights.py",), "adam": ("optimizer_state_peak.py",),
+            "momentum": ("optimizer_state_peak.py", "--momentum"),
+            "sgd": ("optimizer_state_peak.py", "--sgd")}  # fmt: skip
     started = {name: _run(root / name, *args) for name, args in plan.items()}
     reports = {}
     for name, process in started.items():
@@ -106,6 +108,21 @@ def test_inference_whose_peak_is_its_weights_stays_quiet(runs):
     assert not [f for f in report["findings"] if f["id"] == "activations_dominate_peak"]
 
 
+@pytest.mark.slow
+def test_adams_state_is_named_and_a_one_value_state_saves_the_claim(runs):
+    found = _finding(runs["adam"], "optimizer_state_dominates_peak")
+    evidence = found["evidence"]
+    assert evidence["phase"] == "optimizer" and evidence["share_pct"] >= 40
+    assert 1.5 <= evidence["state_per_parameter"] <= 2.1  # two moments per parameter (and Adam's step counts)
+    assert "SGD with momentum" in found["fix"]
+    # the fix applied by hand: SGD with momentum keeps one value per parameter
+    before, after = (runs[name]["capture"]["memory_split"] for name in ("adam", "momentum"))
+    assert (before["peak_bytes"] - after["peak_bytes"]) / MIB >= 0.9 * evidence["one_value_saving_mib"]
+    for quiet in ("momentum", "sgd"):  # a third of the peak; no state at all
+        assert not [f for f in runs[quiet]["findings"] if f["id"] == "optimizer_state_dominates_peak"]
+    assert not [f for f in runs["planted"]["findings"] if f["id"] == "optimizer_state_dominates_peak"]
+
+
 def _split(*, activation: int, other: int, modules: tuple[ModuleActivations, ...]) -> MemorySplit:
     categories = (CategoryBytes("activation", activation), CategoryBytes("parameter", other))
     return MemorySplit(device="cuda:0", peak_bytes=activation + other, held_before_bytes=other, phase="backward",
@@ -140,6 +157,20 @@ def test_the_saving_leaves_the_outputs_and_one_recomputed_call():
 )
 def test_quiet_where_checkpointing_would_not_pay(activation, other, modules):
     assert _judge(_split(activation=activation, other=other, modules=modules)) == []
+
+
+def test_a_state_of_one_value_per_parameter_claims_no_saving():
+    categories = (CategoryBytes("optimizer_state", 500 * MIB), CategoryBytes("parameter", 400 * MIB))
+    split = MemorySplit(device="cuda:0", peak_bytes=900 * MIB, held_before_bytes=900 * MIB, phase="optimizer",
+                        categories=categories, activation_modules=(), step_span=2)  # fmt: skip
+    capture = CaptureInfo(warmup_steps=3, active_steps=2, memory_split=split)
+    rule = OPTIMIZER_STATE_DOMINATES_PEAK
+    (found,) = rule.check(JobContext(analyses=None, capture=capture), rule)
+    assert found.id == "optimizer_state_dominates_peak" and found.evidence["one_value_saving_mib"] == 0
+    assert "shard" in found.fix and "SGD" not in found.fix
+    smaller = dataclasses.replace(split, categories=(CategoryBytes("optimizer_state", 300 * MIB),
+                                                     CategoryBytes("parameter", 600 * MIB)))  # fmt: skip
+    assert rule.check(JobContext(analyses=None, capture=CaptureInfo(3, 2, memory_split=smaller)), rule) == []
 
 
 def test_not_judged_without_a_split():

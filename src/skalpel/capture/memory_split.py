@@ -24,6 +24,9 @@ from ..trace.stacks import format_location, is_user_file, parse_frame
 MOST_EVENTS = 60_000  # profiler events above which the categoriser is not run: some 10 s on one loaded core
 TOP_MODULES = 8
 _MODULE_PREFIX = "nn.Module: "
+# torch.optim's Python frames: the optimizer step's record_function is not always an ancestor of its allocations
+# in the profiler's tree (torch 2.13: the allocations hang under the Python frames of optimizer.py and adam.py)
+_OPTIM_FRAME = "torch/optim/"
 
 
 class NotSplit(Exception):
@@ -130,10 +133,10 @@ def _phase(event: Any) -> str:
     module = False
     while event is not None:
         name = event.name
-        if name.startswith(OPTIMIZER_PREFIX):
-            return "optimizer"
-        if name.startswith(ZERO_GRAD_PREFIX):
+        if name.startswith(ZERO_GRAD_PREFIX) or (_OPTIM_FRAME in name and name.endswith(": zero_grad")):
             return "zero_grad"
+        if name.startswith(OPTIMIZER_PREFIX) or _OPTIM_FRAME in name:
+            return "optimizer"
         if name.startswith(BACKWARD_PREFIX) or name.startswith("autograd::engine"):
             return "backward"
         if name.startswith(_MODULE_PREFIX):
