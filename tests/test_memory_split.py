@@ -71,6 +71,12 @@ def test_the_split_adds_up_to_the_profilers_peak(runs):
     assert top["module"] == "Block" and top["calls"] == 4
     assert top["location"].endswith("activations_peak.py:29 in forward")
     assert sum(m["bytes"] for m in split["activation_modules"]) == by_category["activation"]
+    # the curve over the window: its highest row is the peak, with the same split
+    highest = max(split["curve"], key=lambda row: sum(row[1:]))
+    assert abs(sum(highest[1:]) - split["peak_bytes"] / MIB) < 0.01
+    at_peak = dict(zip(split["curve_categories"], highest[1:]))
+    assert abs(at_peak["activation"] - by_category["activation"] / MIB) < 0.01
+    assert len(split["curve"]) >= 20 and split["curve"] == sorted(split["curve"])
 
 
 @pytest.mark.slow
@@ -97,6 +103,7 @@ def test_the_html_page_draws_the_split(runs):
 
     page = render(Report.from_dict(runs["planted"]))
     assert "memory peak on cpu by category" in page and "activations by module: Block (4 calls" in page
+    assert 'aria-label="memory on cpu by category"' in page  # the categories over the window, stacked
 
 
 @pytest.mark.slow

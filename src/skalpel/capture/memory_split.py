@@ -21,6 +21,7 @@ from ..result.memory_split import CategoryBytes, MemorySplit, ModuleActivations
 from ..trace.roles import BACKWARD_PREFIX, OPTIMIZER_PREFIX, ZERO_GRAD_PREFIX
 from ..trace.stacks import format_location, is_user_file, parse_frame
 
+CURVE_POINTS = 240  # rows of the category curve kept for the report's chart
 MOST_EVENTS = 60_000  # profiler events above which the categoriser is not run: some 10 s on one loaded core
 TOP_MODULES = 8
 _MODULE_PREFIX = "nn.Module: "
@@ -67,10 +68,13 @@ def split_at_peak(prof: Any, *, steps: int, top_modules: int = TOP_MODULES) -> M
     peak = sum(live.values())
     categories = tuple(CategoryBytes(category=name, bytes=size)
                        for name, size in sorted(by_category.items(), key=lambda item: (-item[1], item[0])))  # fmt: skip
+    names = tuple(part.category for part in categories)
+    names += tuple(sorted(set(_category_names(timeline, device, profile, TensorKey)) - set(names)))
     return MemorySplit(
         device=str(device), peak_bytes=peak, held_before_bytes=held_before,
         phase=_phase(allocations.get(at)), categories=categories,
         activation_modules=_by_module(activations, allocations, _EventType)[:top_modules], step_span=steps,
+        curve_categories=names, curve=_curve(timeline, device, names, profile, Action, TensorKey),
     )  # fmt: skip
 
 
@@ -113,6 +117,63 @@ def _live_at_peak(timeline: tuple, device: Any, action: Any) -> tuple[dict, int,
             live.pop((key, version), None)
     at = entries[peak_index][0] if peak_index >= 0 else -1
     return live, at, held_before
+
+
+def _curve(timeline: tuple, device: Any, names: tuple[str, ...], profile: Any, action: Any,
+           tensor_key: Any) -> tuple[tuple[float, ...], ...]:  # fmt: skip
+    """The live bytes of each category over the window, at CURVE_POINTS instants and at the peak's."""
+    index = {name: i for i, name in enumerate(names)}
+    entries = [entry for entry in timeline if entry[2][0].device == device]
+    times = [entry[0] for entry in entries if entry[0] >= 0]
+    if not times:
+        return ()
+    start, end = min(times), max(times)
+    every = max((end - start) / CURVE_POINTS, 1)
+    level = [0] * len(names)
+    rows: list[tuple[float, ...]] = []
+    next_at = start
+    highest, peak_row = -1, None
+
+    def add(key: Any, version: int, size: int) -> None:
+        category = profile._categories.get(key, version) if isinstance(key, tensor_key) else None
+        slot = index.get(category.name.lower() if category is not None else "unknown")
+        if slot is not None:
+            level[slot] += size
+
+    for time, act, (key, version), size in entries:
+        if act in (action.PREEXISTING, action.CREATE):
+            add(key, version, size)
+        elif act == action.INCREMENT_VERSION:
+            add(key, version, -size)
+            add(key, version + 1, size)
+        elif act == action.DESTROY:
+            add(key, version, -size)
+        row = None
+        if sum(level) > highest:
+            highest, row = sum(level), _row(time, start, level)
+            peak_row = row
+        if time >= next_at:
+            rows.append(row or _row(time, start, level))
+            next_at = time + every
+    if peak_row is not None and peak_row not in rows:
+        rows.append(peak_row)
+    return tuple(sorted(rows, key=lambda row: row[0]))
+
+
+def _category_names(timeline: tuple, device: Any, profile: Any, tensor_key: Any):
+    """The category of every tensor version the window created on ``device`` (for the curve's columns)."""
+    for _, _, (key, version), _ in timeline:
+        if key.device == device:
+            category = profile._categories.get(key, version) if isinstance(key, tensor_key) else None
+            yield category.name.lower() if category is not None else "unknown"
+            if isinstance(key, tensor_key):
+                category = profile._categories.get(key, version + 1)
+                if category is not None:
+                    yield category.name.lower()
+
+
+def _row(time: int, start: int, level: list[int]) -> tuple[float, ...]:
+    return (round((max(time, start) - start) / 1e6, 3), *(round(size / 2**20, 3) for size in level))
 
 
 def _allocations(profile: Any, event_type: Any, tensor_key: Any) -> dict:

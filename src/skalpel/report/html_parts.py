@@ -465,9 +465,14 @@ def capture(report: Report) -> str:
 
 
 def _memory_split_bar(split) -> str:
-    """The peak as one bar, a segment per category (they add up to it)."""
+    """The peak as one bar, a segment per category (they add up to it), then the categories over the window."""
     parts = {part.category.replace("_", " "): part.bytes / 2**20 for part in split.categories}
-    return svg.stacked_bars([("peak", parts)], unit=" MiB", label=f"memory peak on {split.device} by category")
+    bar = svg.stacked_bars([("peak", parts)], unit=" MiB", label=f"memory peak on {split.device} by category")
+    names = [name.replace("_", " ") for name in split.curve_categories]
+    window = f"ms in the recorded window ({split.step_span} steps)"
+    area = svg.stacked_area(split.curve, names, y_fmt=lambda mib: f"{mib:.0f} MiB", x_label=window,
+                            label=f"memory on {split.device} by category")  # fmt: skip
+    return bar + area
 
 
 def warnings(report: Report) -> str:

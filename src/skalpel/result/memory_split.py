@@ -45,6 +45,10 @@ class MemorySplit(_Section):
     categories: tuple[CategoryBytes, ...]  # add up to peak_bytes, largest first
     activation_modules: tuple[ModuleActivations, ...]  # the top modules by activation bytes
     step_span: int  # recorded steps the window held (the peak is the highest of them)
+    # the live bytes by category over the window, downsampled: rows of (ms from the window's first allocation,
+    # MiB of each of curve_categories); the row of the peak is among them
+    curve_categories: tuple[str, ...] = ()
+    curve: tuple[tuple[float, ...], ...] = ()
 
     def bytes_of(self, category: str) -> int:
         return sum(part.bytes for part in self.categories if part.category == category)
