@@ -2,8 +2,8 @@
 memory, the exit status the script's.
 
 The script limits its own address space (RLIMIT_AS, as ``ulimit -v`` does) to what it uses plus a margin, then keeps
-every step's output and graph alive until torch's CPU allocator (or Python) fails; skalpel runs it in its process,
-so the limit holds for skalpel's own writing and analysis of the trace too.
+every step's output and graph alive until torch's CPU allocator fails (or, ``--python``, asks Python for a TiB at
+step 9); skalpel runs it in its process, so the limit holds for skalpel's own writing and analysis of the trace too.
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ SCRIPT = textwrap.dedent(
     for step in range(1000):
         optimizer.zero_grad()
         out = model(torch.randn(2048, 512))
-        kept.append(out)  # PLANTED: every step's output, and its graph's activations, kept alive
+        python = sys.argv[1:] == ["--python"]
+        if not python:
+            kept.append(out)  # PLANTED: every step's output, and its graph's activations, kept alive
         out.sum().backward(retain_graph=True)
-        if sys.argv[1:] == ["--python"]:
-            kept.append(bytearray(64 * 2**20))  # Python's own MemoryError, not torch's
+        if python and step == 9:
+            kept.append(bytearray(2**40))  # Python's own MemoryError (a TiB, past the limit), not torch's
         optimizer.step()
     """
 )

@@ -36,9 +36,6 @@ class NotSplit(Exception):
 
 def split_at_peak(prof: Any, *, steps: int, top_modules: int = TOP_MODULES) -> MemorySplit:
     """The split of the window ``prof`` recorded (its results not yet released), or NotSplit."""
-    from torch._C._profiler import _EventType
-    from torch.profiler._memory_profiler import Action, MemoryProfile, TensorKey
-
     missing = [flag for flag in ("profile_memory", "record_shapes", "with_stack") if not getattr(prof, flag, False)]
     if missing:
         raise NotSplit(f"memory not split by category: the capture ran without {', '.join(missing)}")
@@ -50,10 +47,20 @@ def split_at_peak(prof: Any, *, steps: int, top_modules: int = TOP_MODULES) -> M
         raise NotSplit(f"memory not split by category: {events:,} profiler events in the window, more than the "
                        f"{MOST_EVENTS:,} the categoriser is run on (record fewer steps: --active)")  # fmt: skip
     try:
-        profile = MemoryProfile(results)
-        timeline = profile.timeline
-    except Exception as error:  # torch's private categoriser: a failure costs the split, never the run
-        raise NotSplit(f"memory not split by category: torch's categoriser failed ({type(error).__name__})") from None
+        return _split(results, steps=steps, top_modules=top_modules)
+    except NotSplit:
+        raise
+    except Exception as error:  # torch's private categoriser (its API moves between versions): the split, not the run
+        raise NotSplit(f"memory not split by category: torch's categoriser failed ({type(error).__name__}: "
+                       f"{str(error)[:120]})") from None  # fmt: skip
+
+
+def _split(results: Any, *, steps: int, top_modules: int) -> MemorySplit:
+    from torch._C._profiler import _EventType
+    from torch.profiler._memory_profiler import Action, MemoryProfile, TensorKey
+
+    profile = MemoryProfile(results)
+    timeline = profile.timeline
     device = _peak_device(timeline, Action)
     live, at, held_before = _live_at_peak(timeline, device, Action)
     by_category: dict[str, int] = defaultdict(int)

@@ -252,7 +252,6 @@ class ProfileRun:
         if window > 0 or self._discarded:
             return  # later windows give the noise estimate; the report and files come from the first
         assert self.folder is not None
-        self._split_memory(prof)
         path = self.folder / runfolder.trace_file_name(rank())
         with signals.deferred() as held:  # a Ctrl-C now would cut the file: it waits until the file is whole
             try:
@@ -265,6 +264,7 @@ class ProfileRun:
                 if error.kept is not None:
                     self.trace_paths.append(error.kept)
         held.reraise()
+        self._split_memory(prof)  # after the file is whole: a Ctrl-C in the categoriser's seconds costs only the split
 
     def _split_memory(self, prof: Any) -> None:
         """The window's memory peak by category and module, while the profiler still holds its results."""
