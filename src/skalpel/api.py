@@ -172,4 +172,7 @@ def is_snapshot_path(path: str | Path) -> bool:
     from .trace.snapshot import looks_like_snapshot_file
 
     path = Path(path)
-    return path.is_file() and looks_like_snapshot_file(path)
+    try:
+        return path.is_file() and looks_like_snapshot_file(path)
+    except OSError:  # a path too long, a loop of links: the trace loader names the problem
+        return False

@@ -59,7 +59,8 @@ class MemorySplit(_Section):
 
     def lines(self) -> list[str]:
         """The split in words (terminal and HTML say the same): the categories, then the modules' activations."""
-        parts = [f"{part.category.replace('_', ' ')} {_mib(part.bytes)} ({100 * part.bytes / max(self.peak_bytes, 1):.0f}%)"
+        whole = max(self.peak_bytes, 1)
+        parts = [f"{part.category.replace('_', ' ')} {_mib(part.bytes)} ({100 * part.bytes / whole:.0f}%)"
                  for part in self.categories]  # fmt: skip
         lines = [f"memory peak on {self.device} {_mib(self.peak_bytes)}, in {self.phase}: " + ", ".join(parts)]
         if self.activation_modules:
