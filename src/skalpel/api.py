@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the report model is imported where it is used: while forked
     from .job.pool import RankProgressCallback
     from .job.report_of import JobAnalysis
     from .result.report import CaptureInfo, Report
+    from .result.snapshot import SnapshotDiff, SnapshotSummary
 
 RUN_REPORT = "report.json"
 _SKALPEL_JSON_MAX_BYTES = 64 * 2**20
@@ -158,3 +159,30 @@ def _looks_like_skalpel(path: Path) -> bool:
         return False
     return b'"skalpel.' in head or b'"skalpel.' in tail
 
+
+
+def analyze_snapshot(path: str | Path) -> SnapshotSummary:
+    """What a PyTorch memory snapshot (the pickle of ``torch.cuda.memory._snapshot()``) holds; torch is not needed."""
+    from .analysis.snapshot import summarize_snapshot
+    from .trace.snapshot import load_snapshot
+
+    return summarize_snapshot(load_snapshot(path))
+
+
+def diff_snapshots(before: str | Path, after: str | Path) -> SnapshotDiff:
+    """What grew between two memory snapshots, by the user line that allocated it."""
+    from .analysis.snapshot import diff_snapshots as diff
+    from .trace.snapshot import load_snapshot
+
+    return diff(load_snapshot(before), load_snapshot(after))
+
+
+def is_snapshot_path(path: str | Path) -> bool:
+    """A memory snapshot file (a pickle), as opposed to a trace, a run folder or a report."""
+    from .trace.snapshot import looks_like_snapshot_file
+
+    path = Path(path)
+    try:
+        return path.is_file() and looks_like_snapshot_file(path)
+    except OSError:  # a path too long, a loop of links: the trace loader names the problem
+        return False

@@ -44,9 +44,11 @@ _OUT_HELP = "write {what} to FILE in the format its extension names: .json, .htm
 def _add_analyze(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "analyze",
-        help="analyse stored torch.profiler traces (files or folders, one rank or many)",
+        help="analyse stored torch.profiler traces (files or folders, one rank or many), or memory snapshots",
         description="Load torch.profiler traces (.json or .json.gz files, or folders of them, e.g. a "
-        "tensorboard_trace_handler folder or a skalpel run folder) and print the diagnosis.",
+        "tensorboard_trace_handler folder or a skalpel run folder) and print the diagnosis; or read PyTorch "
+        "memory snapshots (FILE.pickle from torch.cuda.memory._dump_snapshot) without torch: what holds the memory, "
+        "from which line, and how fragmented the cache is.",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files or folders")
     parser.add_argument(
@@ -84,8 +86,13 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .report.progress import rank_progress
     from .trace.loader import find_trace_files
 
+<<<<<<< HEAD
     if _hang_verdicts(args.paths):
         return 0  # a watched run's folder without a trace: its records were the answer
+=======
+    if _snapshots(args.paths):
+        return _analyze_snapshots(args)
+>>>>>>> mem
     files = requested(RENDERERS, json=args.json, html=args.html, out=args.out)
     printing = args.json != "-"  # rich (20 ms of imports) only for the terminal report: --json - prints none
     with rank_progress(find_trace_files(args.paths)) as on_rank_progress:
@@ -107,6 +114,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+<<<<<<< HEAD
 def _hang_verdicts(paths: list[str]) -> bool:
     """The verdict of each folder that holds a stopped job's records (``skalpel watch``'s hang dumps, collectives,
     dead ranks; flight-recorder dumps), printed first (beside traces, only when it found something). True when
@@ -131,6 +139,53 @@ def _is_folder(path: Path) -> bool:
         return path.is_dir()
     except OSError:  # a name too long, a loop of links: the loader says what is wrong with it
         return False
+=======
+def _snapshots(paths: Sequence[str]) -> bool:
+    """True when the paths are PyTorch memory snapshots (pickles); a mix of snapshots and traces is an error."""
+    from .api import is_snapshot_path
+
+    kinds = {is_snapshot_path(path) for path in paths}
+    if kinds == {True, False}:
+        raise SkalpelError("memory snapshots (.pickle) and traces cannot be analysed together: name one kind")
+    return kinds == {True}
+
+
+def _analyze_snapshots(args: argparse.Namespace) -> int:
+    from .api import analyze_snapshot
+
+    if args.html or args.out or args.commbench:
+        raise SkalpelError("a memory snapshot's summary is printed or written as JSON (--json FILE): "
+                           "--html, --out and --commbench are for traces")  # fmt: skip
+    summaries = [analyze_snapshot(path) for path in args.paths]
+    if args.json is not None:
+        body = b"\n".join(summary.to_json() for summary in summaries) + b"\n"
+        if args.json == "-":
+            sys.stdout.buffer.write(body)
+            return 0
+        write_file(Path(args.json), body)
+    from .report.snapshot_render import print_snapshot
+
+    for summary in summaries:
+        print_snapshot(summary)
+    return 0
+
+
+def _diff_snapshots(args: argparse.Namespace) -> int:
+    from .api import diff_snapshots
+    from .report.snapshot_render import print_snapshot_diff
+
+    if args.html or args.out or args.fail_if_slower is not None:
+        raise SkalpelError("two memory snapshots' difference is printed or written as JSON (--json FILE): "
+                           "--html, --out and --fail-if-slower are for runs")  # fmt: skip
+    result = diff_snapshots(args.before, args.after)
+    if args.json == "-":
+        sys.stdout.buffer.write(result.to_json() + b"\n")
+        return 0
+    if args.json:
+        write_file(Path(args.json), result.to_json() + b"\n")
+    print_snapshot_diff(result)
+    return 0
+>>>>>>> mem
 
 
 def _import_terminal() -> None:
@@ -189,7 +244,7 @@ def _add_diff(commands: argparse._SubParsersAction) -> None:
         help="what changed between two runs, with the noise taken into account",
         description="Compare two runs (run folders, trace files or folders, or report.json files): the change "
         "in median step time against the noise of each side, per category, per op, and the findings that "
-        "appeared or disappeared.",
+        "appeared or disappeared. Two memory snapshots (.pickle): what grew, by the line that allocated it.",
     )
     parser.add_argument("before", metavar="BEFORE", help="run folder, trace file/folder or report.json")
     parser.add_argument("after", metavar="AFTER", help="run folder, trace file/folder or report.json")
@@ -208,6 +263,8 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     from .report.base import DIFF_RENDERERS, named, requested, write
     from .result.diff import diff_reports
 
+    if _snapshots([args.before, args.after]):
+        return _diff_snapshots(args)
     files = requested(DIFF_RENDERERS, json=args.json, html=args.html, out=args.out)
     before = load_report(args.before, which="BEFORE")
     after = load_report(args.after, which="AFTER")

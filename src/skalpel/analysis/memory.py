@@ -60,6 +60,7 @@ class DeviceMemory:
     largest_alloc_in_op: bool = False  # freed before the op around it returned: its workspace, not its output
     steady_bytes: int = 0  # the footprint between steps (median at step boundaries; at the end without steps)
     capacity_bytes: int | None = None  # the device's memory from the trace's deviceProperties; None for the host
+    peak_reserved_bytes: int | None = None  # the caching allocator's highest Total Reserved; None where not recorded
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,14 @@ def _device_memory(
         largest_alloc_in_op=op >= 0 and _freed_by(events.nbytes[rows], ts, largest_row) <= float(trace.end[op]),
         steady_bytes=int(numeric.median(at_boundaries)) if len(at_boundaries) >= 2 else int(allocated[-1]),
         capacity_bytes=_capacity(trace, rank, device_id) if device_type != 0 else None,
+        peak_reserved_bytes=_peak_reserved(events.total_reserved[rows]) if absolute else None,
     )
+
+
+def _peak_reserved(reserved: np.ndarray) -> int | None:
+    """The highest reserved bytes the allocator reported (a device's caching allocator; the host reports none)."""
+    known = reserved[reserved > 0]
+    return int(known.max()) if len(known) else None
 
 
 def _held_at(nbytes: np.ndarray, row: int, at: int) -> bool:

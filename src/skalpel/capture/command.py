@@ -22,9 +22,6 @@ if TYPE_CHECKING:  # the runner imports torch: only once a script really runs (`
     from .conclude import RunResult
     from .target import Target
 
-_OWN_FRAMES = ("runpy.py", "<frozen runpy>", "skalpel/capture/runner.py", "skalpel\\capture\\runner.py")
-
-
 def add_capture_options(parser: argparse.ArgumentParser, *, repeat: int = 1) -> None:
     parser.add_argument("--out", metavar="DIR", help="run folder (default ./skalpel-runs/<time>-<name>)")
     parser.add_argument("--name", help="name in the run folder's name (default: the script's name)")
@@ -114,8 +111,7 @@ def _execute_ranks(target: Target, args: argparse.Namespace) -> int:
 
 
 def _show_error(result: RunResult) -> None:
-    import traceback  # here: `skalpel --help` builds run's options from this module
-
+    from .script_error import script_traceback
     from .signals import Terminated, name
 
     error = result.error
@@ -124,12 +120,9 @@ def _show_error(result: RunResult) -> None:
         print(f"skalpel: the script was stopped by {name(error.signum)} "
               f"(exit status {result.exit_status})", file=sys.stderr)  # fmt: skip
         return
-    tb = error.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename.endswith(_OWN_FRAMES):
-        tb = tb.tb_next
     print(f"skalpel: the script stopped with {type(error).__name__} (exit status {result.exit_status}):",
           file=sys.stderr)  # fmt: skip
-    traceback.print_exception(type(error), error, tb, file=sys.stderr)
+    sys.stderr.write(result.error_text or script_traceback(error))
 
 
 def script_target(args: argparse.Namespace) -> Target:

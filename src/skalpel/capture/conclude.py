@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..errors import SkalpelError
 from . import compile_log, distributed, runclock, runfolder, signals
+from .oom import is_out_of_memory, out_of_memory_note, process_memory
 from .outputs import write_run
 from .profile import Profile
 from .runledger import run_ledger
+from .script_error import let_go, script_traceback
 from .session import ProfileRun
 from .target import Target
 
@@ -58,11 +60,23 @@ class RunResult:
     folder: Path | None = None
     notes: list[str] = field(default_factory=list)  # what happened to the run, one line each, for stderr
     forked_child: bool = False  # a child the script forked ended here; its parent writes the run
+    error_text: str | None = None  # the error's traceback, taken before its frames were let go (out of memory)
 
 
 def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int, error: BaseException | None,
              folder: Path, *, removable: bool) -> RunResult:  # fmt: skip
     """After the script: write the trace whole, analyse it, and say what the run folder holds."""
+    error_text = held = None
+    if is_out_of_memory(error):  # the script's tensors go before skalpel writes and analyses the trace in their room
+        error_text, held = script_traceback(error), process_memory()
+        let_go(error)
+    result = _conclude(capture, guard, target, status, error, folder, removable=removable, held=held)
+    result.error_text = error_text
+    return result
+
+
+def _conclude(capture: Capture, guard: signals.Guard, target: Target, status: int, error: BaseException | None,
+              folder: Path, *, removable: bool, held: str | None) -> RunResult:  # fmt: skip
     chosen = capture.result_run
     chosen.script = target.name
     chosen.exit_status = status
@@ -72,6 +86,8 @@ def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int
     chosen.notes.extend(capture.notes(guard, error))
     late = _stop_whole(chosen) or guard.late
     compile_log.uninstall()
+    if is_out_of_memory(error) and chosen.trace_paths:  # after the stop: the window's split is made then
+        chosen.notes.append(out_of_memory_note(error, chosen, held=held))
     notes = [note for note in chosen.notes if note not in chosen.said]  # for stderr: those not said as they happened
     if late is not None:  # interrupted after the script, before the analysis: the file is whole, the analysis skipped
         notes.append(f"{signals.name(late)} while the trace was written: {holding(chosen)}")
@@ -89,6 +105,11 @@ def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int
         code = stopped.exit_status if isinstance(stopped, signals.Terminated) else 130
         notes.append(f"interrupted during the analysis: {holding(chosen)}")
         return RunResult(status or code, None, list(chosen.trace_paths), error, chosen.folder, notes)
+    except SkalpelError as failed:
+        if status == 0:
+            raise
+        notes.append(f"the analysis failed ({failed}): {holding(chosen)}")  # the script's failure is the news
+        return RunResult(status, None, list(chosen.trace_paths), error, chosen.folder, notes)
     if guard.late is not None:  # came just as the analysis started, and was noted, not raised: the run is whole
         status = status or 128 + guard.late
     if not distributed.writes_report():  # rank 0 (or the --nproc launcher) writes the merged report

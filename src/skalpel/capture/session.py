@@ -26,6 +26,7 @@ from torch.profiler import ProfilerAction
 
 from ..analysis.steps import CLOSING_RANGE
 from ..errors import SkalpelError
+from ..result.memory_split import MemorySplit
 from ..result.report import CaptureInfo
 from ..result.sections import RunLedger
 from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
@@ -34,6 +35,7 @@ from .aside import OWN
 from .bounded import PartialStep
 from .budget import release_results
 from .export import ExportError, export_trace
+from .memory_split import NotSplit, split_at_peak
 from .quiet import ignored
 from .sampler import LineSampler
 from .settings import ACTIVE, CaptureSettings, profiler_kwargs, torch_schedule
@@ -75,6 +77,7 @@ class ProfileRun:
         self._cpu_batches: list[int] = []  # that count at the window's snapshots
         self.check_steps = max(settings.active, 5)  # un-profiled steps timed after the last window
         self.run_ledger: RunLedger | None = None  # the whole run by skalpel run's clock (conclude.py sets it)
+        self.memory_split: MemorySplit | None = None  # what held the first window's memory peak
         self._sampler: LineSampler | None = None  # statement lines of the first window (with_stack only)
         # the export's stretches, left out of the CPU window
         self._cpu_excluded: list[tuple[cpu.Snapshot, cpu.Snapshot]] = []
@@ -273,6 +276,16 @@ class ProfileRun:
                 if error.kept is not None:
                     self.trace_paths.append(error.kept)
         held.reraise()
+        self._split_memory(prof)  # after the file is whole: a Ctrl-C in the categoriser's seconds costs only the split
+
+    def _split_memory(self, prof: Any) -> None:
+        """The window's memory peak by category and module, while the profiler still holds its results."""
+        if not self.settings.profile_memory:
+            return
+        try:
+            self.memory_split = split_at_peak(prof, steps=self.recorded_steps)
+        except NotSplit as why:
+            self.notes.append(str(why))
 
     # -- what it hands over --------------------------------------------------------------------
     def capture_info(self) -> CaptureInfo:
@@ -294,6 +307,7 @@ class ProfileRun:
             step_signal=self.step_signal,
             cpu=cpu_facts,
             run=self.run_ledger,
+            memory_split=self.memory_split,
             **timing,
         )
 

@@ -19,6 +19,7 @@ from . import (
     input,
     measurement,
     memory,
+    peak,
     recording,
     sync,
     verdict,
@@ -26,7 +27,7 @@ from . import (
 from . import compile as compile_rules
 from .rule import Rule
 
-_FAMILIES = (input, cpu, sync, device, host, hot_op, memory, allocator, compile_rules, distributed, measurement,
+_FAMILIES = (input, cpu, sync, device, host, hot_op, memory, peak, allocator, compile_rules, distributed, measurement,
              coldstart, recording, hang, verdict)  # fmt: skip
 
 RULES: tuple[Rule, ...] = tuple(rule for family in _FAMILIES for rule in family.RULES)

@@ -167,6 +167,23 @@ MEMORY_SPIKE = Threshold(
     params=(("min_broadcast_ratio", 8.0), ("broadcast_floor_mib", 1.0), ("tight_capacity_pct", 50.0),
             ("large_mib", 1024.0)),  # fmt: skip
 )
+# activations_dominate_peak: activations hold share_pct of the window's memory peak and floor MiB or more, and
+# checkpointing the module holding most of them would take min_saving_pct of the peak off it
+ACTIVATIONS_DOMINATE_PEAK = Threshold(
+    50.0, "of the memory peak held by activations", 16.0, "MiB of activations",
+    params=(("min_saving_pct", 10.0), ("min_calls", 2.0)),
+)  # fmt: skip
+# optimizer_state_dominates_peak: the optimizer's state holds share_pct of the window's memory peak and floor MiB or
+# more; from two_value_ratio state bytes per parameter byte on (Adam's two moments), a one-value state is claimed
+OPTIMIZER_STATE_DOMINATES_PEAK = Threshold(
+    40.0, "of the memory peak held by optimizer state", 16.0, "MiB of optimizer state",
+    params=(("two_value_ratio", 1.5),),
+)  # fmt: skip
+# reserved_far_above_allocated: the allocator's reserved peak exceeds the allocated peak by share_pct of it and floor
+# MiB or more; a warning where the reserved peak fills tight_capacity_pct of the device, info otherwise
+RESERVED_FAR_ABOVE_ALLOCATED = Threshold(
+    40.0, "of the reserved peak never allocated at once", 2048.0, "MiB", params=(("tight_capacity_pct", 80.0),),
+)  # fmt: skip
 # LBFGS keeps history_size pairs of flat parameter-sized vectors (a step and a gradient change), made inside its
 # step: a growth whose kept bytes are LBFGS_SHARE or more allocated inside its steps is that history, bounded at
 # LBFGS_HISTORY pairs (torch.optim.LBFGS's default history_size), not a leak

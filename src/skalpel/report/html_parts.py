@@ -453,13 +453,26 @@ def capture(report: Report) -> str:
             facts.append(("window medians", ", ".join(f"{v:.2f} ms" for v in c.window_medians_ms)))
         if c.run is not None:
             facts.extend(("whole run" if i == 0 else "", line) for i, line in enumerate(c.run.lines()))
+        if c.memory_split is not None:
+            facts.extend(("memory peak" if i == 0 else "", line) for i, line in enumerate(c.memory_split.lines()))
         if c.script:
             facts.append(("script", c.script))
         if c.exit_status is not None:
             facts.append(("exit status", str(c.exit_status)))
-        body = ""
+        body = _memory_split_bar(c.memory_split) if c.memory_split is not None else ""
     rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in facts)
     return section("capture", "Capture facts", f'<table class="kv">{rows}</table>{body}')
+
+
+def _memory_split_bar(split) -> str:
+    """The peak as one bar, a segment per category (they add up to it), then the categories over the window."""
+    parts = {part.category.replace("_", " "): part.bytes / 2**20 for part in split.categories}
+    bar = svg.stacked_bars([("peak", parts)], unit=" MiB", label=f"memory peak on {split.device} by category")
+    names = [name.replace("_", " ") for name in split.curve_categories]
+    window = f"ms in the recorded window ({split.step_span} steps)"
+    area = svg.stacked_area(split.curve, names, y_fmt=lambda mib: f"{mib:.0f} MiB", x_label=window,
+                            label=f"memory on {split.device} by category")  # fmt: skip
+    return bar + area
 
 
 def warnings(report: Report) -> str:

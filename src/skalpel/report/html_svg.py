@@ -224,3 +224,40 @@ def line_curve(points: Sequence[tuple[float, float]], *, peak: tuple[float, floa
     out.append(f'<text x="{left + plot_w / 2}" y="{plot_h + 46}" text-anchor="middle" class="axis">{escape(x_label)}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def stacked_area(rows: Sequence[Sequence[float]], names: Sequence[str], *, y_fmt: Callable[[float], str],
+                 x_label: str, label: str = "stacked area") -> str:  # fmt: skip
+    """Layers stacked over time: each row is (x, value of each name), x ascending."""
+    if not rows:
+        return ""
+    x0, x1 = rows[0][0], rows[-1][0]
+    top = max(sum(max(v, 0) for v in row[1:]) for row in rows) * 1.1 or 1.0
+    left, legend_h = 90, 24 * math.ceil(len(names) / 6)
+    height = legend_h + 280
+    plot_w, plot_h = WIDTH - left - 20, 220
+    y0 = legend_h + 10
+
+    def px(x: float) -> float:
+        return left + (x - x0) / ((x1 - x0) or 1) * plot_w
+
+    def py(y: float) -> float:
+        return y0 + plot_h - y / top * plot_h
+
+    out = [_open(height, label), *_legend(names, 0), *_y_axis(top, left, plot_w, plot_h, y0, y_fmt)]
+    below = [0.0] * len(rows)
+    for layer, name in enumerate(names):
+        above = [base + max(row[1 + layer], 0) for base, row in zip(below, rows)]
+        if any(a > b for a, b in zip(above, below)):
+            edge = " ".join(f"{px(row[0]):.1f},{py(a):.1f}" for row, a in zip(rows, above))
+            back = " ".join(f"{px(row[0]):.1f},{py(b):.1f}" for row, b in reversed(list(zip(rows, below))))
+            tip = f"{name}: up to {y_fmt(max(row[1 + layer] for row in rows))}"
+            out.append(f'<polygon points="{edge} {back}" fill="{color(name, layer)}"{_tip(tip)}>'
+                       f"<title>{escape(tip)}</title></polygon>")  # fmt: skip
+        below = above
+    for tick in nice_ticks(x1 - x0 or 1, 8):
+        if tick <= x1 - x0:
+            out.append(f'<text x="{px(x0 + tick):.1f}" y="{y0 + plot_h + 18}" text-anchor="middle">{tick:g}</text>')
+    out.append(f'<text x="{left + plot_w / 2}" y="{y0 + plot_h + 36}" text-anchor="middle" class="axis">'
+               f"{escape(x_label)}</text></svg>")  # fmt: skip
+    return "".join(out)

@@ -336,4 +336,6 @@ def _capture(report: Report) -> Text:
     lines = [", ".join(parts)]
     if capture.run is not None:
         lines.extend(capture.run.lines())
+    if capture.memory_split is not None:
+        lines.extend(capture.memory_split.lines())
     return Text("\n".join(lines))

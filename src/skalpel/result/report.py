@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from .checked import ReportFormatError, build, checked, items, kind, required
+from .memory_split import MemorySplit
 from .sections import (
     SECTIONS,
     BlameSummary,
@@ -242,6 +243,7 @@ class CaptureInfo:
     run: RunLedger | None = None  # the script's whole run by the step clock: start-up, steps, between, one-time costs
     after_step_ms: float | None = None  # median un-profiled step after the recording: the baseline's check
     after_change_pct: float | None = None  # after_step_ms against the baseline, where it stands out of the noise
+    memory_split: MemorySplit | None = None  # what held the recorded window's memory peak (capture/memory_split.py)
 
     def overhead_words(self) -> str | None:
         """The overhead as a reader may take it: a figure only when it stands out of its noise."""
