@@ -86,13 +86,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .report.progress import rank_progress
     from .trace.loader import find_trace_files
 
-<<<<<<< HEAD
-    if _hang_verdicts(args.paths):
-        return 0  # a watched run's folder without a trace: its records were the answer
-=======
     if _snapshots(args.paths):
         return _analyze_snapshots(args)
->>>>>>> mem
+    if _hang_verdicts(args.paths):
+        return 0  # a watched run's folder without a trace: its records were the answer
     files = requested(RENDERERS, json=args.json, html=args.html, out=args.out)
     printing = args.json != "-"  # rich (20 ms of imports) only for the terminal report: --json - prints none
     with rank_progress(find_trace_files(args.paths)) as on_rank_progress:
@@ -114,7 +111,6 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-<<<<<<< HEAD
 def _hang_verdicts(paths: list[str]) -> bool:
     """The verdict of each folder that holds a stopped job's records (``skalpel watch``'s hang dumps, collectives,
     dead ranks; flight-recorder dumps), printed first (beside traces, only when it found something). True when
@@ -139,7 +135,8 @@ def _is_folder(path: Path) -> bool:
         return path.is_dir()
     except OSError:  # a name too long, a loop of links: the loader says what is wrong with it
         return False
-=======
+
+
 def _snapshots(paths: Sequence[str]) -> bool:
     """True when the paths are PyTorch memory snapshots (pickles); a mix of snapshots and traces is an error."""
     from .api import is_snapshot_path
@@ -185,7 +182,6 @@ def _diff_snapshots(args: argparse.Namespace) -> int:
         write_file(Path(args.json), result.to_json() + b"\n")
     print_snapshot_diff(result)
     return 0
->>>>>>> mem
 
 
 def _import_terminal() -> None:
