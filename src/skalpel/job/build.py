@@ -38,6 +38,7 @@ from ..result.sections import (
     CompileSummary,
     DistributedSummary,
     LaunchSummary,
+    ModulesSummary,
     StepDeviceSummary,
     SyncSummary,
 )
@@ -246,10 +247,29 @@ def _extra(analyses: Analyses, rank: int) -> dict[str, Any]:
     comm = analyses.comm.for_rank(rank) if analyses.comm else None
     if comm is not None and comm.collectives:
         sections["comm"] = CommSummary.from_dict(comm.to_summary(), check=False)
+    modules = analyses.modules.for_rank(rank) if analyses.modules is not None else None
+    if modules is not None:
+        sections["modules"] = _modules_summary(modules)
     if analyses.rank_comparison is not None:
         figures = analyses.rank_comparison.summary_of(rank)
         sections["distributed"] = DistributedSummary.from_dict(figures, check=False)
     return sections
+
+
+def _modules_summary(modules) -> ModulesSummary:
+    """The module tree as the report keeps it: figures rounded, FLOPs to 4 significant digits."""
+    nodes = [{"path": list(node.path), "calls": round(node.calls, 3), "host_ms": round(node.host_ms, 4),
+              "host_self_ms": round(node.host_self_ms, 4), "device_ms": round(node.device_ms, 4),
+              "device_self_ms": round(node.device_self_ms, 4), "flops": float(f"{node.flops:.4g}"),
+              "flops_self": float(f"{node.flops_self:.4g}"), "location": node.location, "defined_at": node.defined_at}
+             for node in modules.nodes]  # fmt: skip
+    figures = _rounded({
+        "unit": modules.unit, "units": modules.units, "unit_ms": modules.unit_ms, "host_ms": modules.host_ms,
+        "host_unattributed_ms": modules.host_unattributed_ms, "device_ms": modules.device_ms,
+        "device_in_modules_ms": modules.device_in_modules_ms, "device_unattributed_ms": modules.device_unattributed_ms,
+        "ranked_by": "device" if modules.has_device else "host",
+    })  # fmt: skip
+    return ModulesSummary.from_dict({**figures, "nodes": nodes}, check=False)
 
 
 def _compiled(analyses: Analyses, rank: int) -> dict:

@@ -24,6 +24,7 @@ from .sections import (
     CompileSummary,
     DistributedSummary,
     LaunchSummary,
+    ModulesSummary,
     RunLedger,
     StepDeviceSummary,
     SyncSummary,
@@ -427,6 +428,7 @@ class RankReport:
     compiled: CompiledSummary | None = None
     comm: CommSummary | None = None
     distributed: DistributedSummary | None = None
+    modules: ModulesSummary | None = None  # time and FLOPs by nn.Module; None without module frames
     ledger: LedgerSummary | None = None  # every millisecond of every unit by cause; None in reports before it
 
     @property
