@@ -208,12 +208,32 @@ def _forward_lines(trace: Trace, frames: np.ndarray, rows_of: np.ndarray) -> tup
             own[row] = defined[row] if is_user_file(path) else None
     location: list[str | None] = list(own)
     module = trace.module
+    callers: dict[str, str | None] = {}
     for row, frame in enumerate(frames.tolist()):  # parents first: a library module takes its caller's line
         if location[row] is None:
             parent = module[frame]
             parent_row = int(rows_of[parent]) if parent >= 0 else -1
-            location[row] = location[parent_row] if parent_row >= 0 else None
+            location[row] = location[parent_row] if parent_row >= 0 else _caller(trace, frame, callers)
     return location, defined
+
+
+def _caller(trace: Trace, frame: int, seen: dict[str, str | None]) -> str | None:
+    """An outermost module's line when its forward is a library's (an ``nn.Sequential`` model): the innermost
+    user-code Python frame around it on its thread, the function that called the model."""
+    key = trace.name_of(frame)
+    if key in seen:  # the same module each step: called from the same place
+        return seen[key]
+    thread = (trace.tid == trace.tid[frame]) & (trace.rank == trace.rank[frame])
+    around = np.flatnonzero(thread & (trace.kind == Kind.PYTHON) & (trace.ts <= trace.ts[frame])
+                            & (trace.end >= trace.end[frame]))  # fmt: skip
+    found = None
+    for event in around[np.argsort(trace.ts[around], kind="stable")][::-1].tolist():
+        parsed = parse_frame(trace.name_of(event))
+        if parsed is not None and is_user_file(parsed[0]):
+            found = format_location(*parsed)
+            break
+    seen[key] = found
+    return found
 
 
 def _nodes(sums, where, count: int, *, has_device: bool) -> tuple[ModuleNode, ...]:

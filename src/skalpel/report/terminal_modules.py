@@ -36,12 +36,12 @@ def modules_table(modules: ModulesSummary) -> Table | None:
     table.add_column(lane, justify="right", no_wrap=True)
     table.add_column("self", justify="right", no_wrap=True)
     table.add_column("GFLOP", justify="right", no_wrap=True)
-    table.add_column("line", overflow="fold", max_width=48)
+    table.add_column("line (its forward's, where not the user's)", overflow="fold", max_width=48)
     for node in shown_nodes(modules.nodes, time_of, whole):
         self_ms = node.device_self_ms if device else node.host_self_ms
         label = Text("  " * (len(node.path) - 1) + node.path[-1])
         table.add_row(label, f"{node.calls:g}", f"{time_of(node):.2f}", f"{self_ms:.2f}",
-                      f"{node.flops / 1e9:.2f}" if node.flops else "-", Text(_short(node.location)))  # fmt: skip
+                      f"{node.flops / 1e9:.2f}" if node.flops else "-", Text(_short(node.location or node.defined_at)))  # fmt: skip
     return table
 
 
