@@ -95,7 +95,7 @@ def test_the_tree_nests_as_the_model_and_counts_calls(stacked) -> None:
     assert _node(tree, "Net_0", "Block_0", "Linear_0").calls == 2
     assert _node(tree, "Net_0", "Linear_2").calls == 1  # the wide head: the third Linear called
     children = {node.path for node in tree.nodes if node.path[:2] == ("Net_0", "Block_0") and node.depth == 2}
-    assert children == {("Net_0", "Block_0", "Linear_0"), ("Net_0", "Block_0", "ReLU_0"), ("Net_0", "Block_0", "Linear_1")}
+    assert children == {("Net_0", "Block_0", leaf) for leaf in ("Linear_0", "ReLU_0", "Linear_1")}
 
 
 def test_self_and_total_add_up_and_the_step_is_accounted_for(stacked) -> None:
@@ -116,7 +116,8 @@ def test_flops_sit_in_the_module_that_ran_them(stacked) -> None:
     assert up.flops == pytest.approx(2 * 2 * BATCH * WIDTH * 4 * WIDTH)  # two calls of a 64 -> 256 addmm
     assert up.flops_self == up.flops
     wide, narrow = _node(tree, "Net_0", "Linear_2"), _node(tree, "Net_0", "Linear_3")
-    assert wide.flops == pytest.approx(2 * BATCH * WIDTH * 4096) and narrow.flops == pytest.approx(2 * BATCH * WIDTH * 64)
+    assert wide.flops == pytest.approx(2 * BATCH * WIDTH * 4096)
+    assert narrow.flops == pytest.approx(2 * BATCH * WIDTH * 64)
     root = tree.nodes[0]
     assert root.flops_self == 0 and root.flops == pytest.approx(sum(n.flops for n in tree.nodes if n.depth == 1))
     assert wide.host_self_ms > narrow.host_self_ms  # 64x the work
