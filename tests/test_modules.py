@@ -197,3 +197,16 @@ def test_skalpel_run_prints_the_module_table(tmp_path) -> None:
     section = json.loads((tmp_path / "run/report.json").read_text())["ranks"][0]["extra"]["modules"]
     blocks = [node for node in section["nodes"] if len(node["path"]) == 3 and node["path"][2].startswith("Block_")]
     assert len(blocks) == 4 and all(node["location"].endswith("module_transformer.py:52 in forward") for node in blocks)
+
+
+def test_the_html_page_folds_the_tree(stacked) -> None:
+    from skalpel.report.html import render
+
+    path, _, tree = stacked
+    page = render(analyze(str(path)))
+    body = page[page.index('<section id="modules">'):]
+    body = body[:body.index("</section>")]
+    assert body.count("<details") == body.count("</details>") == len(tree.nodes)
+    first = body.index("Net_0:")
+    assert first < body.index("Block_0:") < body.index("Linear_0:")  # nested in tree order
+    assert "ran outside any module" in body
