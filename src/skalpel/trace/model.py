@@ -42,6 +42,7 @@ class RankInfo:
     event_count: int = 0
     compile_log: dict | None = None  # torch.compile events skalpel's capture wrote into the header (skalpel_compile)
     line_samples: Any = None  # line_samples.LineSamples from a skalpel capture's header, else None
+    precision: dict | None = None  # this CPU's bf16 and fp32 matmul speeds from a skalpel capture's header
 
 
 @dataclass
