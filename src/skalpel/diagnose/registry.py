@@ -18,6 +18,7 @@ from . import (
     input,
     measurement,
     memory,
+    precision,
     recording,
     sync,
     verdict,
@@ -25,8 +26,8 @@ from . import (
 from . import compile as compile_rules
 from .rule import Rule
 
-_FAMILIES = (input, cpu, sync, device, host, hot_op, memory, allocator, compile_rules, distributed, measurement,
-             coldstart, recording, verdict)  # fmt: skip
+_FAMILIES = (input, cpu, sync, device, host, hot_op, precision, memory, allocator, compile_rules, distributed,
+             measurement, coldstart, recording, verdict)  # fmt: skip
 
 RULES: tuple[Rule, ...] = tuple(rule for family in _FAMILIES for rule in family.RULES)
 """Every finding, in the order the rules run."""
