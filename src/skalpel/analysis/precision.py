@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace.columns import TYPED_OPS
+from ..trace.columns import MATMUL_TYPED
 from ..trace.kinds import Kind
 from ..trace.model import Trace
 from .mfu import peak_tflops
@@ -94,7 +94,7 @@ def _inside(trace: Trace, rank: int, units) -> np.ndarray:
 
 
 def _host_matmuls(trace: Trace, inside: np.ndarray, units: int) -> dict:
-    ids = [found for op in TYPED_OPS if (found := trace.name_id(op)) >= 0]
+    ids = [found for op in MATMUL_TYPED if (found := trace.name_id(op)) >= 0]
     matmuls = np.isin(trace.name, ids) if ids else np.zeros(len(trace), dtype=bool)
     events = np.flatnonzero(inside & matmuls & (trace.kind == Kind.CPU_OP))
     ms: dict[str, float] = defaultdict(float)

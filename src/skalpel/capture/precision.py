@@ -1,6 +1,7 @@
 """How fast this CPU runs a matrix multiply in bfloat16 against float32, measured once per machine.
 
-A CPU with AMX or AVX-512 BF16 runs a bf16 matmul several times faster than an fp32 one; a CPU
+The same measurement gives the CPU's roofs for ``analysis/roofline.py``: the matmul's FLOP/s in each
+dtype and a large copy's bytes/s (``copy_gbps``). A CPU with AMX or AVX-512 BF16 runs a bf16 matmul several times faster than an fp32 one; a CPU
 without them (or oneDNN held below them, ``ONEDNN_MAX_CPU_ISA``) converts and runs it several
 times slower. The flags say which path exists; the measurement says what it costs, so the finding
 quotes a measured ratio, never a guess. One ``SHAPE`` matmul, fp32 and bf16 interleaved,
@@ -25,6 +26,8 @@ from ..trace.precision_header import BF16_FLAGS
 
 SHAPE = (256, 256, 256)  # M, K, N: about a millisecond in fp32 on one core, a fraction of a second at worst in bf16
 REPEATS = 7
+COPY_BYTES = 64 << 20  # one copy's size: far beyond the caches, so it measures the memory's bandwidth
+VERSION = 2  # of the cached figures: 2 added the copy bandwidth
 _ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
@@ -71,9 +74,27 @@ def measure(threads: int) -> dict:
     return {key: round(statistics.median(values), 4) for key, values in times.items()}
 
 
+def copy_gbps(threads: int) -> float:
+    """The median rate of a COPY_BYTES tensor copy, reading and writing: bytes moved (2x its size) per second."""
+    source = torch.ones(COPY_BYTES // 4, dtype=torch.float32)
+    target = torch.empty_like(source)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        target.copy_(source)  # the pages are touched once before timing
+        rates = []
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            target.copy_(source)
+            rates.append(2 * COPY_BYTES / (time.perf_counter() - start) / 1e9)
+    finally:
+        torch.set_num_threads(previous)
+    return round(statistics.median(rates), 3)
+
+
 def _cache_file(facts: dict, threads: int) -> Path:
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "skalpel" / "precision"
-    key = json.dumps([facts, torch.__version__, _isa_limit(), threads, list(SHAPE)], sort_keys=True)
+    key = json.dumps([VERSION, facts, torch.__version__, _isa_limit(), threads, list(SHAPE)], sort_keys=True)
     return root / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
@@ -83,17 +104,18 @@ def header_value(threads: int | None = None) -> dict:
     facts = cpu_facts()
     cache = _cache_file(facts, threads)
     try:
-        times, cached = json.loads(cache.read_text())["ms"], True
+        stored = json.loads(cache.read_text())
+        times, bandwidth, cached = stored["ms"], float(stored["copy_gbps"]), True
         if not all(isinstance(times.get(key), (int, float)) for key in ("fp32", "bf16")):
             raise ValueError("incomplete")
     except (OSError, ValueError, KeyError, TypeError):
-        times, cached = measure(threads), False
+        times, bandwidth, cached = measure(threads), copy_gbps(threads), False
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps({"ms": times}))
+            cache.write_text(json.dumps({"ms": times, "copy_gbps": bandwidth}))
         except OSError:
             pass  # a read-only home: measured again next time
-    return {"shape": list(SHAPE), "threads": threads, "ms": times, "repeats": REPEATS,
+    return {"shape": list(SHAPE), "threads": threads, "ms": times, "copy_gbps": bandwidth, "repeats": REPEATS,
             "native_bf16": any(flag in facts["flags"] for flag in BF16_FLAGS) and _isa_limit() is None,
             "flags": facts["flags"], "isa": torch.backends.cpu.get_cpu_capability(), "cpu": facts["cpu"],
             "onednn_max_isa": _isa_limit(), "cached": cached}  # fmt: skip

@@ -4,6 +4,7 @@ findings are judged (``assemble_report``). ``job.report_of`` is the road that co
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import replace
 from typing import Any
@@ -39,6 +40,7 @@ from ..result.sections import (
     DistributedSummary,
     LaunchSummary,
     ModulesSummary,
+    RooflineSummary,
     StepDeviceSummary,
     SyncSummary,
 )
@@ -250,10 +252,19 @@ def _extra(analyses: Analyses, rank: int) -> dict[str, Any]:
     modules = analyses.modules.for_rank(rank) if analyses.modules is not None else None
     if modules is not None:
         sections["modules"] = _modules_summary(modules)
+    roof = analyses.roofline.for_rank(rank) if analyses.roofline is not None else None
+    if roof is not None and roof.rows:
+        sections["roofline"] = RooflineSummary.from_dict(
+            {"roofs": roof.roofs, "ops": [_sig(dataclasses.asdict(row)) for row in roof.rows]}, check=False)
     if analyses.rank_comparison is not None:
         figures = analyses.rank_comparison.summary_of(rank)
         sections["distributed"] = DistributedSummary.from_dict(figures, check=False)
     return sections
+
+
+def _sig(values: dict) -> dict:
+    """Floats to 4 significant digits (FLOPs, bytes and rates span twelve orders of magnitude)."""
+    return {key: float(f"{value:.4g}") if isinstance(value, float) else value for key, value in values.items()}
 
 
 def _modules_summary(modules) -> ModulesSummary:

@@ -328,10 +328,40 @@ class ModulesSummary(_Section):
     nodes: tuple[ModuleRow, ...] = ()
 
 
+@dataclass(frozen=True)
+class RooflineOp(_Section):
+    """One op group (name, input shapes, dtype) under the roofs (analysis/roofline.py ``RooflineRow``), per unit; its
+    figures None where it is not judged (``why`` says why)."""
+
+    op: str
+    shapes: str | None
+    dtype: str | None
+    calls: float
+    ms: float
+    flops: float | None
+    bytes: float | None
+    intensity: float | None
+    achieved_gflops: float | None
+    achieved_gbps: float | None
+    peak_gflops: float | None
+    peak_gbps: float | None
+    label: str  # compute-bound, memory-bound, overhead-bound, not judged
+    roof_pct: float | None
+    why: str
+
+
+@dataclass(frozen=True)
+class RooflineSummary(_Section):
+    """The heavy ops of the rank under the roofs: where the peaks come from, and each op group's label."""
+
+    roofs: str
+    ops: tuple[RooflineOp, ...] = ()
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "launch": LaunchSummary, "step_device": StepDeviceSummary, "blame": BlameSummary, "syncs": SyncSummary,
     "compile": CompileSummary, "compiled": CompiledSummary, "comm": CommSummary, "distributed": DistributedSummary,
-    "modules": ModulesSummary,
+    "modules": ModulesSummary, "roofline": RooflineSummary,
 }  # fmt: skip
 
 

@@ -23,8 +23,12 @@ from .kinds import DEVICE_KIND_ARRAY, DEVICE_KINDS, Kind, classify, kind_array, 
 _KEPT_ARG_KINDS = np.array([Kind.COMM_OP, Kind.COMM_KERNEL, Kind.DEVICE_SYNC, Kind.MEMCPY], np.int8)
 _ON_DEVICE = kind_array(DEVICE_KINDS | {Kind.DEVICE_SYNC, Kind.GPU_ANNOTATION})
 # ops whose inputs' dtypes are kept ('Input type'): the matrix multiplies and convolutions, whose precision decides
-# their speed (analysis/precision.py)
-TYPED_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution")
+# their speed (analysis/precision.py), and the elementwise ops and softmax the roofline judges (analysis/roofline.py)
+MATMUL_TYPED = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution")
+ELEMENTWISE_TYPED = ("aten::add", "aten::add_", "aten::sub", "aten::mul", "aten::mul_", "aten::div", "aten::relu",
+                     "aten::relu_", "aten::gelu", "aten::silu", "aten::sigmoid", "aten::tanh", "aten::exp")  # fmt: skip
+SOFTMAX_TYPED = ("aten::_softmax",)
+TYPED_OPS = MATMUL_TYPED + ELEMENTWISE_TYPED + SOFTMAX_TYPED
 _MOVES_BYTES = np.array([Kind.MEMCPY, Kind.MEMSET], np.int8)
 _FLOW_CATEGORIES = ("ac2g", "async")
 COLUMNS = ("ts", "dur", "kind", "name", "pid", "tid", "device", "stream", "correlation", "external_id",

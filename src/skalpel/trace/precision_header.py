@@ -5,7 +5,7 @@ fixed shape takes in float32 and in bfloat16 on this CPU at the script's thread 
 the CPU's flags. The analysis reads the ratio: a bf16 run on a CPU where bf16 is slower than fp32.
 Written as::
 
-    {"shape": [256, 256, 256], "threads": 1, "ms": {"fp32": 0.61, "bf16": 2.2}, "repeats": 7,
+    {"shape": [256, 256, 256], "threads": 1, "ms": {"fp32": 0.61, "bf16": 2.2}, "copy_gbps": 14.2, "repeats": 7,
      "native_bf16": false, "flags": ["avx512f"], "isa": "AVX512", "cpu": "Intel(R) Xeon(R) ...",
      "onednn_max_isa": "AVX512_CORE", "cached": true}
 """
