@@ -102,7 +102,8 @@ def roofline(trace: Trace, steps: StepSegmentation) -> Roofline | None:
         units, _ = judged_units(trace, steps, info.rank)
         if not units:
             continue
-        events = np.flatnonzero((trace.rank == info.rank) & (trace.kind == Kind.CPU_OP) & np.isin(trace.name, list(ids)))
+        on_rank = (trace.rank == info.rank) & (trace.kind == Kind.CPU_OP)
+        events = np.flatnonzero(on_rank & np.isin(trace.name, list(ids)))
         inside = np.zeros(len(events), dtype=bool)
         for step in units:
             inside |= (trace.ts[events] >= step.start_us) & (trace.ts[events] < step.end_us)
@@ -135,7 +136,8 @@ def _device_ms_by_op(trace: Trace) -> np.ndarray:
     for thread in set(key[launches].tolist()):
         mine = launches[key[launches] == thread]
         order = np.argsort(trace.ts[mine], kind="stable")
-        starts, cumulative = trace.ts[mine][order], np.concatenate([[0.0], np.cumsum(launch_ms[key[launches] == thread][order])])
+        starts = trace.ts[mine][order]
+        cumulative = np.concatenate([[0.0], np.cumsum(launch_ms[key[launches] == thread][order])])
         on_thread = ops[key[ops] == thread]
         first = np.searchsorted(starts, trace.ts[on_thread], side="left")
         last = np.searchsorted(starts, trace.end[on_thread], side="right")
@@ -146,14 +148,16 @@ def _device_ms_by_op(trace: Trace) -> np.ndarray:
 def _rows(trace: Trace, events: np.ndarray, units: int, flops_of: dict, device_ms, info) -> tuple[RooflineRow, ...]:
     groups: dict[tuple[int, int, str | None], list[int]] = defaultdict(list)
     for event in events.tolist():
-        groups[(int(trace.name[event]), int(trace.shapes[event]), _dtype(trace.args_of(event).get("types")))].append(event)
+        dtype = _dtype(trace.args_of(event).get("types"))
+        groups[(int(trace.name[event]), int(trace.shapes[event]), dtype)].append(event)
     times = {key: (float(device_ms[members].sum()) if device_ms is not None else float(trace.dur[members].sum()) / 1e3)
              for key, members in ((key, np.array(found)) for key, found in groups.items())}  # fmt: skip
     total = sum(times.values())
     if total <= 0:
         return ()
     kept = [key for key in sorted(times, key=times.get, reverse=True) if times[key] >= MIN_SHARE * total][:ROWS]
-    return tuple(_judge(trace, key, groups[key], times[key], units, flops_of, device_ms is not None, info) for key in kept)
+    on_device = device_ms is not None
+    return tuple(_judge(trace, key, groups[key], times[key], units, flops_of, on_device, info) for key in kept)
 
 
 def _dtype(types: object) -> str | None:
@@ -184,9 +188,9 @@ def _judge(trace: Trace, key, members: list[int], ms: float, units: int, flops_o
         return not_judged("its input shapes are unreadable")
     flops, moved = _work(op, dims, SIZES[dtype], [flops_of.get(event) for event in members])
     if flops is None or moved is None or moved <= 0:
-        return not_judged("no FLOP count for these shapes (a convolution without its backward, whose output size the "
-                          "forward's shapes lack)" if op == "aten::convolution" else "its shapes do not fit the op's formula",
-                          flops, moved)  # fmt: skip
+        why = ("no FLOP count for these shapes (a convolution without its backward, whose output size the forward's "
+               "shapes lack)") if op == "aten::convolution" else "its shapes do not fit the op's formula"  # fmt: skip
+        return not_judged(why, flops, moved)
     peaks = _peaks(trace, op, dtype, members, on_device, info)
     if isinstance(peaks, str):
         return not_judged(peaks, flops, moved)

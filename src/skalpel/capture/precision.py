@@ -1,7 +1,6 @@
 """How fast this CPU runs a matrix multiply in bfloat16 against float32, measured once per machine.
 
-The same measurement gives the CPU's roofs for ``analysis/roofline.py``: the matmul's FLOP/s in each
-dtype and a large copy's bytes/s (``copy_gbps``). A CPU with AMX or AVX-512 BF16 runs a bf16 matmul several times faster than an fp32 one; a CPU
+A CPU with AMX or AVX-512 BF16 runs a bf16 matmul several times faster than an fp32 one; a CPU
 without them (or oneDNN held below them, ``ONEDNN_MAX_CPU_ISA``) converts and runs it several
 times slower. The flags say which path exists; the measurement says what it costs, so the finding
 quotes a measured ratio, never a guess. One ``SHAPE`` matmul, fp32 and bf16 interleaved,
@@ -9,6 +8,9 @@ quotes a measured ratio, never a guess. One ``SHAPE`` matmul, fp32 and bf16 inte
 its flags, torch's version, the oneDNN ISA limit, the thread count) under the user's cache folder,
 so a second run costs nothing. It runs before the first recorded step (its ops are not in the
 trace) and only where no GPU is in use.
+
+The same measurement gives the CPU's roofs for ``analysis/roofline.py``: the matmul's FLOP/s in each
+dtype and a large copy's bytes/s (``copy_gbps``).
 """
 
 from __future__ import annotations
