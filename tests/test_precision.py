@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from skalpel.analysis.precision import FP32_SIMT_GEMM, Precision, RankPrecision, precision
+from skalpel.analysis.precision import Precision, RankPrecision, precision
 from skalpel.analysis.steps import segment_steps
 from skalpel.diagnose.precision import FAST_PRECISION_UNUSED, SLOW_LOW_PRECISION
 from skalpel.diagnose.rule import NotJudged
 from skalpel.trace import load
+from skalpel.trace.opnames import is_fp32_simt_gemm
 from tests.conftest import corpus
 from tests.ledger_fixtures import ledger_context
 
@@ -96,11 +97,11 @@ def test_kernel_names_tell_fp32_on_cuda_cores_from_tensor_cores() -> None:
     for simt in ("ampere_sgemm_32x32_sliced1x4_tn", "volta_sgemm_128x64_nn",
                  "void cutlass::Kernel<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(cutlass_80_simt_sgemm_128x32)",
                  "sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3"):  # fmt: skip
-        assert FP32_SIMT_GEMM.search(simt), simt
+        assert is_fp32_simt_gemm(simt), simt
     for tensor in ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(x)",
                    "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw",
                    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "ampere_bf16_s16816gemm_bf16_128x64"):
-        assert not FP32_SIMT_GEMM.search(tensor), tensor
+        assert not is_fp32_simt_gemm(tensor), tensor
 
 
 def test_a_stored_a100_trace_shows_its_fp32_gemms_on_the_cuda_cores() -> None:

@@ -23,17 +23,17 @@ H100_QWEN = "extra/AMD-AGI__TraceLens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__
 
 
 def test_flops_and_bytes_per_op_type() -> None:
-    assert _work("aten::mm", [[64, 32], [32, 16]], 4, [2.0 * 64 * 32 * 16]) == (2.0 * 64 * 32 * 16,
+    assert _work("matmul", [[64, 32], [32, 16]], 4, [2.0 * 64 * 32 * 16]) == (2.0 * 64 * 32 * 16,
                                                                                 4.0 * (64 * 32 + 32 * 16 + 64 * 16))
-    flops, moved = _work("aten::addmm", [[16], [64, 32], [32, 16], [], []], 2, [65536.0])
+    flops, moved = _work("matmul", [[16], [64, 32], [32, 16], [], []], 2, [65536.0])
     assert flops == 65536.0 and moved == 2.0 * (16 + 64 * 32 + 32 * 16 + 64 * 16)
-    assert _work("aten::add", [[8, 1024], [1024], []], 4, [None]) == (8192.0, 4.0 * (8192 + 1024 + 1 + 8192))
-    assert _work("aten::_softmax", [[128, 256], [], []], 2, [None]) == (5.0 * 128 * 256, 2.0 * 2 * 128 * 256)
+    assert _work("elementwise", [[8, 1024], [1024], []], 4, [None]) == (8192.0, 4.0 * (8192 + 1024 + 1 + 8192))
+    assert _work("softmax", [[128, 256], [], []], 2, [None]) == (5.0 * 128 * 256, 2.0 * 2 * 128 * 256)
     conv_flops = 2.0 * 8 * 64 * (32 * 32) * (16 * 3 * 3)  # N·O·pixels·(C/g)·kernel, from the backward twin
-    flops, moved = _work("aten::convolution", [[8, 16, 32, 32], [64, 16, 3, 3], [64]], 4, [conv_flops])
+    flops, moved = _work("convolution", [[8, 16, 32, 32], [64, 16, 3, 3], [64]], 4, [conv_flops])
     assert flops == conv_flops and moved == 4.0 * (8 * 16 * 32 * 32 + 64 * 16 * 3 * 3 + 8 * 64 * 32 * 32)
-    assert _work("aten::convolution", [[8, 16, 32, 32], [64, 16, 3, 3]], 4, [None]) == (None, None)  # no output size
-    assert _work("aten::mm", [["a"], [1]], 4, [None]) == (None, None)
+    assert _work("convolution", [[8, 16, 32, 32], [64, 16, 3, 3]], 4, [None]) == (None, None)  # no output size
+    assert _work("matmul", [["a"], [1]], 4, [None]) == (None, None)
 
 
 def test_a_stored_h100_trace_gets_the_datasheet_roofs_and_labels() -> None:

@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
-from ..trace.model import Trace, isin_few
+from ..trace.kinds import Kind
+from ..trace.model import Trace
 from ..trace.modules import module_class, module_name
 from ..trace.roles import Role
-from ..trace.stacks import format_location, is_user_file, parse_frame
+from ..trace.stacks import format_location, forward_frame, is_user_file, parse_frame
 from .mfu import op_flops
 from .steps import StepSegmentation, judged_units
+from .timeline import device_mask
 
 MAX_NODES = 200  # the tree a report keeps: the heaviest nodes, every one with its ancestors
 OP_PLACES = 30  # op names whose module is looked up, by self host time
@@ -151,7 +152,7 @@ def _rank_tree(trace: Trace, rank: int, units, unit: str, frames_all, flop_event
         keep = rows >= 0
         return np.bincount(rows[keep], weights=values[keep], minlength=len(frames))
 
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.rank == rank))
+    device = np.flatnonzero(device_mask(trace) & (trace.rank == rank))
     device = device[_in_units(trace.ts[device], units)]
     device_self = self_sum(device, trace.dur[device])
     on_rank = trace.rank[flop_events] == rank if len(flop_events) else np.zeros(0, bool)
@@ -193,8 +194,8 @@ def _forward_lines(trace: Trace, frames: np.ndarray, rows_of: np.ndarray) -> tup
     python = python[rows_of[trace.module[python]] >= 0]
     parsed = {}
     for name_id in set(trace.name[python].tolist()):
-        frame = parse_frame(trace.names[name_id])
-        if frame is not None and frame[2] == "forward":
+        frame = forward_frame(trace.names[name_id])
+        if frame is not None:
             parsed[name_id] = frame
     python = python[[int(name_id) in parsed for name_id in trace.name[python].tolist()]] if len(python) else python
     python = python[np.argsort(trace.ts[python], kind="stable")]
@@ -208,7 +209,7 @@ def _forward_lines(trace: Trace, frames: np.ndarray, rows_of: np.ndarray) -> tup
             own[row] = defined[row] if is_user_file(path) else None
     location: list[str | None] = list(own)
     module = trace.module
-    callers: dict[str, str | None] = {}
+    callers: dict[int, str | None] = {}
     for row, frame in enumerate(frames.tolist()):  # parents first: a library module takes its caller's line
         if location[row] is None:
             parent = module[frame]
@@ -217,10 +218,10 @@ def _forward_lines(trace: Trace, frames: np.ndarray, rows_of: np.ndarray) -> tup
     return location, defined
 
 
-def _caller(trace: Trace, frame: int, seen: dict[str, str | None]) -> str | None:
+def _caller(trace: Trace, frame: int, seen: dict[int, str | None]) -> str | None:
     """An outermost module's line when its forward is a library's (an ``nn.Sequential`` model): the innermost
     user-code Python frame around it on its thread, the function that called the model."""
-    key = trace.name_of(frame)
+    key = int(trace.name[frame])  # the module, by its frame's name id
     if key in seen:  # the same module each step: called from the same place
         return seen[key]
     thread = (trace.tid == trace.tid[frame]) & (trace.rank == trace.rank[frame])

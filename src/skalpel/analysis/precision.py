@@ -15,12 +15,12 @@ Two questions, each from what the trace itself shows:
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..trace import opnames
 from ..trace.columns import MATMUL_TYPED
 from ..trace.kinds import Kind
 from ..trace.model import Trace
@@ -28,9 +28,6 @@ from .mfu import peak_tflops
 from .steps import StepSegmentation, judged_units
 
 DTYPES = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
-# fp32 GEMMs on the CUDA cores: cuBLAS's SIMT kernels by architecture, cutlass's simt ones, Hopper's xmma without tf32
-FP32_SIMT_GEMM = re.compile(r"(?:^|[^a-z0-9])(?:maxwell|pascal|volta|turing|ampere|ada|sm\d+)_sgemm_"
-                            r"|cutlass_\d+_simt_sgemm|xmma_gemm_f32f32_f32f32_f32")  # fmt: skip
 LOCATED = 32  # matmul events a rule may name lines from, the longest first
 
 
@@ -94,7 +91,7 @@ def _inside(trace: Trace, rank: int, units) -> np.ndarray:
 
 
 def _host_matmuls(trace: Trace, inside: np.ndarray, units: int) -> dict:
-    ids = [found for op in MATMUL_TYPED if (found := trace.name_id(op)) >= 0]
+    ids = opnames.ids_of(trace, MATMUL_TYPED)
     matmuls = np.isin(trace.name, ids) if ids else np.zeros(len(trace), dtype=bool)
     events = np.flatnonzero(inside & matmuls & (trace.kind == Kind.CPU_OP))
     ms: dict[str, float] = defaultdict(float)
@@ -126,9 +123,8 @@ def _dtype(types: object) -> str | None:
 
 def _device_figures(trace: Trace, inside: np.ndarray, units: int, info) -> dict:
     kernels = np.flatnonzero(inside & (trace.kind == Kind.KERNEL))
-    names = trace.name[kernels]
-    simt = {int(name_id) for name_id in set(names.tolist()) if FP32_SIMT_GEMM.search(trace.names[int(name_id)])}
-    mine = kernels[np.isin(names, list(simt))] if simt else kernels[:0]
+    simt = opnames.names_where(trace, opnames.is_fp32_simt_gemm, kernels)
+    mine = kernels[np.isin(trace.name[kernels], simt)] if simt else kernels[:0]
     by_name: dict[int, float] = defaultdict(float)
     for name_id, dur in zip(trace.name[mine].tolist(), trace.dur[mine].tolist()):
         by_name[name_id] += dur

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.columns import ELEMENTWISE_TYPED, MATMUL_TYPED, SOFTMAX_TYPED
-from ..trace.kinds import DEVICE_KIND_ARRAY, Kind
-from ..trace.model import Trace, isin_few
+from ..trace import opnames
+from ..trace.kinds import Kind
+from ..trace.model import Trace
 from .mfu import op_flops, peak_tflops
-from .precision import DTYPES, FP32_SIMT_GEMM
+from .precision import DTYPES
 from .steps import StepSegmentation, judged_units
+from .timeline import device_mask
 
 OVERHEAD_BELOW = 0.10  # of its roof: an op this far below both roofs is held by something else than the machine
 ROWS = 12  # op groups a rank keeps, by time
@@ -90,10 +91,10 @@ class Roofline:
 
 def roofline(trace: Trace, steps: StepSegmentation) -> Roofline | None:
     """Each rank's heavy ops under the roofs; None when the trace has none of the judged ops."""
-    ids = {found: name for name in (*MATMUL_TYPED, *ELEMENTWISE_TYPED, *SOFTMAX_TYPED)
-           if (found := trace.name_id(name)) >= 0}  # fmt: skip
-    if not ids:
+    kinds = opnames.roofline_kinds(trace)
+    if not kinds:
         return None
+    simt = set(opnames.names_where(trace, opnames.is_fp32_simt_gemm, np.flatnonzero(device_mask(trace))))
     flop_events, flops = op_flops(trace)
     flops_of = dict(zip(flop_events.tolist(), flops.tolist()))
     device_ms = _device_ms_by_op(trace) if trace.has_device else None
@@ -103,11 +104,11 @@ def roofline(trace: Trace, steps: StepSegmentation) -> Roofline | None:
         if not units:
             continue
         on_rank = (trace.rank == info.rank) & (trace.kind == Kind.CPU_OP)
-        events = np.flatnonzero(on_rank & np.isin(trace.name, list(ids)))
+        events = np.flatnonzero(on_rank & np.isin(trace.name, list(kinds)))
         inside = np.zeros(len(events), dtype=bool)
         for step in units:
             inside |= (trace.ts[events] >= step.start_us) & (trace.ts[events] < step.end_us)
-        rows = _rows(trace, events[inside], len(units), flops_of, device_ms, info)
+        rows = _rows(trace, events[inside], len(units), flops_of, device_ms, info, kinds, simt)
         ranks[info.rank] = RankRoofline(info.rank, _roofs_source(info, device_ms is not None), rows)
     return Roofline(ranks)
 
@@ -123,7 +124,7 @@ def _device_ms_by_op(trace: Trace) -> np.ndarray:
     """For each host op event, the device ms of the kernels launched inside its span on its thread (its children's
     included: a convolution's cuDNN call). Launch calls map to their kernels through the trace's launch links."""
     result = np.zeros(len(trace))
-    device = np.flatnonzero(isin_few(trace.kind, DEVICE_KIND_ARRAY) & (trace.launcher >= 0))
+    device = np.flatnonzero(device_mask(trace) & (trace.launcher >= 0))
     if not len(device):
         return result
     by_launch = defaultdict(float)
@@ -145,7 +146,8 @@ def _device_ms_by_op(trace: Trace) -> np.ndarray:
     return result
 
 
-def _rows(trace: Trace, events: np.ndarray, units: int, flops_of: dict, device_ms, info) -> tuple[RooflineRow, ...]:
+def _rows(trace: Trace, events: np.ndarray, units: int, flops_of: dict, device_ms, info, kinds: dict[int, str],
+          simt: set[int]) -> tuple[RooflineRow, ...]:  # fmt: skip
     groups: dict[tuple[int, int, str | None], list[int]] = defaultdict(list)
     for event in events.tolist():
         dtype = _dtype(trace.args_of(event).get("types"))
@@ -156,8 +158,8 @@ def _rows(trace: Trace, events: np.ndarray, units: int, flops_of: dict, device_m
     if total <= 0:
         return ()
     kept = [key for key in sorted(times, key=times.get, reverse=True) if times[key] >= MIN_SHARE * total][:ROWS]
-    on_device = device_ms is not None
-    return tuple(_judge(trace, key, groups[key], times[key], units, flops_of, on_device, info) for key in kept)
+    context = (units, flops_of, device_ms is not None, info, kinds, simt)
+    return tuple(_judge(trace, key, groups[key], times[key], *context) for key in kept)
 
 
 def _dtype(types: object) -> str | None:
@@ -167,10 +169,11 @@ def _dtype(types: object) -> str | None:
     return DTYPES.get(first) if first else None
 
 
-def _judge(trace: Trace, key, members: list[int], ms: float, units: int, flops_of: dict, on_device: bool,
-           info) -> RooflineRow:  # fmt: skip
+def _judge(trace: Trace, key, members: list[int], ms: float, units: int, flops_of: dict, on_device: bool, info,
+           kinds: dict[int, str], simt: set[int]) -> RooflineRow:  # fmt: skip
     name_id, shape_id, dtype = key
-    op = trace.names[name_id]
+    op = trace.names[name_id]  # shown, never tested: the kind says what the op is
+    kind = kinds[name_id]
     shapes = trace.names[shape_id] if shape_id >= 0 else None
     calls = len(members)
 
@@ -186,12 +189,12 @@ def _judge(trace: Trace, key, members: list[int], ms: float, units: int, flops_o
         dims = json.loads(shapes)
     except ValueError:
         return not_judged("its input shapes are unreadable")
-    flops, moved = _work(op, dims, SIZES[dtype], [flops_of.get(event) for event in members])
+    flops, moved = _work(kind, dims, SIZES[dtype], [flops_of.get(event) for event in members])
     if flops is None or moved is None or moved <= 0:
         why = ("no FLOP count for these shapes (a convolution without its backward, whose output size the forward's "
-               "shapes lack)") if op == "aten::convolution" else "its shapes do not fit the op's formula"  # fmt: skip
+               "shapes lack)") if kind == "convolution" else "its shapes do not fit the op's formula"  # fmt: skip
         return not_judged(why, flops, moved)
-    peaks = _peaks(trace, op, dtype, members, on_device, info)
+    peaks = _peaks(trace, kind, dtype, members, on_device, info, simt)
     if isinstance(peaks, str):
         return not_judged(peaks, flops, moved)
     peak_gflops, peak_gbps = peaks
@@ -216,15 +219,16 @@ def _numel(shape) -> int:
     return int(np.prod(shape)) if shape else 1
 
 
-def _work(op: str, dims: list, size: int, counted: list) -> tuple[float | None, float | None]:
-    """(FLOPs, bytes) of one call; None where the shapes do not give them."""
+def _work(kind: str, dims: list, size: int, counted: list) -> tuple[float | None, float | None]:
+    """(FLOPs, bytes) of one call of an op of this kind (``opnames.roofline_kinds``); None where its shapes do not
+    give them. A matmul's dims are (a, b) or, with a bias (addmm, baddbmm: three tensors first), (bias, a, b)."""
     tensors = [shape for shape in dims if isinstance(shape, list)]
     if not all(isinstance(size_, int) and not isinstance(size_, bool) for shape in tensors for size_ in shape):
         return None, None
     known = [value for value in counted if value is not None]
     try:
-        if op in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"):
-            with_bias = op in ("aten::addmm", "aten::baddbmm")  # (bias, a, b, beta, alpha); mm and bmm: (a, b)
+        if kind == "matmul":
+            with_bias = len(tensors) >= 3  # (bias, a, b, beta, alpha); mm and bmm: (a, b)
             a, b = (dims[1], dims[2]) if with_bias else (dims[0], dims[1])
             if not (isinstance(a, list) and isinstance(b, list) and len(a) >= 2 and len(b) >= 2):
                 return None, None
@@ -232,16 +236,16 @@ def _work(op: str, dims: list, size: int, counted: list) -> tuple[float | None, 
             bias = _numel(dims[0]) if with_bias and isinstance(dims[0], list) else 0
             flops = known[0] if known else None
             return flops, float(size * (_numel(a) + _numel(b) + _numel(out) + bias))
-        if op == "aten::convolution":
+        if kind == "convolution":
             inputs, weight = tensors[0], tensors[1]
             if not known:
                 return None, None
             output = known[0] / (2.0 * _numel(weight[1:]))  # N·O·pixels, from 2·N·O·pixels·(C/g)·kernel
             return known[0], float(size * (_numel(inputs) + _numel(weight) + output))
-        if op in SOFTMAX_TYPED:
+        if kind == "softmax":
             elements = _numel(tensors[0])
             return SOFTMAX_FLOPS * elements, float(size * 2 * elements)
-        if op in ELEMENTWISE_TYPED:
+        if kind == "elementwise":
             if not tensors:
                 return None, None
             out = max(_numel(shape) for shape in tensors)  # the broadcast output
@@ -251,7 +255,8 @@ def _work(op: str, dims: list, size: int, counted: list) -> tuple[float | None, 
     return None, None
 
 
-def _peaks(trace: Trace, op: str, dtype: str, members: list[int], on_device: bool, info) -> tuple[float, float] | str:
+def _peaks(trace: Trace, kind: str, dtype: str, members: list[int], on_device: bool, info,
+           simt: set[int]) -> tuple[float, float] | str:  # fmt: skip
     """(GFLOP/s, GB/s) roofs for this op, or why there are none."""
     if not on_device:
         measured = info.precision or {}
@@ -267,17 +272,17 @@ def _peaks(trace: Trace, op: str, dtype: str, members: list[int], on_device: boo
     if bandwidth is None:
         return f"no memory bandwidth for {device or 'an unnamed device'} in the peak table"
     peak_dtype = dtype
-    if op in ELEMENTWISE_TYPED or op in SOFTMAX_TYPED:
+    if kind in ("elementwise", "softmax"):
         peak_dtype = "fp32"  # vector work: the FP32 (non-tensor) peak
     elif dtype == "fp32":
-        peak_dtype = "fp32" if _on_cuda_cores(trace, members) else "tf32"
+        peak_dtype = "fp32" if _on_cuda_cores(trace, members, simt) else "tf32"
     found = peak_tflops(device, peak_dtype)
     if found is None:
         return f"no {peak_dtype} peak for {device} in the peak table"
     return found[1] * 1e3, bandwidth * 1e3
 
 
-def _on_cuda_cores(trace: Trace, members: list[int]) -> bool:
-    """An fp32 matmul whose kernels are SIMT GEMMs (no TF32); checked on the group's first launch's kernels."""
-    launched = np.flatnonzero(np.isin(trace.op_of_event, members[:8]) & isin_few(trace.kind, DEVICE_KIND_ARRAY))
-    return any(FP32_SIMT_GEMM.search(trace.name_of(kernel)) for kernel in launched[:8].tolist())
+def _on_cuda_cores(trace: Trace, members: list[int], simt: set[int]) -> bool:
+    """An fp32 matmul whose kernels are SIMT GEMMs (no TF32); checked on the group's first calls' kernels."""
+    launched = np.flatnonzero(np.isin(trace.op_of_event, members[:8]) & device_mask(trace))
+    return any(int(name_id) in simt for name_id in trace.name[launched[:8]].tolist())

@@ -78,3 +78,4 @@ def module_class(name: str) -> str:
     """``"Block_3"`` -> ``"Block"``: the class, without the instance's number."""
     head, _, number = name.rpartition("_")
     return head if head and number.isdigit() else name
+
