@@ -290,6 +290,7 @@ def _op_places(trace: Trace, rank: int, units, rows_of, paths, location, count: 
     top = sorted(by_name, key=by_name.get, reverse=True)[:OP_PLACES]
     places = {}
     module = trace.module
+    class_paths: dict[int, tuple[str, ...]] = {}
     for name_id in top:
         mine = ops[trace.name[ops] == name_id]
         times = self_us[trace.name[ops] == name_id]
@@ -301,7 +302,8 @@ def _op_places(trace: Trace, rank: int, units, rows_of, paths, location, count: 
         for row, value in zip(rows.tolist(), times.tolist()):
             if row < 0:
                 continue
-            classes = tuple(module_class(name) for name in paths[row])
+            classes = class_paths[row] if row in class_paths else class_paths.setdefault(
+                row, tuple(module_class(name) for name in paths[row]))  # fmt: skip
             held[classes] += value
             instances[classes].add(paths[row])
             first_row.setdefault(classes, row)
@@ -316,13 +318,18 @@ def _op_places(trace: Trace, rank: int, units, rows_of, paths, location, count: 
 
 def _self_times(trace: Trace, ops: np.ndarray) -> np.ndarray:
     """Each op's time less its direct child ops' on its thread (ops nest as calls do)."""
-    order = ops[np.lexsort((-trace.end[ops], trace.ts[ops], trace.tid[ops]))]
-    self_us = dict(zip(order.tolist(), trace.dur[order].tolist()))
-    stack: list[int] = []
-    for event in order.tolist():
-        while stack and (trace.tid[stack[-1]] != trace.tid[event] or trace.end[stack[-1]] <= trace.ts[event]):
+    end = trace.end[ops]
+    order = np.lexsort((-end, trace.ts[ops], trace.tid[ops]))
+    tids, starts, ends, durs = (trace.tid[ops][order].tolist(), trace.ts[ops][order].tolist(), end[order].tolist(),
+                                trace.dur[ops][order].tolist())  # fmt: skip
+    own = list(durs)
+    stack: list[int] = []  # positions in ``order`` of the ops open around the current one
+    for position in range(len(order)):
+        while stack and (tids[stack[-1]] != tids[position] or ends[stack[-1]] <= starts[position]):
             stack.pop()
         if stack:
-            self_us[stack[-1]] -= trace.dur[event]
-        stack.append(event)
-    return np.array([max(self_us[event], 0.0) for event in ops.tolist()])
+            own[stack[-1]] -= durs[position]
+        stack.append(position)
+    result = np.empty(len(ops))
+    result[order] = np.maximum(own, 0.0)
+    return result
