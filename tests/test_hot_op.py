@@ -216,6 +216,10 @@ def test_a_float64_convolution_is_named_as_a_fallback_kernel(runs):
     assert any(Path(location).name.startswith("float64_conv.py:") and location.endswith("in train_step")
                for location in lead["locations"]), lead["locations"]  # fmt: skip
     assert "float32" in lead["fix"] and "float64" in lead["fix"]
+    # the forward's kernels run in the model's three Conv2d modules (the backward's outside any module)
+    assert evidence["module"] == "Sequential > Conv2d" and evidence["module_instances"] == 3, evidence
+    assert evidence["module_op"] in evidence["ops"] and evidence["module_share_pct"] >= 90
+    assert "in Sequential > Conv2d ×3" in lead["title"] and "float64_conv.py" in evidence["module_location"]
 
 
 @pytest.mark.slow

@@ -35,6 +35,8 @@ SECTION_DEFS = {
     sections.CompileSummary: "compile", sections.CompiledSummary: "compiled",
     sections.CompiledRegion: "compiled_region", sections.Compilation: "compilation",
     sections.CollectiveRow: "collective_row", sections.CommSummary: "comm", sections.DistributedSummary: "distributed",
+    sections.ModulesSummary: "modules", sections.ModuleRow: "module_node", sections.RooflineSummary: "roofline",
+    sections.RooflineOp: "roofline_op",
 }  # fmt: skip
 
 

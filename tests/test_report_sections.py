@@ -35,6 +35,10 @@ from skalpel.result.sections import (
     CompileSummary,
     DistributedSummary,
     LaunchSummary,
+    ModuleRow,
+    ModulesSummary,
+    RooflineOp,
+    RooflineSummary,
     PeerCause,
     PeerStep,
     PeerWaits,
@@ -115,6 +119,15 @@ def _every_section() -> RankReport:
             CollectiveRow("all_reduce", 4, 2.0, 4.0, 2.0, 18.0, 1e6, 500000, 2, 1.0, 1.0, 10.0, 10.0, 12.0),
             CollectiveRow("broadcast", 1, 0.5, 0.1, 0.05, 0.4, 10.0, 20, 2, None, None))),  # fmt: skip
         distributed=DistributedSummary(11.0, 2.0, 2.5, 8.5, -3.0, "aligned", 4, 1, True, {"all_reduce": 1.2}),
+        modules=ModulesSummary("step", 2, 10.0, 4.0, 6.0, 8.0, 7.0, 1.0, "device", (
+            ModuleRow(("Net_0",), 1.0, 4.0, 0.5, 7.0, 0.0, 2e9, 0.0, "model.py:9 in forward"),
+            ModuleRow(("Net_0", "Linear_0"), 2.0, 3.5, 3.5, 7.0, 7.0, 2e9, 2e9, None,
+                      "torch/nn/modules/linear.py:130 in forward"))),  # fmt: skip
+        roofline=RooflineSummary("measured on this CPU (skalpel run)", (
+            RooflineOp("aten::mm", "[[512,512],[512,512]]", "fp32", 1.0, 5.0, 2.7e8, 3.1e6, 85.3, 53.7, 0.63, 134.5,
+                       7.3, "compute-bound", 40.0, "intensity 85.3 FLOP/B >= ridge 18.3"),
+            RooflineOp("aten::add", None, None, 2.0, 1.0, None, None, None, None, None, None, None, "not judged", None,
+                       "no input shapes recorded (record_shapes)"))),  # fmt: skip
     )
 
 

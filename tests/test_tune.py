@@ -596,3 +596,22 @@ def test_a_runs_one_time_cost_is_its_time_to_the_last_step_less_its_steps_at_the
     run = RunOutcome([2000.0] + [10.0] * 11, "window", 0, first_step_s=3.0)
     assert run.one_time_s(Window(warmup=2, steps=8)) == pytest.approx(3.0 + 2.0 + 0.11 - 13 * 0.010, abs=1e-6)
     assert RunOutcome([10.0] * 5, "window", 0).one_time_s(Window(1, 3)) is None  # no start recorded: unknown
+
+
+def test_autocast_is_never_offered_where_bf16_is_not_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tune's fact is the native path: torch.cuda.is_bf16_supported() also says yes on a GPU that only emulates bf16
+    (a V100, a T4: slower than fp32). No such GPU is here, so its answers are given: True with emulation counted,
+    False without; the fact must be False, and autocast_bf16 is then not chosen. On a CPU it is never offered."""
+    import torch
+
+    from skalpel.tune.patches import native_cuda_bf16
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert native_cuda_bf16() is False
+    emulating = {**STARVED_FACTS, "device": "cuda", "bf16_supported": native_cuda_bf16()}
+    assert "autocast_bf16" not in _names(candidates.select(emulating, set(), cores=8).chosen)
+    native = {**emulating, "bf16_supported": True}
+    assert "autocast_bf16" in _names(candidates.select(native, set(), cores=8).chosen)
+    cpu = {**STARVED_FACTS, "bf16_supported": True}  # even a CPU said to have bf16: autocast is GPU-only here
+    assert "autocast_bf16" not in _names(candidates.select(cpu, set(), cores=1).chosen)

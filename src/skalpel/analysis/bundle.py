@@ -35,10 +35,13 @@ from .ledger import Ledger, ledger
 from .loader_ranges import LoaderRanges, loader_ranges
 from .memory import MemoryResult, memory
 from .mfu import Mfu, mfu
+from .modules import ModuleTree, module_tree
 from .onetime import OneTimeResult, one_time_work
+from .precision import Precision, precision
 from .ops import OpTable, op_table
 from .rankprofile import RankLocations
 from .ranks import RankComparison
+from .roofline import Roofline, roofline
 from .rankwork import WorkComparison
 from .recorded import HostSigns, RecordingResult, device_recording
 from .step_device import StepDeviceResult, device_in_steps
@@ -84,6 +87,9 @@ class Analyses:
     memory: MemoryResult | None = None  # allocated-memory curves; None without [memory] events
     compile: CompileResult | None = None  # torch.compile regions, compilations, Triton kernels
     compile_log: CompileLog | None = None  # causes from skalpel run's compile log: guards, graph breaks, limits
+    modules: ModuleTree | None = None  # time and FLOPs by nn.Module; None without module frames
+    precision: Precision | None = None  # the matmuls' dtypes, fp32 GEMMs on CUDA cores, this CPU's bf16 speed
+    roofline: Roofline | None = None  # the heavy ops under the roofs: compute-, memory- or overhead-bound
     mfu: tuple[Mfu, ...] = ()  # achieved FLOP/s and MFU per rank; empty without flop counts (with_flops)
     comm: CommAnalysis | None = None  # collectives per rank: by type, bandwidth, share, overlap
     rank_comparison: RankComparison | None = None  # aligned clocks, waits, straggler: the join's (job.join), 2+ ranks
@@ -164,6 +170,9 @@ def _run_the_rest(trace: Trace, steps: StepSegmentation, analyses: Analyses) -> 
         analyses.compile_in_steps = compile_in_steps(trace, steps)
     analyses.graph_breaks = graph_breaks(trace, steps, analyses.compile, analyses.compile_log)
     analyses.mfu = mfu(trace, steps)
+    analyses.modules = module_tree(trace, steps)
+    analyses.precision = precision(trace, steps)
+    analyses.roofline = roofline(trace, steps)
     analyses.comm = analyze_comm(trace, steps)
     analyses.c10d_issuers = c10d_issuers(trace, analyses.comm)
     analyses.ledger = ledger(trace, steps, analyses.blame, analyses.one_time)

@@ -30,7 +30,8 @@ from ..result.memory_split import MemorySplit
 from ..result.report import CaptureInfo
 from ..result.sections import RunLedger
 from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
-from . import compile_log, cpu, distributed, runclock, runfolder, signals
+from ..trace.precision_header import HEADER_KEY as PRECISION
+from . import compile_log, cpu, distributed, precision, runclock, runfolder, signals
 from .aside import OWN
 from .bounded import PartialStep
 from .budget import release_results
@@ -79,6 +80,7 @@ class ProfileRun:
         self.run_ledger: RunLedger | None = None  # the whole run by skalpel run's clock (conclude.py sets it)
         self.memory_split: MemorySplit | None = None  # what held the first window's memory peak
         self._sampler: LineSampler | None = None  # statement lines of the first window (with_stack only)
+        self._precision: dict | None = None  # this CPU's matmul speed in bf16 and fp32, for the trace header
         # the export's stretches, left out of the CPU window
         self._cpu_excluded: list[tuple[cpu.Snapshot, cpu.Snapshot]] = []
 
@@ -87,6 +89,8 @@ class ProfileRun:
         if self._prof is not None:
             raise SkalpelError("this skalpel.profile() session was already started")
         self.folder = distributed.run_folder(self.folder, self.name)  # one folder for every rank of a job
+        with runclock.own_work():  # before the profiler starts: its matmuls are not in the trace
+            self._precision = None if torch.cuda.is_available() else precision.header_value()
         self._prof = torch.profiler.profile(schedule=torch_schedule(self.settings), on_trace_ready=self._on_trace_ready,
                                             **profiler_kwargs(self.settings))  # fmt: skip
         self._owns_compile_log = compile_log.install()  # `skalpel run` installs it before the script starts
@@ -251,6 +255,8 @@ class ProfileRun:
             self._tagged_window = phase[0]
             self._prof.add_metadata("skalpel_torch_version", torch.__version__)
             self._prof.add_metadata("skalpel_run", distributed.run_id(self.folder) if self.folder else self.name)
+            if self._precision is not None:  # this CPU's bf16 and fp32 matmul speeds (capture/precision.py)
+                self._prof.add_metadata_json(PRECISION, json.dumps(self._precision))
 
     def _on_trace_ready(self, prof: Any) -> None:
         try:

@@ -119,11 +119,34 @@ def _finding(ctx, rule, rank_ledger, held: HeldCalls, steady_ms, units, others: 
         title = (f"One op holds the step: {lead} takes {share:.0f}% of it ({held.ms / units:.1f} ms/step, "
                  f"{_calls(held.calls / units)})")
         title += "; the model's own matrix multiplies or convolutions" if kind == "compute" else ""
+    module = _module_words(ctx, rank_ledger.rank, list(held.ops), evidence)
+    title += module
     where = f" at {locations[0]}" if locations and ".py:" in locations[0] else ""
     shapes = f" (input shapes {evidence['input_shapes']})" if evidence["input_shapes"] else ""
     fix = f"{lead}{where}{shapes}: {fix}"
     severity = "info" if kind == "compute" else rule.severity_for(share)
     return rule.finding(evidence, locations=locations, rank=rank_ledger.rank, title=title, fix=fix, severity=severity)
+
+
+def _module_words(ctx: Context, rank: int, ops: list[str], evidence: dict) -> str:
+    """Where the ops sit among the modules (analysis/modules.py), into the evidence, and as the title's words:
+    ``, in Block > FeedForward > Linear ×8 (65% of its time, model.py:40 in forward)``. The first of ``ops`` (the
+    lead, then the group's others: a backward kernel runs outside any module, its forward twin inside one) that one
+    module class path holds MODULE_SHARE_PCT of; empty without module frames or where none does."""
+    tree = ctx.analyses.modules.for_rank(rank) if ctx.analyses.modules is not None else None
+    places = [tree.places.get(op) for op in ops] if tree is not None else []
+    place = next((found for found in places if found is not None and found.share_pct >= MODULE_SHARE_PCT), None)
+    if place is None:
+        return ""
+    evidence.update(module=place.module, module_op=place.op, module_instances=place.instances,
+                    module_share_pct=place.share_pct, module_location=place.location)  # fmt: skip
+    times = f" ×{place.instances}" if place.instances > 1 else ""
+    line = f", {place.location}" if place.location else ""
+    whose = "its" if place.op == ops[0] else f"{place.op}'s"
+    return f", in {place.module}{times} ({place.share_pct:.0f}% of {whose} time{line})"
+
+
+MODULE_SHARE_PCT = 25.0  # an op's share in one module class path below which the title names no module
 
 
 def _row(ctx: Context, rank: int, op: str) -> OpRow | None:
@@ -176,6 +199,7 @@ def _device_fallbacks(ctx: Context, rule: Rule, ranks: dict[int, RankLedger]) ->
                     "input_shapes": row.input_shapes if row is not None else None, "time": "device"}  # fmt: skip
         title = (f"A fallback kernel holds the device: {lead} (reference convolution) launches {share:.0f}% of "
                  f"the step's device time ({slow.ms / units:.1f} ms/step)")  # fmt: skip
+        title += _module_words(ctx, rank, list(slow.ops), evidence)
         where = f" at {locations[0]}" if locations and ".py:" in locations[0] else ""
         fix = f"{lead}{where}: {_CONV_FIX}; it runs the reference kernel because {_CONV_GPU}"
         findings.append(rule.finding(evidence, locations=locations, rank=rank, title=title, fix=fix,

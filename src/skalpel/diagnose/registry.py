@@ -20,6 +20,7 @@ from . import (
     measurement,
     memory,
     peak,
+    precision,
     recording,
     sync,
     verdict,
@@ -27,8 +28,8 @@ from . import (
 from . import compile as compile_rules
 from .rule import Rule
 
-_FAMILIES = (input, cpu, sync, device, host, hot_op, memory, peak, allocator, compile_rules, distributed, measurement,
-             coldstart, recording, hang, verdict)  # fmt: skip
+_FAMILIES = (input, cpu, sync, device, host, hot_op, precision, memory, peak, allocator, compile_rules, distributed,
+             measurement, coldstart, recording, hang, verdict)  # fmt: skip
 
 RULES: tuple[Rule, ...] = tuple(rule for family in _FAMILIES for rule in family.RULES)
 """Every finding, in the order the rules run."""

@@ -333,3 +333,18 @@ COLLECTIVE_HANG = Threshold(2000.0, "of the median step without a step ending", 
 COLLECTIVE_MISMATCH = Threshold(None, "", 1.0, "collective whose op, sizes or calling line differ across ranks")
 # A rank whose record was never closed and whose process is gone (killed, aborted), or that ended on an error.
 RANK_DIED = Threshold(None, "", 1.0, "rank that ended before the job")
+
+# --- precision -----------------------------------------------------------------------------
+# bf16/fp16 matmuls on a CPU where this machine measured bf16 slower than fp32 (capture/precision.py): they hold
+# share_pct of the step's host time, floor ms a step, and a bf16 matmul took slower_ratio times an fp32 one or more.
+SLOW_LOW_PRECISION = Threshold(
+    20.0, "of the step's host time in bf16 matmuls", 1.0, "ms/step", critical_share_pct=50.0,
+    params=(("slower_ratio", 1.25),),
+)  # fmt: skip
+# fp32 matmuls where the hardware has a faster path: on a GPU, fp32 GEMM kernels on the CUDA cores (no TF32) on a
+# device with TF32 tensor cores; on a CPU, fp32 matmuls where this machine measured bf16 faster_ratio times faster
+# (AMX, AVX-512 BF16): an info note there (bf16 changes the numbers; a user chooses).
+FAST_PRECISION_UNUSED = Threshold(
+    10.0, "of the step's device time (host time on a CPU) in fp32 matmuls", 0.5, "ms/step",
+    params=(("faster_ratio", 1.5), ("cpu_share_pct", 30.0), ("tf32_from_compute_major", 8.0)),
+)  # fmt: skip

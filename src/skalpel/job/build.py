@@ -4,6 +4,7 @@ findings are judged (``assemble_report``). ``job.report_of`` is the road that co
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import replace
 from typing import Any
@@ -38,6 +39,8 @@ from ..result.sections import (
     CompileSummary,
     DistributedSummary,
     LaunchSummary,
+    ModulesSummary,
+    RooflineSummary,
     StepDeviceSummary,
     SyncSummary,
 )
@@ -246,10 +249,38 @@ def _extra(analyses: Analyses, rank: int) -> dict[str, Any]:
     comm = analyses.comm.for_rank(rank) if analyses.comm else None
     if comm is not None and comm.collectives:
         sections["comm"] = CommSummary.from_dict(comm.to_summary(), check=False)
+    modules = analyses.modules.for_rank(rank) if analyses.modules is not None else None
+    if modules is not None:
+        sections["modules"] = _modules_summary(modules)
+    roof = analyses.roofline.for_rank(rank) if analyses.roofline is not None else None
+    if roof is not None and roof.rows:
+        sections["roofline"] = RooflineSummary.from_dict(
+            {"roofs": roof.roofs, "ops": [_sig(dataclasses.asdict(row)) for row in roof.rows]}, check=False)
     if analyses.rank_comparison is not None:
         figures = analyses.rank_comparison.summary_of(rank)
         sections["distributed"] = DistributedSummary.from_dict(figures, check=False)
     return sections
+
+
+def _sig(values: dict) -> dict:
+    """Floats to 4 significant digits (FLOPs, bytes and rates span twelve orders of magnitude)."""
+    return {key: float(f"{value:.4g}") if isinstance(value, float) else value for key, value in values.items()}
+
+
+def _modules_summary(modules) -> ModulesSummary:
+    """The module tree as the report keeps it: figures rounded, FLOPs to 4 significant digits."""
+    nodes = [{"path": list(node.path), "calls": round(node.calls, 3), "host_ms": round(node.host_ms, 4),
+              "host_self_ms": round(node.host_self_ms, 4), "device_ms": round(node.device_ms, 4),
+              "device_self_ms": round(node.device_self_ms, 4), "flops": float(f"{node.flops:.4g}"),
+              "flops_self": float(f"{node.flops_self:.4g}"), "location": node.location, "defined_at": node.defined_at}
+             for node in modules.nodes]  # fmt: skip
+    figures = _rounded({
+        "unit": modules.unit, "units": modules.units, "unit_ms": modules.unit_ms, "host_ms": modules.host_ms,
+        "host_unattributed_ms": modules.host_unattributed_ms, "device_ms": modules.device_ms,
+        "device_in_modules_ms": modules.device_in_modules_ms, "device_unattributed_ms": modules.device_unattributed_ms,
+        "ranked_by": "device" if modules.has_device else "host",
+    })  # fmt: skip
+    return ModulesSummary.from_dict({**figures, "nodes": nodes}, check=False)
 
 
 def _compiled(analyses: Analyses, rank: int) -> dict:

@@ -23,6 +23,7 @@ from ..analysis.call_tree import MIN_FLAME_FRACTION
 from ..result.report import Report
 from . import html_parts as parts
 from .html_job import job_section
+from .html_modules import modules_section
 
 MAX_FLAME_NODES = 4000
 MAX_NAME_CHARS = 400
@@ -40,6 +41,7 @@ def render(report: Report, *, flame: Mapping[str, Any] | None = None, title: str
         parts.gpu(report),
         parts.blame(report),
         parts.tables(report),
+        modules_section(report),
         parts.memory(report),
         flame_section(flame),
         parts.ranks(report),

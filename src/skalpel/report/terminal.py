@@ -21,6 +21,8 @@ from ..result.sections import BlameSummary, CompiledRegion
 from .evidence import evidence_text, mfu_text
 from .terminal_comm import comm_line, ranks_table
 from .terminal_job import alike_line, brief_panel, detailed_ranks, job_panel, summarised
+from .terminal_modules import modules_table
+from .terminal_roofline import roofline_table
 
 NOT_JUDGED = "not_judged"
 SEVERITY_STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -234,6 +236,12 @@ def _rank_panel(report: Report, rank: RankReport, *, brief: bool = False) -> Pan
         parts.append(Text(mfu_text(rank.mfu)))
     if rank.top_ops:
         parts.append(_ops_table(rank, device=report.has_device))
+    tree = modules_table(rank.modules) if rank.modules is not None else None
+    if tree is not None:
+        parts.append(tree)
+    roofs = roofline_table(rank.roofline) if rank.roofline is not None else None
+    if roofs is not None:
+        parts.append(roofs)
     regions = rank.compiled.regions if rank.compiled is not None else ()
     if regions:
         parts.append(_regions_table(regions, device=report.has_device))

@@ -25,6 +25,8 @@ from .sections import (
     CompileSummary,
     DistributedSummary,
     LaunchSummary,
+    ModulesSummary,
+    RooflineSummary,
     RunLedger,
     StepDeviceSummary,
     SyncSummary,
@@ -429,6 +431,8 @@ class RankReport:
     compiled: CompiledSummary | None = None
     comm: CommSummary | None = None
     distributed: DistributedSummary | None = None
+    modules: ModulesSummary | None = None  # time and FLOPs by nn.Module; None without module frames
+    roofline: RooflineSummary | None = None  # the heavy ops under the roofs; None without matmuls or elementwise ops
     ledger: LedgerSummary | None = None  # every millisecond of every unit by cause; None in reports before it
 
     @property

@@ -292,9 +292,76 @@ class DistributedSummary(_Section):
         return self.step_ms is not None
 
 
+@dataclass(frozen=True)
+class ModuleRow(_Section):
+    """One module of the tree (analysis/modules.py ``ModuleNode``), figures per unit; ``path`` names it from the
+    outermost module, so the rows (in preorder) rebuild the tree."""
+
+    LEFT_OUT: ClassVar[dict[str, Any]] = {"location": None, "defined_at": None}
+
+    path: tuple[str, ...]
+    calls: float
+    host_ms: float
+    host_self_ms: float
+    device_ms: float
+    device_self_ms: float
+    flops: float
+    flops_self: float
+    location: str | None = None  # the innermost user-code line: its forward's, else the nearest caller module's
+    defined_at: str | None = None  # its forward's definition, in any file
+
+
+@dataclass(frozen=True)
+class ModulesSummary(_Section):
+    """Time and FLOPs by nn.Module, per unit, and what runs outside every module (backward, the optimizer, the
+    loop): the outermost modules and the unattributed time add up to the unit."""
+
+    unit: str  # "step", "iteration" or "window"
+    units: int
+    unit_ms: float
+    host_ms: float  # in the outermost module frames
+    host_unattributed_ms: float
+    device_ms: float
+    device_in_modules_ms: float
+    device_unattributed_ms: float
+    ranked_by: str  # "device" or "host": what the tree's siblings are ordered by
+    nodes: tuple[ModuleRow, ...] = ()
+
+
+@dataclass(frozen=True)
+class RooflineOp(_Section):
+    """One op group (name, input shapes, dtype) under the roofs (analysis/roofline.py ``RooflineRow``), per unit; its
+    figures None where it is not judged (``why`` says why)."""
+
+    op: str
+    shapes: str | None
+    dtype: str | None
+    calls: float
+    ms: float
+    flops: float | None
+    bytes: float | None
+    intensity: float | None
+    achieved_gflops: float | None
+    achieved_gbps: float | None
+    peak_gflops: float | None
+    peak_gbps: float | None
+    label: str  # compute-bound, memory-bound, overhead-bound, not judged
+    roof_pct: float | None
+    why: str
+
+
+@dataclass(frozen=True)
+class RooflineSummary(_Section):
+    """The heavy ops of the rank under the roofs: where the peaks come from, and each op group's label."""
+
+    roofs: str
+    ops: tuple[RooflineOp, ...] = ()
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "launch": LaunchSummary, "step_device": StepDeviceSummary, "blame": BlameSummary, "syncs": SyncSummary,
     "compile": CompileSummary, "compiled": CompiledSummary, "comm": CommSummary, "distributed": DistributedSummary,
+    "modules": ModulesSummary, "roofline": RooflineSummary,
 }  # fmt: skip
 
 

@@ -22,6 +22,13 @@ from .kinds import DEVICE_KIND_ARRAY, DEVICE_KINDS, Kind, classify, kind_array, 
 
 _KEPT_ARG_KINDS = np.array([Kind.COMM_OP, Kind.COMM_KERNEL, Kind.DEVICE_SYNC, Kind.MEMCPY], np.int8)
 _ON_DEVICE = kind_array(DEVICE_KINDS | {Kind.DEVICE_SYNC, Kind.GPU_ANNOTATION})
+# ops whose inputs' dtypes are kept ('Input type'): the matrix multiplies and convolutions, whose precision decides
+# their speed (analysis/precision.py), and the elementwise ops and softmax the roofline judges (analysis/roofline.py)
+MATMUL_TYPED = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution")
+ELEMENTWISE_TYPED = ("aten::add", "aten::add_", "aten::sub", "aten::mul", "aten::mul_", "aten::div", "aten::relu",
+                     "aten::relu_", "aten::gelu", "aten::silu", "aten::sigmoid", "aten::tanh", "aten::exp")  # fmt: skip
+SOFTMAX_TYPED = ("aten::_softmax",)
+TYPED_OPS = MATMUL_TYPED + ELEMENTWISE_TYPED + SOFTMAX_TYPED
 _MOVES_BYTES = np.array([Kind.MEMCPY, Kind.MEMSET], np.int8)
 _FLOW_CATEGORIES = ("ac2g", "async")
 COLUMNS = ("ts", "dur", "kind", "name", "pid", "tid", "device", "stream", "correlation", "external_id",
@@ -209,10 +216,27 @@ class ColumnBuilder:
             counts = _ints(flops, 0)
             for index in np.flatnonzero(counts > 0).tolist():
                 self.extra.setdefault(self.count + index, {})["flops"] = float(counts[index])
+        self._keep_types(name, args)
         uncorrelated = np.flatnonzero(np.isin(kind, DEVICE_KIND_ARRAY) & (correlation == 0))
         if len(uncorrelated):
             self._uncorrelated.append(uncorrelated + self.count)
         self.count += len(events)
+
+    def _keep_types(self, name: np.ndarray, args: list) -> None:
+        """The inputs' dtypes ('Input type', record_shapes) of the matmul and convolution ops, beside their other
+        args: the precision they ran in. Other ops' types are not kept (most events have them)."""
+        ids = [found for op in TYPED_OPS if (found := self.interner.get(op)) is not None]
+        if not ids:
+            return
+        for index in np.flatnonzero(np.isin(name, ids)).tolist():
+            raw = args[index].types
+            if raw:
+                try:
+                    types = orjson.loads(bytes(raw))
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(types, list):
+                    self.extra.setdefault(self.count + index, {})["types"] = types
 
     def _add_memory(self, events: list[Event]) -> None:
         usable = [e for e in events if e.args and e.ts is not None and math.isfinite(e.ts)]

@@ -101,6 +101,7 @@ class Args(Struct, gc=False):
     external_lower: Number = field(default=0, name="external id")
     stack: str | None = field(default=None, name="Call stack")
     dims: Raw = field(default=EMPTY, name="Input Dims")
+    types: Raw = field(default=EMPTY, name="Input type")  # kept for the matmul and convolution ops (their dtype)
     nbytes: Number = field(default=0, name="bytes")
     flops: Number = 0  # with_flops: the op's floating-point operations
 
@@ -238,7 +239,7 @@ def _loads_or_none(raw: Raw) -> object:
 def _args_from_dict(value: object) -> Args:
     if not isinstance(value, dict):
         return Args()
-    dims = value.get("Input Dims")
+    dims, types = value.get("Input Dims"), value.get("Input type")
     return Args(
         correlation=_number_like(value.get("correlation"), 0),
         external=_number_like(value.get("External id"), 0),
@@ -247,6 +248,7 @@ def _args_from_dict(value: object) -> Args:
         stream=_number_like(value.get("stream"), MISSING),
         stack=_text(value.get("Call stack")),
         dims=(_raw(dims) or EMPTY) if dims else EMPTY,
+        types=(_raw(types) or EMPTY) if types else EMPTY,
         nbytes=_number_like(value.get("bytes"), 0),
     )
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from .kinds import DEVICE_KIND_ARRAY, Kind
 from .links import launcher_of_events, op_of_events
+from .modules import module_of_events
 from .roles import event_phases, event_roles
 
 NO_ID = -1
@@ -41,6 +42,7 @@ class RankInfo:
     event_count: int = 0
     compile_log: dict | None = None  # torch.compile events skalpel's capture wrote into the header (skalpel_compile)
     line_samples: Any = None  # line_samples.LineSamples from a skalpel capture's header, else None
+    precision: dict | None = None  # this CPU's bf16 and fp32 matmul speeds from a skalpel capture's header
 
 
 @dataclass
@@ -163,6 +165,17 @@ class Trace:
         if "phase" not in self._derived:
             self._derived["phase"] = event_phases(self.role, self.kind, self.rank, self.tid, self.ts, self.end)
         return self._derived["phase"]
+
+    @property
+    def module(self) -> np.ndarray:
+        """For each event, the ``nn.Module: Name_N`` frame it runs in (-1: none); a module frame's is its parent's.
+
+        Host events by the frames around them on their thread, device events by their launch call
+        (``trace/modules.py``). Computed once and cached."""
+        if "module" not in self._derived:
+            self._derived["module"] = module_of_events(self.role, self.kind, self.rank, self.tid, self.ts, self.end,
+                                                       self.launcher)  # fmt: skip
+        return self._derived["module"]
 
     def cached(self, key: str, compute):
         """A value derived from this trace, computed by ``compute()`` the first time ``key`` is asked for."""

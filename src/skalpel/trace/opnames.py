@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from .columns import ELEMENTWISE_TYPED, SOFTMAX_TYPED
 from .kinds import Kind
 from .model import Trace
 from .roles import COMPILED_REGION, OPTIMIZER_PREFIX
@@ -384,3 +385,24 @@ def is_reference_kernel(name: str) -> bool:
 def is_library_compute(name: str) -> bool:
     """A matrix multiply or convolution on its library kernel (oneDNN, BLAS, CPU flash attention)."""
     return name in COMPUTE_KERNELS
+
+
+# fp32 GEMMs on the CUDA cores (no TF32, no tensor cores): cuBLAS's SIMT kernels by architecture, cutlass's simt ones,
+# Hopper's xmma f32 GEMMs without tf32. Tensor-op fp32 GEMMs (cutlass tensorop_s1688, *_tf32*) already run TF32.
+FP32_SIMT_GEMM = re.compile(r"(?:^|[^a-z0-9])(?:maxwell|pascal|volta|turing|ampere|ada|sm\d+)_sgemm_"
+                            r"|cutlass_\d+_simt_sgemm|xmma_gemm_f32f32_f32f32_f32")  # fmt: skip
+
+
+def is_fp32_simt_gemm(name: str) -> bool:
+    """A kernel that runs an fp32 GEMM on the CUDA cores (no TF32)."""
+    return bool(FP32_SIMT_GEMM.search(name))
+
+
+def roofline_kinds(trace: Trace) -> dict[int, str]:
+    """Name id -> "matmul", "convolution", "elementwise" or "softmax" for the ops the roofline judges (their
+    input dtypes are kept by the loader, ``columns.TYPED_OPS``)."""
+    kinds = {}
+    for names, kind in ((MATMUL_OPS, "matmul"), ((CONVOLUTION,), "convolution"), (ELEMENTWISE_TYPED, "elementwise"),
+                        (SOFTMAX_TYPED, "softmax")):  # fmt: skip
+        kinds.update((found, kind) for found in ids_of(trace, names))
+    return kinds

@@ -77,6 +77,13 @@ def parse_frame(text: str) -> tuple[str, int, str] | None:
     return match.group("path"), int(match.group("line")), match.group("func")
 
 
+def forward_frame(name: str) -> tuple[str, int, str] | None:
+    """``"model.py(52): forward"`` -> ``("model.py", 52, "forward")``: a module's forward call among the Python
+    frames under its ``nn.Module`` frame; None for any other frame."""
+    frame = parse_frame(name)
+    return frame if frame is not None and frame[2] == "forward" else None
+
+
 @lru_cache(maxsize=4096)
 def is_user_file(path: str) -> bool:
     """True for a file of the user's own code (not a library, the standard library, or skalpel)."""

@@ -106,7 +106,7 @@ class Patcher:
         return {
             "device": self.model["device"] if self.model else ("cuda" if torch.cuda.is_available() else "cpu"),
             "cuda_available": torch.cuda.is_available(),
-            "bf16_supported": bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()),
+            "bf16_supported": native_cuda_bf16(),
             "threads": torch.get_num_threads(),
             "threads_call": self.threads_call,
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
@@ -253,6 +253,17 @@ def _optimizers_taking(key: str) -> list[type]:
         if cls.__module__.startswith("torch.optim") and init and key in inspect.signature(init).parameters:
             found.append(cls)
     return found
+
+
+def native_cuda_bf16() -> bool:
+    """A GPU that runs bf16 natively (compute capability 8.0+, or ROCm). ``torch.cuda.is_bf16_supported()`` also says
+    yes on older GPUs that only emulate bf16, slower than fp32: tune must not offer autocast there."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # a torch before the argument (2.3): no emulation was counted then
+        return bool(torch.cuda.is_bf16_supported())
 
 
 def _autocast_forward(forward: Callable[..., Any], device: str) -> Callable[..., Any]:

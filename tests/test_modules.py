@@ -1,0 +1,212 @@
+"""The module tree (issue 37): time, calls and FLOPs by nn.Module, from real torch.profiler runs and stored traces.
+
+A real CPU run of a small nested model (a block called twice, a wide and a narrow head) is profiled with Python
+stacks, so torch records each module call as an ``nn.Module: Name_N`` frame; the tree must nest as the model does,
+count the calls, split self from total, add up to the step with the unattributed share, and put the FLOPs the
+op table counts in the module that ran them. A run without stacks has no module frames: no tree, no section.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skalpel.analysis.modules import module_tree
+from skalpel.analysis.steps import segment_steps
+from skalpel.api import analyze
+from skalpel.result.report import Report
+from skalpel.trace import load
+from skalpel.trace.modules import module_class, module_name
+from skalpel.trace.roles import Role
+from tests.conftest import corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH, WIDTH = 32, 64
+
+
+def _model():
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.act, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.ReLU(), nn.Linear(4 * WIDTH, WIDTH)
+
+        def forward(self, x):
+            return self.down(self.act(self.up(x)))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = Block()
+            self.wide = nn.Linear(WIDTH, 4096)  # 64x the narrow head's FLOPs
+            self.narrow = nn.Linear(WIDTH, 64)
+
+        def forward(self, x):
+            x = self.block(self.block(x))  # the same block twice: two calls of one module
+            return self.wide(x).sum(dim=1) + self.narrow(x).sum(dim=1)
+
+    torch.manual_seed(0)
+    return Net()
+
+
+def _profiled(tmp_path_factory, *, stacks: bool) -> Path:
+    import torch
+
+    torch.set_num_threads(1)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    inputs = torch.randn(BATCH, WIDTH)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+                                with_stack=stacks) as prof:  # fmt: skip
+        for _ in range(5):
+            optimizer.zero_grad()
+            model(inputs).sum().backward()
+            optimizer.step()
+            prof.step()
+    path = tmp_path_factory.mktemp("modules") / f"trace-{'stacks' if stacks else 'plain'}.json"
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def stacked(tmp_path_factory):
+    path = _profiled(tmp_path_factory, stacks=True)
+    trace = load(path)
+    return path, trace, module_tree(trace, segment_steps(trace)).for_rank(0)
+
+
+def _node(tree, *path):
+    return next(node for node in tree.nodes if node.path == path)
+
+
+def test_the_tree_nests_as_the_model_and_counts_calls(stacked) -> None:
+    _, _, tree = stacked
+    assert tree.unit in ("step", "iteration") and tree.units >= 3  # optimizer steps mark the iterations
+    assert [node.path for node in tree.nodes if node.depth == 0] == [("Net_0",)]
+    block = _node(tree, "Net_0", "Block_0")
+    assert block.calls == 2  # called twice per forward
+    assert _node(tree, "Net_0", "Block_0", "Linear_0").calls == 2
+    assert _node(tree, "Net_0", "Linear_2").calls == 1  # the wide head: the third Linear called
+    children = {node.path for node in tree.nodes if node.path[:2] == ("Net_0", "Block_0") and node.depth == 2}
+    assert children == {("Net_0", "Block_0", leaf) for leaf in ("Linear_0", "ReLU_0", "Linear_1")}
+
+
+def test_self_and_total_add_up_and_the_step_is_accounted_for(stacked) -> None:
+    _, _, tree = stacked
+    for node in tree.nodes:
+        kids = [child for child in tree.nodes if child.path[:-1] == node.path]
+        assert node.host_self_ms == pytest.approx(node.host_ms - sum(child.host_ms for child in kids), abs=1e-6)
+        assert 0 <= node.host_self_ms <= node.host_ms
+    root = tree.nodes[0]
+    assert root.host_ms == pytest.approx(tree.host_ms)
+    assert tree.host_ms + tree.host_unattributed_ms == pytest.approx(tree.unit_ms)
+    assert 0 < tree.host_unattributed_ms < tree.unit_ms  # backward and the optimizer run outside every module
+
+
+def test_flops_sit_in_the_module_that_ran_them(stacked) -> None:
+    _, _, tree = stacked
+    up = _node(tree, "Net_0", "Block_0", "Linear_0")
+    assert up.flops == pytest.approx(2 * 2 * BATCH * WIDTH * 4 * WIDTH)  # two calls of a 64 -> 256 addmm
+    assert up.flops_self == up.flops
+    wide, narrow = _node(tree, "Net_0", "Linear_2"), _node(tree, "Net_0", "Linear_3")
+    assert wide.flops == pytest.approx(2 * BATCH * WIDTH * 4096)
+    assert narrow.flops == pytest.approx(2 * BATCH * WIDTH * 64)
+    root = tree.nodes[0]
+    assert root.flops_self == 0 and root.flops == pytest.approx(sum(n.flops for n in tree.nodes if n.depth == 1))
+    assert wide.host_self_ms > narrow.host_self_ms  # 64x the work
+
+
+def test_an_op_is_placed_in_its_module_with_the_users_line(stacked) -> None:
+    _, _, tree = stacked
+    place = tree.places["aten::addmm"]
+    assert place.module in ("Net > Block > Linear", "Net > Linear")
+    assert 0 < place.share_pct <= 100
+    assert place.location is not None and "test_modules.py" in place.location  # the library Linear: its caller's line
+    assert _node(tree, "Net_0", "Block_0").location.endswith("in forward")
+
+
+def test_the_report_carries_the_tree_through_json(stacked) -> None:
+    path, _, tree = stacked
+    report = analyze(str(path))
+    section = report.ranks[0].modules
+    assert section is not None and section.ranked_by == "host"
+    assert [row.path for row in section.nodes] == [node.path for node in tree.nodes]
+    again = Report.from_json(report.to_json())
+    assert again.ranks[0].modules == section
+
+
+def test_no_module_frames_no_tree(tmp_path_factory) -> None:
+    path = _profiled(tmp_path_factory, stacks=False)
+    trace = load(path)
+    assert not (trace.role == Role.MODULE).any()
+    assert module_tree(trace, segment_steps(trace)) is None
+    assert (trace.module == -1).all()
+    assert analyze(str(path)).ranks[0].modules is None
+
+
+def test_names() -> None:
+    assert module_name("nn.Module: Block_12") == "Block_12"
+    assert module_class("Block_12") == "Block" and module_class("Conv_block") == "Conv_block"
+
+
+def test_kernels_follow_their_launch_into_the_module_on_a_stored_gpu_trace() -> None:
+    trace = load(corpus("extra/AMD-AGI__TraceLens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"))
+    tree = module_tree(trace, segment_steps(trace)).for_rank(0)
+    assert tree.has_device and tree.device_ms > 0
+    assert len(tree.nodes) == 200  # the heaviest nodes and their ancestors; the totals still count every module
+    assert sum(node.device_self_ms for node in tree.nodes) <= tree.device_in_modules_ms
+    root = tree.nodes[0]
+    assert root.path == ("Qwen2Model_0",) and root.device_ms == pytest.approx(tree.device_in_modules_ms, rel=1e-6)
+    layers = [node for node in tree.nodes if node.depth == 1 and node.name.startswith("Qwen2DecoderLayer_")]
+    assert len(layers) == 24  # Qwen1.5-0.5B's decoder layers, each with its kernels
+    assert all(layer.device_ms > 0 and layer.flops > 0 for layer in layers)
+
+
+@pytest.mark.slow
+def test_skalpel_run_agrees_with_a_hand_timer_in_the_same_run(tmp_path) -> None:
+    """The must-show: under skalpel run, forward hooks and a timer around each module (benchmarks/module_times.py's
+    wrapper) against the tree of the same run's report, for the CNN look-alike: the top modules within 10%."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import module_times
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    profiled, hand, section = module_times.one_round("examples/scenarios/module_cnn.py", 8)
+    top = sorted(profiled, key=profiled.get, reverse=True)[:3]
+    assert top[0] == "SmallCNN_0"
+    for name in top:
+        assert profiled[name] == pytest.approx(hand[name], rel=0.10), name
+    assert section["host_ms"] + section["host_unattributed_ms"] == pytest.approx(section["unit_ms"], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_skalpel_run_prints_the_module_table(tmp_path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MODULE_STEPS": "8"}
+    done = subprocess.run([sys.executable, "-m", "skalpel", "run", "--out", str(tmp_path / "run"),
+                           "examples/scenarios/module_transformer.py"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "modules by host time" in done.stdout and "Block_" in done.stdout
+    section = json.loads((tmp_path / "run/report.json").read_text())["ranks"][0]["extra"]["modules"]
+    blocks = [node for node in section["nodes"] if len(node["path"]) == 3 and node["path"][2].startswith("Block_")]
+    assert len(blocks) == 4 and all(node["location"].endswith("module_transformer.py:52 in forward") for node in blocks)
+
+
+def test_the_html_page_folds_the_tree(stacked) -> None:
+    from skalpel.report.html import render
+
+    path, _, tree = stacked
+    page = render(analyze(str(path)))
+    body = page[page.index('<section id="modules">'):]
+    body = body[:body.index("</section>")]
+    assert body.count("<details") == body.count("</details>") == len(tree.nodes)
+    first = body.index("Net_0:")
+    assert first < body.index("Block_0:") < body.index("Linear_0:")  # nested in tree order
+    assert "ran outside any module" in body
