@@ -160,7 +160,7 @@ def test_cli_analyze_and_diff(tmp_path, capsys):
 
 def test_a_real_cpu_profile_snapshot(tmp_path):
     """torch's own ``_profile_to_snapshot`` of a real CPU profile: the big tensor is found at its line."""
-    torch = pytest.importorskip("torch")
+    import torch
     from torch.cuda._memory_viz import _profile_to_snapshot
 
     with torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True) as prof:
@@ -179,7 +179,7 @@ def allocate_big(torch):
 
 class _Evil:
     def __reduce__(self):
-        return (os.system, (f"touch {os.environ.get('SKALPEL_TEST_MARKER', '/nonexistent/x')}",))
+        return (os.system, (f"touch {os.environ.get('SNAPSHOT_TEST_MARKER', '/nonexistent/x')}",))
 
 
 @pytest.mark.parametrize(
@@ -202,7 +202,7 @@ class _Evil:
 )  # fmt: skip
 def test_bad_pickles_are_one_line(tmp_path, capsys, monkeypatch, make, says):
     marker = tmp_path / "ran"
-    monkeypatch.setenv("SKALPEL_TEST_MARKER", str(marker))
+    monkeypatch.setenv("SNAPSHOT_TEST_MARKER", str(marker))
     path = tmp_path / "bad.pickle"
     path.write_bytes(make())
     assert main(["analyze", str(path)]) == 2

@@ -70,11 +70,23 @@ def _job_rule_checks() -> dict[str, tuple[str, str]]:
     """rule id -> (module, check function) for the rules of job scope, from their declarations."""
     checks = {}
     for path in sorted(DIAGNOSE.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        factories = {}  # a module's own function that declares its rules: name -> their check (diagnose/hang.py)
+        for function in (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Rule":
+                    fields = {keyword.arg: keyword.value for keyword in node.keywords}
+                    if isinstance(fields.get("id"), ast.Name) and isinstance(fields.get("check"), ast.Name):
+                        factories[function.name] = fields["check"].id
+        for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Rule":
                 fields = {keyword.arg: keyword.value for keyword in node.keywords}
                 if isinstance(fields.get("id"), ast.Constant) and fields["id"].value in JOB_RULES:
                     checks[fields["id"].value] = (path.stem, fields["check"].id)
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in factories and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and first.value in JOB_RULES:
+                    checks[first.value] = (path.stem, factories[node.func.id])
     return checks
 
 
