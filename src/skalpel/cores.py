@@ -98,14 +98,6 @@ Measured with a free ``__getitem__`` (16 x 256 int64 per batch, 1 intra-op threa
 (benchmarks/loader_handoff.py)."""
 
 
-WORKER_CPU_CHEAP_MS = 2 * WORKER_HANDOFF_MS
-"""The CPU a DataLoader worker spends on a batch, measured while the profiler records, below which a batch is cheaper
-made in the training process than received from a worker. A worker's CPU holds its side of the hand-over (collate
-into shared memory, pickle), and workers forked under the profiler record too: a TensorDataset batch of 32 x 64
-floats took 0.9 ms of a worker's CPU, 1.4-2.0 ms while the profiler recorded (4 workers, 2 cores, load 10); a
-Python ``__getitem__`` of 3,072 values a sample, 8 a batch, 9.7-12 ms."""
-
-
 def threads_beside_workers(cores: float, threads: int) -> int | None:
     """The intra-op threads to set beside ``loader_workers``: one core fewer where the threads fill every usable
     core (there the workers fight them at every parallel region: 2 threads on 2 cores with 1 worker measured 1.33x

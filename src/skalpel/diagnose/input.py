@@ -9,7 +9,7 @@ import numpy as np
 from ..cores import WORKER_HANDOFF_MS, loader_workers, threads_beside_workers, workers_that_fit
 from . import thresholds
 from .common import pct, window_of
-from .cpu import cheap_batches, contended, usable_cores, worker_ms_per_batch
+from .cpu import cheap_batches, contended, loader_wait_ms_per_batch, usable_cores, worker_ms_per_batch
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
@@ -91,8 +91,8 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
     nearly the whole step (the most they gain is under ``min_speedup``), a single usable core, or a batch made
     faster than a worker can hand it over (``_why_no_workers``: ``cores.WORKER_HANDOFF_MS``; the fetch per batch
     is scaled by ``unprofiled_ratio``, un-profiled / profiled step, as the profiler inflates the Python that makes
-    it). With workers already, ``worker_batch`` (``cpu.worker_ms_per_batch``: their CPU a batch) may show batches
-    cheaper than a worker's hand-over: then none. Other load is no veto: while the main thread waits for its batch its core is idle, and a worker gets a
+    it). With workers already, ``worker_batch`` (``cpu.worker_ms_per_batch``: their CPU a batch) may show the
+    step waiting longer for a batch than a worker spends making it: then none (``cpu.cheap_batches``). Other load is no veto: while the main thread waits for its batch its core is idle, and a worker gets a
     share of the cores of its own.
     """
     cores = usable_cores(cpu) if cpu else None
@@ -108,7 +108,7 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
     if not single and workers_now:
         if worker_batch is not None:
             evidence["worker_cpu_ms_per_batch"] = worker_batch[0]
-        no_workers = cheap_batches(worker_batch)
+        no_workers = cheap_batches(worker_batch, wait_ms / max(batches_per_step, 1e-9))
         if no_workers is not None:
             return LoaderPlan(f"{no_workers}; {cheap}", evidence)
         busy = threads + workers_now > cores
@@ -288,9 +288,10 @@ def _check_oversubscribed(ctx: Context, rule: Rule) -> Outcome:
     else:
         costly = f"num_workers={fit_workers} with torch.set_num_threads({fit_threads})"
     measured = worker_ms_per_batch(cpu)
+    wait_per_batch = loader_wait_ms_per_batch(ctx, cpu, measured)
     if measured is not None:
-        evidence["worker_cpu_ms_per_batch"] = measured[0]
-    no_workers = cheap_batches(measured)
+        evidence.update({"worker_cpu_ms_per_batch": measured[0], "wait_ms_per_batch": wait_per_batch})
+    no_workers = cheap_batches(measured, wait_per_batch)
     if no_workers is not None:  # the workers' own CPU time says a batch costs less than handing it over
         return [rule.finding(evidence, fix=f"{no_workers} (workers that fit the cores, {costly}, would still pay "
                                            "the hand-over on every batch)")]  # fmt: skip
