@@ -60,6 +60,16 @@ class ModuleNode:
     def depth(self) -> int:
         return len(self.path) - 1
 
+    @property
+    def class_path(self) -> str:
+        """``"TinyTransformer > Sequential > Block"``: the path by class, as ``OpPlace.module`` names it."""
+        return " > ".join(module_class(name) for name in self.path)
+
+    @property
+    def user_forward(self) -> bool:
+        """Its forward is the user's code (its line is its own forward's definition), not a library's."""
+        return self.location is not None and self.location == self.defined_at
+
 
 @dataclass(frozen=True)
 class OpPlace:

@@ -15,6 +15,7 @@ from . import (
     distributed,
     hang,
     host,
+    hot_module,
     hot_op,
     input,
     measurement,
@@ -28,7 +29,7 @@ from . import (
 from . import compile as compile_rules
 from .rule import Rule
 
-_FAMILIES = (input, cpu, sync, device, host, hot_op, precision, memory, peak, allocator, compile_rules, distributed,
+_FAMILIES = (input, cpu, sync, device, host, hot_op, hot_module, precision, memory, peak, allocator, compile_rules, distributed,
              measurement, coldstart, recording, hang, verdict)  # fmt: skip
 
 RULES: tuple[Rule, ...] = tuple(rule for family in _FAMILIES for rule in family.RULES)

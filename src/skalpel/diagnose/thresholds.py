@@ -146,6 +146,13 @@ HOT_OP = Threshold(
     params=(("fallback_share_pct", 20.0), ("fallback_floor_ms", 1.0)),
 )  # fmt: skip
 
+# A user module's own ops (its forward's chain, child modules left out) on a CPU-only run: share_pct of the step less
+# one-time work and floor ms a step, over min_ops op names placed in its class path (one op is hot_op's).
+HOT_MODULE = Threshold(
+    15.0, "of the step in one user module's own ops (CPU-only runs, forward)", 2.0, "ms/step",
+    critical_share_pct=40.0, params=(("min_ops", 2),),
+)  # fmt: skip
+
 # --- memory --------------------------------------------------------------------------------
 # A leak is a rise in min_rising_pct of min_steps or more steps, of 1 MiB/step or more. How much it matters: where the
 # device's memory is known, by how soon it fills the headroom above the peak (a warning within horizon_steps, info
