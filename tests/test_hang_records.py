@@ -210,12 +210,14 @@ def test_flight_recorder_dumps_of_a_job_run_without_skalpel_are_read(tmp_path: P
     (tmp_path / "fr_trace_rank_3.json").write_bytes(b'{"version": "2.10", "entries": [{"collective_seq_id": 1, "pr')
     records, notes = hangs.read(tmp_path)
     assert [record.rank for record in records] == [0, 1, 2]
-    assert notes and notes[0].startswith("fr_trace_rank_3.json: not a whole flight-recorder dump")
+    (note,) = notes
+    assert note.startswith(f"{tmp_path / 'fr_trace_rank_3.json'}: not whole JSON (") and note.endswith(": left out")
     assert records[0].collectives[-1] == {"n": 6, "seq": 6, "op": "all_reduce", "group": "default_pg",
                                           "sizes": [[64]], "dtype": None, "state": "issued", "line": None}  # fmt: skip
     (finding,) = judge(records)  # a recorder's dump is taken when the job stopped (its watchdog's timeout)
     assert finding.id == "collective_hang" and finding.evidence["waiting"] == "ranks 0-1"
     assert finding.evidence["missing"] == "rank 2" and finding.evidence["seq"] == 6
+    assert finding.evidence["record"] == "the flight recorder's dumps"
 
 
 def test_the_dumps_beside_a_runs_traces_are_no_traces_to_the_loader(tmp_path: Path) -> None:

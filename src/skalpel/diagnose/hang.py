@@ -291,15 +291,22 @@ def _hang(records: list[RankRecord]) -> Finding | None:
                         "last_collective": _describe(last) if last else None,
                         "status": record.status if record.alive is not False else "gone"})  # fmt: skip
     lines = sorted({str(getattr(record, source)[-1].get("line") or _user_location(record.stack))
-                    for record in holders})  # fmt: skip
+                    for record in holders} - {"None"})  # fmt: skip  (a recorder's JSON dump keeps no frames)
     evidence = {"seq": seq, "group": group, "op": entry.get("op"), "sizes": entry.get("sizes"),
                 "waiting": ranks_text([record.rank for record in holders]), "waiting_lines": lines,
                 "missing": ranks_text([item["rank"] for item in missing]) if missing else "none",
                 "missing_ranks": missing, "step": first.get("step"), "stalled_s": first.get("stalled_s"),
                 "bound_s": first.get("bound_s"),
-                "record": "skalpel's" if source == "collectives" else "the flight recorder's"}  # fmt: skip
+                "record": _record_name(records, source)}  # fmt: skip
     locations = [item for item in (_user_location(r.stack) for r in records if r not in holders) if item] + lines
     return COLLECTIVE_HANG.finding(evidence, locations=locations[:3])
+
+
+def _record_name(records: list[RankRecord], source: str) -> str:
+    """Whose numbering the verdict went by: skalpel's ring, the recorder dumped with a hang, or a job's own dumps."""
+    if all(record.status == "flight recorder" for record in records):
+        return "the flight recorder's dumps"  # a job run without skalpel: its dumps are all there is
+    return "skalpel's" if source == "collectives" else "the flight recorder's"
 
 
 def judge(records: list[RankRecord]) -> list[Finding]:
@@ -320,8 +327,9 @@ def story(finding: Finding) -> list[str]:
     lines = [f"{finding.id}: {finding.title}"]
     evidence = finding.evidence
     if finding.id == "collective_hang":
+        at = ", ".join(evidence["waiting_lines"]) or "a line the dump did not keep"
         lines.append(f"  {evidence['waiting']} wait in {evidence['op']} #{evidence['seq']} ({evidence['group']}) at "
-                     f"{', '.join(evidence['waiting_lines'])}")  # fmt: skip
+                     f"{at}")  # fmt: skip
         if evidence.get("record") == "the flight recorder's":
             lines.append("  (numbered by the flight recorder: a collective torch.distributed's functions never saw, "
                          "such as DDP's gradient buckets)")  # fmt: skip
