@@ -233,3 +233,43 @@ def test_the_dumps_beside_a_runs_traces_are_no_traces_to_the_loader(tmp_path: Pa
         (tmp_path / "rank0" / name).write_bytes(b'{"stacks": []}')
     (tmp_path / "hang-notes.json").write_bytes(b"{}")  # a name of the user's own: still looked at
     assert find_trace_files([tmp_path]) == sorted([trace, tmp_path / "hang-notes.json"])
+
+
+def test_the_verdict_beside_a_runs_traces_is_among_the_reports_findings(tmp_path: Path) -> None:
+    """A watched job's folder with a capture's trace and hang dumps: one report, the hang among its findings."""
+    from importlib import resources
+
+    import jsonschema
+
+    from tests.tracebuilder import TraceBuilder
+
+    job = tmp_path / "job"
+    for rank in range(3):
+        folder = job / f"rank{rank}"
+        folder.mkdir(parents=True)
+        recorder = Recorder(folder)
+        recorder.ring.end(recorder.ring.issue("all_reduce", "default", [[4]], None, "t.py:3 in f"), "completed")
+        if rank != 2:  # rank 2 never called #2
+            recorder.ring.issue("all_reduce", "default", [[4]], None, "t.py:3 in f")
+        recorder.uninstall()
+        stack = [["t.py", 9 if rank == 2 else 3, "load" if rank == 2 else "f"]]
+        dump = {"step": 5, "stalled_s": 3.0, "bound_s": 2.0, "stacks": [{"main": True, "frames": stack}]}
+        (folder / "hang-1.json").write_bytes(orjson.dumps(dump))
+    builder = TraceBuilder()
+    builder.step(1, 1_000.0, 9_000.0)
+    (job / "capture-1").mkdir()
+    builder.write(job / "capture-1" / "trace-rank0.json")
+    shown = subprocess.run([sys.executable, "-m", "skalpel", "analyze", str(job), "--json", "-"], capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    report = orjson.loads(shown.stdout)
+    schema = orjson.loads(resources.files("skalpel.result").joinpath("report.schema.json").read_bytes())
+    jsonschema.Draft202012Validator(schema).validate(report)
+    assert len(report["ranks"]) == 1 and "too_few_steps" in {f["id"] for f in report["findings"]}  # the trace too
+    (hang,) = [finding for finding in report["findings"] if finding["id"] == "collective_hang"]
+    assert hang["evidence"]["waiting"] == "ranks 0-1" and hang["evidence"]["missing"] == "rank 2"
+    assert hang["evidence"]["seq"] == 2 and hang["locations"] == ["t.py:9 in load", "t.py:3 in f"]
+    assert report["findings"][0]["severity"] == "critical"  # most severe first, as every report
+    quiet = subprocess.run([sys.executable, "-m", "skalpel", "analyze", str(job / "capture-1"), "--json", "-"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert quiet.returncode == 0 and "collective_hang" not in quiet.stdout  # the capture alone: no dumps, no verdict
