@@ -273,3 +273,20 @@ def test_the_verdict_beside_a_runs_traces_is_among_the_reports_findings(tmp_path
     quiet = subprocess.run([sys.executable, "-m", "skalpel", "analyze", str(job / "capture-1"), "--json", "-"],
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert quiet.returncode == 0 and "collective_hang" not in quiet.stdout  # the capture alone: no dumps, no verdict
+
+
+def test_explain_knows_the_asked_kind_and_the_docs_list_the_four_hang_findings(capsys) -> None:
+    from skalpel.cli import main
+
+    assert main(["explain", "asked"]) == 0
+    out = capsys.readouterr().out
+    assert "asked  (watch, info)" in out and "skalpel watch --ask RUN profile N" in out and "max_steps=50" in out
+    assert main(["explain", "asked", "--json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["id"] == "asked"
+    assert main(["explain"]) == 0
+    assert "slow_rank, asked" in " ".join(capsys.readouterr().out.split())  # listed with the other kinds
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    findings, watch = (docs / "findings.md").read_text(), (docs / "watch.md").read_text()
+    for finding_id in ("collective_hang", "step_hang", "collective_mismatch", "rank_died"):
+        assert main(["explain", finding_id]) == 0 and f"`{finding_id}`" in findings
+    assert "| `asked` |" in watch and "skalpel explain asked" in findings

@@ -48,7 +48,8 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
         description="Load torch.profiler traces (.json or .json.gz files, or folders of them, e.g. a "
         "tensorboard_trace_handler folder or a skalpel run folder) and print the diagnosis; or read PyTorch "
         "memory snapshots (FILE.pickle from torch.cuda.memory._dump_snapshot) without torch: what holds the memory, "
-        "from which line, and how fragmented the cache is.",
+        "from which line, and how fragmented the cache is; or a stopped job's records (a `skalpel watch` run "
+        "folder, PyTorch flight-recorder dumps, pickled or JSON): which rank, which collective, which line.",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files or folders")
     parser.add_argument(
