@@ -189,3 +189,22 @@ def test_a_memory_snapshot_is_still_a_snapshot_not_a_dump(tmp_path: Path) -> Non
     assert shown.returncode == 0, shown.stderr
     summary = json.loads(shown.stdout)
     assert "findings" not in summary, summary  # a snapshot's summary, not a report
+
+
+def test_a_dump_with_every_collective_completed_names_no_hang(tmp_path: Path) -> None:
+    """The shape of the dump torch's flight-recorder tutorial shows (NCCL, version 2.5, one rank, all completed): no
+    stop to name, and no step_hang made of a dump that keeps no steps."""
+    entry = {"frames": [{"name": "test_short_pickle", "filename": "test/distributed/test_c10d_nccl.py", "line": 3647}],
+             "record_id": 0, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": 1,
+             "profiling_name": "nccl:all_reduce", "input_sizes": [[3, 4]], "state": "completed", "retired": True,
+             "time_discovered_started_ns": None, "is_p2p": False}  # fmt: skip
+    body = {"version": "2.5", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+            "pg_status": {"0": {"last_completed_collective": 1}}, "entries": [entry]}  # fmt: skip
+    (tmp_path / "trace_0").write_bytes(pickle.dumps(body, protocol=2))
+    assert hangs.verdict(tmp_path) == ([], [])
+    shown = _analyze(str(tmp_path / "trace_0"))
+    assert shown.returncode == 0 and "no hang, no mismatch, no dead rank in them" in shown.stdout, shown.stderr
+    body["entries"] = [entry, {**entry, "collective_seq_id": 2, "state": "scheduled", "retired": False}]
+    (tmp_path / "trace_0").write_bytes(pickle.dumps(body, protocol=2))  # one in flight: rank 0 waits in #2
+    (finding,), _ = hangs.verdict(tmp_path)
+    assert finding.id == "collective_hang" and finding.evidence["seq"] == 2 and finding.evidence["waiting"] == "rank 0"

@@ -273,6 +273,8 @@ def _hang(records: list[RankRecord]) -> Finding | None:
         source = "recorder"
         waiting = _in_flight(records, source)
     first = stuck[0].hang or {}
+    if not waiting and all(record.status == "flight recorder" for record in records):
+        return None  # a job's own dumps with nothing in flight: no stop to name (they keep no steps, no stacks)
     if not waiting:
         evidence = {"step": first.get("step"), "stalled_s": first.get("stalled_s", 0.0),
                     "bound_s": first.get("bound_s"),
