@@ -99,7 +99,7 @@ def test_pickled_dumps_torch_wrote_on_gloo_name_the_rank_that_never_came(dumps: 
     assert finding.id == "collective_hang" and finding.evidence["record"] == "the flight recorder's dumps"
     assert finding.evidence["waiting"] == "rank 0" and finding.evidence["missing"] == "rank 1"
     assert finding.evidence["seq"] == 4 and finding.evidence["op"] == "all_reduce"
-    assert finding.evidence["sizes"] == [[16]]
+    assert finding.evidence["sizes"] == [[16]] and finding.title.endswith(": rank 0 waits, rank 1 never came")
     waits = f"{dumps / 'train.py'}:{_line('LINE-WAITS')} in <module>"
     assert finding.evidence["waiting_lines"] == [waits] and list(finding.locations) == [waits]
     (missing,) = finding.evidence["missing_ranks"]
@@ -115,7 +115,7 @@ def test_pickled_dumps_torch_wrote_on_gloo_name_the_rank_that_never_came(dumps: 
 def test_the_verdict_is_a_finding_in_the_json_report_and_the_html_page(dumps: Path, tmp_path: Path) -> None:
     shown = _analyze(str(dumps / "pickled"))
     assert shown.returncode == 0, shown.stderr
-    assert "rank 0 wait in all_reduce #4 (default_pg) at " in shown.stdout
+    assert "rank 0 waits in all_reduce #4 (default_pg) at " in shown.stdout
     assert "rank 1 never came: it is in no stack dumped; its last collective #3" in shown.stdout
     printed = _analyze(str(dumps / "pickled"), "--json", "-")
     assert printed.returncode == 0, printed.stderr

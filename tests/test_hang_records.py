@@ -112,6 +112,13 @@ def test_waiting_ranks_and_the_one_that_never_came_are_named_with_their_lines() 
     (missing,) = finding.evidence["missing_ranks"]
     assert missing["where"] == "train.py:30 <module> → dataloader.py:725 __next__ → train.py:88 __getitem__"
     assert finding.locations[0] == "train.py:88 in __getitem__"
+    assert finding.title.endswith("#41 (all_reduce): ranks 0-2, 4 wait, rank 3 never came")
+    # every rank waits in #41, each in its own call: the hang names no missing rank and points at the mismatch
+    apart = [_record(rank, done + [(41, "all_reduce", [[64 + rank]], "train.py:61 in step", "issued")], hang=hang)
+             for rank in range(2)]  # fmt: skip
+    mismatch, stop = judge(apart)
+    assert mismatch.id == "collective_mismatch" and stop.evidence["missing"] == "none"
+    assert stop.title.endswith("ranks 0-1 wait, every rank came (they disagree on it: see collective_mismatch)")
     # a hang that resolved (slow, not stuck) leaves no hang to judge: nothing
     assert judge([_record(rank, done) for rank in range(4)]) == []
 

@@ -44,7 +44,7 @@ def _rule(id: str, severity: str, title: str, threshold: thresholds.Threshold, f
 
 
 COLLECTIVE_HANG = _rule(
-    "collective_hang", "critical", "The job stopped in collective #{seq} ({op}): {waiting} wait, {missing} never came",
+    "collective_hang", "critical", "The job stopped in collective #{seq} ({op}): {stopped}",
     thresholds.COLLECTIVE_HANG,
     "look at the line where the missing rank is (its stack): a rank that reads data, evaluates or checkpoints "
     "while the others already wait; give it a timeout, or make every rank take the same path",
@@ -294,8 +294,12 @@ def _hang(records: list[RankRecord]) -> Finding | None:
                         "status": record.status if record.alive is not False else "gone"})  # fmt: skip
     lines = sorted({str(getattr(record, source)[-1].get("line") or _user_location(record.stack))
                     for record in holders} - {"None"})  # fmt: skip  (a recorder's JSON dump keeps no frames)
-    evidence = {"seq": seq, "group": group, "op": entry.get("op"), "sizes": entry.get("sizes"),
-                "waiting": ranks_text([record.rank for record in holders]), "waiting_lines": lines,
+    waiters = ranks_text([record.rank for record in holders])
+    stopped = f"{waiters} {'waits' if len(holders) == 1 else 'wait'}, " + (
+        f"{ranks_text([item['rank'] for item in missing])} never came" if missing else
+        "every rank came (they disagree on it: see collective_mismatch)")  # fmt: skip
+    evidence = {"seq": seq, "group": group, "op": entry.get("op"), "sizes": entry.get("sizes"), "stopped": stopped,
+                "waiting": waiters, "waiting_lines": lines,
                 "missing": ranks_text([item["rank"] for item in missing]) if missing else "none",
                 "missing_ranks": missing, "step": first.get("step"), "stalled_s": first.get("stalled_s"),
                 "bound_s": first.get("bound_s"),
@@ -330,7 +334,8 @@ def story(finding: Finding) -> list[str]:
     evidence = finding.evidence
     if finding.id == "collective_hang":
         at = ", ".join(evidence["waiting_lines"]) or "a line the dump did not keep"
-        lines.append(f"  {evidence['waiting']} wait in {evidence['op']} #{evidence['seq']} ({evidence['group']}) at "
+        verb = "waits" if evidence["waiting"].startswith("rank ") else "wait"
+        lines.append(f"  {evidence['waiting']} {verb} in {evidence['op']} #{evidence['seq']} ({evidence['group']}) at "
                      f"{at}")  # fmt: skip
         if evidence.get("record") == "the flight recorder's":
             lines.append("  (numbered by the flight recorder: a collective torch.distributed's functions never saw, "
