@@ -147,6 +147,8 @@ def test_a_dump_cut_short_is_one_line_and_the_others_are_judged(dumps: Path, tmp
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
     assert (f"note: {tmp_path / 'nccl_trace_rank_1'}: not a readable pickle (it ends early (truncated)); expected a "
             "PyTorch flight-recorder dump") in shown.stdout  # fmt: skip
+    assert "note: no readable dump of rank(s) 1 (their process groups name them): judged without them" in shown.stdout
+    assert ": rank 0 waits, no record of a rank that did not" in shown.stdout  # not "every rank came"
     assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
     alone = tmp_path / "alone"
     alone.mkdir()
@@ -201,7 +203,8 @@ def test_a_dump_with_every_collective_completed_names_no_hang(tmp_path: Path) ->
     body = {"version": "2.5", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
             "pg_status": {"0": {"last_completed_collective": 1}}, "entries": [entry]}  # fmt: skip
     (tmp_path / "trace_0").write_bytes(pickle.dumps(body, protocol=2))
-    assert hangs.verdict(tmp_path) == ([], [])
+    assert hangs.verdict(tmp_path) == ([], ["no readable dump of rank(s) 1 (their process groups name them): judged "
+                                           "without them"])  # fmt: skip
     shown = _analyze(str(tmp_path / "trace_0"))
     assert shown.returncode == 0 and "no hang, no mismatch, no dead rank in them" in shown.stdout, shown.stderr
     body["entries"] = [entry, {**entry, "collective_seq_id": 2, "state": "scheduled", "retired": False}]

@@ -261,7 +261,7 @@ def _in_flight(records: list[RankRecord], source: str) -> dict[tuple[str, int], 
     return waiting
 
 
-def _hang(records: list[RankRecord]) -> Finding | None:
+def _hang(records: list[RankRecord], disagree: bool = False) -> Finding | None:
     stuck = [record for record in records if record.hang is not None]
     if not stuck:
         return None
@@ -297,7 +297,8 @@ def _hang(records: list[RankRecord]) -> Finding | None:
     waiters = ranks_text([record.rank for record in holders])
     stopped = f"{waiters} {'waits' if len(holders) == 1 else 'wait'}, " + (
         f"{ranks_text([item['rank'] for item in missing])} never came" if missing else
-        "every rank came (they disagree on it: see collective_mismatch)")  # fmt: skip
+        "every rank came (they disagree on it: see collective_mismatch)" if disagree else
+        "no record of a rank that did not")  # fmt: skip
     evidence = {"seq": seq, "group": group, "op": entry.get("op"), "sizes": entry.get("sizes"), "stopped": stopped,
                 "waiting": waiters, "waiting_lines": lines,
                 "missing": ranks_text([item["rank"] for item in missing]) if missing else "none",
@@ -322,7 +323,7 @@ def judge(records: list[RankRecord]) -> list[Finding]:
     if mismatch is not None:
         found.append(mismatch)
     found.extend(_died(records))
-    hang = _hang(records)
+    hang = _hang(records, disagree=mismatch is not None)
     if hang is not None:
         found.append(hang)
     return found

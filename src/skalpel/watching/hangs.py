@@ -220,12 +220,14 @@ def _flight_recorder_files(folder: Path) -> list[Path]:
 def _read_flight_recorder(folder: Path) -> tuple[list[RankRecord], list[str]]:
     """Each rank's dump (JSON or pickled, ``trace/flight_recorder.py``) as a record stopped where it was dumped."""
     records, notes = [], []
+    named: set[int] = set()  # the ranks the dumps' process groups name
     for index, path in enumerate(_flight_recorder_files(folder)):
         try:
             body = load_flight_recorder(path)
         except TraceError as error:
             notes.append(f"{error}: left out")
             continue
+        named |= _group_ranks(body)
         rank = _int(body.get("rank"))
         rank = rank if rank is not None else index
         # dumped at a collective's timeout (or asked for while it hung): where each rank stood then
@@ -234,7 +236,26 @@ def _read_flight_recorder(folder: Path) -> tuple[list[RankRecord], list[str]]:
         record.collectives = [_from_recorder(entry) for entry in body.get("entries") or []
                               if isinstance(entry, dict) and not entry.get("is_p2p")]  # fmt: skip
         records.append(record)
+    missing = sorted(named - {record.rank for record in records})
+    if records and missing:
+        notes.append(f"no readable dump of rank(s) {', '.join(map(str, missing))} (their process groups name them): "
+                     "judged without them")  # fmt: skip
     return records, notes
+
+
+def _group_ranks(body: dict[str, Any]) -> set[int]:
+    """The ranks of every process group a dump names (``pg_config``'s ``ranks``, a JSON list in a string)."""
+    ranks: set[int] = set()
+    groups = body.get("pg_config")
+    for group in groups.values() if isinstance(groups, dict) else ():
+        value = group.get("ranks") if isinstance(group, dict) else None
+        try:
+            listed = orjson.loads(value) if isinstance(value, str) else value
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(listed, list):
+            ranks.update(rank for rank in listed if isinstance(rank, int) and not isinstance(rank, bool))
+    return ranks
 
 
 def _from_recorder(entry: dict[str, Any]) -> dict[str, Any]:
