@@ -170,6 +170,12 @@ def test_a_rank_asleep_in_its_data_loader_is_named_and_the_others_wait_in_the_ne
     assert shown.returncode == 0, shown.stderr
     assert f"ranks 0-2 wait in all_reduce #{finding.evidence['seq']} (default)" in shown.stdout
     assert "rank 3 never came: it is in " in shown.stdout
+    printed = subprocess.run([sys.executable, "-m", "skalpel", "analyze", str(out), "--json", "-"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    (reported,) = orjson.loads(printed.stdout)["findings"]  # the verdict in the report, as a finding
+    assert reported["id"] == "collective_hang" and reported["evidence"]["missing"] == "rank 3"
+    assert reported["evidence"]["seq"] == finding.evidence["seq"] and reported["locations"] == list(finding.locations)
     # a job run without skalpel: its flight-recorder dumps alone say the same (no line: the recorder keeps none)
     recorder = tmp_path / "recorder"
     recorder.mkdir()

@@ -112,6 +112,13 @@ def test_waiting_ranks_and_the_one_that_never_came_are_named_with_their_lines() 
     (missing,) = finding.evidence["missing_ranks"]
     assert missing["where"] == "train.py:30 <module> → dataloader.py:725 __next__ → train.py:88 __getitem__"
     assert finding.locations[0] == "train.py:88 in __getitem__"
+    assert finding.title.endswith("#41 (all_reduce): ranks 0-2, 4 wait, rank 3 never came")
+    # every rank waits in #41, each in its own call: the hang names no missing rank and points at the mismatch
+    apart = [_record(rank, done + [(41, "all_reduce", [[64 + rank]], "train.py:61 in step", "issued")], hang=hang)
+             for rank in range(2)]  # fmt: skip
+    mismatch, stop = judge(apart)
+    assert mismatch.id == "collective_mismatch" and stop.evidence["missing"] == "none"
+    assert stop.title.endswith("ranks 0-1 wait, every rank came (they disagree on it: see collective_mismatch)")
     # a hang that resolved (slow, not stuck) leaves no hang to judge: nothing
     assert judge([_record(rank, done) for rank in range(4)]) == []
 
@@ -210,12 +217,14 @@ def test_flight_recorder_dumps_of_a_job_run_without_skalpel_are_read(tmp_path: P
     (tmp_path / "fr_trace_rank_3.json").write_bytes(b'{"version": "2.10", "entries": [{"collective_seq_id": 1, "pr')
     records, notes = hangs.read(tmp_path)
     assert [record.rank for record in records] == [0, 1, 2]
-    assert notes and notes[0].startswith("fr_trace_rank_3.json: not a whole flight-recorder dump")
+    (note,) = notes
+    assert note.startswith(f"{tmp_path / 'fr_trace_rank_3.json'}: not whole JSON (") and note.endswith(": left out")
     assert records[0].collectives[-1] == {"n": 6, "seq": 6, "op": "all_reduce", "group": "default_pg",
                                           "sizes": [[64]], "dtype": None, "state": "issued", "line": None}  # fmt: skip
     (finding,) = judge(records)  # a recorder's dump is taken when the job stopped (its watchdog's timeout)
     assert finding.id == "collective_hang" and finding.evidence["waiting"] == "ranks 0-1"
     assert finding.evidence["missing"] == "rank 2" and finding.evidence["seq"] == 6
+    assert finding.evidence["record"] == "the flight recorder's dumps"
 
 
 def test_the_dumps_beside_a_runs_traces_are_no_traces_to_the_loader(tmp_path: Path) -> None:
@@ -231,3 +240,60 @@ def test_the_dumps_beside_a_runs_traces_are_no_traces_to_the_loader(tmp_path: Pa
         (tmp_path / "rank0" / name).write_bytes(b'{"stacks": []}')
     (tmp_path / "hang-notes.json").write_bytes(b"{}")  # a name of the user's own: still looked at
     assert find_trace_files([tmp_path]) == sorted([trace, tmp_path / "hang-notes.json"])
+
+
+def test_the_verdict_beside_a_runs_traces_is_among_the_reports_findings(tmp_path: Path) -> None:
+    """A watched job's folder with a capture's trace and hang dumps: one report, the hang among its findings."""
+    from importlib import resources
+
+    import jsonschema
+
+    from tests.tracebuilder import TraceBuilder
+
+    job = tmp_path / "job"
+    for rank in range(3):
+        folder = job / f"rank{rank}"
+        folder.mkdir(parents=True)
+        recorder = Recorder(folder)
+        recorder.ring.end(recorder.ring.issue("all_reduce", "default", [[4]], None, "t.py:3 in f"), "completed")
+        if rank != 2:  # rank 2 never called #2
+            recorder.ring.issue("all_reduce", "default", [[4]], None, "t.py:3 in f")
+        recorder.uninstall()
+        stack = [["t.py", 9 if rank == 2 else 3, "load" if rank == 2 else "f"]]
+        dump = {"step": 5, "stalled_s": 3.0, "bound_s": 2.0, "stacks": [{"main": True, "frames": stack}]}
+        (folder / "hang-1.json").write_bytes(orjson.dumps(dump))
+    builder = TraceBuilder()
+    builder.step(1, 1_000.0, 9_000.0)
+    (job / "capture-1").mkdir()
+    builder.write(job / "capture-1" / "trace-rank0.json")
+    shown = subprocess.run([sys.executable, "-m", "skalpel", "analyze", str(job), "--json", "-"], capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    report = orjson.loads(shown.stdout)
+    schema = orjson.loads(resources.files("skalpel.result").joinpath("report.schema.json").read_bytes())
+    jsonschema.Draft202012Validator(schema).validate(report)
+    assert len(report["ranks"]) == 1 and "too_few_steps" in {f["id"] for f in report["findings"]}  # the trace too
+    (hang,) = [finding for finding in report["findings"] if finding["id"] == "collective_hang"]
+    assert hang["evidence"]["waiting"] == "ranks 0-1" and hang["evidence"]["missing"] == "rank 2"
+    assert hang["evidence"]["seq"] == 2 and hang["locations"] == ["t.py:9 in load", "t.py:3 in f"]
+    assert report["findings"][0]["severity"] == "critical"  # most severe first, as every report
+    quiet = subprocess.run([sys.executable, "-m", "skalpel", "analyze", str(job / "capture-1"), "--json", "-"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert quiet.returncode == 0 and "collective_hang" not in quiet.stdout  # the capture alone: no dumps, no verdict
+
+
+def test_explain_knows_the_asked_kind_and_the_docs_list_the_four_hang_findings(capsys) -> None:
+    from skalpel.cli import main
+
+    assert main(["explain", "asked"]) == 0
+    out = capsys.readouterr().out
+    assert "asked  (watch, info)" in out and "skalpel watch --ask RUN profile N" in out and "max_steps=50" in out
+    assert main(["explain", "asked", "--json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["id"] == "asked"
+    assert main(["explain"]) == 0
+    assert "slow_rank, asked" in " ".join(capsys.readouterr().out.split())  # listed with the other kinds
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    findings, watch = (docs / "findings.md").read_text(), (docs / "watch.md").read_text()
+    for finding_id in ("collective_hang", "step_hang", "collective_mismatch", "rank_died"):
+        assert main(["explain", finding_id]) == 0 and f"`{finding_id}`" in findings
+    assert "| `asked` |" in watch and "skalpel explain asked" in findings

@@ -178,11 +178,12 @@ def diff_snapshots(before: str | Path, after: str | Path) -> SnapshotDiff:
 
 
 def is_snapshot_path(path: str | Path) -> bool:
-    """A memory snapshot file (a pickle), as opposed to a trace, a run folder or a report."""
+    """A memory snapshot file (a pickle), as opposed to a trace, a run folder, a report or a flight-recorder dump."""
+    from .trace.flight_recorder import looks_like_flight_recorder
     from .trace.snapshot import looks_like_snapshot_file
 
     path = Path(path)
     try:
-        return path.is_file() and looks_like_snapshot_file(path)
+        return path.is_file() and looks_like_snapshot_file(path) and not looks_like_flight_recorder(path)
     except OSError:  # a path too long, a loop of links: the trace loader names the problem
         return False

@@ -48,7 +48,8 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
         description="Load torch.profiler traces (.json or .json.gz files, or folders of them, e.g. a "
         "tensorboard_trace_handler folder or a skalpel run folder) and print the diagnosis; or read PyTorch "
         "memory snapshots (FILE.pickle from torch.cuda.memory._dump_snapshot) without torch: what holds the memory, "
-        "from which line, and how fragmented the cache is.",
+        "from which line, and how fragmented the cache is; or a stopped job's records (a `skalpel watch` run "
+        "folder, PyTorch flight-recorder dumps, pickled or JSON): which rank, which collective, which line.",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files or folders")
     parser.add_argument(
@@ -88,17 +89,23 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     if _snapshots(args.paths):
         return _analyze_snapshots(args)
-    if _hang_verdicts(args.paths):
-        return 0  # a watched run's folder without a trace: its records were the answer
     files = requested(RENDERERS, json=args.json, html=args.html, out=args.out)
     printing = args.json != "-"  # rich (20 ms of imports) only for the terminal report: --json - prints none
+    stopped, traced = _stopped_jobs(args.paths)
+    if stopped and printing:  # the verdict first (beside traces, only when it found something)
+        from .watching.hangs import verdict_text
+
+        for folder in stopped:
+            sys.stdout.write(verdict_text(folder, say_clean=not traced))
+    if stopped and not traced:  # a watched run's records were the answer: no trace to analyse
+        return _write_verdict(stopped, files, printing)
     with rank_progress(find_trace_files(args.paths)) as on_rank_progress:
         job = analyze_job(
             args.paths, workers=args.workers, ray=args.ray, on_rank_progress=on_rank_progress,
             flame=any(renderer.name == "html" for _, renderer in files),  # the page's flame graph needs the trace
             while_loading=_import_terminal if printing else None,
         )  # fmt: skip
-    report = _with_commbench(job.report, args.commbench)
+    report = _with_verdict(_with_commbench(job.report, args.commbench), stopped)
     options = {"html": {"flame": job.flame_tree}}
     if not printing:
         write(report, files, options)
@@ -111,23 +118,58 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _hang_verdicts(paths: list[str]) -> bool:
-    """The verdict of each folder that holds a stopped job's records (``skalpel watch``'s hang dumps, collectives,
-    dead ranks; flight-recorder dumps), printed first (beside traces, only when it found something). True when
-    they are all there is: no trace to analyse."""
+def _stopped_jobs(paths: list[str]) -> tuple[list[Path], bool]:
+    """The folders that hold a stopped job's records (``skalpel watch``'s hang dumps, collectives, dead ranks;
+    flight-recorder dumps, or one such dump), and whether there are traces to analyse beside them."""
     from .trace.loader import find_trace_files
-    from .watching.hangs import has_dumps, verdict_text
+    from .watching.hangs import has_dumps
 
-    folders = [path for path in map(Path, paths) if _is_folder(path) and has_dumps(path)]
-    if not folders:
-        return False
+    stopped = [path for path in map(Path, paths) if _is_folder(path) and has_dumps(path) or _is_recorder(path)]
+    if not stopped:
+        return [], True
+    others = [path for path in paths if not _is_recorder(Path(path))]
     try:
-        traced = bool(find_trace_files(paths))
+        traced = bool(others) and bool(find_trace_files(others))
     except SkalpelError:
         traced = False
-    for folder in folders:
-        sys.stdout.write(verdict_text(folder, say_clean=not traced))
-    return not traced
+    return stopped, traced
+
+
+def _is_recorder(path: Path) -> bool:
+    from .trace.flight_recorder import looks_like_flight_recorder
+
+    try:
+        return path.is_file() and looks_like_flight_recorder(path)
+    except OSError:
+        return False
+
+
+def _write_verdict(stopped: list[Path], files: list, printing: bool) -> int:
+    """The stopped jobs' verdict as a report: --json/--html/--out written, ``--json -`` printed."""
+    from .report.base import RENDERERS, named, write
+    from .watching.hangs import verdict_report
+
+    report = verdict_report(stopped)
+    written = write(report, files)
+    if not printing:
+        sys.stdout.buffer.write(named("json", RENDERERS)().render(report) + b"\n")
+    for path in written:
+        sys.stdout.write(f"skalpel: wrote {path}\n")
+    return 0
+
+
+def _with_verdict(report, stopped: list[Path]):
+    """A report of traces with the verdict of the stopped jobs beside them: their findings among its findings."""
+    if not stopped:
+        return report
+    import dataclasses
+
+    from .result.report import sorted_findings
+    from .watching.hangs import verdict_report
+
+    verdict = verdict_report(stopped)
+    return dataclasses.replace(report, findings=tuple(sorted_findings(verdict.findings + report.findings)),
+                               warnings=report.warnings + verdict.warnings)  # fmt: skip
 
 
 def _is_folder(path: Path) -> bool:

@@ -44,7 +44,7 @@ def _rule(id: str, severity: str, title: str, threshold: thresholds.Threshold, f
 
 
 COLLECTIVE_HANG = _rule(
-    "collective_hang", "critical", "The job stopped in collective #{seq} ({op}): {waiting} wait, {missing} never came",
+    "collective_hang", "critical", "The job stopped in collective #{seq} ({op}): {stopped}",
     thresholds.COLLECTIVE_HANG,
     "look at the line where the missing rank is (its stack): a rank that reads data, evaluates or checkpoints "
     "while the others already wait; give it a timeout, or make every rank take the same path",
@@ -261,7 +261,7 @@ def _in_flight(records: list[RankRecord], source: str) -> dict[tuple[str, int], 
     return waiting
 
 
-def _hang(records: list[RankRecord]) -> Finding | None:
+def _hang(records: list[RankRecord], disagree: bool = False) -> Finding | None:
     stuck = [record for record in records if record.hang is not None]
     if not stuck:
         return None
@@ -273,6 +273,8 @@ def _hang(records: list[RankRecord]) -> Finding | None:
         source = "recorder"
         waiting = _in_flight(records, source)
     first = stuck[0].hang or {}
+    if not waiting and all(record.status == "flight recorder" for record in records):
+        return None  # a job's own dumps with nothing in flight: no stop to name (they keep no steps, no stacks)
     if not waiting:
         evidence = {"step": first.get("step"), "stalled_s": first.get("stalled_s", 0.0),
                     "bound_s": first.get("bound_s"),
@@ -291,15 +293,27 @@ def _hang(records: list[RankRecord]) -> Finding | None:
                         "last_collective": _describe(last) if last else None,
                         "status": record.status if record.alive is not False else "gone"})  # fmt: skip
     lines = sorted({str(getattr(record, source)[-1].get("line") or _user_location(record.stack))
-                    for record in holders})  # fmt: skip
-    evidence = {"seq": seq, "group": group, "op": entry.get("op"), "sizes": entry.get("sizes"),
-                "waiting": ranks_text([record.rank for record in holders]), "waiting_lines": lines,
+                    for record in holders} - {"None"})  # fmt: skip  (a recorder's JSON dump keeps no frames)
+    waiters = ranks_text([record.rank for record in holders])
+    stopped = f"{waiters} {'waits' if len(holders) == 1 else 'wait'}, " + (
+        f"{ranks_text([item['rank'] for item in missing])} never came" if missing else
+        "every rank came (they disagree on it: see collective_mismatch)" if disagree else
+        "no record of a rank that did not")  # fmt: skip
+    evidence = {"seq": seq, "group": group, "op": entry.get("op"), "sizes": entry.get("sizes"), "stopped": stopped,
+                "waiting": waiters, "waiting_lines": lines,
                 "missing": ranks_text([item["rank"] for item in missing]) if missing else "none",
                 "missing_ranks": missing, "step": first.get("step"), "stalled_s": first.get("stalled_s"),
                 "bound_s": first.get("bound_s"),
-                "record": "skalpel's" if source == "collectives" else "the flight recorder's"}  # fmt: skip
+                "record": _record_name(records, source)}  # fmt: skip
     locations = [item for item in (_user_location(r.stack) for r in records if r not in holders) if item] + lines
     return COLLECTIVE_HANG.finding(evidence, locations=locations[:3])
+
+
+def _record_name(records: list[RankRecord], source: str) -> str:
+    """Whose numbering the verdict went by: skalpel's ring, the recorder dumped with a hang, or a job's own dumps."""
+    if all(record.status == "flight recorder" for record in records):
+        return "the flight recorder's dumps"  # a job run without skalpel: its dumps are all there is
+    return "skalpel's" if source == "collectives" else "the flight recorder's"
 
 
 def judge(records: list[RankRecord]) -> list[Finding]:
@@ -309,7 +323,7 @@ def judge(records: list[RankRecord]) -> list[Finding]:
     if mismatch is not None:
         found.append(mismatch)
     found.extend(_died(records))
-    hang = _hang(records)
+    hang = _hang(records, disagree=mismatch is not None)
     if hang is not None:
         found.append(hang)
     return found
@@ -320,8 +334,10 @@ def story(finding: Finding) -> list[str]:
     lines = [f"{finding.id}: {finding.title}"]
     evidence = finding.evidence
     if finding.id == "collective_hang":
-        lines.append(f"  {evidence['waiting']} wait in {evidence['op']} #{evidence['seq']} ({evidence['group']}) at "
-                     f"{', '.join(evidence['waiting_lines'])}")  # fmt: skip
+        at = ", ".join(evidence["waiting_lines"]) or "a line the dump did not keep"
+        verb = "waits" if evidence["waiting"].startswith("rank ") else "wait"
+        lines.append(f"  {evidence['waiting']} {verb} in {evidence['op']} #{evidence['seq']} ({evidence['group']}) at "
+                     f"{at}")  # fmt: skip
         if evidence.get("record") == "the flight recorder's":
             lines.append("  (numbered by the flight recorder: a collective torch.distributed's functions never saw, "
                          "such as DDP's gradient buckets)")  # fmt: skip

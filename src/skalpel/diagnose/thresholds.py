@@ -340,6 +340,8 @@ COLLECTIVE_HANG = Threshold(2000.0, "of the median step without a step ending", 
 COLLECTIVE_MISMATCH = Threshold(None, "", 1.0, "collective whose op, sizes or calling line differ across ranks")
 # A rank whose record was never closed and whose process is gone (killed, aborted), or that ended on an error.
 RANK_DIED = Threshold(None, "", 1.0, "rank that ended before the job")
+# `skalpel watch --ask RUN profile N`: an `asked` anomaly for each request, N steps profiled (1 to max_steps).
+ASKED = Threshold(None, "", 1.0, "request (skalpel watch --ask RUN profile N)", params=(("max_steps", 50),))
 
 # --- precision -----------------------------------------------------------------------------
 # bf16/fp16 matmuls on a CPU where this machine measured bf16 slower than fp32 (capture/precision.py): they hold

@@ -22,8 +22,9 @@ def _not_from_a_trace(ctx: object, rule: Rule) -> NotJudged:
     return NotJudged("judged online by skalpel watch, not from a trace", applies=False)
 
 
-def _kind(id: str, title: str, threshold: thresholds.Threshold, fix: str, **docs: str) -> Rule:
-    return Rule(id=id, family=FAMILY, severity="warning", title=title, thresholds=threshold, check=_not_from_a_trace,
+def _kind(id: str, title: str, threshold: thresholds.Threshold, fix: str, severity: str = "warning",
+          **docs: str) -> Rule:  # fmt: skip
+    return Rule(id=id, family=FAMILY, severity=severity, title=title, thresholds=threshold, check=_not_from_a_trace,
                 fix=fix, docs=Docs(evidence=_COMMON_EVIDENCE, fix=fix[0].upper() + fix[1:] + ".", **docs))  # fmt: skip
 
 
@@ -89,5 +90,19 @@ SLOW_RANK = _kind(
     "device (a GPU kernel) shows in no CPU time.",
 )
 
-KINDS: tuple[Rule, ...] = (STEP_SPIKE, LEVEL_SHIFT, SLOW_DRIFT, MEMORY_CREEP, DATALOADER_STALL, SLOW_RANK)
+ASKED = _kind(
+    "asked", "A profile of N steps asked for from another terminal", thresholds.ASKED,
+    "read the capture's report (capture-<step>-asked/): it is the run as it is now, not a problem found",
+    severity="info",
+    what="Not judged: someone asked the running watch for a profile with `skalpel watch --ask RUN profile N` "
+    "(N steps, 1 to max_steps). Rank 0 (or the one process) records it as an anomaly of this kind, so that the "
+    "capture goes the way of every anomaly's: under torchrun with --out every rank profiles the same N steps "
+    "from a step far enough ahead and one report covers the job; `skalpel watch --show RUN` marks it and links "
+    "the capture. No cooldown applies to it.",
+    why="A run that has been slow for an hour is looked at as it runs, without a restart and without slowing "
+    "the steps in between (the request is read by each rank's writer thread, never the training thread).",
+    false_positives="None: it is a request, not a judgement. Its capture's findings are the trace's own.",
+)
+
+KINDS: tuple[Rule, ...] = (STEP_SPIKE, LEVEL_SHIFT, SLOW_DRIFT, MEMORY_CREEP, DATALOADER_STALL, SLOW_RANK, ASKED)
 BY_ID = {rule.id: rule for rule in KINDS}

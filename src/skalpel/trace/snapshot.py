@@ -13,7 +13,8 @@ the viewer at pytorch.org/memory_viz) is a dict of builtin values:
   ``segment_unmap``, ``oom``, ``snapshot``), each with ``addr``, ``size`` and ``frames``.
 
 The pickle is read by an unpickler that builds builtin containers and scalars only: a pickle that
-names any class or function (``os.system``, a torch type) is refused before anything runs.
+names any class or function (``os.system``, a torch type) is refused before anything runs
+(``load_plain_pickle``; flight-recorder dumps are read with it too, ``watching/hangs.py``).
 Each block keeps its innermost user frame and a few Python frames, not the whole stack.
 """
 
@@ -31,6 +32,7 @@ KNOWN_STATES = frozenset({"active_allocated", "active_awaiting_free", "active_pe
 STACK_FRAMES_KEPT = 6  # Python frames kept per block, innermost first: what a reader needs to place it
 _ALLOWED_GLOBALS = frozenset({("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"),
                               ("__builtin__", "set"), ("__builtin__", "frozenset")})  # fmt: skip
+PICKLE_MARKS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")  # a pickle's protocol mark, its first bytes
 _PICKLE_ERRORS = (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
                   AttributeError, OverflowError, RecursionError, UnicodeDecodeError, ImportError)  # fmt: skip
 
@@ -99,7 +101,7 @@ def looks_like_snapshot_file(path: Path) -> bool:
         return True
     try:
         with open(path, "rb") as handle:
-            return handle.read(2) in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+            return handle.read(2) in PICKLE_MARKS
     except OSError:
         return False
 
@@ -107,7 +109,7 @@ def looks_like_snapshot_file(path: Path) -> bool:
 def load_snapshot(path: str | Path) -> Snapshot:
     """The snapshot in ``path``, or a TraceError that says in one line why it cannot be read."""
     path = Path(path)
-    data = _unpickle(path)
+    data = load_plain_pickle(path, "a PyTorch memory snapshot")
     if not isinstance(data, dict):
         raise TraceError(f"{path}: a pickle of a {type(data).__name__}, not a PyTorch memory snapshot "
                          "(the dict torch.cuda.memory._snapshot() returns)")  # fmt: skip
@@ -126,19 +128,21 @@ def load_snapshot(path: str | Path) -> Snapshot:
     )
 
 
-def _unpickle(path: Path):
+def load_plain_pickle(path: Path, expected: str):
+    """The plain values a pickle holds (memory snapshots, flight-recorder dumps), or a TraceError in one line that
+    names ``expected``: a pickle that names a class or function, one cut short, a file that is no pickle."""
     try:
         with open(path, "rb") as handle:
             return _BuiltinsOnly(handle).load()
     except OSError as error:
         raise TraceError(f"{path}: cannot read it: {error.strerror or error}") from None
     except _Refused as refused:
-        raise TraceError(f"{path}: the pickle asks for {cut_name(str(refused), 80)}; skalpel reads only memory "
-                         "snapshots of plain values and runs nothing from a pickle") from None  # fmt: skip
+        raise TraceError(f"{path}: the pickle asks for {cut_name(str(refused), 80)}; skalpel reads only pickles of "
+                         f"plain values and runs nothing from a pickle (expected {expected})") from None  # fmt: skip
     except _PICKLE_ERRORS as error:
         why = "it ends early (truncated)" if isinstance(error, EOFError) or "truncated" in str(error) else \
             f"{type(error).__name__}: {cut_name(str(error), 80)}"  # fmt: skip
-        raise TraceError(f"{path}: not a readable pickle ({why}); expected a PyTorch memory snapshot") from None
+        raise TraceError(f"{path}: not a readable pickle ({why}); expected {expected}") from None
 
 
 def _list(value, path: Path, where: str) -> list:

@@ -28,12 +28,13 @@ from typing import Any
 
 import orjson
 
+from ..diagnose import thresholds
 from ..errors import SkalpelError
 from .hangs import alive, rank_folders, store_meta
 
 PREFIX = ".watch-ask-"
 WHATS = ("stacks", "profile")
-MAX_STEPS = 50
+MAX_STEPS = int(thresholds.ASKED.param("max_steps"))
 _RANK = re.compile(r"rank\d+$")
 
 

@@ -3,10 +3,11 @@
 A run folder of ``skalpel watch`` (one process) or a job's (``JOB/rank<N>/`` under torchrun with
 ``--out JOB``): per rank, its store's end (``meta``: status, pid, host, exit status, error), its
 collectives ring, its last hang dump not resolved, its fatal stacks. Also PyTorch's flight
-recorder dumps of a job run without skalpel (``TORCH_FR_DUMP_TEMP_FILE`` or ``_dump_fr_trace_json``
-output, JSON, one file per rank). What cannot be read is one line in the record's notes, never a
-traceback: a dump cut short by a rank that died while writing it, a rank with no folder, a torn
-ring slot. No torch here.
+recorder dumps of a job run without skalpel (``TORCH_FR_DUMP_TEMP_FILE``'s pickles or
+``_dump_fr_trace_json``'s JSON, one file per rank, ``trace/flight_recorder.py``). What cannot be
+read is one line in the record's notes, never a traceback: a dump cut short by a rank that died
+while writing it, a rank with no folder, a torn ring slot. The verdict is also a report
+(``verdict_report``: the hang findings as findings, for ``--json`` and the HTML page). No torch here.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from typing import Any
 import orjson
 
 from ..diagnose.hang import RankRecord, judge, story
-from ..result.report import Finding
+from ..errors import TraceError
+from ..result.report import Finding, Report, Source, StepStats, sorted_findings
 from ..trace.collective_ring import RING, read_ring
+from ..trace.flight_recorder import load_flight_recorder, looks_like_flight_recorder
 from .store import STORE, read_meta
 
 FATAL = "fatal-stacks.txt"  # faulthandler's stacks at a fatal signal (hangwatch.py enables it)
@@ -208,43 +211,51 @@ def _int(value: Any) -> int | None:
 # -- PyTorch's flight recorder, from a job run without skalpel --------------------------------------------------
 def _flight_recorder_files(folder: Path) -> list[Path]:
     if folder.is_file():
-        return [folder]
+        return [folder] if looks_like_flight_recorder(folder) else []
     if not folder.is_dir():
         return []
-    return [path for path in sorted(folder.iterdir()) if path.is_file() and _looks_like_recorder(path)]
-
-
-def _looks_like_recorder(path: Path) -> bool:
-    try:
-        with open(path, "rb") as file:
-            head = file.read(4096)
-    except OSError:
-        return False
-    return head.lstrip().startswith(b"{") and any(key in head for key in (b'"collective_seq_id"', b'"pg_config"',
-                                                                            b'"comm_lib_version"'))
+    return [path for path in sorted(folder.iterdir()) if path.is_file() and looks_like_flight_recorder(path)]
 
 
 def _read_flight_recorder(folder: Path) -> tuple[list[RankRecord], list[str]]:
+    """Each rank's dump (JSON or pickled, ``trace/flight_recorder.py``) as a record stopped where it was dumped."""
     records, notes = [], []
+    named: set[int] = set()  # the ranks the dumps' process groups name
     for index, path in enumerate(_flight_recorder_files(folder)):
         try:
-            body = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as error:
-            notes.append(f"{path.name}: not a whole flight-recorder dump ({error}): left out")
+            body = load_flight_recorder(path)
+        except TraceError as error:
+            notes.append(f"{error}: left out")
             continue
-        if not isinstance(body, dict) or not isinstance(body.get("entries"), list):
-            notes.append(f"{path.name}: no entries: left out")
-            continue
+        named |= _group_ranks(body)
         rank = _int(body.get("rank"))
-        match = re.search(r"(\d+)$", path.stem)
-        rank = rank if rank is not None else (int(match.group(1)) if match else index)
+        rank = rank if rank is not None else index
         # dumped at a collective's timeout (or asked for while it hung): where each rank stood then
         stopped = {"step": None, "stalled_s": None, "bound_s": None}
         record = RankRecord(rank=rank, status="flight recorder", hang=stopped)
-        record.collectives = [_from_recorder(entry) for entry in body["entries"]
+        record.collectives = [_from_recorder(entry) for entry in body.get("entries") or []
                               if isinstance(entry, dict) and not entry.get("is_p2p")]  # fmt: skip
         records.append(record)
+    missing = sorted(named - {record.rank for record in records})
+    if records and missing:
+        notes.append(f"no readable dump of rank(s) {', '.join(map(str, missing))} (their process groups name them): "
+                     "judged without them")  # fmt: skip
     return records, notes
+
+
+def _group_ranks(body: dict[str, Any]) -> set[int]:
+    """The ranks of every process group a dump names (``pg_config``'s ``ranks``, a JSON list in a string)."""
+    ranks: set[int] = set()
+    groups = body.get("pg_config")
+    for group in groups.values() if isinstance(groups, dict) else ():
+        value = group.get("ranks") if isinstance(group, dict) else None
+        try:
+            listed = orjson.loads(value) if isinstance(value, str) else value
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(listed, list):
+            ranks.update(rank for rank in listed if isinstance(rank, int) and not isinstance(rank, bool))
+    return ranks
 
 
 def _from_recorder(entry: dict[str, Any]) -> dict[str, Any]:
@@ -264,10 +275,19 @@ def _from_recorder(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def verdict(folder: Path) -> tuple[list[Finding], list[str]]:
-    """The findings of a stopped job's records, and the lines about what could not be read."""
+    """The findings of a stopped job's records, and the lines about what could not be read. A TraceError (one
+    line) when there were only flight-recorder dumps and none could be read."""
+    _, findings, notes = _judged(folder)
+    return findings, notes
+
+
+def _judged(folder: Path) -> tuple[list[RankRecord], list[Finding], list[str]]:
     records, notes = read(folder)
+    if not records and notes:
+        more = f" (and {len(notes) - 1} more dump(s) unreadable)" if len(notes) > 1 else ""
+        raise TraceError(notes[0].removesuffix(": left out") + more)
     notes += [f"rank {record.rank}: {note}" for record in records for note in record.notes if note != "no folder"]
-    return judge(records), notes
+    return records, judge(records), notes
 
 
 def verdict_text(folder: Path, *, say_clean: bool = True) -> str:
@@ -283,3 +303,19 @@ def verdict_text(folder: Path, *, say_clean: bool = True) -> str:
         lines.append("  no hang, no mismatch, no dead rank in them")
     lines.extend(f"  note: {note}" for note in notes)
     return "\n".join(lines) + "\n"
+
+
+def verdict_report(folders: list[Path]) -> Report:
+    """The verdicts of stopped jobs as a report (``skalpel analyze RUN --json/--html``): the hang findings as any
+    report's findings, what could not be read as its warnings; no steps or ranks analysed (there is no trace)."""
+    findings: list[Finding] = []
+    warnings: list[str] = []
+    worlds: list[int] = []
+    for folder in folders:
+        records, found, notes = _judged(folder)
+        findings.extend(found)
+        warnings.extend(f"{folder}: {note}" for note in notes)
+        worlds.append(len(records))
+    source = Source(paths=tuple(map(str, folders)), world_size=max(worlds) if worlds and max(worlds) else None)
+    return Report(source=source, steps=StepStats(count=0, median_ms=0.0, p90_ms=0.0, cv=0.0, marked=False), ranks=(),
+                  findings=tuple(sorted_findings(findings)), warnings=tuple(warnings))  # fmt: skip
