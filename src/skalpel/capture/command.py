@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..errors import SkalpelError
 from .boundaries import SIGNALS as STEP_SIGNALS
+from .memory_history import DEFAULT_ENTRIES
 from .settings import CaptureSettings
 
 if TYPE_CHECKING:  # the runner imports torch: only once a script really runs (`skalpel --help` stays torch-free)
@@ -44,6 +45,15 @@ def add_capture_options(parser: argparse.ArgumentParser, *, repeat: int = 1) -> 
         help="say so when no step boundary comes for S seconds (30; 0: never)",
     )  # fmt: skip
     parser.add_argument(
+        "--memory-history", action="store_true",
+        help="on a CUDA run, record the caching allocator's history from the start and write a memory snapshot into "
+        "the run folder at the end or at an out-of-memory error, read into the report",
+    )  # fmt: skip
+    parser.add_argument(
+        "--memory-history-entries", type=_entries, default=DEFAULT_ENTRIES, metavar="N",
+        help=f"allocator actions --memory-history keeps, the latest ({DEFAULT_ENTRIES})",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-stack", action="store_true",
         help="record no Python stacks: a lighter profile for steps of very many ops (no user-code locations)",
     )  # fmt: skip
@@ -65,9 +75,10 @@ def execute(target: Target, args: argparse.Namespace, *,
     if getattr(args, "nproc", 1) > 1:
         return _execute_ranks(target, args)
     out = Path(args.out) if args.out else None
+    history = args.memory_history_entries if getattr(args, "memory_history", False) else None
     try:
         result = run(target, settings, out=out, name=args.name, stop_after_capture=args.stop_after_capture,
-                     step_on=args.step_on, step_timeout_s=args.step_timeout,
+                     step_on=args.step_on, step_timeout_s=args.step_timeout, memory_history=history,
                      shown=lambda result: _present(result, target, advise))  # fmt: skip
     except Terminated as stopped:  # SIGTERM or SIGHUP as `skalpel run` let go of its signal handlers
         print(f"skalpel: stopped by {stopped}", file=sys.stderr)
@@ -182,4 +193,17 @@ def forwarded_options(args: argparse.Namespace) -> list[str]:
         options += ["--step-timeout", str(args.step_timeout)]
     if getattr(args, "no_stack", False):
         options.append("--no-stack")
+    if getattr(args, "memory_history", False):
+        options += ["--memory-history", "--memory-history-entries", str(args.memory_history_entries)]
     return options
+
+
+def _entries(text: str) -> int:
+    """--memory-history-entries: a whole number of at least 1, else argparse's one-line error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number of allocator actions, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1 allocator action (got {value})")
+    return value

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..errors import SkalpelError
 from . import compile_log, distributed, runclock, runfolder, signals
+from .memory_history import MemoryHistory, snapshot_note
 from .oom import is_out_of_memory, out_of_memory_note, process_memory
 from .outputs import write_run
 from .profile import Profile
@@ -64,19 +65,39 @@ class RunResult:
 
 
 def conclude(capture: Capture, guard: signals.Guard, target: Target, status: int, error: BaseException | None,
-             folder: Path, *, removable: bool) -> RunResult:  # fmt: skip
-    """After the script: write the trace whole, analyse it, and say what the run folder holds."""
+             folder: Path, *, removable: bool, history: MemoryHistory | None = None) -> RunResult:  # fmt: skip
+    """After the script: write the trace whole, analyse it, and say what the run folder holds. ``history``
+    (``--memory-history``) is dumped first: at an out-of-memory error, while the script's tensors are still held."""
     error_text = held = None
+    _dump_history(history, capture.result_run.folder or folder)  # before the script's tensors are let go
     if is_out_of_memory(error):  # the script's tensors go before skalpel writes and analyses the trace in their room
         error_text, held = script_traceback(error), process_memory()
         let_go(error)
-    result = _conclude(capture, guard, target, status, error, folder, removable=removable, held=held)
+    result = _conclude(capture, guard, target, status, error, folder, removable=removable, held=held,
+                       history=history)  # fmt: skip
     result.error_text = error_text
     return result
 
 
+def _dump_history(history: MemoryHistory | None, folder: Path) -> None:
+    """The memory snapshot of ``--memory-history`` written into the run folder (once; nothing if not recording)."""
+    if history is not None and history.recording:
+        current = distributed.job()
+        history.dump(folder, current.rank if current is not None else None)
+
+
+def _history_note(history: MemoryHistory | None, error: BaseException | None) -> str | None:
+    """The snapshot read into one note for the report, or why it was not written; None when none was recorded."""
+    if history is None:
+        return None
+    if history.written is not None:
+        return snapshot_note(history.written, at_error=is_out_of_memory(error))
+    return history.failed
+
+
 def _conclude(capture: Capture, guard: signals.Guard, target: Target, status: int, error: BaseException | None,
-              folder: Path, *, removable: bool, held: str | None) -> RunResult:  # fmt: skip
+              folder: Path, *, removable: bool, held: str | None,
+              history: MemoryHistory | None) -> RunResult:  # fmt: skip
     chosen = capture.result_run
     chosen.script = target.name
     chosen.exit_status = status
@@ -88,6 +109,9 @@ def _conclude(capture: Capture, guard: signals.Guard, target: Target, status: in
     compile_log.uninstall()
     if is_out_of_memory(error) and chosen.trace_paths:  # after the stop: the window's split is made then
         chosen.notes.append(out_of_memory_note(error, chosen, held=held))
+    snapshot = _history_note(history, error)  # after the OOM note, which it completes
+    if snapshot is not None:
+        chosen.notes.append(snapshot)
     notes = [note for note in chosen.notes if note not in chosen.said]  # for stderr: those not said as they happened
     if late is not None:  # interrupted after the script, before the analysis: the file is whole, the analysis skipped
         notes.append(f"{signals.name(late)} while the trace was written: {holding(chosen)}")

@@ -20,6 +20,7 @@ from typing import Any
 from ..result.memory_split import CategoryBytes, MemorySplit, ModuleActivations
 from ..trace.roles import BACKWARD_PREFIX, OPTIMIZER_PREFIX, ZERO_GRAD_PREFIX
 from ..trace.stacks import format_location, is_user_file, parse_frame
+from .stale_gradients import StaleGradients, intervals, is_optimizer_step, is_zero_grad, replay
 
 CURVE_POINTS = 240  # rows of the category curve kept for the report's chart
 MOST_EVENTS = 60_000  # profiler events above which the categoriser is not run: some 10 s on one loaded core
@@ -76,13 +77,40 @@ def _split(results: Any, *, steps: int, top_modules: int) -> MemorySplit:
     categories = tuple(CategoryBytes(category=name, bytes=size)
                        for name, size in sorted(by_category.items(), key=lambda item: (-item[1], item[0])))  # fmt: skip
     names = tuple(part.category for part in categories)
+    stale = _stale_gradients(profile, timeline, device, Action, TensorKey)
     names += tuple(sorted(set(_category_names(timeline, device, profile, TensorKey)) - set(names)))
     return MemorySplit(
         device=str(device), peak_bytes=peak, held_before_bytes=held_before,
         phase=_phase(allocations.get(at)), categories=categories,
         activation_modules=_by_module(activations, allocations, _EventType)[:top_modules], step_span=steps,
         curve_categories=names, curve=_curve(timeline, device, names, profile, Action, TensorKey),
+        spent_gradient_bytes=stale.at_peak_bytes, peak_without_spent_gradients_bytes=stale.peak_without_bytes,
+        zero_grad_location=_caller_line(stale.zero_grad_event),
     )  # fmt: skip
+
+
+def _stale_gradients(profile: Any, timeline: tuple, device: Any, action: Any, tensor_key: Any) -> StaleGradients:
+    """The peak the window would have had with its spent gradients freed (``stale_gradients.py``)."""
+    entries = [entry for entry in timeline if entry[2][0].device == device]
+    _, peak_index = _peak_of(entries, action)
+
+    def is_gradient(key: Any, version: int) -> bool:
+        category = profile._categories.get(key, version) if isinstance(key, tensor_key) else None
+        return category is not None and category.name.lower() == "gradient"
+
+    nodes = profile._op_tree.sorted_nodes
+    return replay(entries, is_gradient, intervals(nodes, is_optimizer_step), intervals(nodes, is_zero_grad), action,
+                  peak_index)  # fmt: skip
+
+
+def _caller_line(event: Any) -> str | None:
+    """The innermost user line among the Python frames around ``event`` (the user's zero_grad call)."""
+    while event is not None:
+        line = _user_line(event.name)
+        if line is not None:
+            return line
+        event = event.parent
+    return None
 
 
 def _peak_device(timeline: tuple, action: Any) -> Any:
@@ -102,18 +130,9 @@ def _peak_device(timeline: tuple, action: Any) -> Any:
 
 def _live_at_peak(timeline: tuple, device: Any, action: Any) -> tuple[dict, int, int]:
     """(live (key, version) -> bytes at the peak, the time of the allocation that set it, bytes held before)."""
-    level = peak = 0
-    peak_index = -1
-    held_before = 0
     entries = [entry for entry in timeline if entry[2][0].device == device]
-    for index, (time, act, _, size) in enumerate(entries):
-        if act in (action.PREEXISTING, action.CREATE):
-            level += size
-            held_before += size if act == action.PREEXISTING else 0
-        elif act == action.DESTROY:
-            level -= size
-        if level > peak:
-            peak, peak_index = level, index
+    held_before = sum(entry[3] for entry in entries if entry[1] == action.PREEXISTING)
+    _, peak_index = _peak_of(entries, action)
     live: dict = {}
     for time, act, (key, version), size in entries[: peak_index + 1]:
         if act in (action.PREEXISTING, action.CREATE):
@@ -124,6 +143,20 @@ def _live_at_peak(timeline: tuple, device: Any, action: Any) -> tuple[dict, int,
             live.pop((key, version), None)
     at = entries[peak_index][0] if peak_index >= 0 else -1
     return live, at, held_before
+
+
+def _peak_of(entries: list, action: Any) -> tuple[int, int]:
+    """(the highest live bytes, the index of the entry that first reached them; -1 when none)."""
+    level = peak = 0
+    peak_index = -1
+    for index, (_, act, _, size) in enumerate(entries):
+        if act in (action.PREEXISTING, action.CREATE):
+            level += size
+        elif act == action.DESTROY:
+            level -= size
+        if level > peak:
+            peak, peak_index = level, index
+    return peak, peak_index
 
 
 def _curve(timeline: tuple, device: Any, names: tuple[str, ...], profile: Any, action: Any,

@@ -20,7 +20,7 @@ _ROOM_BY_CATEGORY = {
     "activation": "activation checkpointing on the modules named (activations_dominate_peak) or a smaller batch",
     "optimizer_state": "a lighter optimizer state (foreach=False, 8-bit or factored optimizers) or sharding it",
     "parameter": "lower-precision weights or sharding them",
-    "gradient": "freeing gradients sooner (zero_grad(set_to_none=True)) or sharding them",
+    "gradient": "freeing gradients sooner (zero_grad(set_to_none=True), gradients_held_at_peak) or sharding them",
     "temporary": "chunking the op whose temporary sets the peak (memory_spike)",
 }
 _MIB = 2**20

@@ -35,6 +35,7 @@ from .children import Children
 from .conclude import RunResult, conclude, holding
 from .driver import Driver
 from .kineto_noise import filtered_stderr
+from .memory_history import MemoryHistory
 from .session import ProfileRun
 from .settings import CaptureSettings
 from .steps import StepDetector, Watchdog
@@ -50,11 +51,12 @@ class CaptureComplete(BaseException):
 
 def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, name: str | None = None,
         stop_after_capture: bool = False, step_on: str | None = None, step_timeout_s: float = 30.0,
-        shown: Callable[[RunResult], int] | None = None) -> RunResult:  # fmt: skip
+        shown: Callable[[RunResult], int] | None = None, memory_history: int | None = None) -> RunResult:  # fmt: skip
     """Run ``target`` under the profiler; the report is None when nothing was recorded (``notes`` say why).
 
     ``shown`` presents a result and returns the exit status: it is called here, before the process ends, when
-    the script calls ``os._exit`` (which never returns).
+    the script calls ``os._exit`` (which never returns). ``memory_history``: record the CUDA allocator's history
+    (that many actions) from the script's start and dump it as a snapshot into the run folder (``memory_history.py``).
     """
     code_path = check_target(target)
     label = name or target.label
@@ -67,6 +69,7 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
     compile_log.install()  # before the script: its first compilation comes before the first step
     exits.ran_script()
     filtering, installed = filtered_stderr(), capture.installed()
+    history = _start_history(memory_history)
 
     def concluded_at_exit(status: int) -> int:
         """The script calls os._exit(status): the run is written and shown first, as at the script's end."""
@@ -78,7 +81,7 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
             "script, its finally blocks and its exit handlers did not run, as os._exit does"
         )
         try:
-            result = conclude(capture, guard, target, status, None, folder, removable=not reused)
+            result = conclude(capture, guard, target, status, None, folder, removable=not reused, history=history)
         except SkalpelError as error:
             _say(f"error: {error}")
             return error.exit_code
@@ -96,7 +99,19 @@ def run(target: Target, settings: CaptureSettings, *, out: Path | None = None, n
             runclock.uninstall()  # first: the script's end
         if not signals.is_owner():  # a child the script forked came back here
             return RunResult(status, None, error=error, forked_child=True)
-        return conclude(capture, guard, target, status, error, folder, removable=not reused)
+        return conclude(capture, guard, target, status, error, folder, removable=not reused, history=history)
+
+
+def _start_history(max_entries: int | None) -> MemoryHistory | None:
+    """``--memory-history``: record from here (the script's start); without CUDA, one line and the run goes on."""
+    if max_entries is None:
+        return None
+    history = MemoryHistory(max_entries)
+    line = history.start()
+    if line is not None:
+        _say(line)
+        return None
+    return history
 
 
 def run_script(target: Target, code_path: Path, guard: signals.Guard) -> tuple[int, BaseException | None]:

@@ -214,4 +214,68 @@ RESERVED_FAR_ABOVE_ALLOCATED = Rule(
     ),
 )
 
-RULES = (ACTIVATIONS_DOMINATE_PEAK, OPTIMIZER_STATE_DOMINATES_PEAK, RESERVED_FAR_ABOVE_ALLOCATED)
+def _check_gradients(ctx: JobContext, rule: Rule) -> Outcome:
+    split: MemorySplit | None = ctx.capture.memory_split if ctx.capture is not None else None
+    if split is None:
+        return NotJudged(_NO_SPLIT, applies=ctx.capture is not None)
+    without = split.peak_without_spent_gradients_bytes
+    if without is None or split.spent_gradient_bytes is None:
+        return NotJudged("the split holds no replay of the spent gradients (a report of an older skalpel)",
+                         applies=False)  # fmt: skip
+    limits = rule.thresholds
+    saving = max(split.peak_bytes - without, 0)
+    if saving < limits.floor * MIB or pct(saving, split.peak_bytes) < limits.share_pct:
+        return []
+    evidence = {
+        "saving_mib": saving / MIB,
+        "saving_pct": pct(saving, split.peak_bytes),
+        "peak_mib": split.peak_bytes / MIB,
+        "peak_without_mib": without / MIB,
+        "spent_gradient_mib": split.spent_gradient_bytes / MIB,
+        "gradient_mib": split.bytes_of("gradient") / MIB,
+        "phase": split.phase,
+        "device": split.device,
+    }
+    where = f" at {split.zero_grad_location}" if split.zero_grad_location else ""
+    fix = (f"make the zero_grad{where} zero_grad(set_to_none=True) (the default since torch 2.0) and call it right "
+           f"after optimizer.step() or at the top of the step, before the forward: the gradients go once the step "
+           f"has read them, about {saving / MIB:.0f} MiB ({evidence['saving_pct']:.0f}%) off the peak")  # fmt: skip
+    locations = (split.zero_grad_location,) if split.zero_grad_location else ()
+    return [rule.finding(evidence, locations=locations, fix=fix)]
+
+
+GRADIENTS_HELD_AT_PEAK = Rule(
+    id="gradients_held_at_peak",
+    family="memory",
+    severity="warning",
+    title="{spent_gradient_mib:.0f} MiB of gradients no step reads any more are held at the {peak_mib:.0f} MiB "
+    "memory peak on {device} (in {phase}): freeing them at zero_grad lowers it to {peak_without_mib:.0f} MiB",
+    thresholds=thresholds.GRADIENTS_HELD_AT_PEAK,
+    check=_check_gradients,
+    scope="job",
+    fix="optimizer.zero_grad(set_to_none=True) right after optimizer.step(), before the next forward",
+    docs=Docs(
+        what="Gradients are held while nothing will read them: after the optimizer step that used them until the "
+        "zero_grad that clears them (zero_grad called after the next forward), or as zeros after "
+        "`zero_grad(set_to_none=False)` until the next backward writes them. `skalpel run` replays the categoriser's "
+        "timeline of the recorded window with those gradients freed over those stretches; the finding fires when "
+        "that lowers the window's peak by `share_pct` of it and `floor` MiB or more.",
+        why="Gradients are as large as the weights. Held through the forward, they sit beside the activations "
+        "that set the peak; with set_to_none=True a backward creates each gradient when it first writes it (and "
+        "reuses its own output buffer), so nothing is held before then.",
+        evidence="The saving (the peak less the replayed peak) in MiB and as a share of the peak, the peak and the "
+        "replayed peak, the spent gradients' MiB at the peak and all gradients' MiB there, the phase of the peak and "
+        "the device. The location is the user's zero_grad call that cleared them.",
+        fix="`optimizer.zero_grad(set_to_none=True)` (the default since torch 2.0; `model.zero_grad()` too) at the "
+        "top of the step or right after `optimizer.step()`, never between the forward and the backward. Code that "
+        "reads `.grad` after zero_grad must then handle None.",
+        false_positives="Gradient accumulation keeps the gradients of earlier micro-batches for the next backward: "
+        "they are read again, never spent, and the finding stays quiet (examples/scenarios/gradients_held_peak.py "
+        "--accumulate). The replay is conservative: with set_to_none=True the backward also skips the temporary it "
+        "adds into an existing gradient, which the replay keeps, so the measured drop is larger than the claim "
+        "(docs/findings.md).",
+    ),
+)
+
+RULES = (ACTIVATIONS_DOMINATE_PEAK, OPTIMIZER_STATE_DOMINATES_PEAK, GRADIENTS_HELD_AT_PEAK,
+         RESERVED_FAR_ABOVE_ALLOCATED)

@@ -186,6 +186,9 @@ OPTIMIZER_STATE_DOMINATES_PEAK = Threshold(
     40.0, "of the memory peak held by optimizer state", 16.0, "MiB of optimizer state",
     params=(("two_value_ratio", 1.5),),
 )  # fmt: skip
+# gradients_held_at_peak: freeing the gradients no step reads any more (spent by an optimizer step, or zeros kept by
+# zero_grad(set_to_none=False)) lowers the replayed window's peak by share_pct of it and floor MiB or more
+GRADIENTS_HELD_AT_PEAK = Threshold(5.0, "of the memory peak freed with the spent gradients", 4.0, "MiB")
 # reserved_far_above_allocated: the allocator's reserved peak exceeds the allocated peak by share_pct of it and floor
 # MiB or more; a warning where the reserved peak fills tight_capacity_pct of the device, info otherwise
 RESERVED_FAR_ABOVE_ALLOCATED = Threshold(

@@ -49,6 +49,12 @@ class MemorySplit(_Section):
     # MiB of each of curve_categories); the row of the peak is among them
     curve_categories: tuple[str, ...] = ()
     curve: tuple[tuple[float, ...], ...] = ()
+    # gradients live for nothing (an optimizer step read them, or zero_grad(set_to_none=False) zeroed them, and no
+    # backward wrote them since): their bytes at the peak, the peak with them freed (capture/stale_gradients.py),
+    # and the user line of the zero_grad that cleared them; None where not measured (a report of an older skalpel)
+    spent_gradient_bytes: int | None = None
+    peak_without_spent_gradients_bytes: int | None = None
+    zero_grad_location: str | None = None
 
     def bytes_of(self, category: str) -> int:
         return sum(part.bytes for part in self.categories if part.category == category)
