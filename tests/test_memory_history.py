@@ -18,6 +18,7 @@ import pytest
 from skalpel.capture.command import add_capture_options, forwarded_options
 from skalpel.capture.conclude import _history_note
 from skalpel.capture.memory_history import MemoryHistory, no_gpu_line, snapshot_name, snapshot_note
+from tests.conftest import skip
 
 TINY = textwrap.dedent(
     """
@@ -38,7 +39,7 @@ def test_a_cpu_run_says_it_needs_a_gpu_once_and_goes_on(tmp_path):
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA: the snapshot is written instead")
+        skip("this machine has CUDA: the snapshot is written instead")
     script = tmp_path / "train.py"
     script.write_text(TINY)
     out = tmp_path / "run"

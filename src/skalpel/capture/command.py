@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..errors import SkalpelError
 from .boundaries import SIGNALS as STEP_SIGNALS
-from .memory_history import DEFAULT_ENTRIES
-from .settings import CaptureSettings
+from .settings import HISTORY_ENTRIES, CaptureSettings
 
 if TYPE_CHECKING:  # the runner imports torch: only once a script really runs (`skalpel --help` stays torch-free)
     from ..result.report import Report
@@ -50,8 +49,8 @@ def add_capture_options(parser: argparse.ArgumentParser, *, repeat: int = 1) -> 
         "the run folder at the end or at an out-of-memory error, read into the report",
     )  # fmt: skip
     parser.add_argument(
-        "--memory-history-entries", type=_entries, default=DEFAULT_ENTRIES, metavar="N",
-        help=f"allocator actions --memory-history keeps, the latest ({DEFAULT_ENTRIES})",
+        "--memory-history-entries", type=_entries, default=HISTORY_ENTRIES, metavar="N",
+        help=f"allocator actions --memory-history keeps, the latest ({HISTORY_ENTRIES:,})",
     )  # fmt: skip
     parser.add_argument(
         "--no-stack", action="store_true",

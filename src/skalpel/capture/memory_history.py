@@ -15,7 +15,6 @@ from pathlib import Path
 
 from ..errors import SkalpelError
 
-DEFAULT_ENTRIES = 100_000  # allocator actions kept (torch's ring buffer): some 100 bytes each plus the stacks
 _MIB = 2**20
 
 

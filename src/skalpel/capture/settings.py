@@ -15,6 +15,8 @@ from ..errors import SkalpelError
 
 WAIT, WARMUP, ACTIVE = "wait", "warmup", "active"
 
+HISTORY_ENTRIES = 100_000  # --memory-history: allocator actions kept (torch's ring buffer), some 100 bytes each plus stacks
+
 
 @dataclass(frozen=True)
 class CaptureSettings:
