@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from skalpel.analysis.modules import module_tree
@@ -106,8 +107,47 @@ def test_self_and_total_add_up_and_the_step_is_accounted_for(stacked) -> None:
         assert 0 <= node.host_self_ms <= node.host_ms
     root = tree.nodes[0]
     assert root.host_ms == pytest.approx(tree.host_ms)
-    assert tree.host_ms + tree.host_unattributed_ms == pytest.approx(tree.unit_ms)
-    assert 0 < tree.host_unattributed_ms < tree.unit_ms  # backward and the optimizer run outside every module
+    assert tree.host_ms + tree.backward_host_ms + tree.host_unattributed_ms == pytest.approx(tree.unit_ms)
+    assert 0 < tree.host_unattributed_ms < tree.unit_ms  # the loss's backward and the optimizer: outside every module
+
+
+def test_backward_is_charged_to_the_module_whose_forward_made_it(stacked) -> None:
+    """Autograd's sequence numbers link each backward op to the forward op that made its node: the heads' and the
+    block's backward land in them, the heavier head's is heavier, and the unattributed share drops by it."""
+    _, trace, tree = stacked
+    wide, narrow = _node(tree, "Net_0", "Linear_2"), _node(tree, "Net_0", "Linear_3")
+    block, up = _node(tree, "Net_0", "Block_0"), _node(tree, "Net_0", "Block_0", "Linear_0")
+    assert wide.backward_host_ms > narrow.backward_host_ms > 0  # 64x the work: its mm backward is the heavier
+    assert up.backward_host_ms > 0 and block.backward_host_ms >= up.backward_host_ms
+    assert block.backward_host_self_ms == 0  # Block's own forward makes no node: its children's do
+    # weight and input gradients, each an mm the size of the forward's, but the first call's input is the batch
+    # (no grad wanted): three mms for two forward calls
+    assert up.backward_flops == pytest.approx(1.5 * up.flops)
+    root = tree.nodes[0]
+    assert root.backward_host_ms == pytest.approx(tree.backward_host_ms, rel=1e-6)
+    assert root.backward_host_ms == pytest.approx(sum(node.backward_host_self_ms for node in tree.nodes), rel=1e-6)
+    assert tree.host_unattributed_ms < tree.unit_ms - tree.host_ms - 0.5 * tree.backward_host_ms
+    # every charged host op runs inside an autograd node whose forward ran in a module frame
+    charged = np.flatnonzero(trace.backward_module >= 0)
+    assert len(charged) and (trace.role[trace.backward_module[charged]] == Role.MODULE).all()
+    names = {trace.name_of(int(event)) for event in charged}
+    assert any("AddmmBackward0" in name for name in names) and "aten::mm" in names
+    assert not any(name.startswith("Optimizer.step") for name in names)
+
+
+def test_a_trace_without_sequence_numbers_has_no_backward_share(stacked, tmp_path) -> None:
+    """The look-alike: the same trace with autograd's numbers taken out (as an inference run writes it)."""
+    path, _, linked = stacked
+    document = json.loads(path.read_text())
+    for event in document["traceEvents"]:
+        event.get("args", {}).pop("Sequence number", None)
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(document))
+    trace = load(bare)
+    tree = module_tree(trace, segment_steps(trace)).for_rank(0)
+    assert tree.backward_host_ms == 0 and all(node.backward_host_ms == 0 for node in tree.nodes)
+    assert tree.host_unattributed_ms == pytest.approx(tree.unit_ms - tree.host_ms)
+    assert tree.host_unattributed_ms > linked.host_unattributed_ms
 
 
 def test_flops_sit_in_the_module_that_ran_them(stacked) -> None:
@@ -183,7 +223,9 @@ def test_skalpel_run_agrees_with_a_hand_timer_in_the_same_run(tmp_path) -> None:
     assert top[0] == "SmallCNN_0"
     for name in top:
         assert profiled[name] == pytest.approx(hand[name], rel=0.10), name
-    assert section["host_ms"] + section["host_unattributed_ms"] == pytest.approx(section["unit_ms"], abs=1e-3)
+    assert section["host_ms"] + section["backward_host_ms"] + section["host_unattributed_ms"] == pytest.approx(
+        section["unit_ms"], abs=1e-3)
+    assert section["backward_host_ms"] > 0
 
 
 @pytest.mark.slow

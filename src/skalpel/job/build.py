@@ -272,13 +272,19 @@ def _modules_summary(modules) -> ModulesSummary:
     nodes = [{"path": list(node.path), "calls": round(node.calls, 3), "host_ms": round(node.host_ms, 4),
               "host_self_ms": round(node.host_self_ms, 4), "device_ms": round(node.device_ms, 4),
               "device_self_ms": round(node.device_self_ms, 4), "flops": float(f"{node.flops:.4g}"),
-              "flops_self": float(f"{node.flops_self:.4g}"), "location": node.location, "defined_at": node.defined_at}
+              "flops_self": float(f"{node.flops_self:.4g}"), "location": node.location, "defined_at": node.defined_at,
+              "backward_host_ms": round(node.backward_host_ms, 4),
+              "backward_host_self_ms": round(node.backward_host_self_ms, 4),
+              "backward_device_ms": round(node.backward_device_ms, 4),
+              "backward_device_self_ms": round(node.backward_device_self_ms, 4),
+              "backward_flops": float(f"{node.backward_flops:.4g}")}
              for node in modules.nodes]  # fmt: skip
     figures = _rounded({
         "unit": modules.unit, "units": modules.units, "unit_ms": modules.unit_ms, "host_ms": modules.host_ms,
         "host_unattributed_ms": modules.host_unattributed_ms, "device_ms": modules.device_ms,
         "device_in_modules_ms": modules.device_in_modules_ms, "device_unattributed_ms": modules.device_unattributed_ms,
         "ranked_by": "device" if modules.has_device else "host",
+        "backward_host_ms": modules.backward_host_ms, "backward_device_ms": modules.backward_device_ms,
     })  # fmt: skip
     return ModulesSummary.from_dict({**figures, "nodes": nodes}, check=False)
 

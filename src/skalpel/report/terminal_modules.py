@@ -28,19 +28,24 @@ def modules_table(modules: ModulesSummary) -> Table | None:
     total = modules.device_ms if device else modules.unit_ms
     share = 100.0 * outside / total if total > 0 else 0.0
     lane = "device" if device else "host"
+    linked = modules.backward_host_ms > 0 or modules.backward_device_ms > 0
+    outside_what = "optimizer, loss, loop" if linked else "backward, optimizer, loop"
     table = Table(title=f"modules by {lane} time (ms per {unit}; {outside:.2f} ms, {share:.0f}% of the {lane}'s "
-                        f"{total:.2f} ms, outside any module: backward, optimizer, loop)",
+                        f"{total:.2f} ms, outside any module: {outside_what})",
                   title_justify="left", expand=False)  # fmt: skip
     table.add_column("module", overflow="fold", min_width=18, max_width=48)
     table.add_column("calls", justify="right", no_wrap=True)
     table.add_column(lane, justify="right", no_wrap=True)
     table.add_column("self", justify="right", no_wrap=True)
+    if linked:  # the backward ops of the nodes each module's forward made (autograd's sequence numbers)
+        table.add_column("backward", justify="right", no_wrap=True)
     table.add_column("GFLOP", justify="right", no_wrap=True)
     table.add_column("line (its forward's, where not the user's)", overflow="fold", max_width=48)
     for node in shown_nodes(modules.nodes, time_of, whole):
         self_ms = node.device_self_ms if device else node.host_self_ms
         label = Text("  " * (len(node.path) - 1) + node.path[-1])
-        table.add_row(label, f"{node.calls:g}", f"{time_of(node):.2f}", f"{self_ms:.2f}",
+        backward = [f"{node.backward_device_ms if device else node.backward_host_ms:.2f}"] if linked else []
+        table.add_row(label, f"{node.calls:g}", f"{time_of(node):.2f}", f"{self_ms:.2f}", *backward,
                       f"{node.flops / 1e9:.2f}" if node.flops else "-", Text(_short(node.location or node.defined_at)))  # fmt: skip
     return table
 

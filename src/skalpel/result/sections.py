@@ -309,12 +309,19 @@ class ModuleRow(_Section):
     flops_self: float
     location: str | None = None  # the innermost user-code line: its forward's, else the nearest caller module's
     defined_at: str | None = None  # its forward's definition, in any file
+    # the backward ops of the autograd nodes the subtree's forward made (self: its own forward ops'), per unit
+    backward_host_ms: float = 0.0
+    backward_host_self_ms: float = 0.0
+    backward_device_ms: float = 0.0
+    backward_device_self_ms: float = 0.0
+    backward_flops: float = 0.0
 
 
 @dataclass(frozen=True)
 class ModulesSummary(_Section):
-    """Time and FLOPs by nn.Module, per unit, and what runs outside every module (backward, the optimizer, the
-    loop): the outermost modules and the unattributed time add up to the unit."""
+    """Time and FLOPs by nn.Module, per unit, forward and backward, and what runs outside every module and is no
+    module's backward (the optimizer, the loss, the loop): the outermost modules, their backward and the
+    unattributed time add up to the unit."""
 
     unit: str  # "step", "iteration" or "window"
     units: int
@@ -326,6 +333,8 @@ class ModulesSummary(_Section):
     device_unattributed_ms: float
     ranked_by: str  # "device" or "host": what the tree's siblings are ordered by
     nodes: tuple[ModuleRow, ...] = ()
+    backward_host_ms: float = 0.0  # the backward ops charged to a module
+    backward_device_ms: float = 0.0
 
 
 @dataclass(frozen=True)
