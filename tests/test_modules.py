@@ -182,6 +182,80 @@ def test_the_report_carries_the_tree_through_json(stacked) -> None:
     assert again.ranks[0].modules == section
 
 
+def test_a_stored_trace_says_its_module_sizes_are_not_recorded(stacked) -> None:
+    """A plain torch.profiler trace has no capture header: no parameters or output bytes, and every form says so."""
+    from skalpel.report.html import render
+    from skalpel.report.terminal import render_text
+
+    path, trace, tree = stacked
+    assert trace.ranks[0].module_sizes is None and not tree.sizes_recorded
+    assert all(node.params is None and node.output_bytes is None for node in tree.nodes)
+    report = analyze(str(path))
+    section = report.ranks[0].modules
+    assert section.sizes == "not recorded"
+    assert all("params" not in row for row in json.loads(report.to_json())["ranks"][0]["extra"]["modules"]["nodes"])
+    assert "parameters and output sizes: not recorded" in " ".join(render_text(report).split())
+    assert "Parameters and output sizes: not recorded" in render(report)
+
+
+SIZED_SCRIPT = """
+import torch
+from torch import nn
+
+torch.set_num_threads(1)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.late = nn.Linear(64, 8)  # made first, called second: the profiler numbers instances by first call
+        self.early = nn.Linear(64, 256)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        h = self.act(self.early(x))
+        return (self.late(h[:, :64]).sum() + h.sum(), h)  # a tuple: its tensors' bytes add up
+
+
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(32, 64)
+for _ in range(12):
+    optimizer.zero_grad()
+    model(x)[0].backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.slow
+def test_skalpel_run_records_each_modules_parameters_and_output_bytes(tmp_path) -> None:
+    script = tmp_path / "sized.py"
+    script.write_text(SIZED_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-m", "skalpel", "run", "--out", str(tmp_path / "run"), str(script)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    section = json.loads((tmp_path / "run/report.json").read_text())["ranks"][0]["extra"]["modules"]
+    assert section["sizes"] == "recorded"
+    nodes = {tuple(node["path"]): node for node in section["nodes"]}
+    early, late = nodes[("Net_0", "Linear_0")], nodes[("Net_0", "Linear_1")]
+    assert early["params"] == 64 * 256 + 256 and early["output_bytes"] == 32 * 256 * 4  # called first: Linear_0
+    assert late["params"] == 64 * 8 + 8 and late["output_bytes"] == 32 * 8 * 4
+    assert nodes[("Net_0", "ReLU_0")]["params"] == 0 and nodes[("Net_0", "ReLU_0")]["output_bytes"] == 32 * 256 * 4
+    root = nodes[("Net_0",)]
+    assert root["params"] == early["params"] + late["params"] and root["output_bytes"] == 4 + 32 * 256 * 4
+    assert early["backward_host_ms"] > 0 and section["backward_host_ms"] > 0
+    assert "params" in done.stdout and "16.6K" in done.stdout
+
+
+def test_a_damaged_sizes_header_is_read_as_far_as_it_holds() -> None:
+    from skalpel.trace.module_sizes_header import parse
+
+    assert parse(None) is None and parse({"by_class": "Linear"}) is None and parse([1, 2]) is None
+    sizes = parse({"by_class": {"Linear": [[10, 40], "x", [-1, 8], [True, 2.5]], "ReLU": 3}})
+    assert sizes == {"Linear_0": (10, 40), "Linear_2": (None, 8), "Linear_3": (None, None)}  # numbering kept
+
+
 def test_no_module_frames_no_tree(tmp_path_factory) -> None:
     path = _profiled(tmp_path_factory, stacks=False)
     trace = load(path)

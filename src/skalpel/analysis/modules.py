@@ -20,8 +20,11 @@ them; a trace without sequence numbers (inference, a torch that does not write t
 
 What runs outside every module frame and is not a module's backward (the optimizer, data loading, the
 loss, the loop's own code) is the unattributed share, shown beside the tree so the modules and it add
-up to the unit. Torch's
-frames say which instance ran but not its parameters: the tree has none.
+up to the unit.
+
+Torch's frames say which instance ran but not its size: under ``skalpel run`` (and ``skalpel.profile()``)
+the capture records each module's parameters and forward output bytes into the trace header
+(``capture/module_sizes.py``), read here by the instance's name; a stored trace has none ("not recorded").
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class ModuleNode:
     backward_device_ms: float = 0.0  # device work those backward ops launched
     backward_device_self_ms: float = 0.0
     backward_flops: float = 0.0  # the subtree's
+    params: int | None = None  # parameters of the module and its children (None: not recorded)
+    output_bytes: int | None = None  # bytes of the tensors its forward returned, at its first call
 
     @property
     def name(self) -> str:
@@ -100,6 +105,7 @@ class RankModules:
     has_device: bool = False
     backward_host_ms: float = 0.0  # per unit, the backward ops charged to a module
     backward_device_ms: float = 0.0  # per unit, the device work they launched
+    sizes_recorded: bool = False  # the capture wrote each module's parameters and output bytes
 
     @property
     def host_unattributed_ms(self) -> float:
@@ -188,7 +194,8 @@ def _rank_tree(trace: Trace, rank: int, units, unit: str, frames_all, flop_event
                        backward_host[row], backward_device[row], backward_flops[row])  # fmt: skip
         if path not in where or (where[path][0] is None and location[row] is not None):
             where[path] = (location[row], defined[row])
-    nodes = _nodes(sums, where, count, has_device=bool(len(device)))
+    sizes = next((info.module_sizes for info in trace.ranks if info.rank == rank), None)
+    nodes = _nodes(sums, where, count, has_device=bool(len(device)), sizes=sizes or {})
     roots = parent_row < 0
     device_ms = float(trace.dur[device].sum()) / 1000.0 / count
     return RankModules(
@@ -197,7 +204,7 @@ def _rank_tree(trace: Trace, rank: int, units, unit: str, frames_all, flop_event
         device_in_modules_ms=float(device_self.sum()) / 1000.0 / count, nodes=nodes,
         places=_op_places(trace, rank, units, rows_of, paths, location, count), has_device=bool(len(device)),
         backward_host_ms=float(backward_host.sum()) / 1000.0 / count,
-        backward_device_ms=float(backward_device.sum()) / 1000.0 / count,
+        backward_device_ms=float(backward_device.sum()) / 1000.0 / count, sizes_recorded=sizes is not None,
     )  # fmt: skip
 
 
@@ -262,7 +269,7 @@ def _caller(trace: Trace, frame: int, seen: dict[int, str | None]) -> str | None
     return found
 
 
-def _nodes(sums, where, count: int, *, has_device: bool) -> tuple[ModuleNode, ...]:
+def _nodes(sums, where, count: int, *, has_device: bool, sizes: dict) -> tuple[ModuleNode, ...]:
     """The tree in preorder, siblings by time, totals rolled up; at most MAX_NODES, the heaviest kept."""
     children: dict[tuple[str, ...], list[tuple[str, ...]]] = defaultdict(list)
     for path in sums:
@@ -296,7 +303,7 @@ def _nodes(sums, where, count: int, *, has_device: bool) -> tuple[ModuleNode, ..
         ordered.append(ModuleNode(path, calls / count, host / ms, host_self / ms, device / ms, device_self / ms,
                                   flop / count, flops_self / count, location, defined, back_host / ms,
                                   back_host_self / ms, back_device / ms, back_device_self / ms,
-                                  back_flops / count))  # fmt: skip
+                                  back_flops / count, *sizes.get(path[-1], (None, None))))  # fmt: skip
         for child in sorted(children.get(path, ()), key=rank_key, reverse=True):
             visit(child)
 

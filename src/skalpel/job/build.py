@@ -277,7 +277,8 @@ def _modules_summary(modules) -> ModulesSummary:
               "backward_host_self_ms": round(node.backward_host_self_ms, 4),
               "backward_device_ms": round(node.backward_device_ms, 4),
               "backward_device_self_ms": round(node.backward_device_self_ms, 4),
-              "backward_flops": float(f"{node.backward_flops:.4g}")}
+              "backward_flops": float(f"{node.backward_flops:.4g}"), "params": node.params,
+              "output_bytes": node.output_bytes}
              for node in modules.nodes]  # fmt: skip
     figures = _rounded({
         "unit": modules.unit, "units": modules.units, "unit_ms": modules.unit_ms, "host_ms": modules.host_ms,
@@ -285,6 +286,7 @@ def _modules_summary(modules) -> ModulesSummary:
         "device_in_modules_ms": modules.device_in_modules_ms, "device_unattributed_ms": modules.device_unattributed_ms,
         "ranked_by": "device" if modules.has_device else "host",
         "backward_host_ms": modules.backward_host_ms, "backward_device_ms": modules.backward_device_ms,
+        "sizes": "recorded" if modules.sizes_recorded else "not recorded",
     })  # fmt: skip
     return ModulesSummary.from_dict({**figures, "nodes": nodes}, check=False)
 

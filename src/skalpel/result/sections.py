@@ -297,7 +297,7 @@ class ModuleRow(_Section):
     """One module of the tree (analysis/modules.py ``ModuleNode``), figures per unit; ``path`` names it from the
     outermost module, so the rows (in preorder) rebuild the tree."""
 
-    LEFT_OUT: ClassVar[dict[str, Any]] = {"location": None, "defined_at": None}
+    LEFT_OUT: ClassVar[dict[str, Any]] = {"location": None, "defined_at": None, "params": None, "output_bytes": None}
 
     path: tuple[str, ...]
     calls: float
@@ -315,6 +315,8 @@ class ModuleRow(_Section):
     backward_device_ms: float = 0.0
     backward_device_self_ms: float = 0.0
     backward_flops: float = 0.0
+    params: int | None = None  # the module's and its children's parameters (skalpel run records them; None: not)
+    output_bytes: int | None = None  # bytes of the tensors its forward returned, at its first call
 
 
 @dataclass(frozen=True)
@@ -335,6 +337,7 @@ class ModulesSummary(_Section):
     nodes: tuple[ModuleRow, ...] = ()
     backward_host_ms: float = 0.0  # the backward ops charged to a module
     backward_device_ms: float = 0.0
+    sizes: str = "not recorded"  # "recorded": the capture wrote each module's parameters and output bytes
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ class RankInfo:
     compile_log: dict | None = None  # torch.compile events skalpel's capture wrote into the header (skalpel_compile)
     line_samples: Any = None  # line_samples.LineSamples from a skalpel capture's header, else None
     precision: dict | None = None  # this CPU's bf16 and fp32 matmul speeds from a skalpel capture's header
+    module_sizes: dict | None = None  # "Linear_0" -> (parameters, forward output bytes) from a skalpel capture's header
 
 
 @dataclass
