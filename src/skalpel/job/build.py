@@ -255,7 +255,9 @@ def _extra(analyses: Analyses, rank: int) -> dict[str, Any]:
     roof = analyses.roofline.for_rank(rank) if analyses.roofline is not None else None
     if roof is not None and roof.rows:
         sections["roofline"] = RooflineSummary.from_dict(
-            {"roofs": roof.roofs, "ops": [_sig(dataclasses.asdict(row)) for row in roof.rows]}, check=False)
+            {"roofs": roof.roofs, "ops": [_sig(dataclasses.asdict(row)) for row in roof.rows],
+             "modules": [_sig({**dataclasses.asdict(item), "path": list(item.path)}) for item in roof.modules],
+             "modules_why": roof.modules_why}, check=False)  # fmt: skip
     if analyses.rank_comparison is not None:
         figures = analyses.rank_comparison.summary_of(rank)
         sections["distributed"] = DistributedSummary.from_dict(figures, check=False)

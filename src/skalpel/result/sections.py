@@ -363,11 +363,36 @@ class RooflineOp(_Section):
 
 
 @dataclass(frozen=True)
+class ModuleRoof(_Section):
+    """A module's judged op calls together under the roofs (analysis/roofline.py ``ModuleRoof``), per unit:
+    its forward's and the backward its forward made, its subtree's included."""
+
+    path: tuple[str, ...]
+    calls: float
+    ms: float
+    flops: float
+    bytes: float
+    intensity: float
+    achieved_gflops: float
+    achieved_gbps: float
+    peak_gflops: float
+    peak_gbps: float
+    label: str  # compute-bound, memory-bound, overhead-bound
+    roof_pct: float
+    why: str
+
+
+@dataclass(frozen=True)
 class RooflineSummary(_Section):
-    """The heavy ops of the rank under the roofs: where the peaks come from, and each op group's label."""
+    """The heavy ops of the rank under the roofs: where the peaks come from, and each op group's label; the
+    modules' judged ops together."""
+
+    LEFT_OUT: ClassVar[dict[str, Any]] = {"modules": (), "modules_why": None}
 
     roofs: str
     ops: tuple[RooflineOp, ...] = ()
+    modules: tuple[ModuleRoof, ...] = ()
+    modules_why: str | None = None  # why no module is judged
 
 
 SECTIONS: dict[str, type[_Section]] = {
