@@ -312,16 +312,14 @@ class ColumnBuilder:
 def _autograd_ids(kind: np.ndarray, args: list) -> np.ndarray:
     """The 'Sequence number' of each cpu op as ``2 * n`` on a forward op and ``2 * n + 1`` on a backward one
     (its 'Fwd thread id' set), -1 elsewhere: a backward op and the forward op that made its node share ``n``."""
-    ops = np.flatnonzero(kind == Kind.CPU_OP)
     autograd = np.full(len(kind), -1, np.int64)
-    if not len(ops):
-        return autograd
-    sequence = [args[index].sequence for index in ops.tolist()]
+    sequence = [a.sequence for a in args]  # one pass over all: cheaper than picking the cpu ops first
     if sequence.count(-1) == len(sequence):  # a trace without autograd's numbers (inference, old torch)
         return autograd
     numbers = _ints(sequence, -1)
-    backward = _ints([args[index].fwd_thread for index in ops.tolist()], 0) != 0
-    autograd[ops] = np.where(numbers >= 0, 2 * numbers + backward, -1)
+    numbered = np.flatnonzero((numbers >= 0) & (kind == Kind.CPU_OP))
+    backward = _ints([args[index].fwd_thread for index in numbered.tolist()], 0) != 0
+    autograd[numbered] = 2 * numbers[numbered] + backward
     return autograd
 
 
