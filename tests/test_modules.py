@@ -283,6 +283,27 @@ def test_kernels_follow_their_launch_into_the_module_on_a_stored_gpu_trace() -> 
     assert all(layer.device_ms > 0 and layer.flops > 0 for layer in layers)
 
 
+def test_backward_kernels_follow_their_node_into_the_module_on_a_stored_mi300x_training_trace() -> None:
+    """A DDP ResNet with activation checkpointing, trained on an MI300X: each backward kernel is charged through its
+    launch call and its autograd node to the module whose forward made it; a convolution's backward does twice its
+    forward's FLOPs (input and weight gradients); the recomputed forward stays forward work, charged once."""
+    trace = load(corpus("extra/AMD-AGI__TraceLens/tests/traces/mi300/resnet_act_checkpoint.json.gz"))
+    tree = module_tree(trace, segment_steps(trace)).for_rank(0)
+    assert tree.has_device and tree.backward_device_ms > 0
+    root = tree.nodes[0]
+    assert root.path == ("DistributedDataParallel_0",)
+    assert root.backward_device_ms == pytest.approx(tree.backward_device_ms, rel=1e-6)
+    assert tree.device_unattributed_ms == pytest.approx(tree.device_ms - tree.device_in_modules_ms
+                                                        - tree.backward_device_ms, abs=1e-9)  # fmt: skip
+    # (the recomputed forward's frames run inside backward, outside the model's frame: a root of their own)
+    convs = [node for node in tree.nodes if node.name.startswith("Conv2d_") and node.path[0] == root.name]
+    assert len(convs) >= 4 and all(conv.flops > 0 for conv in convs)
+    for conv in convs:
+        assert conv.backward_device_ms > 0 and conv.backward_flops == pytest.approx(2 * conv.flops, rel=1e-6), conv
+    kernels = np.flatnonzero((trace.backward_module >= 0) & (trace.launcher >= 0))
+    assert len(kernels) and not ((trace.module >= 0) & (trace.backward_module >= 0)).any()  # never charged twice
+
+
 @pytest.mark.slow
 def test_skalpel_run_agrees_with_a_hand_timer_in_the_same_run(tmp_path) -> None:
     """The must-show: under skalpel run, forward hooks and a timer around each module (benchmarks/module_times.py's

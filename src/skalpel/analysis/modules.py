@@ -179,9 +179,9 @@ def _rank_tree(trace: Trace, rank: int, units, unit: str, frames_all, flop_event
     flops_self = self_sum(flop_events[on_rank], flops[on_rank]) if len(flop_events) else np.zeros(len(frames))
     location, defined = _forward_lines(trace, frames, rows_of)
     backward = trace.backward_module
-    roots = trace.backward_roots
-    roots = roots[(trace.rank[roots] == rank) & _in_units(trace.ts[roots], units)]
-    backward_host = self_sum(roots, trace.dur[roots], backward)
+    roots, own_us = trace.backward_roots
+    mine = (trace.rank[roots] == rank) & _in_units(trace.ts[roots], units)
+    backward_host = self_sum(roots[mine], own_us[mine], backward)  # less the recomputed forward's frames in them
     backward_device = self_sum(device, trace.dur[device], backward)
     backward_flops = (self_sum(flop_events[on_rank], flops[on_rank], backward) if len(flop_events)
                       else np.zeros(len(frames)))  # fmt: skip

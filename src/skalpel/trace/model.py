@@ -186,14 +186,16 @@ class Trace:
         return self._backward()[0]
 
     @property
-    def backward_roots(self) -> np.ndarray:
-        """The outermost backward ops charged to a module (indices, by position): their time counted once."""
-        return self._backward()[1]
+    def backward_roots(self) -> tuple[np.ndarray, np.ndarray]:
+        """The outermost backward ops charged to a module (indices, by position) and their host time (us) less the
+        module frames inside them (a recomputed forward, counted as forward): their time counted once."""
+        return self._backward()[1], self._backward()[2]
 
-    def _backward(self) -> tuple[np.ndarray, np.ndarray]:
+    def _backward(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if "backward_module" not in self._derived:
             self._derived["backward_module"] = backward_module_of_events(
-                self.autograd, self.module, self.kind, self.rank, self.tid, self.ts, self.end, self.launcher)
+                self.autograd, self.module, self.role, self.kind, self.rank, self.tid, self.ts, self.end,
+                self.launcher)  # fmt: skip
         return self._derived["backward_module"]
 
     def cached(self, key: str, compute):

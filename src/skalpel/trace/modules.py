@@ -13,7 +13,9 @@ Backward is charged apart (``backward_module_of_events``): torch.profiler writes
 number on every op ('Sequence number'; the backward ones also 'Fwd thread id'), the number of the node
 a forward op made and of the backward op that runs that node. A backward op takes the module of the
 latest forward op with its number (before it, on its rank); what runs inside it (the ops it calls, the
-kernels they launch) takes the innermost backward op's module.
+kernels they launch) takes the innermost backward op's module. What runs inside a module frame within
+backward (activation checkpointing's recomputed forward) stays that frame's, forward work, and its time
+is taken off the backward op's.
 """
 
 from __future__ import annotations
@@ -62,19 +64,21 @@ def _innermost(frames: np.ndarray, depth: np.ndarray, events: np.ndarray, ts: np
         out[events[inside]] = at[found[inside]]
 
 
-def backward_module_of_events(autograd: np.ndarray, module: np.ndarray, kind: np.ndarray, rank: np.ndarray,
-                              tid: np.ndarray, ts: np.ndarray, end: np.ndarray,
-                              launcher: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """For each event, the module frame whose forward made the backward node it runs in (int64, -1: none), and the
-    outermost backward ops charged to a module (their time is the module's backward host time, counted once).
+def backward_module_of_events(autograd: np.ndarray, module: np.ndarray, role: np.ndarray, kind: np.ndarray,
+                              rank: np.ndarray, tid: np.ndarray, ts: np.ndarray, end: np.ndarray,
+                              launcher: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """For each event, the module frame whose forward made the backward node it runs in (int64, -1: none); the
+    outermost backward ops charged to a module; and their host time (us) less the module frames inside them
+    (a recomputed forward): the module's backward host time, counted once.
 
     ``autograd``: the trace's column (2n forward, 2n+1 backward, -1 none); ``module``: ``module_of_events``.
     """
     charged = np.full(len(kind), -1, dtype=np.int64)
-    backward = np.flatnonzero((autograd >= 0) & (autograd & 1 == 1))
+    none = np.zeros(0, dtype=np.int64)
+    backward = np.flatnonzero((autograd >= 0) & (autograd & 1 == 1) & (module < 0))
     forward = np.flatnonzero((autograd >= 0) & (autograd & 1 == 0) & (module >= 0))
     if len(backward) == 0 or len(forward) == 0:
-        return charged, np.zeros(0, dtype=np.int64)
+        return charged, none, np.zeros(0)
     key = rank.astype(np.int64) * (1 << 44) + (autograd >> 1)  # a rank's sequence numbers
     forward = forward[np.lexsort((ts[forward], key[forward]))]  # by number, then start
     forward_keys = key[forward]
@@ -87,24 +91,34 @@ def backward_module_of_events(autograd: np.ndarray, module: np.ndarray, kind: np
     owner = np.where(made_by >= 0, module[np.maximum(made_by, 0)], -1)
     backward, owner = backward[owner >= 0], owner[owner >= 0]
     if len(backward) == 0:
-        return charged, backward
+        return charged, none, np.zeros(0)
     node_module = np.full(len(kind), -1, dtype=np.int64)
     node_module[backward] = owner
     thread = rank.astype(np.int64) * (1 << 40) + tid
     host = np.flatnonzero(np.isin(kind, _HOST))
-    outermost = []
+    outermost, own_us = [], []
+    recomputed = np.flatnonzero((role == Role.MODULE) & (module < 0))  # outermost module frames (some in backward)
     for key_thread in sorted(set(thread[backward].tolist())):  # the threads autograd ran on: one or a few
         mine = backward[thread[backward] == key_thread]
         mine = mine[np.lexsort((-end[mine], ts[mine]))]
         depth, _ = _nesting(mine, ts, end)
-        outermost.append(mine[depth == 0])
+        roots = mine[depth == 0]
+        outermost.append(roots)
+        frames = recomputed[thread[recomputed] == key_thread]
+        position = np.searchsorted(ts[roots], ts[frames], side="right") - 1
+        inside = (position >= 0) & (end[frames] <= end[roots[np.maximum(position, 0)]] + _SLACK_US)
+        nested = np.bincount(position[inside], weights=end[frames[inside]] - ts[frames[inside]], minlength=len(roots))
+        own_us.append(np.maximum(end[roots] - ts[roots] - nested, 0.0))
         inner = np.full(len(kind), -1, dtype=np.int64)
         _innermost(mine, depth, host[thread[host] == key_thread], ts, end, inner)
         inside = np.flatnonzero(inner >= 0)
         charged[inside] = node_module[inner[inside]]
+    charged[module >= 0] = -1  # in a module frame within backward: that frame's forward work
     device = np.flatnonzero(launcher >= 0)
     charged[device] = charged[launcher[device]]
-    return charged, np.sort(np.concatenate(outermost))
+    roots, own = np.concatenate(outermost), np.concatenate(own_us)
+    order = np.argsort(roots, kind="stable")
+    return charged, roots[order], own[order]
 
 
 def _made_before(forward: np.ndarray, keys: np.ndarray, last: int, ts: np.ndarray, backward: int) -> int:
