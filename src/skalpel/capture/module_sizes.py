@@ -8,9 +8,10 @@ its children (``numel``, shared ones counted in each module that holds them) and
 tensors its forward returned (nested in tuples, lists and dicts). The result goes into the trace
 header (``trace/module_sizes_header.py``), where the module tree reads it.
 
-The hook does nothing while torch.compile traces (it would enter the graph) and is not installed once
-the script has compiled anything (global hooks on modules change compiled graphs' guards): such a run
-says "not recorded".
+The hook does nothing while torch.compile traces (it would enter the graph), is not installed once the
+script has compiled anything and removes itself when a module first called in the window was compiled
+(global hooks on modules change compiled graphs' guards): such a run says "not recorded", or records the
+modules first called before.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class ModuleSizes:
         if id(module) in self._seen or tracing():
             return
         self._seen.add(id(module))
+        if _compiled_anything():  # the script compiled in the window: its graphs must not guard on this hook
+            self.stop()
+            return
         self._kept.append(module)
         try:
             params = sum(parameter.numel() for parameter in module.parameters())
