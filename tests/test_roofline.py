@@ -100,3 +100,52 @@ def test_labels_agree_with_a_hand_timed_microbenchmark(tmp_path: Path) -> None:
         assert label == hand, (op, label, hand)
     assert rows["aten::mm"][0] == rows["aten::convolution"][0] == "compute-bound"
     assert rows["aten::add"][0] == "memory-bound" and rows["tiny"][0] == "overhead-bound"
+
+
+def test_a_modules_roofline_sums_its_ops_and_holds_its_subtrees_on_a_stored_h100_trace() -> None:
+    """Per module: the judged op calls it ran (its subtree's included) together, against their roofs together."""
+    trace = load(corpus(H100_QWEN))
+    rank = roofline(trace, segment_steps(trace)).for_rank(0)
+    assert rank.modules_why is None and rank.modules
+    root = rank.modules[0]
+    assert root.path == ("Qwen2Model_0",)  # the heaviest: it holds every layer
+    expected = 0.0
+    for row, members in zip(rank.rows, rank.members):
+        if row.label != "not judged":
+            in_module = int(((trace.module[members] >= 0) | (trace.backward_module[members] >= 0)).sum())
+            expected += row.flops * in_module / (len(members) / row.calls)  # per unit
+    assert 0 < root.flops == pytest.approx(expected, rel=1e-9)
+    layers = [item for item in rank.modules if len(item.path) == 2 and item.path[1].startswith("Qwen2DecoderLayer_")]
+    assert len(layers) >= 10 and sum(layer.flops for layer in layers) <= root.flops * (1 + 1e-9)
+    peaks = [row.peak_gflops for row in rank.rows if row.label != "not judged"]
+    for item in rank.modules:
+        assert 0 < item.roof_pct <= 100.0 + 1e-6, item  # no module beats its ops' roofs together
+        assert min(peaks) <= item.peak_gflops <= max(peaks) * (1 + 1e-9)
+        assert item.intensity == pytest.approx(item.flops / item.bytes)
+        compute = item.intensity >= item.peak_gflops / item.peak_gbps
+        assert item.label == "overhead-bound" or item.label == ("compute-bound" if compute else "memory-bound")
+
+
+def test_no_module_is_judged_where_no_op_is() -> None:
+    trace = load(corpus(H100_QWEN))
+    trace.ranks = (dataclasses.replace(trace.ranks[0], device_names=("Mystery GPU 9000",)),)
+    rank = roofline(trace, segment_steps(trace)).for_rank(0)
+    assert rank.modules == () and rank.modules_why.startswith("not judged: none of the heavy op groups is judged")
+
+
+def test_the_modules_roofline_goes_through_json() -> None:
+    import json
+    from importlib import resources
+
+    import jsonschema
+
+    from skalpel.api import analyze
+    from skalpel.result.report import Report
+
+    report = analyze(corpus(H100_QWEN))
+    document = json.loads(report.to_json())
+    schema = json.loads(resources.files("skalpel.result").joinpath("report.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(document)
+    modules = document["ranks"][0]["extra"]["roofline"]["modules"]
+    assert modules[0]["path"] == ["Qwen2Model_0"] and modules[0]["label"] in ("compute-bound", "memory-bound")
+    assert Report.from_json(report.to_json()).ranks[0].roofline == report.ranks[0].roofline

@@ -12,9 +12,19 @@ start inside the units:
 * FLOPs: the counted ops' (``mfu.op_flops``: the trace's own count, else from shapes), by the same
   self / total split.
 
-What runs outside every module frame (backward, the optimizer, data loading, the loop's own code) is
-the unattributed share, shown beside the tree so the modules and it add up to the unit. Torch's
-frames say which instance ran but not its parameters: the tree has none.
+Backward is charged to the module whose forward made each autograd node (``Trace.backward_module``:
+autograd's sequence numbers, which torch.profiler writes on every op): a module's backward share is the
+host time of its backward ops, the device work they launched and their FLOPs (self: its own forward
+ops' nodes; total: its subtree's). A module's figures cover forward + backward where the trace links
+them; a trace without sequence numbers (inference, a torch that does not write them) has no backward share.
+
+What runs outside every module frame and is not a module's backward (the optimizer, data loading, the
+loss, the loop's own code) is the unattributed share, shown beside the tree so the modules and it add
+up to the unit.
+
+Torch's frames say which instance ran but not its size: under ``skalpel run`` (and ``skalpel.profile()``)
+the capture records each module's parameters and forward output bytes into the trace header
+(``capture/module_sizes.py``), read here by the instance's name; a stored trace has none ("not recorded").
 """
 
 from __future__ import annotations
@@ -51,6 +61,13 @@ class ModuleNode:
     flops_self: float
     location: str | None  # the innermost user-code line: its own forward's, else the nearest caller module's
     defined_at: str | None  # its forward's definition, in any file ("torch/nn/modules/linear.py:124 in forward")
+    backward_host_ms: float = 0.0  # the subtree's backward ops (autograd nodes its forward made)
+    backward_host_self_ms: float = 0.0
+    backward_device_ms: float = 0.0  # device work those backward ops launched
+    backward_device_self_ms: float = 0.0
+    backward_flops: float = 0.0  # the subtree's
+    params: int | None = None  # parameters of the module and its children (None: not recorded)
+    output_bytes: int | None = None  # bytes of the tensors its forward returned, at its first call
 
     @property
     def name(self) -> str:
@@ -96,18 +113,21 @@ class RankModules:
     nodes: tuple[ModuleNode, ...]  # preorder, siblings by time (device on device runs, else host)
     places: dict[str, OpPlace] = field(default_factory=dict)
     has_device: bool = False
+    backward_host_ms: float = 0.0  # per unit, the backward ops charged to a module
+    backward_device_ms: float = 0.0  # per unit, the device work they launched
+    sizes_recorded: bool = False  # the capture wrote each module's parameters and output bytes
 
     @property
     def host_unattributed_ms(self) -> float:
-        return max(self.unit_ms - self.host_ms, 0.0)
+        return max(self.unit_ms - self.host_ms - self.backward_host_ms, 0.0)
 
     @property
     def device_unattributed_ms(self) -> float:
-        return max(self.device_ms - self.device_in_modules_ms, 0.0)
+        return max(self.device_ms - self.device_in_modules_ms - self.backward_device_ms, 0.0)
 
     def time_ms(self, node: ModuleNode) -> float:
-        """The figure the tree is ranked by: device time on device runs, else host time."""
-        return node.device_ms if self.has_device else node.host_ms
+        """The figure the tree is ranked by, forward + backward: device time on device runs, else host time."""
+        return node.device_ms + node.backward_device_ms if self.has_device else node.host_ms + node.backward_host_ms
 
 
 @dataclass(frozen=True)
@@ -156,8 +176,8 @@ def _rank_tree(trace: Trace, rank: int, units, unit: str, frames_all, flop_event
     rows_of = np.full(len(trace), -1, dtype=np.int64)  # event -> the row of its module frame (-1: none of these)
     rows_of[frames] = np.arange(len(frames))
 
-    def self_sum(events: np.ndarray, values: np.ndarray) -> np.ndarray:
-        owner = module[events]
+    def self_sum(events: np.ndarray, values: np.ndarray, owners: np.ndarray = module) -> np.ndarray:
+        owner = owners[events]
         rows = np.where(owner >= 0, rows_of[np.maximum(owner, 0)], -1)
         keep = rows >= 0
         return np.bincount(rows[keep], weights=values[keep], minlength=len(frames))
@@ -168,14 +188,24 @@ def _rank_tree(trace: Trace, rank: int, units, unit: str, frames_all, flop_event
     on_rank = trace.rank[flop_events] == rank if len(flop_events) else np.zeros(0, bool)
     flops_self = self_sum(flop_events[on_rank], flops[on_rank]) if len(flop_events) else np.zeros(len(frames))
     location, defined = _forward_lines(trace, frames, rows_of)
+    backward = trace.backward_module
+    roots, own_us = trace.backward_roots
+    mine = (trace.rank[roots] == rank) & _in_units(trace.ts[roots], units)
+    backward_host = self_sum(roots[mine], own_us[mine], backward)  # less the recomputed forward's frames in them
+    backward_device = self_sum(device, trace.dur[device], backward)
+    backward_flops = (self_sum(flop_events[on_rank], flops[on_rank], backward) if len(flop_events)
+                      else np.zeros(len(frames)))  # fmt: skip
 
-    sums: dict[tuple[str, ...], np.ndarray] = defaultdict(lambda: np.zeros(5))  # calls, host, host self, dev, flops
+    # calls, host, host self, device self, flops self, backward host, backward device, backward flops (all self)
+    sums: dict[tuple[str, ...], np.ndarray] = defaultdict(lambda: np.zeros(8))
     where: dict[tuple[str, ...], tuple[str | None, str | None]] = {}
     for row, path in enumerate(paths):
-        sums[path] += (1.0, dur[row], dur[row] - child_time[row], device_self[row], flops_self[row])
+        sums[path] += (1.0, dur[row], dur[row] - child_time[row], device_self[row], flops_self[row],
+                       backward_host[row], backward_device[row], backward_flops[row])  # fmt: skip
         if path not in where or (where[path][0] is None and location[row] is not None):
             where[path] = (location[row], defined[row])
-    nodes = _nodes(sums, where, count, has_device=bool(len(device)))
+    sizes = next((info.module_sizes for info in trace.ranks if info.rank == rank), None)
+    nodes = _nodes(sums, where, count, has_device=bool(len(device)), sizes=sizes or {})
     roots = parent_row < 0
     device_ms = float(trace.dur[device].sum()) / 1000.0 / count
     return RankModules(
@@ -183,6 +213,8 @@ def _rank_tree(trace: Trace, rank: int, units, unit: str, frames_all, flop_event
         host_ms=float(dur[roots].sum()) / 1000.0 / count, device_ms=device_ms,
         device_in_modules_ms=float(device_self.sum()) / 1000.0 / count, nodes=nodes,
         places=_op_places(trace, rank, units, rows_of, paths, location, count), has_device=bool(len(device)),
+        backward_host_ms=float(backward_host.sum()) / 1000.0 / count,
+        backward_device_ms=float(backward_device.sum()) / 1000.0 / count, sizes_recorded=sizes is not None,
     )  # fmt: skip
 
 
@@ -247,25 +279,26 @@ def _caller(trace: Trace, frame: int, seen: dict[int, str | None]) -> str | None
     return found
 
 
-def _nodes(sums, where, count: int, *, has_device: bool) -> tuple[ModuleNode, ...]:
+def _nodes(sums, where, count: int, *, has_device: bool, sizes: dict) -> tuple[ModuleNode, ...]:
     """The tree in preorder, siblings by time, totals rolled up; at most MAX_NODES, the heaviest kept."""
     children: dict[tuple[str, ...], list[tuple[str, ...]]] = defaultdict(list)
     for path in sums:
         children[path[:-1]].append(path)
-    totals: dict[tuple[str, ...], tuple[float, float]] = {}
+    totals: dict[tuple[str, ...], np.ndarray] = {}
 
-    def roll(path):  # device and FLOPs of the subtree
-        device, flop = sums[path][3], sums[path][4]
+    def roll(path):  # the subtree's device, FLOPs, backward host, backward device and backward FLOPs
+        total = sums[path][3:].copy()
         for child in children.get(path, ()):
-            child_device, child_flops = roll(child)
-            device, flop = device + child_device, flop + child_flops
-        totals[path] = (device, flop)
-        return device, flop
+            total += roll(child)
+        totals[path] = total
+        return total
 
     roots = [path for path in sums if path[:-1] not in sums]
     for root in roots:
         roll(root)
-    rank_key = (lambda path: totals[path][0]) if has_device else (lambda path: sums[path][1])
+    # forward + backward: device on device runs, else host
+    rank_key = ((lambda path: totals[path][0] + totals[path][3]) if has_device
+                else (lambda path: sums[path][1] + totals[path][2]))  # fmt: skip
     kept = set(sorted(sums, key=rank_key, reverse=True)[:MAX_NODES])
     kept |= {path[:i] for path in kept for i in range(1, len(path))}
     ordered: list[ModuleNode] = []
@@ -273,12 +306,14 @@ def _nodes(sums, where, count: int, *, has_device: bool) -> tuple[ModuleNode, ..
     def visit(path):
         if path not in kept:
             return
-        calls, host, host_self, device_self, flops_self = sums[path]
-        device, flop = totals[path]
+        calls, host, host_self, device_self, flops_self, back_host_self, back_device_self, _ = sums[path]
+        device, flop, back_host, back_device, back_flops = totals[path]
         location, defined = where[path]
-        ordered.append(ModuleNode(path, calls / count, host / 1000.0 / count, host_self / 1000.0 / count,
-                                  device / 1000.0 / count, device_self / 1000.0 / count, flop / count,
-                                  flops_self / count, location, defined))  # fmt: skip
+        ms = 1000.0 * count
+        ordered.append(ModuleNode(path, calls / count, host / ms, host_self / ms, device / ms, device_self / ms,
+                                  flop / count, flops_self / count, location, defined, back_host / ms,
+                                  back_host_self / ms, back_device / ms, back_device_self / ms,
+                                  back_flops / count, *sizes.get(path[-1], (None, None))))  # fmt: skip
         for child in sorted(children.get(path, ()), key=rank_key, reverse=True):
             visit(child)
 

@@ -17,6 +17,15 @@ The label: where the intensity (FLOPs / bytes) is at or above the ridge (peak FL
 is compute, else memory; an op reaching OVERHEAD_BELOW of that roof or more is compute-bound or memory-bound,
 one below it is overhead-bound (dispatch, launches, sizes too small to fill the machine). Missing shapes, an
 unknown dtype, no FLOP count or a device without peaks: "not judged", with why. No number is made up.
+
+A roofline per module (``module_roofs``) sums the judged op calls' FLOPs, bytes and time by the module they
+ran in: the forward's innermost module frame, else the module whose forward made the backward node
+(``Trace.backward_module``); a module's figures hold its subtree's. Its ops have roofs of their own (a bf16
+matmul's tensor peak, an elementwise op's vector peak), so its roofs are theirs together: the time its ops
+would take at their compute roofs (sum of FLOPs / peak) and at their memory roofs (sum of bytes / bandwidth),
+which give its effective peak (its FLOPs over the first) and bandwidth (its bytes over the second). The
+larger of the two is its roof; ``roof_pct`` its share of the time the ops took (never above 100% where no
+op beats its own roof).
 """
 
 from __future__ import annotations
@@ -24,13 +33,15 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..trace import opnames
 from ..trace.kinds import Kind
 from ..trace.model import Trace
+from ..trace.modules import module_name
+from ..trace.roles import Role
 from .mfu import op_flops, peak_tflops
 from .precision import DTYPES
 from .steps import StepSegmentation, judged_units
@@ -75,10 +86,32 @@ class RooflineRow:
 
 
 @dataclass(frozen=True)
+class ModuleRoof:
+    """A module's judged ops together under the roofs, per unit (forward and the backward its forward made)."""
+
+    path: tuple[str, ...]
+    calls: float  # judged op calls per unit
+    ms: float  # their time per unit (device on device runs, else host)
+    flops: float  # per unit
+    bytes: float  # per unit
+    intensity: float
+    achieved_gflops: float
+    achieved_gbps: float
+    peak_gflops: float  # its ops' compute roofs together: its FLOPs / the sum of each op's FLOPs / its peak
+    peak_gbps: float  # likewise, its bytes / the sum of each op's bytes / its bandwidth
+    label: str  # "compute-bound", "memory-bound" or "overhead-bound"
+    roof_pct: float
+    why: str
+
+
+@dataclass(frozen=True)
 class RankRoofline:
     rank: int
     roofs: str  # where the peaks come from: "datasheet (NVIDIA H100 80GB HBM3)", "measured on this CPU", "none"
     rows: tuple[RooflineRow, ...]
+    modules: tuple[ModuleRoof, ...] = ()  # by time, at most MODULE_ROWS
+    modules_why: str | None = None  # why there are none
+    members: tuple[np.ndarray, ...] = field(default=(), compare=False, repr=False)  # each row's op calls
 
 
 @dataclass(frozen=True)
@@ -108,8 +141,11 @@ def roofline(trace: Trace, steps: StepSegmentation) -> Roofline | None:
         inside = np.zeros(len(events), dtype=bool)
         for step in units:
             inside |= (trace.ts[events] >= step.start_us) & (trace.ts[events] < step.end_us)
-        rows = _rows(trace, events[inside], len(units), flops_of, device_ms, info, kinds, simt)
-        ranks[info.rank] = RankRoofline(info.rank, _roofs_source(info, device_ms is not None), rows)
+        rows, members = _rows(trace, events[inside], len(units), flops_of, device_ms, info, kinds, simt)
+        modules = module_roofs(trace, rows, members, device_ms, len(units))
+        why = None if modules else _no_module_roofs(trace, rows)
+        ranks[info.rank] = RankRoofline(info.rank, _roofs_source(info, device_ms is not None), rows, modules, why,
+                                        members)  # fmt: skip
     return Roofline(ranks)
 
 
@@ -147,7 +183,7 @@ def _device_ms_by_op(trace: Trace) -> np.ndarray:
 
 
 def _rows(trace: Trace, events: np.ndarray, units: int, flops_of: dict, device_ms, info, kinds: dict[int, str],
-          simt: set[int]) -> tuple[RooflineRow, ...]:  # fmt: skip
+          simt: set[int]) -> tuple[tuple[RooflineRow, ...], tuple[np.ndarray, ...]]:  # fmt: skip
     groups: dict[tuple[int, int, str | None], list[int]] = defaultdict(list)
     for event in events.tolist():
         dtype = _dtype(trace.args_of(event).get("types"))
@@ -156,10 +192,75 @@ def _rows(trace: Trace, events: np.ndarray, units: int, flops_of: dict, device_m
              for key, members in ((key, np.array(found)) for key, found in groups.items())}  # fmt: skip
     total = sum(times.values())
     if total <= 0:
-        return ()
+        return (), ()
     kept = [key for key in sorted(times, key=times.get, reverse=True) if times[key] >= MIN_SHARE * total][:ROWS]
     context = (units, flops_of, device_ms is not None, info, kinds, simt)
-    return tuple(_judge(trace, key, groups[key], times[key], *context) for key in kept)
+    rows = tuple(_judge(trace, key, groups[key], times[key], *context) for key in kept)
+    return rows, tuple(np.array(groups[key], dtype=np.int64) for key in kept)
+
+
+MODULE_ROWS = 20
+
+
+def _no_module_roofs(trace: Trace, rows) -> str:
+    if not (trace.role == Role.MODULE).any():
+        return "not judged: the trace recorded no module frames (torch.profiler's with_stack or with_modules)"
+    if all(row.label == "not judged" for row in rows):
+        return "not judged: none of the heavy op groups is judged (see each op's why)"
+    return "not judged: no judged op ran inside a module or in a module's backward"
+
+
+def module_roofs(trace: Trace, rows, members, device_ms, units: int) -> tuple[ModuleRoof, ...]:
+    """The judged rows' calls summed by module path (self, then rolled up to every ancestor), judged against the
+    roof of the op groups holding most of each module's time; the heaviest MODULE_ROWS by time."""
+    if not rows or units <= 0:
+        return ()
+    module, backward = trace.module, trace.backward_module
+    # frame -> calls, ms, FLOPs, bytes, seconds at the compute roofs, seconds at the memory roofs
+    sums: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(6))
+    for row, events in zip(rows, members):
+        if row.label == "not judged" or row.flops is None or row.bytes is None:
+            continue
+        frames = np.where(module[events] >= 0, module[events], backward[events])
+        times = device_ms[events] if device_ms is not None else trace.dur[events] / 1e3
+        at_roofs = (row.flops / (row.peak_gflops * 1e9), row.bytes / (row.peak_gbps * 1e9))
+        for frame, ms in zip(frames.tolist(), times.tolist()):
+            if frame >= 0:
+                sums[frame] += (1.0, ms, row.flops, row.bytes, *at_roofs)
+    by_path: dict[tuple[str, ...], np.ndarray] = defaultdict(lambda: np.zeros(6))
+    paths: dict[int, tuple[str, ...]] = {}
+    for frame, figures in sums.items():
+        path = _frame_path(trace, frame, paths)
+        for depth in range(1, len(path) + 1):  # the module and every ancestor hold these calls
+            by_path[path[:depth]] += figures
+    found = []
+    for path, (calls, ms, flops, moved, compute_s, memory_s) in by_path.items():
+        if ms <= 0 or moved <= 0 or compute_s <= 0 or memory_s <= 0:
+            continue
+        peak_gflops, peak_gbps = flops / compute_s / 1e9, moved / memory_s / 1e9
+        seconds = ms / 1e3
+        achieved_gflops, achieved_gbps = flops / seconds / 1e9, moved / seconds / 1e9
+        intensity, ridge = flops / moved, peak_gflops / peak_gbps
+        compute_roof = compute_s >= memory_s  # the same as intensity >= ridge
+        roof_pct = 100.0 * max(compute_s, memory_s) / seconds
+        bound = "compute" if compute_roof else "memory"
+        label = f"{bound}-bound" if roof_pct >= 100.0 * OVERHEAD_BELOW else "overhead-bound"
+        why = (f"{calls / units:g} judged op calls: intensity {intensity:.3g} FLOP/B "
+               f"{'>=' if compute_roof else '<'} ridge {ridge:.3g}; {roof_pct:.0f}% of the {bound} roof")
+        found.append(ModuleRoof(path, calls / units, ms / units, flops / units, moved / units, intensity,
+                                achieved_gflops, achieved_gbps, peak_gflops, peak_gbps, label, roof_pct, why))
+    found.sort(key=lambda roof: (-roof.ms, roof.path))
+    return tuple(found[:MODULE_ROWS])
+
+
+def _frame_path(trace: Trace, frame: int, seen: dict[int, tuple[str, ...]]) -> tuple[str, ...]:
+    """A module frame's path of module names from its outermost frame (a frame's module is its parent)."""
+    if frame in seen:
+        return seen[frame]
+    parent = int(trace.module[frame])
+    path = (*(_frame_path(trace, parent, seen) if parent >= 0 else ()), module_name(trace.name_of(frame)))
+    seen[frame] = path
+    return path
 
 
 def _dtype(types: object) -> str | None:

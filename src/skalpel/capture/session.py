@@ -37,6 +37,8 @@ from .bounded import PartialStep
 from .budget import release_results
 from .export import ExportError, export_trace
 from .memory_split import NotSplit, split_at_peak
+from .module_sizes import HEADER_KEY as MODULE_SIZES
+from .module_sizes import ModuleSizes
 from .quiet import ignored
 from .sampler import LineSampler
 from .settings import ACTIVE, CaptureSettings, profiler_kwargs, torch_schedule
@@ -81,6 +83,7 @@ class ProfileRun:
         self.memory_split: MemorySplit | None = None  # what held the first window's memory peak
         self._sampler: LineSampler | None = None  # statement lines of the first window (with_stack only)
         self._precision: dict | None = None  # this CPU's matmul speed in bf16 and fp32, for the trace header
+        self._module_sizes: ModuleSizes | None = None  # each module's parameters and output bytes (first window)
         # the export's stretches, left out of the CPU window
         self._cpu_excluded: list[tuple[cpu.Snapshot, cpu.Snapshot]] = []
 
@@ -161,6 +164,10 @@ class ProfileRun:
         if self.settings.with_stack and not self._discarded:
             self._sampler = LineSampler()
             self._sampler.start()
+            if self.windows_done == 0 and self._module_sizes is None:  # module frames need the stacks
+                sizes = ModuleSizes()
+                if sizes.start():
+                    self._module_sizes = sizes
 
     def _anchor(self, step_number: int) -> None:
         if self._sampler is not None:
@@ -168,6 +175,11 @@ class ProfileRun:
 
     def _samples_into_trace(self) -> None:
         """The sampler stops (it does not wait for its thread) and its samples go into the trace header."""
+        sizes, self._module_sizes = self._module_sizes, None
+        if sizes is not None:
+            sizes.stop()
+            if sizes.by_class:
+                self._prof.add_metadata_json(MODULE_SIZES, json.dumps(sizes.header_value()))
         sampler, self._sampler = self._sampler, None
         if sampler is not None:
             sampler.stop(wait=False)

@@ -255,7 +255,9 @@ def _extra(analyses: Analyses, rank: int) -> dict[str, Any]:
     roof = analyses.roofline.for_rank(rank) if analyses.roofline is not None else None
     if roof is not None and roof.rows:
         sections["roofline"] = RooflineSummary.from_dict(
-            {"roofs": roof.roofs, "ops": [_sig(dataclasses.asdict(row)) for row in roof.rows]}, check=False)
+            {"roofs": roof.roofs, "ops": [_sig(dataclasses.asdict(row)) for row in roof.rows],
+             "modules": [_sig({**dataclasses.asdict(item), "path": list(item.path)}) for item in roof.modules],
+             "modules_why": roof.modules_why}, check=False)  # fmt: skip
     if analyses.rank_comparison is not None:
         figures = analyses.rank_comparison.summary_of(rank)
         sections["distributed"] = DistributedSummary.from_dict(figures, check=False)
@@ -272,13 +274,21 @@ def _modules_summary(modules) -> ModulesSummary:
     nodes = [{"path": list(node.path), "calls": round(node.calls, 3), "host_ms": round(node.host_ms, 4),
               "host_self_ms": round(node.host_self_ms, 4), "device_ms": round(node.device_ms, 4),
               "device_self_ms": round(node.device_self_ms, 4), "flops": float(f"{node.flops:.4g}"),
-              "flops_self": float(f"{node.flops_self:.4g}"), "location": node.location, "defined_at": node.defined_at}
+              "flops_self": float(f"{node.flops_self:.4g}"), "location": node.location, "defined_at": node.defined_at,
+              "backward_host_ms": round(node.backward_host_ms, 4),
+              "backward_host_self_ms": round(node.backward_host_self_ms, 4),
+              "backward_device_ms": round(node.backward_device_ms, 4),
+              "backward_device_self_ms": round(node.backward_device_self_ms, 4),
+              "backward_flops": float(f"{node.backward_flops:.4g}"), "params": node.params,
+              "output_bytes": node.output_bytes}
              for node in modules.nodes]  # fmt: skip
     figures = _rounded({
         "unit": modules.unit, "units": modules.units, "unit_ms": modules.unit_ms, "host_ms": modules.host_ms,
         "host_unattributed_ms": modules.host_unattributed_ms, "device_ms": modules.device_ms,
         "device_in_modules_ms": modules.device_in_modules_ms, "device_unattributed_ms": modules.device_unattributed_ms,
         "ranked_by": "device" if modules.has_device else "host",
+        "backward_host_ms": modules.backward_host_ms, "backward_device_ms": modules.backward_device_ms,
+        "sizes": "recorded" if modules.sizes_recorded else "not recorded",
     })  # fmt: skip
     return ModulesSummary.from_dict({**figures, "nodes": nodes}, check=False)
 

@@ -24,6 +24,7 @@ from ..result.report import Report
 from . import html_parts as parts
 from .html_job import job_section
 from .html_modules import modules_section
+from .html_roofline import roofline_section
 
 MAX_FLAME_NODES = 4000
 MAX_NAME_CHARS = 400
@@ -42,6 +43,7 @@ def render(report: Report, *, flame: Mapping[str, Any] | None = None, title: str
         parts.blame(report),
         parts.tables(report),
         modules_section(report),
+        roofline_section(report),
         parts.memory(report),
         flame_section(flame),
         parts.ranks(report),

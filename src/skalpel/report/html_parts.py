@@ -412,7 +412,7 @@ def extras(report: Report) -> str:
     blocks = []
     for rank in report.ranks[:DETAIL_RANKS]:
         for name, value in rank.extra.items():
-            if value and name != "modules":  # the module tree has its own section (html_modules.py)
+            if value and name not in ("modules", "roofline"):  # sections of their own: html_modules, html_roofline
                 blocks.append(f"<details><summary>{escape(name)} (rank {rank.rank})</summary>{kv_table(value)}</details>")
     return section("more", "More analyses", "".join(blocks)) if blocks else ""
 

@@ -297,7 +297,7 @@ class ModuleRow(_Section):
     """One module of the tree (analysis/modules.py ``ModuleNode``), figures per unit; ``path`` names it from the
     outermost module, so the rows (in preorder) rebuild the tree."""
 
-    LEFT_OUT: ClassVar[dict[str, Any]] = {"location": None, "defined_at": None}
+    LEFT_OUT: ClassVar[dict[str, Any]] = {"location": None, "defined_at": None, "params": None, "output_bytes": None}
 
     path: tuple[str, ...]
     calls: float
@@ -309,12 +309,21 @@ class ModuleRow(_Section):
     flops_self: float
     location: str | None = None  # the innermost user-code line: its forward's, else the nearest caller module's
     defined_at: str | None = None  # its forward's definition, in any file
+    # the backward ops of the autograd nodes the subtree's forward made (self: its own forward ops'), per unit
+    backward_host_ms: float = 0.0
+    backward_host_self_ms: float = 0.0
+    backward_device_ms: float = 0.0
+    backward_device_self_ms: float = 0.0
+    backward_flops: float = 0.0
+    params: int | None = None  # the module's and its children's parameters (skalpel run records them; None: not)
+    output_bytes: int | None = None  # bytes of the tensors its forward returned, at its first call
 
 
 @dataclass(frozen=True)
 class ModulesSummary(_Section):
-    """Time and FLOPs by nn.Module, per unit, and what runs outside every module (backward, the optimizer, the
-    loop): the outermost modules and the unattributed time add up to the unit."""
+    """Time and FLOPs by nn.Module, per unit, forward and backward, and what runs outside every module and is no
+    module's backward (the optimizer, the loss, the loop): the outermost modules, their backward and the
+    unattributed time add up to the unit."""
 
     unit: str  # "step", "iteration" or "window"
     units: int
@@ -326,6 +335,9 @@ class ModulesSummary(_Section):
     device_unattributed_ms: float
     ranked_by: str  # "device" or "host": what the tree's siblings are ordered by
     nodes: tuple[ModuleRow, ...] = ()
+    backward_host_ms: float = 0.0  # the backward ops charged to a module
+    backward_device_ms: float = 0.0
+    sizes: str = "not recorded"  # "recorded": the capture wrote each module's parameters and output bytes
 
 
 @dataclass(frozen=True)
@@ -351,11 +363,36 @@ class RooflineOp(_Section):
 
 
 @dataclass(frozen=True)
+class ModuleRoof(_Section):
+    """A module's judged op calls together under the roofs (analysis/roofline.py ``ModuleRoof``), per unit:
+    its forward's and the backward its forward made, its subtree's included."""
+
+    path: tuple[str, ...]
+    calls: float
+    ms: float
+    flops: float
+    bytes: float
+    intensity: float
+    achieved_gflops: float
+    achieved_gbps: float
+    peak_gflops: float
+    peak_gbps: float
+    label: str  # compute-bound, memory-bound, overhead-bound
+    roof_pct: float
+    why: str
+
+
+@dataclass(frozen=True)
 class RooflineSummary(_Section):
-    """The heavy ops of the rank under the roofs: where the peaks come from, and each op group's label."""
+    """The heavy ops of the rank under the roofs: where the peaks come from, and each op group's label; the
+    modules' judged ops together."""
+
+    LEFT_OUT: ClassVar[dict[str, Any]] = {"modules": (), "modules_why": None}
 
     roofs: str
     ops: tuple[RooflineOp, ...] = ()
+    modules: tuple[ModuleRoof, ...] = ()
+    modules_why: str | None = None  # why no module is judged
 
 
 SECTIONS: dict[str, type[_Section]] = {

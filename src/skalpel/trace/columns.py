@@ -32,7 +32,7 @@ TYPED_OPS = MATMUL_TYPED + ELEMENTWISE_TYPED + SOFTMAX_TYPED
 _MOVES_BYTES = np.array([Kind.MEMCPY, Kind.MEMSET], np.int8)
 _FLOW_CATEGORIES = ("ac2g", "async")
 COLUMNS = ("ts", "dur", "kind", "name", "pid", "tid", "device", "stream", "correlation", "external_id",
-           "stack", "shapes", "nbytes")  # fmt: skip
+           "stack", "shapes", "nbytes", "autograd")  # fmt: skip
 MEMORY_COLUMNS = ("ts", "nbytes", "total_allocated", "total_reserved", "device_type", "device_id", "tid", "addr")
 
 
@@ -198,12 +198,14 @@ class ColumnBuilder:
         moves = np.flatnonzero(np.isin(kind, _MOVES_BYTES))
         if len(moves):
             nbytes[moves] = _ints([args[index].nbytes for index in moves.tolist()], 0)
+        autograd = _autograd_ids(kind, args)
         columns = {
             "ts": ts, "dur": dur, "kind": kind, "name": name, "pid": pid, "tid": tid, "device": device, "stream": stream,
             "correlation": correlation, "external_id": external,
             "stack": self._stack_ids([a.stack for a in args]),
             "shapes": self._shape_ids([a.dims for a in args]),
             "nbytes": nbytes,
+            "autograd": autograd,
         }  # fmt: skip
         for key, values in columns.items():
             self._columns[key].append(values)
@@ -305,6 +307,20 @@ class ColumnBuilder:
             keys = zip(columns["pid"][indices].tolist(), columns["tid"][indices].tolist(), columns["ts"][indices].tolist())
             columns["correlation"][indices] = np.array([flow_ends.get(key, 0) for key in keys], np.int64)
         return columns, memory
+
+
+def _autograd_ids(kind: np.ndarray, args: list) -> np.ndarray:
+    """The 'Sequence number' of each cpu op as ``2 * n`` on a forward op and ``2 * n + 1`` on a backward one
+    (its 'Fwd thread id' set), -1 elsewhere: a backward op and the forward op that made its node share ``n``."""
+    autograd = np.full(len(kind), -1, np.int64)
+    sequence = [a.sequence for a in args]  # one pass over all: cheaper than picking the cpu ops first
+    if sequence.count(-1) == len(sequence):  # a trace without autograd's numbers (inference, old torch)
+        return autograd
+    numbers = _ints(sequence, -1)
+    numbered = np.flatnonzero((numbers >= 0) & (kind == Kind.CPU_OP))
+    backward = _ints([args[index].fwd_thread for index in numbered.tolist()], 0) != 0
+    autograd[numbered] = 2 * numbers[numbered] + backward
+    return autograd
 
 
 def _phase_codes(phases: list[str]) -> np.ndarray:

@@ -104,6 +104,9 @@ class Args(Struct, gc=False):
     types: Raw = field(default=EMPTY, name="Input type")  # kept for the matmul and convolution ops (their dtype)
     nbytes: Number = field(default=0, name="bytes")
     flops: Number = 0  # with_flops: the op's floating-point operations
+    # autograd's link of a backward node to the forward op that made it (torch writes both on cpu ops)
+    sequence: Number = field(default=-1, name="Sequence number")
+    fwd_thread: Number = field(default=0, name="Fwd thread id")  # 0 on forward ops; the forward's thread on backward
 
 
 class MemoryArgs(Struct, gc=False):

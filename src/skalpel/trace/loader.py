@@ -34,7 +34,7 @@ import orjson
 
 from ..display import cut_name
 from ..errors import TraceError
-from . import gzstream, line_samples, precision_header
+from . import gzstream, line_samples, module_sizes_header, precision_header
 from .assemble import FileColumns, assemble
 from .columns import ColumnBuilder
 from .events import BatchSyntaxError, decode_events
@@ -493,6 +493,7 @@ def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInf
         compile_log=header["skalpel_compile"] if isinstance(header.get("skalpel_compile"), dict) else None,
         line_samples=line_samples.parse(header.get(line_samples.HEADER_KEY)),
         precision=precision_header.parse(header.get(precision_header.HEADER_KEY)),
+        module_sizes=module_sizes_header.parse(header.get(module_sizes_header.HEADER_KEY)),
     )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from .kinds import DEVICE_KIND_ARRAY, Kind
 from .links import launcher_of_events, op_of_events
-from .modules import module_of_events
+from .modules import backward_module_of_events, module_of_events
 from .roles import event_phases, event_roles
 
 NO_ID = -1
@@ -43,6 +43,7 @@ class RankInfo:
     compile_log: dict | None = None  # torch.compile events skalpel's capture wrote into the header (skalpel_compile)
     line_samples: Any = None  # line_samples.LineSamples from a skalpel capture's header, else None
     precision: dict | None = None  # this CPU's bf16 and fp32 matmul speeds from a skalpel capture's header
+    module_sizes: dict | None = None  # "Linear_0" -> (parameters, forward output bytes) from a skalpel capture's header
 
 
 @dataclass
@@ -82,6 +83,7 @@ class Trace:
     stack: np.ndarray  # int32 index into names of the 'Call stack' argument, -1 when absent
     shapes: np.ndarray  # int32 index into names of the 'Input Dims' argument (as JSON), -1 when absent
     nbytes: np.ndarray  # int64 bytes moved (memcpy, memset) or 0
+    autograd: np.ndarray  # int64, cpu ops: 2n on a forward op of autograd sequence number n, 2n+1 on a backward one
     memory: MemoryEvents
     ranks: tuple[RankInfo, ...]
     origin_us: float = 0.0  # absolute timestamp of ts == 0
@@ -176,6 +178,25 @@ class Trace:
             self._derived["module"] = module_of_events(self.role, self.kind, self.rank, self.tid, self.ts, self.end,
                                                        self.launcher)  # fmt: skip
         return self._derived["module"]
+
+    @property
+    def backward_module(self) -> np.ndarray:
+        """For each event, the module frame whose forward made the backward node it runs in (-1: none): autograd's
+        sequence numbers link a backward op to its forward op (``trace/modules.py``). Computed once and cached."""
+        return self._backward()[0]
+
+    @property
+    def backward_roots(self) -> tuple[np.ndarray, np.ndarray]:
+        """The outermost backward ops charged to a module (indices, by position) and their host time (us) less the
+        module frames inside them (a recomputed forward, counted as forward): their time counted once."""
+        return self._backward()[1], self._backward()[2]
+
+    def _backward(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if "backward_module" not in self._derived:
+            self._derived["backward_module"] = backward_module_of_events(
+                self.autograd, self.module, self.role, self.kind, self.rank, self.tid, self.ts, self.end,
+                self.launcher)  # fmt: skip
+        return self._derived["backward_module"]
 
     def cached(self, key: str, compute):
         """A value derived from this trace, computed by ``compute()`` the first time ``key`` is asked for."""
