@@ -644,3 +644,17 @@ def test_worker_advice_reasons_from_the_wait_the_batch_and_the_cores():
     many = loader_plan(_cpu(loader_workers=8), wait_ms=1.0, step_ms=3.0, single=False, device=False, min_speedup=1.1)
     assert "its 8 worker(s) and 1 intra-op thread(s) already ask for more than the 2 usable cores" in many.fix
     assert "more workers" not in many.fix
+
+
+def test_no_workers_only_where_the_wait_outweighs_making_the_batch_in_process():
+    """cpu.cheap_batches: num_workers=0 where the step waits longer for a batch than a worker's CPU a batch less its
+    side of the hand-over (cores.WORKER_SIDE_HANDOFF_MS). Figures measured on the look-alikes and makemore."""
+    from skalpel.cores import WORKER_SIDE_HANDOFF_MS
+    from skalpel.diagnose.cpu import cheap_batches
+
+    cheap = cheap_batches((1.31, 16), 8.17)  # TensorDataset batches, 4 workers on 2 cores: 4 -> 0 4.3x
+    assert cheap is not None and cheap.startswith("num_workers=0: the step waits 8.17 ms") and "16 batches" in cheap
+    assert cheap_batches((2.0, 5), 1.71) is not None  # makemore: ~1.25 ms to make in process < 1.71 (4 -> 0 1.08x)
+    assert cheap_batches((10.5, 60), 3.0) is None  # a costly __getitem__: the workers hide it
+    assert cheap_batches((1.71 + WORKER_SIDE_HANDOFF_MS + 0.01, 5), 1.71) is None  # just past the line
+    assert cheap_batches(None, 8.0) is None  # not measured: no advice from it

@@ -98,6 +98,12 @@ Measured with a free ``__getitem__`` (16 x 256 int64 per batch, 1 intra-op threa
 (benchmarks/loader_handoff.py)."""
 
 
+WORKER_SIDE_HANDOFF_MS = 0.75
+"""A DataLoader worker's own CPU a batch for handing it over (collate into shared memory, pickle, queue), beyond what
+the training process would spend making the batch itself: a worker's CPU a batch less the process's own, at 0
+workers (1 intra-op thread, 2 cores): TensorDataset batches 0.9 - 0.12 ms, makemore's 1.76 - 0.67 ms."""
+
+
 def threads_beside_workers(cores: float, threads: int) -> int | None:
     """The intra-op threads to set beside ``loader_workers``: one core fewer where the threads fill every usable
     core (there the workers fight them at every parallel region: 2 threads on 2 cores with 1 worker measured 1.33x

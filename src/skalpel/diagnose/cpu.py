@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cores import WORKER_HANDOFF_MS, workers_that_fit
+from ..cores import WORKER_HANDOFF_MS, WORKER_SIDE_HANDOFF_MS, workers_that_fit
 from . import thresholds
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
@@ -121,19 +121,22 @@ def worker_ms_per_batch(cpu: dict) -> tuple[float, int] | None:
 
 def cheap_batches(measured: tuple[float, int] | None, wait_ms_per_batch: float) -> str | None:
     """``num_workers=0`` with the measures that back it, where the step already waits longer for each batch from its
-    workers than a worker spends making one (``worker_ms_per_batch``): made in the training process, a batch costs
-    no more than that wait, and the workers' cores go back to training. None where it does not, or unmeasured.
+    workers than the training process would take to make one: a worker's CPU a batch (``worker_ms_per_batch``) less
+    its side of the hand-over (``cores.WORKER_SIDE_HANDOFF_MS``). Made in the process, a batch then costs no more than
+    the wait, and the workers' cores go back to training. None where it does not, or unmeasured.
 
-    Measured (2 cores, 1 intra-op thread, 4 workers): TensorDataset batches, 0.9 ms of a worker's CPU against
-    1.8 ms a batch the loop waited (4 -> 0 workers 4.3x faster); makemore's, 1.8 ms of CPU while its 51 ms steps
-    waited about 0.5 ms (workers hide them: keep them, fitted to the cores).
+    Measured (2 cores, 1 intra-op thread, 4 workers, makemore's step times printed, medians of 3 interleaved rounds
+    at load 3-10): TensorDataset batches, 1.3 ms of a worker's CPU recorded against an 8.2 ms wait a batch (4 -> 0
+    workers 4.3x faster); makemore's, 2.0-2.4 ms against 1.7-2.0 ms (4 -> 0 1.08x, 4 -> 1 0.65x); a costly Python
+    ``__getitem__``, ~10 ms against a wait of a few ms (workers hide it: kept, fitted to the cores).
     """
-    if measured is None or measured[0] > wait_ms_per_batch:
+    if measured is None or measured[0] - WORKER_SIDE_HANDOFF_MS > wait_ms_per_batch:
         return None
     ms, batches = measured
+    made = max(ms - WORKER_SIDE_HANDOFF_MS, 0.0)
     return (f"num_workers=0: the step waits {wait_ms_per_batch:.2f} ms for each batch from its workers, more than "
-            f"the {ms:.2f} ms of CPU a worker spends making one, hand-over included ({batches} batches recorded): "
-            "made in the training process, a batch costs no more than that wait")
+            f"the ~{made:.2f} ms the training process would take to make one (a worker spends {ms:.2f} ms of CPU a "
+            f"batch, ~{WORKER_SIDE_HANDOFF_MS:g} ms of it its side of the hand-over; {batches} batches recorded)")
 
 
 def loader_wait_ms_per_batch(ctx: Context, cpu: dict, measured: tuple[float, int] | None) -> float:

@@ -5,7 +5,7 @@ over several ops, none of them large: makemore's ``NewGELU`` (``0.5 * x * (1 + t
 pow(x, 3))))``) runs a mul, add, tanh and pow per call, each a few percent of the step, together a fifth of
 it in the forward alone. Judged on CPU-only runs from the module tree (``analysis/modules.py``): the instances
 of one module class path (``Transformer > Block > NewGELU`` x4) whose forward is the user's code, their self
-host time (their own ops, child modules left out) against the step less one-time work, and the op names
+host time (their own ops, forward and backward, child modules left out) against the step less one-time work, and the op names
 placed in that class path (``OpPlace``). Several op names make it a chain that a fused op or torch.compile
 can make one kernel; a single op is ``hot_op``'s to judge.
 """
@@ -67,8 +67,8 @@ def _heaviest_chain(modules: RankModules, step_ms: float, rule: Rule):
             by_class[node.class_path].append(node)
     if not by_class:
         return None
-    path, nodes = max(by_class.items(), key=lambda item: sum(node.host_self_ms for node in item[1]))
-    self_ms = sum(node.host_self_ms for node in nodes)
+    path, nodes = max(by_class.items(), key=lambda item: sum(_own_ms(node) for node in item[1]))
+    self_ms = sum(_own_ms(node) for node in nodes)
     limits = rule.thresholds
     if pct(self_ms, step_ms) < limits.share_pct or self_ms < limits.floor:
         return None
@@ -76,6 +76,11 @@ def _heaviest_chain(modules: RankModules, step_ms: float, rule: Rule):
     if len(ops) < limits.param("min_ops"):
         return None  # one op: hot_op's; none placed: nothing to name
     return nodes, self_ms, ops
+
+
+def _own_ms(node: ModuleNode) -> float:
+    """A module's own ops a unit, forward and the backward autograd charges to it (child modules left out)."""
+    return node.host_self_ms + node.backward_host_self_ms
 
 
 def _finding(rule: Rule, rank: int, judged_over: str, step_ms: float, nodes: list[ModuleNode], self_ms: float,
@@ -89,6 +94,7 @@ def _finding(rule: Rule, rank: int, judged_over: str, step_ms: float, nodes: lis
         "instances": len(nodes),
         "share_pct": share,
         "ms_per_step": self_ms,
+        "forward_ms_per_step": sum(node.host_self_ms for node in nodes),
         "calls_per_step": calls,
         "ms_per_call": self_ms / max(calls, 1e-9),
         "ops": ops,
@@ -98,8 +104,8 @@ def _finding(rule: Rule, rank: int, judged_over: str, step_ms: float, nodes: lis
     }
     times = f" ×{len(nodes)}" if len(nodes) > 1 else ""
     title = (f"A module's own ops hold the step: {lead.class_path}{times} runs {len(ops)} op names of its own "
-             f"({', '.join(ops[:4])}{', ...' if len(ops) > 4 else ''}), {share:.0f}% of the step in its forward "
-             f"({self_ms:.1f} ms/step)")  # fmt: skip
+             f"({', '.join(ops[:4])}{', ...' if len(ops) > 4 else ''}), {share:.0f}% of the step, forward and "
+             f"backward ({self_ms:.1f} ms/step)")  # fmt: skip
     chain = f"{lead.path[-1].rsplit('_', 1)[0]}.forward ({lead.location})"
     fix = (f"{chain} runs a chain of small ops, each a pass over memory, and autograd keeps each one's input for "
            "its backward: " + (f"torch has a fused op for this, {fused}; " if fused else "")
@@ -125,14 +131,14 @@ HOT_MODULE = Rule(
         "alive for the backward. Torch's fused op (F.gelu, F.silu, scaled_dot_product_attention, layer_norm) or a "
         "compiled module does the same in one pass.",
         evidence="`module` (the class path), `instances`, `share_pct` of the step less one-time work (the ledger's "
-        "host lane), `ms_per_step` and `calls_per_step` of the module's own ops (the module tree's self time, "
-        "forward only), `ops` (the op names the tree places mostly in that class path), `fused_op` where the ops "
+        "host lane), `ms_per_step` of the module's own ops, forward and the backward autograd charges to it (the "
+        "module tree's self times), `forward_ms_per_step`, `calls_per_step`, `ops` (the op names the tree places mostly in that class path), `fused_op` where the ops "
         "match a chain torch has one op for. The location is the module's forward.",
         fix="Replace the chain by torch's fused op where one exists (the finding names it when the op names match), "
         "else torch.compile the module or the model: its elementwise chains become one kernel.",
         false_positives="A module whose own ops are the model's real work (a hand-written convolution or "
-        "matrix multiply) has nothing to fuse. Its backward runs outside the module frames and is not counted: "
-        "the share is the forward's, the whole cost is larger.",
+        "matrix multiply) has nothing to fuse. A trace without autograd's sequence numbers charges no backward "
+        "to modules: the share is then the forward's alone, and the whole cost larger.",
     ),
 )
 
