@@ -101,7 +101,7 @@ def _present(result: RunResult, target: Target, advise: Callable[[Report, Path |
     if result.report is None:
         for note in result.notes:
             print(f"skalpel: {note}", file=sys.stderr)
-        if result.written and not result.notes:
+        if result.written:  # beside its notes (the memory split says why it was left out, for one)
             print(f"skalpel: wrote {result.written[0]} (rank 0 writes the merged report)", file=sys.stderr)
     return result.exit_status
 
