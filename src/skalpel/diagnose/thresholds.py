@@ -146,8 +146,8 @@ HOT_OP = Threshold(
     params=(("fallback_share_pct", 20.0), ("fallback_floor_ms", 1.0)),
 )  # fmt: skip
 
-# A user module's own ops (its chain, forward and backward, child modules left out) on a CPU-only run: share_pct of the step less
-# one-time work and floor ms a step, over min_ops op names placed in its class path (one op is hot_op's).
+# A user module's own ops (its chain, forward and backward, child modules left out) on a CPU-only run: share_pct
+# of the step less one-time work and floor ms a step, over min_ops op names placed in its class path (one op: hot_op).
 HOT_MODULE = Threshold(
     15.0, "of the step in one user module's own ops, forward and backward (CPU-only runs)", 2.0, "ms/step",
     critical_share_pct=40.0, params=(("min_ops", 2),),
