@@ -12,7 +12,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "integrations"
 # Findings that follow this machine's load or what only `skalpel run` can time (the whole script), not the script's code
-MACHINE_FINDINGS = {"cpu_contention", "profiler_overhead", "noisy_measurement", "not_judged"}
+# findings that follow the machine's load, not the code: fast_precision_unused reads a bf16/fp32 matmul timing
+MACHINE_FINDINGS = {"cpu_contention", "profiler_overhead", "noisy_measurement", "not_judged", "fast_precision_unused"}
 
 
 def run_script(script: str, *args: str, skalpel_run: Path | None = None, timeout: int = 300,

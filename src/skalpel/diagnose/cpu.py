@@ -119,6 +119,9 @@ def worker_ms_per_batch(cpu: dict) -> tuple[float, int] | None:
     return 1000.0 * used / batches, int(batches)
 
 
+NO_WORKERS_MARGIN = 1.2  # the wait must pass the in-process cost by this much (a 15.5 ms batch waited 14.8 at load 4)
+
+
 def cheap_batches(measured: tuple[float, int] | None, wait_ms_per_batch: float) -> str | None:
     """``num_workers=0`` with the measures that back it, where the step already waits longer for each batch from its
     workers than the training process would take to make one: a worker's CPU a batch (``worker_ms_per_batch``) less
@@ -130,7 +133,8 @@ def cheap_batches(measured: tuple[float, int] | None, wait_ms_per_batch: float) 
     workers 4.3x faster); makemore's, 2.0-2.4 ms against 1.7-2.0 ms (4 -> 0 1.08x, 4 -> 1 0.65x); a costly Python
     ``__getitem__``, ~10 ms against a wait of a few ms (workers hide it: kept, fitted to the cores).
     """
-    if measured is None or measured[0] - WORKER_SIDE_HANDOFF_MS > wait_ms_per_batch:
+    # a tie is no reason to move every batch into the step: under contention a starved worker's wait equals its cost
+    if measured is None or (measured[0] - WORKER_SIDE_HANDOFF_MS) * NO_WORKERS_MARGIN > wait_ms_per_batch:
         return None
     ms, batches = measured
     made = max(ms - WORKER_SIDE_HANDOFF_MS, 0.0)
