@@ -53,9 +53,10 @@ def left_out(end: Snapshot, stretches: list[tuple[Snapshot, Snapshot]]) -> Snaps
 
 
 def facts(start: Snapshot, end: Snapshot, *, steps: int, loader_workers: int = 0,
-          loader_batches: int | None = None) -> dict[str, Any]:  # fmt: skip
-    """The CPU facts of the stretch between two snapshots (``steps`` recorded steps, ``loader_batches`` DataLoader
-    batches fetched in it, where skalpel run's hooks counted them)."""
+          fetched: tuple[int, float] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The CPU facts of the stretch between two snapshots (``steps`` recorded steps; ``fetched``: the DataLoader
+    batches fetched in it and the script thread's CPU seconds inside those fetches, where skalpel run's hooks
+    measured them)."""
     import torch
 
     wall = max(end.wall_s - start.wall_s, 1e-9)
@@ -79,12 +80,13 @@ def facts(start: Snapshot, end: Snapshot, *, steps: int, loader_workers: int = 0
         # per thread: a thread that ended in between takes its delay with it; one born in between brings all of its own
         waited = sum(ns - start.waits_ns.get(tid, 0) for tid, ns in end.waits_ns.items())
         result["run_queue_wait_s"] = round(max(waited, 0) / 1e9, 4)
+    if fetched is not None and fetched[0] > 0:
+        result["loader_batches"] = fetched[0]
+        result["loader_fetch_cpu_s"] = round(max(fetched[1], 0.0), 6)
     if loader_workers and start.children_cpu_s is not None and end.children_cpu_s is not None:
         # per child alive at the end: one started in between brings all of its time; one that ended takes its own
         used_by_children = sum(s - start.children_cpu_s.get(pid, 0.0) for pid, s in end.children_cpu_s.items())
         result["loader_worker_cpu_s"] = round(max(used_by_children, 0.0), 6)
-        if loader_batches is not None:
-            result["loader_batches"] = loader_batches
     return result
 
 

@@ -113,7 +113,7 @@ class Driver:
                                       past_ceiling=self._past_ceiling)  # fmt: skip
         self.budget.start()  # before the profiler: its first reading is the memory held before it
         hooks = self.detector.hooks
-        run.batches_seen = lambda: hooks.batches  # the CPU window counts the batches its workers made
+        run.batches_seen = lambda: (hooks.batches, hooks.loader_cpu_s)  # the CPU window weighs the batches made
         run.start()
 
     def _record_again(self) -> None:

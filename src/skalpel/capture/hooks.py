@@ -52,6 +52,8 @@ class TorchHooks:
         self.loader_workers = 0  # the most DataLoader workers seen, for cpu_contention
         self.batches = 0  # batches the script's DataLoaders yielded
         self.loader_s = 0.0  # time in the script's DataLoader fetches (skalpel watch resets it at each boundary)
+        # the script thread's CPU time in those fetches: a batch's cost on a core, which other load does not stretch
+        self.loader_cpu_s = 0.0
         # time in the script thread's backward calls and optimizer steps, likewise (skalpel watch's phase columns);
         # a backward inside optimizer.step() (an LBFGS closure) is the optimizer's; a call torch.compile traces is
         # not timed (a clock read would break its graph)
@@ -100,11 +102,12 @@ class TorchHooks:
                 hooks.remove_module_hooks()  # the fallbacks no longer decide: spare every module call the hooks
             if result is not None:
                 deliver(result)
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.thread_time()
             try:
                 batch = original_next(iterator)
             finally:
                 hooks.loader_s += time.perf_counter() - began
+                hooks.loader_cpu_s += time.thread_time() - began_cpu
             hooks.batches += 1
             return batch
 

@@ -76,8 +76,9 @@ class ProfileRun:
         self.step_signal: str | None = None  # what marked the steps, for the summary
         self.loader_workers = 0  # the most DataLoader workers seen (skalpel run tells)
         self._cpu_window: list[cpu.Snapshot] = []  # CPU snapshots at the start and end of the first window
-        self.batches_seen: Callable[[], int] | None = None  # DataLoader batches fetched so far (skalpel run's hooks)
-        self._cpu_batches: list[int] = []  # that count at the window's snapshots
+        # DataLoader batches fetched so far and the script thread's CPU seconds in those fetches (skalpel run's hooks)
+        self.batches_seen: Callable[[], tuple[int, float]] | None = None
+        self._cpu_batches: list[tuple[int, float]] = []  # those at the window's snapshots
         self.check_steps = max(settings.active, 5)  # un-profiled steps timed after the last window
         self.run_ledger: RunLedger | None = None  # the whole run by skalpel run's clock (conclude.py sets it)
         self.memory_split: MemorySplit | None = None  # what held the first window's memory peak
@@ -312,9 +313,12 @@ class ProfileRun:
         if len(self._cpu_window) >= 2:
             start, end = self._cpu_window[0], self._cpu_window[1]
             end = cpu.left_out(end, self._cpu_excluded)
-            batches = self._cpu_batches[1] - self._cpu_batches[0] if len(self._cpu_batches) >= 2 else None
+            fetched = None
+            if len(self._cpu_batches) >= 2:
+                (batches_then, cpu_then), (batches_now, cpu_now) = self._cpu_batches[:2]
+                fetched = (batches_now - batches_then, cpu_now - cpu_then)
             cpu_facts = cpu.facts(start, end, steps=self.settings.active, loader_workers=self.loader_workers,
-                                  loader_batches=batches)  # fmt: skip
+                                  fetched=fetched)  # fmt: skip
         return CaptureInfo(
             warmup_steps=self.settings.wait + self.settings.warmup,
             wait_steps=self.settings.wait,

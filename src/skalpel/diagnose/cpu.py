@@ -119,6 +119,16 @@ def worker_ms_per_batch(cpu: dict) -> tuple[float, int] | None:
     return 1000.0 * used / batches, int(batches)
 
 
+def fetch_cpu_ms_per_batch(cpu: dict) -> float | None:
+    """The script thread's CPU milliseconds inside one DataLoader fetch over the capture's window (skalpel run's
+    hooks: ``loader_fetch_cpu_s`` over ``loader_batches``); None where not measured. With ``num_workers=0`` it is
+    what making a batch costs on a core: two jobs on two cores stretch a 1 ms batch's wall time to 12 ms, not this."""
+    used, batches = cpu.get("loader_fetch_cpu_s"), cpu.get("loader_batches")
+    if used is None or not batches:
+        return None
+    return 1000.0 * used / batches
+
+
 NO_WORKERS_MARGIN = 1.2  # the wait must pass the in-process cost by this much (a 15.5 ms batch waited 14.8 at load 4)
 
 

@@ -9,7 +9,8 @@ import numpy as np
 from ..cores import WORKER_HANDOFF_MS, loader_workers, threads_beside_workers, workers_that_fit
 from . import thresholds
 from .common import pct, window_of
-from .cpu import cheap_batches, contended, loader_wait_ms_per_batch, usable_cores, worker_ms_per_batch
+from .cpu import (cheap_batches, contended, fetch_cpu_ms_per_batch, loader_wait_ms_per_batch, usable_cores,
+                  worker_ms_per_batch)
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
@@ -165,12 +166,16 @@ def _why_no_workers(cpu: dict, evidence: dict, *, wait_ms: float, compute_ms: fl
     The one veto here: a batch made faster than a worker hands it over (``WORKER_HANDOFF_MS``).
     """
     batches = max(batches_per_step, 1.0)
-    # on a loaded machine the fetch's wall time is stretched by its waits for a core; a batch's cost is the part it
-    # ran: the share of the time the process wanted a core that it got (CPU / (CPU + run-queue wait))
+    # on a loaded machine the fetch's wall time is stretched by its waits for a core; a batch's cost is its time on
+    # one: the script thread's CPU in the fetches where skalpel run's hooks measured it, else the share of the wait
+    # the process ran (CPU / (CPU + run-queue wait), an average over the window that a burst of load escapes)
     queued = cpu.get("run_queue_wait_s")
     ran = cpu["cpu_s"] / (cpu["cpu_s"] + queued) if queued and cpu.get("cpu_s") else 1.0
-    per_batch = wait_ms * ran * (unprofiled_ratio or 1.0) / batches
+    on_cpu = fetch_cpu_ms_per_batch(cpu)
+    per_batch = (on_cpu if on_cpu is not None else wait_ms * ran / batches) * (unprofiled_ratio or 1.0)
     evidence.update({"batches_per_step": batches, "fetch_ms_per_batch": per_batch})
+    if on_cpu is not None:
+        evidence["fetch_measured_as"] = "thread CPU"
     if ran < 1.0:
         evidence["ran_share_of_wanted"] = ran
     if unprofiled_ratio:
@@ -183,7 +188,10 @@ def _why_no_workers(cpu: dict, evidence: dict, *, wait_ms: float, compute_ms: fl
                          "fetch_on_core_ms_per_step": min(max(busy_ms - compute_ms, 0.0), wait_ms)})  # fmt: skip
     if per_batch < WORKER_HANDOFF_MS:
         scaled = " without the profiler" if unprofiled_ratio else ""
-        on_core = f"; on a core: the process ran {100 * ran:.0f}% of the time it wanted one" if ran < 0.9 else ""
+        if on_cpu is not None:
+            on_core = "; its CPU time in the fetch, which other load does not stretch"
+        else:
+            on_core = f"; on a core: the process ran {100 * ran:.0f}% of the time it wanted one" if ran < 0.9 else ""
         return (f"a batch takes about {per_batch:.1f} ms to make{scaled} ({batches:.0f} a step{on_core}), less than "
                 f"the ~{WORKER_HANDOFF_MS:g} ms a worker takes to hand one over (collate into shared memory, pickle, "
                 "queue)")  # fmt: skip
