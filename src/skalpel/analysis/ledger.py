@@ -122,6 +122,15 @@ class Lane:
         total = self.total_ms
         return sum(total.get(cause, 0.0) for cause in causes) / max(len(self.units), 1)
 
+    @property
+    def steady_ms(self) -> float:
+        """The lane's time less its one-time work: what every share of the steady state divides by."""
+        return max(self.length_ms - self.total_ms.get("one_time", 0.0), 0.0)
+
+    @property
+    def steady_ms_per_unit(self) -> float:
+        return self.steady_ms / max(len(self.units), 1)
+
 
 @dataclass(frozen=True)
 class RankLedger:
@@ -134,6 +143,12 @@ class RankLedger:
 
     def lane(self, name: str) -> Lane | None:
         return next((lane for lane in self.lanes if lane.name == name), None)
+
+    def data_wait_ms_per_unit(self, lane: str = "host") -> float:
+        """The one account of waiting for data: the main thread inside a DataLoader fetch (``host``), or the part
+        of that wait the device idled (``device``); 0 where the rank has no such lane."""
+        found = self.lane(lane)
+        return found.ms_per_unit("data_wait") if found is not None else 0.0
 
     @property
     def units(self) -> int:

@@ -23,6 +23,13 @@ def window_of(ctx: Context, rank: int) -> Window:
     return Window(rank, tuple(ctx.steps.for_rank(rank)))
 
 
+def data_wait_ms(ctx: Context, rank: int, lane: str = "host") -> float:
+    """Waiting for data a unit, from the ledger, the one account every rule reads (``RankLedger.data_wait_ms_per_unit``:
+    the main thread in a fetch, or with ``lane="device"`` the part the device idled); 0 without a ledger."""
+    found = ctx.analyses.ledger.for_rank(rank) if ctx.analyses.ledger is not None else None
+    return found.data_wait_ms_per_unit(lane) if found is not None else 0.0
+
+
 def pct(part: float, whole: float) -> float:
     return 100.0 * part / whole if whole > 0 else 0.0
 

@@ -154,12 +154,12 @@ def cheap_batches(measured: tuple[float, int] | None, wait_ms_per_batch: float) 
 
 
 def loader_wait_ms_per_batch(ctx: Context, cpu: dict, measured: tuple[float, int] | None) -> float:
-    """The main thread's mean wait for a batch over the recorded steps (the breakdown's ``dataloader`` time a step,
-    over the batches a step fetched); 0 where unknown."""
-    ranks = ctx.analyses.breakdown.ranks if ctx.analyses.breakdown is not None else ()
+    """The main thread's mean wait for a batch over the recorded steps (the ledger's data wait a step, over the
+    batches a step fetched); 0 where unknown."""
+    ranks = ctx.analyses.ledger.ranks if ctx.analyses.ledger is not None else {}
     if not ranks or measured is None or not cpu.get("steps"):
         return 0.0
-    wait_ms_per_step = sum(rank.ms_per_step.get("dataloader", 0.0) for rank in ranks) / len(ranks)
+    wait_ms_per_step = sum(ledger.data_wait_ms_per_unit() for ledger in ranks.values()) / len(ranks)
     return wait_ms_per_step / max(measured[1] / cpu["steps"], 1e-9)
 
 

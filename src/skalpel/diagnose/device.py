@@ -9,7 +9,7 @@ import numpy as np
 from ..analysis.blame import UNTRACED
 from ..analysis.ledger import DEVICE_IDLE
 from . import thresholds
-from .common import named_at
+from .common import data_wait_ms, named_at
 from .overhead import check_cpu_overhead, source_fix
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 from .sdpa import check_sdpa
@@ -335,9 +335,7 @@ def _idle_not_waiting_for_data(ctx: Context, idle, rank: int) -> float:
     Of the marked steps when there are markers, else of HTA's device span.
     """
     blamed = _blame_of(ctx, rank)
-    breakdown = ctx.analyses.breakdown
-    rank_breakdown = breakdown.for_rank(rank) if breakdown is not None else None
-    data_ms = rank_breakdown.ms_per_step.get("dataloader", 0.0) if rank_breakdown is not None else 0.0
+    data_ms = data_wait_ms(ctx, rank, "device")  # the device's idle time while the host waited for a batch
     waiting_share = 0.0
     if blamed is not None:
         waiting_share = sum(blamed.by_category_ms[key] for key in _NOT_OVERHEAD) / blamed.idle_ms

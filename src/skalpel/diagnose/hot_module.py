@@ -48,8 +48,7 @@ def _check_hot_module(ctx: Context, rule: Rule) -> Outcome:
         host = rank_ledger.lane("host") if rank_ledger is not None else None
         if host is None:
             continue
-        units = max(len(host.units), 1)
-        step_ms = (host.length_ms - host.total_ms.get("one_time", 0.0)) / units
+        step_ms = host.steady_ms_per_unit
         found = _heaviest_chain(modules, step_ms, rule)
         if found is not None:
             findings.append(_finding(rule, rank, rank_ledger.describe(), step_ms, *found))

@@ -76,7 +76,7 @@ def _cpu_finding(ctx: Context, rule: Rule, rank_ledger: RankLedger, held: RankHe
     limits = rule.thresholds
     host = rank_ledger.lane("host")
     units = max(len(host.units), 1)
-    steady_ms = host.length_ms - host.total_ms.get("one_time", 0.0)  # the op's time leaves one-time work out too
+    steady_ms = host.steady_ms  # the op's time leaves one-time work out too
     if steady_ms <= 0:
         return None
     fallback = held.reference
@@ -185,7 +185,7 @@ def _device_fallbacks(ctx: Context, rule: Rule, ranks: dict[int, RankLedger]) ->
             continue
         slow = rank_held.reference
         units = max(len(lane.units), 1)
-        steady_ms = lane.length_ms - lane.total_ms.get("one_time", 0.0)
+        steady_ms = lane.steady_ms
         share = min(pct(slow.ms, steady_ms), 100.0)  # the op table spans the trace, the lane its steps
         if share < limits.param("fallback_share_pct") or slow.ms / units < limits.param("fallback_floor_ms"):
             continue

@@ -28,7 +28,7 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
             continue
         loader = ctx.analyses.loader_ranges.for_rank(rank)
         waits, single = loader.ranges, loader.single_process
-        unit_ms = (host.length_ms - host.total_ms["one_time"]) / max(ledger.units, 1)  # the steady unit: the share's
+        unit_ms = host.steady_ms_per_unit  # the steady unit: the share's
         # what a faster fetch can save: on a device, the part of the wait the device idled; on a CPU, all of it
         saving = device.ms_per_unit("data_wait") if device is not None else ms
         evidence = {
@@ -281,9 +281,11 @@ def _check_oversubscribed(ctx: Context, rule: Rule) -> Outcome:
     asked = threads * processes + workers
     if 100.0 * asked / cores < rule.thresholds.share_pct or asked - cores < rule.thresholds.floor:
         return []
-    ranks = ctx.analyses.breakdown.ranks
-    wait = float(np.mean([rank.ms_per_step.get("dataloader", 0.0) for rank in ranks])) if ranks else 0.0
-    step = float(np.mean([rank.avg_step_ms for rank in ranks])) if ranks else 0.0
+    hosts = [(ledger, ledger.lane("host")) for ledger in ctx.analyses.ledger.ranks.values()] \
+        if ctx.analyses.ledger is not None else []  # fmt: skip
+    hosts = [(ledger, host) for ledger, host in hosts if host is not None]
+    wait = float(np.mean([ledger.data_wait_ms_per_unit() for ledger, _ in hosts])) if hosts else 0.0
+    step = float(np.mean([host.steady_ms_per_unit for _, host in hosts])) if hosts else 0.0
     compute = max(step - wait, 0.0)
     evidence = {
         "loader_workers": workers, "intra_op_threads": threads, "processes": processes, "usable_cores": cores,
@@ -332,7 +334,7 @@ LOADER_OVERSUBSCRIBED = Rule(
         "batches that are cheap to make, `num_workers=0` is faster: 4 workers on 2 cores for a TensorDataset "
         "ran 1.15-1.2x slower than none.",
         evidence="The workers, intra-op threads and processes, the usable cores, the threads asked, and the "
-        "step's wait for data and its compute (ms per step, from the step-time breakdown).",
+        "step's wait for data and its compute (ms per step, from the ledger).",
         fix="Workers on the cores the intra-op threads leave free, or fewer intra-op threads "
         "(`torch.set_num_threads`): workers hide the making of a batch behind the step's compute when a batch "
         "takes less to make than that compute. `num_workers=0` wins only where a batch takes less to make than a "

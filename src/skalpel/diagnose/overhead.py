@@ -6,7 +6,7 @@ import numpy as np
 
 from ..analysis import numeric
 from ..analysis.op_sources import DATA, OPTIMIZER, OpSource
-from .common import pct, window_of
+from .common import data_wait_ms, pct, window_of
 from .rule import Context, NotJudged, Outcome, Rule
 
 
@@ -14,7 +14,6 @@ def check_cpu_overhead(ctx: Context, rule: Rule) -> Outcome:
     """Fires when a step runs many ops, most of them tiny, and little of the step is spent in substantial ops."""
     limits = rule.thresholds
     tiny_us = limits.param("tiny_us")
-    breakdown = ctx.analyses.breakdown
     findings = []
     cpu = ctx.analyses.cpu_ops
     if cpu is None or not cpu.ranks:
@@ -26,8 +25,7 @@ def check_cpu_overhead(ctx: Context, rule: Rule) -> Outcome:
         tiny = ops.self_us < tiny_us
         per_step = len(ops.ops) / window.count
         heavy_ms = float(ops.self_us[ops.name_median_us >= tiny_us].sum()) / 1000.0 / window.count
-        rank_breakdown = breakdown.for_rank(rank) if breakdown is not None else None
-        data_ms = rank_breakdown.ms_per_step.get("dataloader", 0.0) if rank_breakdown is not None else 0.0
+        data_ms = data_wait_ms(ctx, rank)
         sources = ops.sources(tiny)
         if sources and sources[0].name == DATA:
             data_ms = 0.0  # a loader busy with most of the tiny ops is framework overhead in process, not a wait

@@ -25,9 +25,7 @@ def _steady_ms(ctx: Context, rank: int, lane_name: str) -> tuple[float, int] | N
     lane = found.lane(lane_name) if found is not None else None
     if lane is None or not lane.units:
         return None
-    units = len(lane.units)
-    steady = lane.length_ms - lane.total_ms.get("one_time", 0.0)
-    return (steady / units, units) if steady > 0 else None
+    return (lane.steady_ms_per_unit, len(lane.units)) if lane.steady_ms > 0 else None
 
 
 def _check_slow(ctx: Context, rule: Rule) -> Outcome:

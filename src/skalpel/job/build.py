@@ -140,13 +140,19 @@ def rank_report(analyses: Analyses, rank: int) -> RankReport:
         step_breakdown_pct={name: round(pct, 2) for name, pct in breakdown.pct.items()} if breakdown else {},
         top_ops=_top_ops(analyses, rank, _compiled_names(sections.get("compiled"))),
         top_kernels=_top_kernels(analyses, rank),
-        data_wait_ms_per_step=round(breakdown.data_wait_ms_per_step, 4) if breakdown else None,
+        data_wait_ms_per_step=_data_wait(analyses, rank),
         gpu=_gpu_summary(analyses, rank),
         memory=_memory_summary(analyses, rank),
         mfu=_mfu_summary(analyses, rank),
         ledger=_ledger_summary(analyses, rank),
         **sections,
     )
+
+
+def _data_wait(analyses: Analyses, rank: int) -> float | None:
+    """The main thread's wait for data a unit: the ledger's, the account dataloader_bound quotes."""
+    found = analyses.ledger.for_rank(rank) if analyses.ledger is not None else None
+    return round(found.data_wait_ms_per_unit(), 4) if found is not None else None
 
 
 def _ledger_summary(analyses: Analyses, rank: int) -> LedgerSummary | None:
