@@ -32,6 +32,9 @@ class TrainingCapture:
         self.settings = settings  # skalpel.profile()'s own arguments (wait, warmup, active, ...)
         self.run: Profile | None = None
         self.restarts = 0  # sessions thrown away because an evaluation came before their window
+        self.steps = 0  # optimizer steps of the whole training
+        self.gaps: list[int] = []  # optimizer steps between one evaluation (or the start) and the next
+        self._since_evaluation = 0
         self.report: Report | None = None
         self.folder: Path | None = None
         self.error: str | None = None  # why no report was made
@@ -48,6 +51,8 @@ class TrainingCapture:
 
     def optimizer_step(self) -> None:
         """One optimizer step ended: a step boundary, until the overhead's check has its steps."""
+        self.steps += 1
+        self._since_evaluation += 1
         run = self.run
         if run is None:
             self.begin()  # after an evaluation that threw the last session away
@@ -55,6 +60,9 @@ class TrainingCapture:
             run.step()
 
     def evaluation_begins(self) -> None:
+        if self._since_evaluation:
+            self.gaps.append(self._since_evaluation)
+        self._since_evaluation = 0
         run = self.run
         if run is None or not run.profiling:
             return
@@ -85,9 +93,29 @@ class TrainingCapture:
                 outputs = run.outputs()
                 self.report, self.folder = outputs.report, run.folder
             except SkalpelError as error:
-                self.error = str(error)
+                self.error = self._why_nothing(run) or str(error)
         print(self.summary_line(), file=sys.stderr, flush=True)
         return self.report
+
+    def _why_nothing(self, run: Profile) -> str | None:
+        """Why no step was recorded, in the callback's terms (its steps are optimizer steps it counts, never a
+        ``run.step()`` the user forgot); None when the session's own reason holds."""
+        if run.recorded_steps > 0:
+            return None
+        settings = run.settings
+        window = settings.wait + settings.warmup + settings.active
+        shape = (f"{window} optimizer steps ({settings.wait} wait, {settings.warmup} warm-up, "
+                 f"{settings.active} recorded)")  # fmt: skip
+        if self.restarts == 0:
+            return (f"no step was recorded: training took {self.steps} optimizer step(s), fewer than skalpel's window "
+                    f"of {shape}; train longer, or ask for a shorter window (wait=0, warmup=1, active=1)")  # fmt: skip
+        longest = max([*self.gaps, self._since_evaluation])
+        # after an evaluation the session starts at the next optimizer step: one warm-up step, then the recording
+        shorter = (f"or ask for a window that fits: wait=0, warmup=1, active={longest - 2}" if longest >= 3
+                   else "no window fits between them")  # fmt: skip
+        return (f"no step was recorded: an evaluation or a checkpoint save came at most {longest} optimizer step(s) "
+                f"apart ({self.restarts} restart(s) of the session after one), never leaving room for skalpel's "
+                f"window of {shape}; evaluate and save less often while profiling, {shorter}")  # fmt: skip
 
     def summary_line(self) -> str:
         if self.report is None:
