@@ -431,7 +431,8 @@ class Watcher:
         assert run.folder is not None
         self.captures.append(run.folder)
         self.store.capture(anomaly_id, run.folder.name, summary)
-        _say(f"captured {self.settings.active} steps after step {anomaly.step} ({anomaly.kind}): {summary} "
+        # the steps this capture recorded: a profile asked for from another terminal names its own number
+        _say(f"captured {run.recorded_steps} steps after step {anomaly.step} ({anomaly.kind}): {summary} "
              f"-> {run.folder}")  # fmt: skip
 
     # -- the end ------------------------------------------------------------------------------
