@@ -91,3 +91,14 @@ def test_training_shorter_than_the_window_says_the_optimizer_steps_it_took(tmp_p
     said = capsys.readouterr().err
     assert "training took 1 optimizer step(s), fewer than skalpel's window of 8 optimizer steps" in said, said
     assert "run.step()" not in said
+
+
+def test_an_evaluation_after_the_last_step_still_says_why_nothing_was_recorded(tmp_path, capsys) -> None:
+    # the Trainer's eval_steps=2 with max_steps=12: an evaluation follows the last step too, and throws away the
+    # session it would have run on; the line is the evaluations', not "training ended before the session started"
+    capture = TrainingCapture("test steps", out=tmp_path / "run")
+    _train(capture, 12, evaluate_after=set(range(2, 13, 2)))
+    assert capture.report is None and capture.run is None
+    said = capsys.readouterr().err
+    assert "came at most 2 optimizer step(s) apart" in said and "no window fits between them" in said, said
+    assert "before the session started" not in said

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..capture import distributed
 from ..capture.profile import Profile, profile
+from ..capture.settings import CaptureSettings
 from ..errors import SkalpelError
 from ..result.report import Report, sorted_findings
 
@@ -35,6 +36,7 @@ class TrainingCapture:
         self.steps = 0  # optimizer steps of the whole training
         self.gaps: list[int] = []  # optimizer steps between one evaluation (or the start) and the next
         self._since_evaluation = 0
+        self._window: CaptureSettings | None = None  # the settings of a session an evaluation threw away
         self.report: Report | None = None
         self.folder: Path | None = None
         self.error: str | None = None  # why no report was made
@@ -72,6 +74,7 @@ class TrainingCapture:
             run.cut_inside_step = True  # the step under way holds the evaluation: left out of the trace
             run.stop()
         else:  # before the window, or at its very start: a fresh session after the evaluation
+            self._window = run.settings
             run.discard()
             self.run = None
             self.restarts += 1
@@ -86,23 +89,24 @@ class TrainingCapture:
             return self.report
         self._finished = True
         run = self.run
-        if run is None:
+        if run is None and self._window is not None:  # the last evaluation threw the last session away
+            self.error = self._why_nothing(self._window, recorded=0)
+        elif run is None:
             self.error = "no training step was profiled: training ended before the session started"
         else:
             try:
                 outputs = run.outputs()
                 self.report, self.folder = outputs.report, run.folder
             except SkalpelError as error:
-                self.error = self._why_nothing(run) or str(error)
+                self.error = self._why_nothing(run.settings, run.recorded_steps) or str(error)
         print(self.summary_line(), file=sys.stderr, flush=True)
         return self.report
 
-    def _why_nothing(self, run: Profile) -> str | None:
+    def _why_nothing(self, settings: CaptureSettings, recorded: int) -> str | None:
         """Why no step was recorded, in the callback's terms (its steps are optimizer steps it counts, never a
         ``run.step()`` the user forgot); None when the session's own reason holds."""
-        if run.recorded_steps > 0:
+        if recorded > 0:
             return None
-        settings = run.settings
         window = settings.wait + settings.warmup + settings.active
         shape = (f"{window} optimizer steps ({settings.wait} wait, {settings.warmup} warm-up, "
                  f"{settings.active} recorded)")  # fmt: skip
