@@ -152,6 +152,7 @@ def test_one_process_is_asked_the_same_and_bad_requests_are_one_line_each(tmp_pa
     assert job.returncode == 0, stderr[-3000:]
     (capture,) = out.glob("capture-*-asked")
     assert orjson.loads((capture / "report.json").read_bytes())["capture"]["active_steps"] == 3
+    assert "captured 3 steps after step " in stderr and "captured 5 steps" not in stderr, stderr[-3000:]
     # the run has ended: asking it is one line, and its folder is left as it was
     def files() -> list[str]:  # (sqlite's -shm/-wal come and go with any reader)
         return sorted(path.name for path in out.rglob("*") if not path.name.endswith(("-shm", "-wal")))

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 
 from skalpel.capture.collectives import Recorder
-from skalpel.diagnose.hang import RankRecord, judge, ranks_text, where
+from skalpel.diagnose.hang import RankRecord, judge, ranks_text, story, where
 from skalpel.trace.collective_ring import RING, SLOT, read_ring
 from skalpel.watching import hangs
 from skalpel.watching.hangwatch import hang_bound
@@ -138,6 +138,25 @@ def test_a_skipped_collective_and_sizes_that_differ_are_mismatches_at_their_sequ
     (finding,) = judge(sizes)
     assert finding.evidence["difference"] == ("all_reduce of [[65]] on ranks 2-3, of [[64]] on ranks 0-1 at "
                                               "t.py:28 in average")  # fmt: skip
+
+
+def test_collectives_without_a_line_are_told_without_one() -> None:
+    # the flight recorder's entries (DDP's gradient buckets) carry no line: the verdict never says "at None"
+    hang = {"step": 29, "stalled_s": 3.1, "bound_s": 3.0}
+    done = [(seq, "all_reduce", [[33]], None, "completed") for seq in range(1, 36)]
+    waiting = _record(0, done + [(36, "all_reduce", [[33]], None, "issued")], status="running", hang=hang,
+                      stack=LOOP + [["train.py", 17, "<module>"]])  # fmt: skip
+    loader = LOOP + [["/x/site-packages/torch/utils/data/dataloader.py", 725, "__next__"],
+                     ["train.py", 10, "__getitem__"]]  # fmt: skip
+    late = _record(1, done, status="running", hang=hang, stack=loader)
+    (finding,) = judge([waiting, late])
+    told = "\n".join(story(finding))
+    assert finding.id == "collective_hang" and "#35 all_reduce [[33]] (default): completed" in told, told
+    assert "None" not in told, told
+    sizes = [_record(rank, done + [(36, "all_reduce", [[33 + rank]], None, "issued")]) for rank in range(2)]
+    mismatch = judge(sizes)[0]
+    assert mismatch.id == "collective_mismatch" and "None" not in "\n".join(story(mismatch)), story(mismatch)
+    assert mismatch.evidence["difference"] == "all_reduce of [[34]] on rank 1, of [[33]] on rank 0"
 
 
 def test_a_dead_rank_is_named_with_how_it_ended_and_a_live_unclosed_one_is_not() -> None:

@@ -87,3 +87,39 @@ def test_run_profiles_a_script_and_keeps_its_folder(tmp_path) -> None:
     assert "dataloader_bound" in {finding["id"] for finding in got["report"]["findings"]}
     assert "dataloader_bound" in got["verdict"]
     assert failed.is_error and "no_such_script.py" in failed.content[0].text
+
+
+CRASHES = """
+import sys
+import torch
+
+model = torch.nn.Linear(64, 64)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(20):
+    model(torch.randn(16, 64)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print("a chatty line on stdout, the server's channel", step)
+    if step == int(sys.argv[1]):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\\nsecond line")
+"""
+
+
+def test_a_script_that_crashes_is_said_in_one_line_with_its_error(tmp_path) -> None:
+    script = tmp_path / "crashes.py"
+    script.write_text(CRASHES)
+    _, (early, late, after) = _session([
+        ("run", {"script": str(script), "args": ["2"], "out": str(tmp_path / "early")}),  # before any recorded step
+        ("run", {"script": str(script), "args": ["15"], "out": str(tmp_path / "late")}),  # after the window
+        ("explain", {"finding_id": "host_bound"}),  # the server still answers
+    ])  # fmt: skip
+    said = "the script stopped with RuntimeError: CUDA error: an illegal memory access was encountered (exit status 1)"
+    assert early.is_error
+    text = early.content[0].text
+    assert said in text and "before any step was recorded" in text, text
+    assert "\n" not in text and "Traceback" not in text, text
+    # the steps before the error were profiled: a report, and the agent is told the script failed
+    assert not late.is_error, late.content[0].text
+    assert late.structured_content["report"]["script_error"] == said
+    assert late.structured_content["verdict"].startswith(said + "\n")
+    assert not after.is_error

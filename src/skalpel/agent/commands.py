@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,8 @@ from ..errors import SkalpelError
 
 TEXT_WIDTH = "100"  # columns of the captured terminal text
 ANALYSIS_TIMEOUT_S = 600.0
+# the line skalpel run prints before the script's own traceback (capture/command.py, watching/runner.py)
+_STOPPED = re.compile(r"^skalpel: the script stopped with (?P<name>[\w.]+) \(exit status (?P<status>-?\d+)\):$", re.M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +64,40 @@ def run(script: str, args: Sequence[str] = (), *, out: str | None = None, timeou
     done = _cli(["run", *(["--out", out] if out else []), script, *args], timeout_s)
     written = [line.removeprefix("wrote ") for line in done.stdout.splitlines() if line.startswith("wrote ")]
     report = next((Path(path) for path in written if path.endswith("report.json")), None)
+    stopped = script_error(done.stderr)
     if report is None or not report.is_file():
-        raise SkalpelError(_one_line(done) or f"skalpel run wrote no report (exit status {done.returncode})")
+        why = _said_after_the_script(done.stderr) if stopped else _one_line(done)
+        raise SkalpelError("; ".join(part for part in (stopped, why) if part)
+                           or f"skalpel run wrote no report (exit status {done.returncode})")  # fmt: skip
     summary = report.with_name("summary.txt")
     text = summary.read_text(encoding="utf-8") if summary.is_file() else done.stdout
-    return Answer({"folder": str(report.parent), **orjson.loads(report.read_bytes())}, text)
+    document = {"folder": str(report.parent), **orjson.loads(report.read_bytes())}
+    if stopped:  # the steps before the error were profiled: the report stands, and the agent is told it failed
+        document["script_error"] = stopped
+        text = f"{stopped}\n{text}"
+    return Answer(document, text)
+
+
+def script_error(stderr: str) -> str | None:
+    """The profiled script's own error in one line (``the script stopped with RuntimeError: CUDA error: ... (exit
+    status 1)``), from what skalpel run printed on stderr; None when the script did not fail."""
+    found = _STOPPED.search(stderr)
+    if found is None:
+        return None
+    name = found["name"]
+    # the traceback's last line naming the exception (a chained one prints its cause first); a qualified name too
+    lines = [text.strip() for text in stderr[found.end():].splitlines()]
+    raised = [text for text in lines if text.split(":", 1)[0].rsplit(".", 1)[-1] == name]
+    return f"the script stopped with {raised[-1] if raised else name} (exit status {found['status']})"
+
+
+def _said_after_the_script(stderr: str) -> str:
+    """skalpel's own lines after the script's traceback (why nothing was recorded), as one line."""
+    found = _STOPPED.search(stderr)
+    rest = stderr[found.end():] if found is not None else stderr
+    said = [line.removeprefix("skalpel: ").removeprefix("error: ") for line in rest.splitlines()
+            if line.startswith("skalpel: ")]  # fmt: skip
+    return "; ".join(said)
 
 
 def tune(script: str, args: Sequence[str] = (), *, budget_s: float = 300.0, timeout_s: float | None = None) -> Answer:

@@ -24,6 +24,9 @@ from . import signals
 from .boundaries import LABELS
 
 _OWN_TARGETS = ("torch.", "concurrent.futures.", "multiprocessing.")  # loader workers, compile and pool workers
+# torch.multiprocessing.spawn (and start_processes) runs the user's function in each process through its own
+# wrapper: the process is the user's training, named by the function the wrapper is given
+_SPAWN_MODULE = "torch.multiprocessing.spawn"
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ class Children:
         self._original_start = original
 
         def start(process: Any) -> None:
-            target = _target_name(getattr(process, "_target", None))  # start() deletes it
+            # start() deletes them
+            target = _target_name(getattr(process, "_target", None), getattr(process, "_args", ()))
             original(process)
             if target is not None and process.pid is not None:
                 method = getattr(process, "_start_method", None) or multiprocessing.get_start_method()
@@ -149,11 +153,13 @@ def _targets(children: list[Child]) -> str:
     return "running " + ", ".join(sorted({child.target for child in children}))
 
 
-def _target_name(target: Any) -> str | None:
+def _target_name(target: Any, args: Any = ()) -> str | None:
     """The function a process runs, or None for torch's and the standard library's own workers."""
     if target is None:
         return "its run()"  # a Process subclass
     module = getattr(target, "__module__", "") or ""
+    if module == _SPAWN_MODULE and getattr(target, "__name__", "") == "_wrap" and args:
+        target, module = args[0], getattr(args[0], "__module__", "") or ""  # torch.multiprocessing.spawn(fn): fn
     if module.startswith(_OWN_TARGETS):
         return None
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)

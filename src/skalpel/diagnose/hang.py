@@ -189,15 +189,15 @@ def _mismatch(records: list[RankRecord]) -> Finding | None:
         most, other = described[0], described[1]
         same_call = (other["op"], str(other["sizes"])) == (most["op"], str(most["sizes"]))
         if other["line"] != most["line"] and not same_call:
-            difference = (f"{ranks_text(other['ranks'])} {_call(other)} {other['op']} {other['sizes']} at "
-                          f"{other['line']} where {ranks_text(most['ranks'])} {_call(most)} {most['op']} "
-                          f"{most['sizes']} at {most['line']}: a collective skipped or added before it")  # fmt: skip
+            difference = (f"{ranks_text(other['ranks'])} {_call(other)} {other['op']} {other['sizes']}"
+                          f"{_at(other['line'])} where {ranks_text(most['ranks'])} {_call(most)} {most['op']} "
+                          f"{most['sizes']}{_at(most['line'])}: a collective skipped or added before it")  # fmt: skip
         elif other["op"] != most["op"]:
             difference = (f"{ranks_text(other['ranks'])} {_call(other)} {other['op']}, {ranks_text(most['ranks'])} "
                           f"{_call(most)} {most['op']}")  # fmt: skip
         elif str(other["sizes"]) != str(most["sizes"]):
             difference = (f"{most['op']} of {other['sizes']} on {ranks_text(other['ranks'])}, of {most['sizes']} on "
-                          f"{ranks_text(most['ranks'])} at {most['line']}")  # fmt: skip
+                          f"{ranks_text(most['ranks'])}{_at(most['line'])}")  # fmt: skip
         else:
             difference = (f"{most['op']} called at {other['line']} on {ranks_text(other['ranks'])}, at "
                           f"{most['line']} on {ranks_text(most['ranks'])}")  # fmt: skip
@@ -246,8 +246,14 @@ def _died(records: list[RankRecord]) -> list[Finding]:
 
 
 def _describe(entry: dict[str, Any]) -> str:
-    return (f"#{entry.get('seq')} {entry.get('op')} {entry.get('sizes')} ({entry.get('group')}) at "
-            f"{entry.get('line')}: {entry.get('state')}")  # fmt: skip
+    return (f"#{entry.get('seq')} {entry.get('op')} {entry.get('sizes')} ({entry.get('group')})"
+            f"{_at(entry.get('line'))}: {entry.get('state')}")  # fmt: skip
+
+
+def _at(line: str | None) -> str:
+    """`` at train.py:61`` where the record has the line; nothing where it has none (the flight recorder's entries
+    for collectives torch.distributed's functions never saw, DDP's gradient buckets)."""
+    return f" at {line}" if line else ""
 
 
 def _in_flight(records: list[RankRecord], source: str) -> dict[tuple[str, int], list[RankRecord]]:
@@ -348,7 +354,7 @@ def story(finding: Finding) -> list[str]:
         lines.extend(f"  rank {item['rank']}: {item['where']}" for item in evidence["ranks"])
     elif finding.id == "collective_mismatch":
         for variant in evidence["variants"]:
-            lines.append(f"  {ranks_text(variant['ranks'])}: {variant['op']} {variant['sizes']} at {variant['line']}")
+            lines.append(f"  {ranks_text(variant['ranks'])}: {variant['op']} {variant['sizes']}{_at(variant['line'])}")
     elif finding.id == "rank_died":
         if evidence.get("where"):
             lines.append(f"  its stack: {evidence['where']}")

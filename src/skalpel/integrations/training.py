@@ -17,6 +17,7 @@ from typing import Any
 
 from ..capture import distributed
 from ..capture.profile import Profile, profile
+from ..capture.settings import CaptureSettings
 from ..errors import SkalpelError
 from ..result.report import Report, sorted_findings
 
@@ -32,6 +33,10 @@ class TrainingCapture:
         self.settings = settings  # skalpel.profile()'s own arguments (wait, warmup, active, ...)
         self.run: Profile | None = None
         self.restarts = 0  # sessions thrown away because an evaluation came before their window
+        self.steps = 0  # optimizer steps of the whole training
+        self.gaps: list[int] = []  # optimizer steps between one evaluation (or the start) and the next
+        self._since_evaluation = 0
+        self._window: CaptureSettings | None = None  # the settings of a session an evaluation threw away
         self.report: Report | None = None
         self.folder: Path | None = None
         self.error: str | None = None  # why no report was made
@@ -48,6 +53,8 @@ class TrainingCapture:
 
     def optimizer_step(self) -> None:
         """One optimizer step ended: a step boundary, until the overhead's check has its steps."""
+        self.steps += 1
+        self._since_evaluation += 1
         run = self.run
         if run is None:
             self.begin()  # after an evaluation that threw the last session away
@@ -55,6 +62,9 @@ class TrainingCapture:
             run.step()
 
     def evaluation_begins(self) -> None:
+        if self._since_evaluation:
+            self.gaps.append(self._since_evaluation)
+        self._since_evaluation = 0
         run = self.run
         if run is None or not run.profiling:
             return
@@ -64,6 +74,7 @@ class TrainingCapture:
             run.cut_inside_step = True  # the step under way holds the evaluation: left out of the trace
             run.stop()
         else:  # before the window, or at its very start: a fresh session after the evaluation
+            self._window = run.settings
             run.discard()
             self.run = None
             self.restarts += 1
@@ -78,16 +89,37 @@ class TrainingCapture:
             return self.report
         self._finished = True
         run = self.run
-        if run is None:
+        if run is None and self._window is not None:  # the last evaluation threw the last session away
+            self.error = self._why_nothing(self._window, recorded=0)
+        elif run is None:
             self.error = "no training step was profiled: training ended before the session started"
         else:
             try:
                 outputs = run.outputs()
                 self.report, self.folder = outputs.report, run.folder
             except SkalpelError as error:
-                self.error = str(error)
+                self.error = self._why_nothing(run.settings, run.recorded_steps) or str(error)
         print(self.summary_line(), file=sys.stderr, flush=True)
         return self.report
+
+    def _why_nothing(self, settings: CaptureSettings, recorded: int) -> str | None:
+        """Why no step was recorded, in the callback's terms (its steps are optimizer steps it counts, never a
+        ``run.step()`` the user forgot); None when the session's own reason holds."""
+        if recorded > 0:
+            return None
+        window = settings.wait + settings.warmup + settings.active
+        shape = (f"{window} optimizer steps ({settings.wait} wait, {settings.warmup} warm-up, "
+                 f"{settings.active} recorded)")  # fmt: skip
+        if self.restarts == 0:
+            return (f"no step was recorded: training took {self.steps} optimizer step(s), fewer than skalpel's window "
+                    f"of {shape}; train longer, or ask for a shorter window (wait=0, warmup=1, active=1)")  # fmt: skip
+        longest = max([*self.gaps, self._since_evaluation])
+        # after an evaluation the session starts at the next optimizer step: one warm-up step, then the recording
+        shorter = (f"or ask for a window that fits: wait=0, warmup=1, active={longest - 2}" if longest >= 3
+                   else "no window fits between them")  # fmt: skip
+        return (f"no step was recorded: an evaluation or a checkpoint save came at most {longest} optimizer step(s) "
+                f"apart ({self.restarts} restart(s) of the session after one), never leaving room for skalpel's "
+                f"window of {shape}; evaluate and save less often while profiling, {shorter}")  # fmt: skip
 
     def summary_line(self) -> str:
         if self.report is None:

@@ -37,6 +37,7 @@ from typing import Any, Iterator
 from .. import env
 from ..capture import distributed, runfolder, signals
 from ..capture.boundaries import Takeover, why_no_boundary
+from ..capture.children import Children
 from ..capture.collectives import Recorder as CollectiveRecorder
 from ..capture.driver import Driver
 from ..capture.outputs import own_report, write_run
@@ -73,6 +74,8 @@ class Watcher:
         self.settings = settings or CaptureSettings()
         self.detector = StepDetector(self._boundary, only=step_on)
         self.policy = self.detector.policy
+        self.children = Children()  # processes the script starts: training there is said, as skalpel run says it
+        self.detector.on_child_boundary = self.children.boundary
         self.driver = Driver(self.detector, _say, on_takeover=self._taken_over, on_aside=self._stood_aside,
                              steps=lambda: self.steps)  # fmt: skip
         self.thread = threading.get_ident()
@@ -118,6 +121,7 @@ class Watcher:
                         memory_source=self.anomaly_detector.memory_source,
                         memory_limit=self.anomaly_detector.memory_limit, cooldown_s=self.cooldown_s)  # fmt: skip
         self.detector.install()  # it times the DataLoader wait, backward and the optimizer step too
+        self.children.install()
         self.driver.install()
         self.store.on_restart = self.anomalies.clear  # a takeover: the anomalies judged on the steps before are gone
         # a rank whose record stays "running" with its process gone died (told on this host only)
@@ -202,6 +206,7 @@ class Watcher:
             self.collectives.uninstall()
         self.driver.uninstall()
         self.detector.uninstall()
+        self.children.uninstall()
 
     # -- each step ----------------------------------------------------------------------------
     def _boundary(self) -> None:
@@ -426,7 +431,8 @@ class Watcher:
         assert run.folder is not None
         self.captures.append(run.folder)
         self.store.capture(anomaly_id, run.folder.name, summary)
-        _say(f"captured {self.settings.active} steps after step {anomaly.step} ({anomaly.kind}): {summary} "
+        # the steps this capture recorded: a profile asked for from another terminal names its own number
+        _say(f"captured {run.recorded_steps} steps after step {anomaly.step} ({anomaly.kind}): {summary} "
              f"-> {run.folder}")  # fmt: skip
 
     # -- the end ------------------------------------------------------------------------------
@@ -488,7 +494,8 @@ class Watcher:
             return None
         if self.detector.policy.boundaries == 1:
             return f"{self.script} ran one iteration only: a watched step is the time between two boundaries"
-        return why_no_boundary(self.detector.policy, self.script, batches=self.detector.hooks.batches)
+        return why_no_boundary(self.detector.policy, self.script, batches=self.detector.hooks.batches,
+                               children=self.children.note(None))  # fmt: skip
 
     def summary(self) -> str:
         kinds = ", ".join(f"{anomaly.kind} at step {anomaly.step}" for anomaly, _ in self.anomalies)
