@@ -31,7 +31,8 @@ MIB = 2**20
 def _run(out: Path, script: str, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     log = open(out.parent / f"{out.name}.log", "wb")
-    command = [sys.executable, "-m", "skalpel", "run", "--active", "2", "--out", str(out), str(SCENARIOS / script)]
+    active = "1" if "--evaluate" in args else "2"  # its steps hold twice the events: two stay under the categoriser's
+    command = [sys.executable, "-m", "skalpel", "run", "--active", active, "--out", str(out), str(SCENARIOS / script)]
     return subprocess.Popen([*command, *args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
@@ -42,7 +43,8 @@ def runs(tmp_path_factory) -> dict[str, dict]:
             "inference": ("inference_weights.py",), "adam": ("optimizer_state_peak.py",),
             "momentum": ("optimizer_state_peak.py", "--momentum"),
             "sgd": ("optimizer_state_peak.py", "--sgd"),
-            "late_zero": ("activations_peak.py", "--late-zero")}  # fmt: skip
+            "late_zero": ("activations_peak.py", "--late-zero"),
+            "evaluate": ("activations_peak.py", "--evaluate")}  # fmt: skip
     started = {name: _run(root / name, *args) for name, args in plan.items()}
     reports = {}
     for name, process in started.items():
@@ -70,7 +72,7 @@ def test_the_split_adds_up_to_the_profilers_peak(runs):
     assert split["phase"] == "backward"  # the peak: the whole forward's activations, when backward starts
     top = split["activation_modules"][0]
     assert top["module"] == "Block" and top["calls"] == 4
-    assert top["location"].endswith("activations_peak.py:32 in forward")
+    assert top["location"].endswith("activations_peak.py:34 in forward")
     assert sum(m["bytes"] for m in split["activation_modules"]) == by_category["activation"]
     # the curve over the window: its highest row is the peak, with the same split
     highest = max(split["curve"], key=lambda row: sum(row[1:]))
@@ -95,11 +97,26 @@ def test_a_window_opened_between_forward_and_backward_holds_no_phantom_activatio
 
 
 @pytest.mark.slow
+def test_a_no_grad_evaluation_at_the_peak_is_no_activation(runs):
+    # torch's categoriser calls every forward tensor derived from the inputs an activation, a no_grad forward's too;
+    # none is read by a backward, and checkpointing cannot free them: temporaries
+    split = runs["evaluate"]["capture"]["memory_split"]
+    by_category = {part["category"]: part["bytes"] for part in split["categories"]}
+    assert split["peak_bytes"] > runs["planted"]["capture"]["memory_split"]["peak_bytes"]  # the peak is the eval's
+    assert by_category.get("activation", 0) < 0.1 * split["peak_bytes"]
+    assert max(by_category, key=by_category.get) == "temporary"
+    assert not [f for f in runs["evaluate"]["findings"] if f["id"] == "activations_dominate_peak"]
+    # the training window's own activations are still activations (read by its backward)
+    planted = {part["category"]: part["bytes"] for part in runs["planted"]["capture"]["memory_split"]["categories"]}
+    assert planted["activation"] > 0.5 * runs["planted"]["capture"]["memory_split"]["peak_bytes"]
+
+
+@pytest.mark.slow
 def test_checkpointing_the_named_module_saves_what_the_finding_claims(runs):
     found = _finding(runs["planted"], "activations_dominate_peak")
     evidence = found["evidence"]
     assert evidence["module"] == "Block" and evidence["share_pct"] >= 50
-    assert found["locations"][0].endswith("activations_peak.py:32 in forward")
+    assert found["locations"][0].endswith("activations_peak.py:34 in forward")
     assert "torch.utils.checkpoint.checkpoint(block" in found["fix"]
     before = runs["planted"]["capture"]["memory_split"]["peak_bytes"]
     after = runs["checkpointed"]["capture"]["memory_split"]["peak_bytes"]

@@ -21,7 +21,7 @@ unsplit, and the report says so.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 from ..result.memory_split import CategoryBytes, MemorySplit, ModuleActivations
 from ..trace.roles import BACKWARD_PREFIX, OPTIMIZER_PREFIX, ZERO_GRAD_PREFIX
@@ -68,13 +68,13 @@ def _split(results: Any, *, steps: int, top_modules: int) -> MemorySplit:
 
     profile = MemoryProfile(results)
     timeline = _released_after_last_use(profile, Action, TensorKey)
+    name_of = _namer(profile, timeline, Action, TensorKey)
     device = _peak_device(timeline, Action)
     live, at, held_before = _live_at_peak(timeline, device, Action)
     by_category: dict[str, int] = defaultdict(int)
     activations = []
     for (key, version), size in live.items():
-        category = profile._categories.get(key, version) if isinstance(key, TensorKey) else None
-        name = category.name.lower() if category is not None else "unknown"
+        name = name_of(key, version)
         by_category[name] += size
         if name == "activation":
             activations.append((key, size))
@@ -84,18 +84,39 @@ def _split(results: Any, *, steps: int, top_modules: int) -> MemorySplit:
                        for name, size in sorted(by_category.items(), key=lambda item: (-item[1], item[0])))  # fmt: skip
     names = tuple(part.category for part in categories)
     stale = _stale_gradients(profile, timeline, device, Action, TensorKey)
-    names += tuple(sorted(set(_category_names(timeline, device, profile, TensorKey)) - set(names)))
+    names += tuple(sorted(set(_category_names(timeline, device, profile, name_of, TensorKey)) - set(names)))
     return MemorySplit(
         device=str(device), peak_bytes=peak, held_before_bytes=held_before,
         phase=_phase(allocations.get(at)), categories=categories,
         activation_modules=_by_module(activations, allocations, _EventType)[:top_modules], step_span=steps,
-        curve_categories=names, curve=_curve(timeline, device, names, profile, Action, TensorKey),
+        curve_categories=names, curve=_curve(timeline, device, names, name_of, Action),
         spent_gradient_bytes=stale.at_peak_bytes, peak_without_spent_gradients_bytes=stale.peak_without_bytes,
         zero_grad_location=_caller_line(stale.zero_grad_event),
     )  # fmt: skip
 
 
 _HELD_ACROSS_STEPS = ("parameter", "optimizer_state")
+
+
+def _namer(profile: Any, timeline: tuple, action: Any, tensor_key: Any) -> Callable[[Any, int], str]:
+    """The category name of a tensor version, as the categoriser has it, except that an "activation" freed in the
+    window with no backward op reading it is a temporary: the categoriser calls every forward tensor derived from
+    the inputs an activation, also a no_grad forward's (an evaluation) and intermediates autograd did not keep,
+    which checkpointing cannot free."""
+    from torch.profiler._memory_profiler import RecordScope, get_scopes
+
+    read_in_backward = {key for node in profile._data_flow_graph.flow_nodes
+                        if RecordScope.BACKWARD_FUNCTION in get_scopes(node._event) for key in node.inputs}  # fmt: skip
+    freed = {key for _, act, (key, _), _ in timeline if act == action.DESTROY}
+
+    def name_of(key: Any, version: int) -> str:
+        category = profile._categories.get(key, version) if isinstance(key, tensor_key) else None
+        name = category.name.lower() if category is not None else "unknown"
+        if name == "activation" and key in freed and key not in read_in_backward:
+            return "temporary"
+        return name
+
+    return name_of
 
 
 def _released_after_last_use(profile: Any, action: Any, tensor_key: Any) -> tuple:
@@ -199,8 +220,8 @@ def _peak_of(entries: list, action: Any) -> tuple[int, int]:
     return peak, peak_index
 
 
-def _curve(timeline: tuple, device: Any, names: tuple[str, ...], profile: Any, action: Any,
-           tensor_key: Any) -> tuple[tuple[float, ...], ...]:  # fmt: skip
+def _curve(timeline: tuple, device: Any, names: tuple[str, ...], name_of: Callable[[Any, int], str],
+           action: Any) -> tuple[tuple[float, ...], ...]:  # fmt: skip
     """The live bytes of each category over the window, at CURVE_POINTS instants and at the peak's."""
     index = {name: i for i, name in enumerate(names)}
     entries = [entry for entry in timeline if entry[2][0].device == device]
@@ -215,8 +236,7 @@ def _curve(timeline: tuple, device: Any, names: tuple[str, ...], profile: Any, a
     highest, peak_row = -1, None
 
     def add(key: Any, version: int, size: int) -> None:
-        category = profile._categories.get(key, version) if isinstance(key, tensor_key) else None
-        slot = index.get(category.name.lower() if category is not None else "unknown")
+        slot = index.get(name_of(key, version))
         if slot is not None:
             level[slot] += size
 
@@ -240,16 +260,14 @@ def _curve(timeline: tuple, device: Any, names: tuple[str, ...], profile: Any, a
     return tuple(sorted(rows, key=lambda row: row[0]))
 
 
-def _category_names(timeline: tuple, device: Any, profile: Any, tensor_key: Any):
+def _category_names(timeline: tuple, device: Any, profile: Any, name_of: Callable[[Any, int], str],
+                    tensor_key: Any):  # fmt: skip
     """The category of every tensor version the window created on ``device`` (for the curve's columns)."""
     for _, _, (key, version), _ in timeline:
         if key.device == device:
-            category = profile._categories.get(key, version) if isinstance(key, tensor_key) else None
-            yield category.name.lower() if category is not None else "unknown"
-            if isinstance(key, tensor_key):
-                category = profile._categories.get(key, version + 1)
-                if category is not None:
-                    yield category.name.lower()
+            yield name_of(key, version)
+            if isinstance(key, tensor_key) and profile._categories.get(key, version + 1) is not None:
+                yield name_of(key, version + 1)
 
 
 def _row(time: int, start: int, level: list[int]) -> tuple[float, ...]:
