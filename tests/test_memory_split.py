@@ -239,6 +239,21 @@ def test_a_large_window_is_left_unsplit_and_said(monkeypatch):
         memory_split.split_at_peak(bare, steps=1)
 
 
+def test_a_split_of_some_seconds_is_announced_and_a_short_one_is_not(monkeypatch):
+    import torch
+    model = torch.nn.Linear(64, 64)
+    with torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        model(torch.randn(8, 64)).sum().backward()
+    heard: list[str] = []
+    memory_split.split_at_peak(prof, steps=1, say=heard.append)
+    assert heard == []  # a few hundred events: no line
+    monkeypatch.setattr(memory_split, "SAY_FROM_EVENTS", 5)
+    memory_split.split_at_peak(prof, steps=1, say=heard.append)
+    (line,) = heard
+    events = len(prof.profiler.kineto_results.events())
+    assert line.startswith(f"splitting the memory peak by category ({events:,} profiler events, about ")
+
+
 # ---- reserved_far_above_allocated, on real GPU traces --------------------------------------------------------------
 
 

@@ -30,6 +30,8 @@ from .stale_gradients import StaleGradients, intervals, is_optimizer_step, is_ze
 
 CURVE_POINTS = 240  # rows of the category curve kept for the report's chart
 MOST_EVENTS = 60_000  # profiler events above which the categoriser is not run: some 10 s on one loaded core
+EVENTS_PER_S = 6_000  # the categoriser's pace on one loaded core (53,721 events in 8.9 s)
+SAY_FROM_EVENTS = 12_000  # a split of some 2 s or more is announced: the script stands still meanwhile
 TOP_MODULES = 8
 _MODULE_PREFIX = "nn.Module: "
 # torch.optim's Python frames: the optimizer step's record_function is not always an ancestor of its allocations
@@ -41,8 +43,10 @@ class NotSplit(Exception):
     """The window's memory cannot be split; the message says why, for the report's notes."""
 
 
-def split_at_peak(prof: Any, *, steps: int, top_modules: int = TOP_MODULES) -> MemorySplit:
-    """The split of the window ``prof`` recorded (its results not yet released), or NotSplit."""
+def split_at_peak(prof: Any, *, steps: int, top_modules: int = TOP_MODULES,
+                  say: Callable[[str], None] | None = None) -> MemorySplit:  # fmt: skip
+    """The split of the window ``prof`` recorded (its results not yet released), or NotSplit; ``say`` hears, before
+    a split of some seconds, what it is doing and for about how long."""
     missing = [flag for flag in ("profile_memory", "record_shapes", "with_stack") if not getattr(prof, flag, False)]
     if missing:
         raise NotSplit(f"memory not split by category: the capture ran without {', '.join(missing)}")
@@ -53,6 +57,9 @@ def split_at_peak(prof: Any, *, steps: int, top_modules: int = TOP_MODULES) -> M
     if events > MOST_EVENTS:
         raise NotSplit(f"memory not split by category: {events:,} profiler events in the window, more than the "
                        f"{MOST_EVENTS:,} the categoriser is run on (record fewer steps: --active)")  # fmt: skip
+    if say is not None and events >= SAY_FROM_EVENTS:
+        say(f"splitting the memory peak by category ({events:,} profiler events, about "
+            f"{events / EVENTS_PER_S:.0f} s; fewer --active steps make it shorter)")  # fmt: skip
     try:
         return _split(results, steps=steps, top_modules=top_modules)
     except NotSplit:
