@@ -63,8 +63,8 @@ def test_the_planted_zero_grad_is_found_at_its_line(runs, name, planted):
     assert location.endswith(f"gradients_held_peak.py:{_line(planted)} in main")
     evidence = found["evidence"]
     assert evidence["spent_gradient_mib"] >= 20  # the 24 MiB of gradients of six 1024x1024 layers, spent at the peak
-    assert evidence["saving_mib"] >= 4 and evidence["saving_mib"] * MIB == pytest.approx(
-        split["peak_bytes"] - split["peak_without_spent_gradients_bytes"])
+    assert evidence["saving_mib"] >= 4 and evidence["saving_mib"] * MIB == pytest.approx(  # evidence: 4 decimals
+        split["peak_bytes"] - split["peak_without_spent_gradients_bytes"], abs=1e-4 * MIB)
     assert "set_to_none=True" in found["fix"]
 
 

@@ -57,7 +57,7 @@ def _model():
     return Net()
 
 
-def _profiled(tmp_path_factory, *, stacks: bool) -> Path:
+def _profiled(tmp_path_factory, *, stacks: bool, marked: bool = True) -> Path:
     import torch
 
     torch.set_num_threads(1)
@@ -67,10 +67,15 @@ def _profiled(tmp_path_factory, *, stacks: bool) -> Path:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
                                 with_stack=stacks) as prof:  # fmt: skip
         for _ in range(5):
-            optimizer.zero_grad()
-            model(inputs).sum().backward()
+            if marked:
+                optimizer.zero_grad()
+            loss = model(inputs).sum()
+            if not marked:  # the forward is the trace's first work (as in many scripts' loops)
+                optimizer.zero_grad()
+            loss.backward()
             optimizer.step()
-            prof.step()
+            if marked:
+                prof.step()
     path = tmp_path_factory.mktemp("modules") / f"trace-{'stacks' if stacks else 'plain'}.json"
     prof.export_chrome_trace(str(path))
     return path
@@ -97,6 +102,16 @@ def test_the_tree_nests_as_the_model_and_counts_calls(stacked) -> None:
     assert _node(tree, "Net_0", "Linear_2").calls == 1  # the wide head: the third Linear called
     children = {node.path for node in tree.nodes if node.path[:2] == ("Net_0", "Block_0") and node.depth == 2}
     assert children == {("Net_0", "Block_0", leaf) for leaf in ("Linear_0", "ReLU_0", "Linear_1")}
+
+
+def test_a_trace_without_step_markers_keeps_the_first_forward_whole(tmp_path_factory) -> None:
+    # no prof.step(): the window opens at the first op, after the first forward's outermost frame began
+    trace = load(_profiled(tmp_path_factory, stacks=True, marked=False))
+    tree = module_tree(trace, segment_steps(trace)).for_rank(0)
+    assert tree.unit == "iteration"
+    assert [node.path for node in tree.nodes if node.depth == 0] == [("Net_0",)]
+    assert _node(tree, "Net_0").calls == pytest.approx(5 / tree.units)  # five forwards over the iterations
+    assert _node(tree, "Net_0", "Block_0").calls == pytest.approx(10 / tree.units)
 
 
 def test_self_and_total_add_up_and_the_step_is_accounted_for(stacked) -> None:

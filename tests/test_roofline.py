@@ -8,6 +8,7 @@ it against the same roofs: the labels must agree.
 from __future__ import annotations
 
 import dataclasses
+import io
 import sys
 from pathlib import Path
 
@@ -149,3 +150,32 @@ def test_the_modules_roofline_goes_through_json() -> None:
     modules = document["ranks"][0]["extra"]["roofline"]["modules"]
     assert modules[0]["path"] == ["Qwen2Model_0"] and modules[0]["label"] in ("compute-bound", "memory-bound")
     assert Report.from_json(report.to_json()).ranks[0].roofline == report.ranks[0].roofline
+
+
+def _rendered(roof) -> str:
+    from rich.console import Console
+
+    from skalpel.report.terminal_roofline import roofline_table
+
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(roofline_table(roof))
+    return console.export_text()
+
+
+def _unjudged(op: str, why: str):
+    from skalpel.result.sections import RooflineOp
+
+    return RooflineOp(op, "[[2048,512],[512,128]]", "fp32", 1.0, 5.0, None, None, None, None, None, None, None,
+                      "not judged", None, why)  # fmt: skip
+
+
+def test_a_reason_every_op_shares_is_said_once_and_leaves_the_op_column_readable() -> None:
+    from skalpel.result.sections import RooflineSummary
+
+    why = ("no measured fp32 roof for this CPU (skalpel run measures fp32 and bf16 matmuls and a copy; a stored "
+           "trace has none)")  # fmt: skip
+    text = _rendered(RooflineSummary("none", tuple(_unjudged(op, why) for op in ("aten::bmm", "aten::addmm"))))
+    assert "aten::bmm" in text and "aten::addmm" in text  # an 80-column terminal squeezed them to nothing
+    assert " ".join(text.split()).count("a stored trace has none") == 1
+    mixed = _rendered(RooflineSummary("none", (_unjudged("aten::bmm", why), _unjudged("aten::div", "no shapes"))))
+    assert "aten::bmm" in mixed and "aten::div" in mixed and "no shapes" in mixed

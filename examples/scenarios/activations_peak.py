@@ -2,10 +2,15 @@
 
     skalpel run examples/scenarios/activations_peak.py
     skalpel run examples/scenarios/activations_peak.py --checkpoint   # the fix, applied by hand
+    skalpel run examples/scenarios/activations_peak.py --late-zero    # zero_grad() between forward and backward
+    skalpel run examples/scenarios/activations_peak.py --evaluate     # a no_grad pass of 8x the batch each step
 
 A long sequence through four blocks: each block keeps its attention scores and its MLP's wide hidden
 layer for the backward pass, many times the weights. ``--checkpoint`` wraps each block in
 ``torch.utils.checkpoint``: only the blocks' inputs are kept, the rest recomputed in backward.
+``--late-zero`` calls zero_grad() after the forward (as many tutorials do): the same peak, with the
+recording's window opening while a forward's activations are held. ``--evaluate`` runs a no_grad forward
+of eight times the batch before each step: the window's peak is in it, and nothing of it is kept for a backward.
 """
 
 import sys
@@ -47,17 +52,24 @@ class TinyTransformer(nn.Module):
         return self.head(x)
 
 
-def main(steps: int = 12, checkpointed: bool = False) -> None:
+def main(steps: int = 12, checkpointed: bool = False, late_zero: bool = False, evaluate: bool = False) -> None:
     model = TinyTransformer(checkpointed=checkpointed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tokens = torch.randint(0, 128, (8, 256))
     for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
+        if evaluate:
+            with torch.no_grad():
+                model(tokens.repeat(8, 1)).argmax(-1)
+        if not late_zero:
+            optimizer.zero_grad(set_to_none=True)
         logits = model(tokens)
         loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+        if late_zero:
+            optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
 
 if __name__ == "__main__":
-    main(checkpointed="--checkpoint" in sys.argv[1:])
+    main(checkpointed="--checkpoint" in sys.argv[1:], late_zero="--late-zero" in sys.argv[1:],
+         evaluate="--evaluate" in sys.argv[1:])

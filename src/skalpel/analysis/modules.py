@@ -4,7 +4,8 @@ Each event's module is a role of the trace, decided once (``Trace.module``, trac
 event runs in the innermost ``nn.Module: Name_N`` frame around it, a kernel in its launch call's.
 A node of the tree is a module by its path from the outermost module (``TinyTransformer_0 >
 Sequential_0 > Block_2``); its figures are per unit (``steps.judged_units``), over the frames that
-start inside the units:
+start inside the units and the module frames around them (an unmarked trace's window opens at its first
+op, inside the first forward's outermost frame: without it, that forward's children would stand as roots):
 
 * host: the frames' time (total) and that time less the child modules' frames (self);
 * device: kernels, copies and memsets the module's own launch calls queued (self) and its subtree's
@@ -166,6 +167,7 @@ def _rank_tree(trace: Trace, rank: int, units, unit: str, frames_all, flop_event
     frames = frames_all[(trace.rank[frames_all] == rank) & _in_units(trace.ts[frames_all], units)]
     if len(frames) == 0:
         return None
+    frames = _with_enclosing(trace.module, frames)
     count = len(units)
     module = trace.module
     position = {int(frame): i for i, frame in enumerate(frames.tolist())}  # frame -> its row
@@ -216,6 +218,18 @@ def _rank_tree(trace: Trace, rank: int, units, unit: str, frames_all, flop_event
         backward_host_ms=float(backward_host.sum()) / 1000.0 / count,
         backward_device_ms=float(backward_device.sum()) / 1000.0 / count, sizes_recorded=sizes is not None,
     )  # fmt: skip
+
+
+def _with_enclosing(module: np.ndarray, frames: np.ndarray) -> np.ndarray:
+    """``frames`` and every module frame around one of them, in trace order."""
+    kept = set(frames.tolist())
+    todo = [int(module[frame]) for frame in frames.tolist()]
+    while todo:
+        frame = todo.pop()
+        if frame >= 0 and frame not in kept:
+            kept.add(frame)
+            todo.append(int(module[frame]))
+    return np.array(sorted(kept), dtype=frames.dtype)
 
 
 def _paths(trace: Trace, frames: np.ndarray, position: dict[int, int]) -> list[tuple[str, ...]]:

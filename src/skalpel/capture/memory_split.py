@@ -7,6 +7,12 @@ bytes go to its category (``unknown`` when none), the phase is read from the ops
 set the peak, and each activation is charged to the module whose forward allocated it (the child of the
 outermost module: a transformer's block, the unit activation checkpointing wraps).
 
+The CPU allocator reports no free of a block allocated before the recording started (it never learnt its
+size): a tensor alive when the window opens and freed in it would stay in the timeline to the end. A window
+opened by a ``zero_grad()`` between the forward and the backward holds the whole previous forward's
+activations that way. Such a tensor is taken as freed after its last use in the window
+(``_released_after_last_use``), unless it is model state (parameters, optimizer state), held across steps.
+
 The categoriser is pure Python over every op of the window (some 2.5 s for two steps of a small transformer
 on one loaded core, 6,000 events a second): a window of more than ``MOST_EVENTS`` profiler events is left
 unsplit, and the report says so.
@@ -15,7 +21,7 @@ unsplit, and the report says so.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 from ..result.memory_split import CategoryBytes, MemorySplit, ModuleActivations
 from ..trace.roles import BACKWARD_PREFIX, OPTIMIZER_PREFIX, ZERO_GRAD_PREFIX
@@ -24,6 +30,8 @@ from .stale_gradients import StaleGradients, intervals, is_optimizer_step, is_ze
 
 CURVE_POINTS = 240  # rows of the category curve kept for the report's chart
 MOST_EVENTS = 60_000  # profiler events above which the categoriser is not run: some 10 s on one loaded core
+EVENTS_PER_S = 6_000  # the categoriser's pace on one loaded core (53,721 events in 8.9 s)
+SAY_FROM_EVENTS = 12_000  # a split of some 2 s or more is announced: the script stands still meanwhile
 TOP_MODULES = 8
 _MODULE_PREFIX = "nn.Module: "
 # torch.optim's Python frames: the optimizer step's record_function is not always an ancestor of its allocations
@@ -35,8 +43,10 @@ class NotSplit(Exception):
     """The window's memory cannot be split; the message says why, for the report's notes."""
 
 
-def split_at_peak(prof: Any, *, steps: int, top_modules: int = TOP_MODULES) -> MemorySplit:
-    """The split of the window ``prof`` recorded (its results not yet released), or NotSplit."""
+def split_at_peak(prof: Any, *, steps: int, top_modules: int = TOP_MODULES,
+                  say: Callable[[str], None] | None = None) -> MemorySplit:  # fmt: skip
+    """The split of the window ``prof`` recorded (its results not yet released), or NotSplit; ``say`` hears, before
+    a split of some seconds, what it is doing and for about how long."""
     missing = [flag for flag in ("profile_memory", "record_shapes", "with_stack") if not getattr(prof, flag, False)]
     if missing:
         raise NotSplit(f"memory not split by category: the capture ran without {', '.join(missing)}")
@@ -47,6 +57,9 @@ def split_at_peak(prof: Any, *, steps: int, top_modules: int = TOP_MODULES) -> M
     if events > MOST_EVENTS:
         raise NotSplit(f"memory not split by category: {events:,} profiler events in the window, more than the "
                        f"{MOST_EVENTS:,} the categoriser is run on (record fewer steps: --active)")  # fmt: skip
+    if say is not None and events >= SAY_FROM_EVENTS:
+        say(f"splitting the memory peak by category ({events:,} profiler events, about "
+            f"{events / EVENTS_PER_S:.0f} s; fewer --active steps make it shorter)")  # fmt: skip
     try:
         return _split(results, steps=steps, top_modules=top_modules)
     except NotSplit:
@@ -61,14 +74,14 @@ def _split(results: Any, *, steps: int, top_modules: int) -> MemorySplit:
     from torch.profiler._memory_profiler import Action, MemoryProfile, TensorKey
 
     profile = MemoryProfile(results)
-    timeline = profile.timeline
+    timeline = _released_after_last_use(profile, Action, TensorKey)
+    name_of = _namer(profile, timeline, Action, TensorKey)
     device = _peak_device(timeline, Action)
     live, at, held_before = _live_at_peak(timeline, device, Action)
     by_category: dict[str, int] = defaultdict(int)
     activations = []
     for (key, version), size in live.items():
-        category = profile._categories.get(key, version) if isinstance(key, TensorKey) else None
-        name = category.name.lower() if category is not None else "unknown"
+        name = name_of(key, version)
         by_category[name] += size
         if name == "activation":
             activations.append((key, size))
@@ -78,15 +91,68 @@ def _split(results: Any, *, steps: int, top_modules: int) -> MemorySplit:
                        for name, size in sorted(by_category.items(), key=lambda item: (-item[1], item[0])))  # fmt: skip
     names = tuple(part.category for part in categories)
     stale = _stale_gradients(profile, timeline, device, Action, TensorKey)
-    names += tuple(sorted(set(_category_names(timeline, device, profile, TensorKey)) - set(names)))
+    names += tuple(sorted(set(_category_names(timeline, device, profile, name_of, TensorKey)) - set(names)))
     return MemorySplit(
         device=str(device), peak_bytes=peak, held_before_bytes=held_before,
         phase=_phase(allocations.get(at)), categories=categories,
         activation_modules=_by_module(activations, allocations, _EventType)[:top_modules], step_span=steps,
-        curve_categories=names, curve=_curve(timeline, device, names, profile, Action, TensorKey),
+        curve_categories=names, curve=_curve(timeline, device, names, name_of, Action),
         spent_gradient_bytes=stale.at_peak_bytes, peak_without_spent_gradients_bytes=stale.peak_without_bytes,
         zero_grad_location=_caller_line(stale.zero_grad_event),
     )  # fmt: skip
+
+
+_HELD_ACROSS_STEPS = ("parameter", "optimizer_state")
+
+
+def _namer(profile: Any, timeline: tuple, action: Any, tensor_key: Any) -> Callable[[Any, int], str]:
+    """The category name of a tensor version, as the categoriser has it, except that an "activation" freed in the
+    window with no backward op reading it is a temporary: the categoriser calls every forward tensor derived from
+    the inputs an activation, also a no_grad forward's (an evaluation) and intermediates autograd did not keep,
+    which checkpointing cannot free."""
+    from torch.profiler._memory_profiler import RecordScope, get_scopes
+
+    read_in_backward = {key for node in profile._data_flow_graph.flow_nodes
+                        if RecordScope.BACKWARD_FUNCTION in get_scopes(node._event) for key in node.inputs}  # fmt: skip
+    freed = {key for _, act, (key, _), _ in timeline if act == action.DESTROY}
+
+    def name_of(key: Any, version: int) -> str:
+        category = profile._categories.get(key, version) if isinstance(key, tensor_key) else None
+        name = category.name.lower() if category is not None else "unknown"
+        if name == "activation" and key in freed and key not in read_in_backward:
+            return "temporary"
+        return name
+
+    return name_of
+
+
+def _released_after_last_use(profile: Any, action: Any, tensor_key: Any) -> tuple:
+    """The categoriser's timeline with a DESTROY, after its last use in the window, for each host tensor that was
+    alive before the window and never freed in it (the CPU allocator reports no such free), model state aside."""
+    timeline = profile.timeline
+    destroyed = {key for _, act, (key, _), _ in timeline if act == action.DESTROY}
+    versions: dict = {}
+    for _, act, (key, version), _ in timeline:
+        if act == action.INCREMENT_VERSION:
+            versions[key] = max(versions.get(key, 0), version + 1)
+    unfreed = {key: size for _, act, (key, _), size in timeline
+               if act == action.PREEXISTING and key.device.type == "cpu" and key not in destroyed
+               and isinstance(key, tensor_key)}  # fmt: skip
+    if not unfreed:
+        return timeline
+    last_use: dict = {}
+    for node in profile._data_flow_graph.flow_nodes:
+        for key in node.inputs:
+            if key in unfreed:
+                last_use[key] = max(last_use.get(key, -1), node._event.end_time_ns)
+    released = []
+    for key, size in unfreed.items():
+        last = versions.get(key, 0)
+        categories = {profile._categories.get(key, version) for version in range(last + 1)}
+        if not any(c is not None and c.name.lower() in _HELD_ACROSS_STEPS for c in categories):
+            # no use in the window: dropped at its start (old gradients a zero_grad(set_to_none=True) let go)
+            released.append((last_use.get(key, -1), action.DESTROY, (key, last), size))
+    return tuple(sorted((*timeline, *released), key=lambda entry: (entry[0], entry[1].value)))
 
 
 def _stale_gradients(profile: Any, timeline: tuple, device: Any, action: Any, tensor_key: Any) -> StaleGradients:
@@ -129,9 +195,9 @@ def _peak_device(timeline: tuple, action: Any) -> Any:
 
 
 def _live_at_peak(timeline: tuple, device: Any, action: Any) -> tuple[dict, int, int]:
-    """(live (key, version) -> bytes at the peak, the time of the allocation that set it, bytes held before)."""
+    """(live (key, version) -> bytes at the peak, the time of the allocation that set it, bytes of those allocated
+    before the window)."""
     entries = [entry for entry in timeline if entry[2][0].device == device]
-    held_before = sum(entry[3] for entry in entries if entry[1] == action.PREEXISTING)
     _, peak_index = _peak_of(entries, action)
     live: dict = {}
     for time, act, (key, version), size in entries[: peak_index + 1]:
@@ -142,6 +208,8 @@ def _live_at_peak(timeline: tuple, device: Any, action: Any) -> tuple[dict, int,
         elif act == action.DESTROY:
             live.pop((key, version), None)
     at = entries[peak_index][0] if peak_index >= 0 else -1
+    preexisting = {entry[2][0] for entry in entries if entry[1] == action.PREEXISTING}
+    held_before = sum(size for (key, _), size in live.items() if key in preexisting)  # and still held at the peak
     return live, at, held_before
 
 
@@ -159,8 +227,8 @@ def _peak_of(entries: list, action: Any) -> tuple[int, int]:
     return peak, peak_index
 
 
-def _curve(timeline: tuple, device: Any, names: tuple[str, ...], profile: Any, action: Any,
-           tensor_key: Any) -> tuple[tuple[float, ...], ...]:  # fmt: skip
+def _curve(timeline: tuple, device: Any, names: tuple[str, ...], name_of: Callable[[Any, int], str],
+           action: Any) -> tuple[tuple[float, ...], ...]:  # fmt: skip
     """The live bytes of each category over the window, at CURVE_POINTS instants and at the peak's."""
     index = {name: i for i, name in enumerate(names)}
     entries = [entry for entry in timeline if entry[2][0].device == device]
@@ -175,8 +243,7 @@ def _curve(timeline: tuple, device: Any, names: tuple[str, ...], profile: Any, a
     highest, peak_row = -1, None
 
     def add(key: Any, version: int, size: int) -> None:
-        category = profile._categories.get(key, version) if isinstance(key, tensor_key) else None
-        slot = index.get(category.name.lower() if category is not None else "unknown")
+        slot = index.get(name_of(key, version))
         if slot is not None:
             level[slot] += size
 
@@ -200,16 +267,14 @@ def _curve(timeline: tuple, device: Any, names: tuple[str, ...], profile: Any, a
     return tuple(sorted(rows, key=lambda row: row[0]))
 
 
-def _category_names(timeline: tuple, device: Any, profile: Any, tensor_key: Any):
+def _category_names(timeline: tuple, device: Any, profile: Any, name_of: Callable[[Any, int], str],
+                    tensor_key: Any):  # fmt: skip
     """The category of every tensor version the window created on ``device`` (for the curve's columns)."""
     for _, _, (key, version), _ in timeline:
         if key.device == device:
-            category = profile._categories.get(key, version) if isinstance(key, tensor_key) else None
-            yield category.name.lower() if category is not None else "unknown"
-            if isinstance(key, tensor_key):
-                category = profile._categories.get(key, version + 1)
-                if category is not None:
-                    yield category.name.lower()
+            yield name_of(key, version)
+            if isinstance(key, tensor_key) and profile._categories.get(key, version + 1) is not None:
+                yield name_of(key, version + 1)
 
 
 def _row(time: int, start: int, level: list[int]) -> tuple[float, ...]:

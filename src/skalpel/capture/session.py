@@ -47,6 +47,11 @@ from .timing import step_timing
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
 
+def _say(message: str) -> None:
+    """A progress line on stderr, as ``skalpel run`` says what it does."""
+    print(f"skalpel: {message}", file=sys.stderr, flush=True)
+
+
 class ProfileRun:
     """One capture: the torch.profiler session and skalpel's step clock; its trace files and ``capture_info()``."""
 
@@ -302,7 +307,7 @@ class ProfileRun:
         if not self.settings.profile_memory:
             return
         try:
-            self.memory_split = split_at_peak(prof, steps=self.recorded_steps)
+            self.memory_split = split_at_peak(prof, steps=self.recorded_steps, say=_say)
         except NotSplit as why:
             self.notes.append(str(why))
 

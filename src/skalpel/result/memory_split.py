@@ -40,7 +40,7 @@ class ModuleActivations(_Section):
 class MemorySplit(_Section):
     device: str  # "cpu" or "cuda:0": the device whose peak this is
     peak_bytes: int  # bytes of the tensors the profiler tracked, at their highest in the window
-    held_before_bytes: int  # of them, allocated before the recording began (parameters, optimizer state, ...)
+    held_before_bytes: int  # of them, allocated before the recording and held at the peak (parameters, optimizer state)
     phase: str  # where the peak fell: one of PHASES
     categories: tuple[CategoryBytes, ...]  # add up to peak_bytes, largest first
     activation_modules: tuple[ModuleActivations, ...]  # the top modules by activation bytes
