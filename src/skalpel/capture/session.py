@@ -307,7 +307,8 @@ class ProfileRun:
         if not self.settings.profile_memory:
             return
         try:
-            self.memory_split = split_at_peak(prof, steps=self.recorded_steps, say=_say)
+            # rank 0 says it for the job: every rank splits its own window at the same time
+            self.memory_split = split_at_peak(prof, steps=self.recorded_steps, say=_say if rank() == 0 else None)
         except NotSplit as why:
             self.notes.append(str(why))
 
