@@ -149,7 +149,8 @@ def test_a_rank_asleep_in_its_data_loader_is_named_and_the_others_wait_in_the_ne
     out, text, _ = _job(tmp_path, "sleep", hangs_expected=True)
     dumps = {rank: orjson.loads((out / f"rank{rank}" / "hang-1.json").read_bytes()) for rank in range(4)}
     for rank, dump in dumps.items():  # each rank noticed by itself, within 2x the bound, and said so
-        assert dump["bound_s"] == 2.0 and dump["bound_s"] < dump["stalled_s"] < 2 * dump["bound_s"], dump
+        # the dump fires once the stall passes the bound; written to the millisecond, a stall of 2.0004 s reads 2.0
+        assert dump["bound_s"] == 2.0 and dump["bound_s"] <= dump["stalled_s"] < 2 * dump["bound_s"], dump
         assert f"rank {rank}: no step has ended for " in text
         assert any(stack["main"] for stack in dump["stacks"]) and len(dump["stacks"]) >= 2  # every thread
     findings, notes = hangs.verdict(out)
@@ -299,7 +300,7 @@ def test_one_process_stuck_is_a_step_hang_at_its_line_and_a_long_step_that_ends_
 ) -> None:
     out, stderr = _one(tmp_path / "stuck", "3600", stuck=True)
     dump = orjson.loads((out / "hang-1.json").read_bytes())
-    assert dump["rank"] is None and dump["bound_s"] == 1.0 and 1.0 < dump["stalled_s"] < 2.0, dump
+    assert dump["rank"] is None and dump["bound_s"] == 1.0 and 1.0 <= dump["stalled_s"] < 2.0, dump  # to the ms
     assert "step_hang: No step ended for 1 s after step" in stderr  # said live
     (finding,), notes = hangs.verdict(out)
     assert finding.id == "step_hang" and notes == []
