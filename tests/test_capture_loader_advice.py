@@ -220,6 +220,7 @@ def test_batches_cheaper_than_a_workers_handoff_get_no_workers(reports):
     advice leads with a cheap __getitem__ and says why not workers, with the numbers (on a busy machine, the fetch
     counted on a core). The batch's cost is the script thread's CPU time in the fetch: a CI run beside other jobs
     stretched the fetch's wall time to 12.5 ms a batch (100 ms of a 236 ms step) and, read from it, advised workers."""
+    # (and the CPU time of the un-profiled steps: the profiler inflates the Python that makes a batch ~2x)
     report = reports["cheap_tokens"]
     _on_two_cores(report)
     finding = _finding(report, "dataloader_bound")
@@ -228,7 +229,10 @@ def test_batches_cheaper_than_a_workers_handoff_get_no_workers(reports):
     assert evidence["batches_per_step"] == 8
     cpu = report["capture"]["cpu"]
     assert cpu["loader_batches"] >= 8 * 4 and 0 < cpu["loader_fetch_cpu_s"] < cpu["cpu_s"], cpu
-    assert evidence["fetch_measured_as"] == "thread CPU" and "CPU time in the fetch" in finding["fix"]
+    # measured in the un-profiled steps before the window: a CI run under load measured no profiler overhead (lost
+    # in its noise) and the window's 1.9 ms a batch, unscaled, passed the hand-over
+    assert cpu["unprofiled_loader_batches"] >= 8 and cpu["unprofiled_loader_fetch_cpu_s"] > 0, cpu
+    assert evidence["fetch_measured_as"] == "thread CPU, un-profiled steps" and "CPU time in the fetch" in finding["fix"]
     assert "not more workers" in finding["fix"] and evidence["workers_speedup_up_to"] == 1.0
     assert finding["fix"].startswith("num_workers=0 loads every batch in the training process: make __getitem__ cheap")
     assert evidence["fetch_ms_per_batch"] < WORKER_HANDOFF_MS

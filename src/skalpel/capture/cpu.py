@@ -53,10 +53,12 @@ def left_out(end: Snapshot, stretches: list[tuple[Snapshot, Snapshot]]) -> Snaps
 
 
 def facts(start: Snapshot, end: Snapshot, *, steps: int, loader_workers: int = 0,
-          fetched: tuple[int, float] | None = None) -> dict[str, Any]:  # fmt: skip
+          fetched: tuple[int, float] | None = None,
+          fetched_unprofiled: tuple[int, float] | None = None) -> dict[str, Any]:  # fmt: skip
     """The CPU facts of the stretch between two snapshots (``steps`` recorded steps; ``fetched``: the DataLoader
     batches fetched in it and the script thread's CPU seconds inside those fetches, where skalpel run's hooks
-    measured them)."""
+    measured them; ``fetched_unprofiled``: the same over the un-profiled steps before the window, where the profiler
+    does not inflate the Python that makes a batch)."""
     import torch
 
     wall = max(end.wall_s - start.wall_s, 1e-9)
@@ -83,6 +85,9 @@ def facts(start: Snapshot, end: Snapshot, *, steps: int, loader_workers: int = 0
     if fetched is not None and fetched[0] > 0:
         result["loader_batches"] = fetched[0]
         result["loader_fetch_cpu_s"] = round(max(fetched[1], 0.0), 6)
+    if fetched_unprofiled is not None and fetched_unprofiled[0] > 0:
+        result["unprofiled_loader_batches"] = fetched_unprofiled[0]
+        result["unprofiled_loader_fetch_cpu_s"] = round(max(fetched_unprofiled[1], 0.0), 6)
     if loader_workers and start.children_cpu_s is not None and end.children_cpu_s is not None:
         # per child alive at the end: one started in between brings all of its time; one that ended takes its own
         used_by_children = sum(s - start.children_cpu_s.get(pid, 0.0) for pid, s in end.children_cpu_s.items())

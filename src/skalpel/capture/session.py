@@ -41,7 +41,7 @@ from .module_sizes import HEADER_KEY as MODULE_SIZES
 from .module_sizes import ModuleSizes
 from .quiet import ignored
 from .sampler import LineSampler
-from .settings import ACTIVE, CaptureSettings, profiler_kwargs, torch_schedule
+from .settings import ACTIVE, WAIT, CaptureSettings, profiler_kwargs, torch_schedule
 from .timing import step_timing
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
@@ -84,6 +84,7 @@ class ProfileRun:
         # DataLoader batches fetched so far and the script thread's CPU seconds in those fetches (skalpel run's hooks)
         self.batches_seen: Callable[[], tuple[int, float]] | None = None
         self._cpu_batches: list[tuple[int, float]] = []  # those at the window's snapshots
+        self._unprofiled_batches: list[tuple[int, float]] = []  # and at the end of each un-profiled (wait) step
         self.check_steps = max(settings.active, 5)  # un-profiled steps timed after the last window
         self.run_ledger: RunLedger | None = None  # the whole run by skalpel run's clock (conclude.py sets it)
         self.memory_split: MemorySplit | None = None  # what held the first window's memory peak
@@ -125,6 +126,8 @@ class ProfileRun:
         prof = self._prof
         number = prof.step_num
         self._intervals.append((number, now - self._last))
+        if self.batches_seen is not None and self._phases[min(number, len(self._phases) - 1)] == (0, WAIT):
+            self._unprofiled_batches.append(self.batches_seen())  # a batch's cost without the profiler
         if last:
             self._stop_profiler()
             self._last = time.perf_counter()
@@ -319,12 +322,9 @@ class ProfileRun:
         if len(self._cpu_window) >= 2:
             start, end = self._cpu_window[0], self._cpu_window[1]
             end = cpu.left_out(end, self._cpu_excluded)
-            fetched = None
-            if len(self._cpu_batches) >= 2:
-                (batches_then, cpu_then), (batches_now, cpu_now) = self._cpu_batches[:2]
-                fetched = (batches_now - batches_then, cpu_now - cpu_then)
             cpu_facts = cpu.facts(start, end, steps=self.settings.active, loader_workers=self.loader_workers,
-                                  fetched=fetched)  # fmt: skip
+                                  fetched=_between(self._cpu_batches[:2]),  # the first window's
+                                  fetched_unprofiled=_between(self._unprofiled_batches))  # fmt: skip
         return CaptureInfo(
             warmup_steps=self.settings.wait + self.settings.warmup,
             wait_steps=self.settings.wait,
@@ -345,6 +345,15 @@ def _default_name() -> str:
     if script == "ipykernel_launcher":  # a Jupyter kernel: the script is the kernel's, not the user's
         return "notebook"
     return script or "profile"
+
+
+def _between(counts: list[tuple[int, float]]) -> tuple[int, float] | None:
+    """The batches fetched and the CPU seconds spent fetching them from the first of the hooks' counts to the last
+    (of the un-profiled steps, the first step's are left out: it makes the iterator and starts its workers)."""
+    if len(counts) < 2:
+        return None
+    (batches_then, cpu_then), (batches_now, cpu_now) = counts[0], counts[-1]
+    return batches_now - batches_then, cpu_now - cpu_then
 
 
 def rank() -> int:

@@ -119,6 +119,15 @@ def worker_ms_per_batch(cpu: dict) -> tuple[float, int] | None:
     return 1000.0 * used / batches, int(batches)
 
 
+def unprofiled_fetch_cpu_ms_per_batch(cpu: dict) -> float | None:
+    """The same in the un-profiled steps before the window: what a batch costs on a core as the script runs
+    without skalpel (the profiler inflates the Python that makes it ~2x); None where not measured."""
+    used, batches = cpu.get("unprofiled_loader_fetch_cpu_s"), cpu.get("unprofiled_loader_batches")
+    if used is None or not batches:
+        return None
+    return 1000.0 * used / batches
+
+
 def fetch_cpu_ms_per_batch(cpu: dict) -> float | None:
     """The script thread's CPU milliseconds inside one DataLoader fetch over the capture's window (skalpel run's
     hooks: ``loader_fetch_cpu_s`` over ``loader_batches``); None where not measured. With ``num_workers=0`` it is

@@ -9,8 +9,8 @@ import numpy as np
 from ..cores import WORKER_HANDOFF_MS, loader_workers, threads_beside_workers, workers_that_fit
 from . import thresholds
 from .common import pct, window_of
-from .cpu import (cheap_batches, contended, fetch_cpu_ms_per_batch, loader_wait_ms_per_batch, usable_cores,
-                  worker_ms_per_batch)
+from .cpu import (cheap_batches, contended, fetch_cpu_ms_per_batch, loader_wait_ms_per_batch,
+                  unprofiled_fetch_cpu_ms_per_batch, usable_cores, worker_ms_per_batch)
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
@@ -171,11 +171,17 @@ def _why_no_workers(cpu: dict, evidence: dict, *, wait_ms: float, compute_ms: fl
     # the process ran (CPU / (CPU + run-queue wait), an average over the window that a burst of load escapes)
     queued = cpu.get("run_queue_wait_s")
     ran = cpu["cpu_s"] / (cpu["cpu_s"] + queued) if queued and cpu.get("cpu_s") else 1.0
-    on_cpu = fetch_cpu_ms_per_batch(cpu)
-    per_batch = (on_cpu if on_cpu is not None else wait_ms * ran / batches) * (unprofiled_ratio or 1.0)
+    # best: the thread's CPU in the fetches of the un-profiled steps; then in the window's, scaled by the profiler's
+    # measured overhead (None under load, where it drowns in the noise: a 0.9 ms batch then read 1.9 ms)
+    unprofiled = unprofiled_fetch_cpu_ms_per_batch(cpu)
+    on_cpu = unprofiled if unprofiled is not None else fetch_cpu_ms_per_batch(cpu)
+    if unprofiled is not None:
+        per_batch = unprofiled
+    else:
+        per_batch = (on_cpu if on_cpu is not None else wait_ms * ran / batches) * (unprofiled_ratio or 1.0)
     evidence.update({"batches_per_step": batches, "fetch_ms_per_batch": per_batch})
     if on_cpu is not None:
-        evidence["fetch_measured_as"] = "thread CPU"
+        evidence["fetch_measured_as"] = "thread CPU, un-profiled steps" if unprofiled is not None else "thread CPU"
     if ran < 1.0:
         evidence["ran_share_of_wanted"] = ran
     if unprofiled_ratio:
@@ -187,7 +193,7 @@ def _why_no_workers(cpu: dict, evidence: dict, *, wait_ms: float, compute_ms: fl
         evidence.update({"cores_held_by_others": min(max(load - cpu["cpu_s"] / cpu["wall_s"], 0.0), cores),
                          "fetch_on_core_ms_per_step": min(max(busy_ms - compute_ms, 0.0), wait_ms)})  # fmt: skip
     if per_batch < WORKER_HANDOFF_MS:
-        scaled = " without the profiler" if unprofiled_ratio else ""
+        scaled = " without the profiler" if unprofiled is not None or unprofiled_ratio else ""
         if on_cpu is not None:
             on_core = "; its CPU time in the fetch, which other load does not stretch"
         else:

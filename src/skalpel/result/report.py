@@ -583,6 +583,7 @@ CPU_FACTS: dict[str, type] = {
     "intra_op_threads": int, "inter_op_threads": int, "loader_workers": int, "processes": int, "cores_available": int,
     "cpu_quota_cores": float, "cpu_s": float, "wall_s": float, "steps": int, "load_avg_1m": float, "runnable_now": int,
     "run_queue_wait_s": float, "loader_worker_cpu_s": float, "loader_batches": int, "loader_fetch_cpu_s": float,
+    "unprofiled_loader_batches": int, "unprofiled_loader_fetch_cpu_s": float,
 }  # fmt: skip
 """``CaptureInfo.cpu`` as capture/cpu.py writes it: each fact a number of 0 or more, or null (the rules divide by them)."""
 _CPU_NEEDED = ("cpu_s", "wall_s", "steps")
