@@ -30,6 +30,18 @@ def data_wait_ms(ctx: Context, rank: int, lane: str = "host") -> float:
     return found.data_wait_ms_per_unit(lane) if found is not None else 0.0
 
 
+def job_data_wait_ms(ctx: Context) -> tuple[float, float] | None:
+    """(waiting for data, the steady unit) in ms, each the mean over the ranks' host lanes: the job's account for
+    the rules that judge the capture's CPU facts, which are the job's; None without a ledger or a host lane."""
+    ledgers = ctx.analyses.ledger.ranks.values() if ctx.analyses.ledger is not None else ()
+    hosts = [(ledger, ledger.lane("host")) for ledger in ledgers]
+    hosts = [(ledger, host) for ledger, host in hosts if host is not None]
+    if not hosts:
+        return None
+    wait = sum(ledger.data_wait_ms_per_unit() for ledger, _ in hosts) / len(hosts)
+    return wait, sum(host.steady_ms_per_unit for _, host in hosts) / len(hosts)
+
+
 def pct(part: float, whole: float) -> float:
     return 100.0 * part / whole if whole > 0 else 0.0
 

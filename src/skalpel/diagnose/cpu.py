@@ -15,6 +15,7 @@ from typing import Any
 
 from ..cores import WORKER_HANDOFF_MS, WORKER_SIDE_HANDOFF_MS, workers_that_fit
 from . import thresholds
+from .common import job_data_wait_ms
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
@@ -103,39 +104,41 @@ def _check_contention(ctx: Context, rule: Rule) -> Outcome:
     return [rule.finding(evidence, title=title, severity=severity, fix=fix)]
 
 
+def _ms_per_batch(cpu: dict, used_key: str, batches_key: str) -> tuple[float, int] | None:
+    """CPU milliseconds a batch from two of the capture's facts: CPU seconds (``used_key``) over the batches fetched
+    (``batches_key``); None where the capture did not measure them or no batch was fetched."""
+    used, batches = cpu.get(used_key), cpu.get(batches_key)
+    if used is None or not batches:
+        return None
+    return 1000.0 * used / batches, int(batches)
+
+
 def worker_ms_per_batch(cpu: dict) -> tuple[float, int] | None:
     """The CPU milliseconds the DataLoader workers spent on a batch over the capture's window, and the batches
-    fetched in it; None where the capture did not measure them (``loader_worker_cpu_s``, ``loader_batches``: skalpel
-    run's hooks) or no batch was fetched.
+    fetched in it (``loader_worker_cpu_s``, ``loader_batches``: skalpel run's hooks); None where unmeasured.
 
     The trace cannot see a worker's work, only the training process's wait; the workers' CPU time can. It holds
     the worker's side of the hand-over too (collate into shared memory, pickle), so a batch made in the training
     process costs no more. Both this and the wait are read while the profiler records (workers forked under it
     record too): a TensorDataset batch of 32 x 64 floats took 0.9 ms of a worker's CPU, 1.4-2.0 ms recorded.
     """
-    used, batches = cpu.get("loader_worker_cpu_s"), cpu.get("loader_batches")
-    if used is None or not batches:
-        return None
-    return 1000.0 * used / batches, int(batches)
+    return _ms_per_batch(cpu, "loader_worker_cpu_s", "loader_batches")
 
 
 def unprofiled_fetch_cpu_ms_per_batch(cpu: dict) -> float | None:
-    """The same in the un-profiled steps before the window: what a batch costs on a core as the script runs
-    without skalpel (the profiler inflates the Python that makes it ~2x); None where not measured."""
-    used, batches = cpu.get("unprofiled_loader_fetch_cpu_s"), cpu.get("unprofiled_loader_batches")
-    if used is None or not batches:
-        return None
-    return 1000.0 * used / batches
+    """The script thread's CPU milliseconds inside one fetch in the un-profiled steps before the window: what a
+    batch costs on a core as the script runs without skalpel (the profiler inflates the Python that makes it ~2x);
+    None where not measured."""
+    measured = _ms_per_batch(cpu, "unprofiled_loader_fetch_cpu_s", "unprofiled_loader_batches")
+    return measured[0] if measured else None
 
 
 def fetch_cpu_ms_per_batch(cpu: dict) -> float | None:
-    """The script thread's CPU milliseconds inside one DataLoader fetch over the capture's window (skalpel run's
-    hooks: ``loader_fetch_cpu_s`` over ``loader_batches``); None where not measured. With ``num_workers=0`` it is
-    what making a batch costs on a core: two jobs on two cores stretch a 1 ms batch's wall time to 12 ms, not this."""
-    used, batches = cpu.get("loader_fetch_cpu_s"), cpu.get("loader_batches")
-    if used is None or not batches:
-        return None
-    return 1000.0 * used / batches
+    """The same over the capture's window (``loader_fetch_cpu_s`` over ``loader_batches``); None where not measured.
+    With ``num_workers=0`` it is what making a batch costs on a core: two jobs on two cores stretch a 1 ms batch's
+    wall time to 12 ms, not this."""
+    measured = _ms_per_batch(cpu, "loader_fetch_cpu_s", "loader_batches")
+    return measured[0] if measured else None
 
 
 NO_WORKERS_MARGIN = 1.2  # the wait must pass the in-process cost by this much (a 15.5 ms batch waited 14.8 at load 4)
@@ -163,13 +166,12 @@ def cheap_batches(measured: tuple[float, int] | None, wait_ms_per_batch: float) 
 
 
 def loader_wait_ms_per_batch(ctx: Context, cpu: dict, measured: tuple[float, int] | None) -> float:
-    """The main thread's mean wait for a batch over the recorded steps (the ledger's data wait a step, over the
+    """The main thread's mean wait for a batch over the recorded steps (the job's data wait a step, over the
     batches a step fetched); 0 where unknown."""
-    ranks = ctx.analyses.ledger.ranks if ctx.analyses.ledger is not None else {}
-    if not ranks or measured is None or not cpu.get("steps"):
+    job = job_data_wait_ms(ctx)
+    if job is None or measured is None or not cpu.get("steps"):
         return 0.0
-    wait_ms_per_step = sum(ledger.data_wait_ms_per_unit() for ledger in ranks.values()) / len(ranks)
-    return wait_ms_per_step / max(measured[1] / cpu["steps"], 1e-9)
+    return job[0] / max(measured[1] / cpu["steps"], 1e-9)
 
 
 def _causes(asked: int, threads: int, processes: int, workers: int, cores: float, load: float | None,

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..cores import WORKER_HANDOFF_MS, loader_workers, threads_beside_workers, workers_that_fit
 from . import thresholds
-from .common import pct, window_of
+from .common import job_data_wait_ms, pct, window_of
 from .cpu import (cheap_batches, contended, fetch_cpu_ms_per_batch, loader_wait_ms_per_batch,
                   unprofiled_fetch_cpu_ms_per_batch, usable_cores, worker_ms_per_batch)
 from .rule import Context, Docs, NotJudged, Outcome, Rule
@@ -166,22 +164,12 @@ def _why_no_workers(cpu: dict, evidence: dict, *, wait_ms: float, compute_ms: fl
     The one veto here: a batch made faster than a worker hands it over (``WORKER_HANDOFF_MS``).
     """
     batches = max(batches_per_step, 1.0)
-    # on a loaded machine the fetch's wall time is stretched by its waits for a core; a batch's cost is its time on
-    # one: the script thread's CPU in the fetches where skalpel run's hooks measured it, else the share of the wait
-    # the process ran (CPU / (CPU + run-queue wait), an average over the window that a burst of load escapes)
     queued = cpu.get("run_queue_wait_s")
     ran = cpu["cpu_s"] / (cpu["cpu_s"] + queued) if queued and cpu.get("cpu_s") else 1.0
-    # best: the thread's CPU in the fetches of the un-profiled steps; then in the window's, scaled by the profiler's
-    # measured overhead (None under load, where it drowns in the noise: a 0.9 ms batch then read 1.9 ms)
-    unprofiled = unprofiled_fetch_cpu_ms_per_batch(cpu)
-    on_cpu = unprofiled if unprofiled is not None else fetch_cpu_ms_per_batch(cpu)
-    if unprofiled is not None:
-        per_batch = unprofiled
-    else:
-        per_batch = (on_cpu if on_cpu is not None else wait_ms * ran / batches) * (unprofiled_ratio or 1.0)
+    per_batch, measured_as = _batch_cost(cpu, wait_ms / batches, ran, unprofiled_ratio)
     evidence.update({"batches_per_step": batches, "fetch_ms_per_batch": per_batch})
-    if on_cpu is not None:
-        evidence["fetch_measured_as"] = "thread CPU, un-profiled steps" if unprofiled is not None else "thread CPU"
+    if measured_as is not None:
+        evidence["fetch_measured_as"] = measured_as
     if ran < 1.0:
         evidence["ran_share_of_wanted"] = ran
     if unprofiled_ratio:
@@ -193,8 +181,8 @@ def _why_no_workers(cpu: dict, evidence: dict, *, wait_ms: float, compute_ms: fl
         evidence.update({"cores_held_by_others": min(max(load - cpu["cpu_s"] / cpu["wall_s"], 0.0), cores),
                          "fetch_on_core_ms_per_step": min(max(busy_ms - compute_ms, 0.0), wait_ms)})  # fmt: skip
     if per_batch < WORKER_HANDOFF_MS:
-        scaled = " without the profiler" if unprofiled is not None or unprofiled_ratio else ""
-        if on_cpu is not None:
+        scaled = " without the profiler" if measured_as == _UNPROFILED or unprofiled_ratio else ""
+        if measured_as is not None:
             on_core = "; its CPU time in the fetch, which other load does not stretch"
         else:
             on_core = f"; on a core: the process ran {100 * ran:.0f}% of the time it wanted one" if ran < 0.9 else ""
@@ -202,6 +190,30 @@ def _why_no_workers(cpu: dict, evidence: dict, *, wait_ms: float, compute_ms: fl
                 f"the ~{WORKER_HANDOFF_MS:g} ms a worker takes to hand one over (collate into shared memory, pickle, "
                 "queue)")  # fmt: skip
     return None
+
+
+_UNPROFILED = "thread CPU, un-profiled steps"
+
+
+def _batch_cost(cpu: dict, wait_ms_per_batch: float, ran: float,
+                unprofiled_ratio: float | None) -> tuple[float, str | None]:  # fmt: skip
+    """What making one batch costs on a core as the script runs without skalpel, in ms, and how it was measured
+    (None: from the wall wait). On a loaded machine a fetch's wall time is stretched by its waits for a core, so the
+    measures go from the one load cannot touch to the one it can:
+
+    1. the script thread's CPU in the fetches of the un-profiled steps before the window (skalpel run's hooks);
+    2. its CPU in the window's fetches, scaled by the profiler's measured overhead (``unprofiled_ratio``, None
+       under load, where it drowns in the noise: a 0.9 ms batch then read 1.9 ms);
+    3. the wall wait a batch times ``ran``, the share of the time the process wanted a core that it ran (an
+       average over the window that a burst of load escapes), scaled as in 2.
+    """
+    unprofiled = unprofiled_fetch_cpu_ms_per_batch(cpu)
+    if unprofiled is not None:
+        return unprofiled, _UNPROFILED
+    in_window = fetch_cpu_ms_per_batch(cpu)
+    if in_window is not None:
+        return in_window * (unprofiled_ratio or 1.0), "thread CPU"
+    return wait_ms_per_batch * ran * (unprofiled_ratio or 1.0), None
 
 
 def _workers_for(cores: float, threads: int) -> tuple[int, int | None]:
@@ -287,11 +299,7 @@ def _check_oversubscribed(ctx: Context, rule: Rule) -> Outcome:
     asked = threads * processes + workers
     if 100.0 * asked / cores < rule.thresholds.share_pct or asked - cores < rule.thresholds.floor:
         return []
-    hosts = [(ledger, ledger.lane("host")) for ledger in ctx.analyses.ledger.ranks.values()] \
-        if ctx.analyses.ledger is not None else []  # fmt: skip
-    hosts = [(ledger, host) for ledger, host in hosts if host is not None]
-    wait = float(np.mean([ledger.data_wait_ms_per_unit() for ledger, _ in hosts])) if hosts else 0.0
-    step = float(np.mean([host.steady_ms_per_unit for _, host in hosts])) if hosts else 0.0
+    wait, step = job_data_wait_ms(ctx) or (0.0, 0.0)
     compute = max(step - wait, 0.0)
     evidence = {
         "loader_workers": workers, "intra_op_threads": threads, "processes": processes, "usable_cores": cores,
