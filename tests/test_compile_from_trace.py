@@ -69,6 +69,8 @@ def test_compile_frames_in_python_stacks_without_steps(tmp_path):
     assert finding.evidence["compile_ms"] == pytest.approx(200.0) and finding.evidence["steps_marked"] is False
     assert finding.locations == ("train.py:10 in <module>",)
     assert "in the profiled window (no steps marked)" in finding.title
+    # a trace from elsewhere can hold the first compilation: the fix cannot send the user to a recompilation finding
+    assert "recompilation finding" not in finding.fix and "mark the steps" in finding.fix
 
 
 def test_compiling_in_the_first_step_only_is_info(tmp_path):
@@ -134,6 +136,18 @@ def test_a_resume_frame_inside_its_caller_is_a_graph_break(tmp_path):
     assert finding.locations[0] == "model.py:33 in forward"
     assert "skalpel run" in finding.fix and "fullgraph=True" in finding.fix
     assert not [f for f in report.findings if f.id == "not_judged" and "graph_break" in f.title]
+
+
+def test_a_graph_break_without_python_stacks_quotes_no_hint_as_a_line(tmp_path):
+    """A trace without stacks: the title names the compiled frame, never "ran inside no Python stacks in this
+    trace: profile with ..." (the hint stays in the finding's where)."""
+    builder = TraceBuilder()
+    _steps(builder, 4)
+    _kernels(builder)
+    _regions(builder, nested=True)
+    (finding,), _ = _by_id(builder, tmp_path, "graph_break")
+    assert "ran inside compiled frame 0/0" in finding.title and "with_stack" not in finding.title
+    assert finding.evidence["lines"] == []
 
 
 def test_two_compiled_functions_side_by_side_are_no_break(tmp_path):

@@ -4,9 +4,10 @@ and a quiet look-alike are a few typed results each (issue 33)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from skalpel.analysis.attention import Attention, EagerAttention, RankAttention, SdpaBackend
-from skalpel.analysis.blame import BlameResult, Contributor, RankBlame, StepBlame
+from skalpel.analysis.blame import UNTRACED, BlameResult, Contributor, RankBlame, StepBlame
 from skalpel.analysis.breakdown import RankBreakdown, StepBreakdown
 from skalpel.analysis.bundle import Analyses
 from skalpel.analysis.cpu_ops import CpuOps
@@ -87,9 +88,9 @@ def test_dataloader_bound_quiet_on_a_large_share_of_a_short_step():
 # --- host_bound ---
 
 
-def _host_blame(by_category_ms: dict[str, float], top: str) -> BlameResult:
+def _host_blame(by_category_ms: dict[str, float], top: str, label: str = "augment() in train.py:12") -> BlameResult:
     steps = tuple(StepBlame(n, n * 10000.0, (n + 1) * 10000.0, 6.0, {}) for n in range(4))
-    contributors = (Contributor(top, "augment() in train.py:12", max(by_category_ms.values()), (5,)),)
+    contributors = (Contributor(top, label, max(by_category_ms.values()), (5,)),)
     blamed = RankBlame(0, steps, sum(by_category_ms.values()), by_category_ms, contributors, (), waits_on="main thread")
     return BlameResult({0: blamed})
 
@@ -102,6 +103,29 @@ def test_host_bound_fires_on_python_between_the_ops():
     assert finding.evidence["host_work_pct"] == 60.0 and finding.evidence["culprits"][0]["share_pct"] == 50.0
     assert finding.severity == "critical"  # 60% of the step: at the critical share
     assert finding.fix.startswith("augment() in train.py:12 at train.py:5 holds the step's ops back")
+    assert "DataLoader workers" in finding.fix and "torch.compile" not in finding.fix
+
+
+@pytest.mark.parametrize("label", ["model_forward", "nn.Module: Router_0"])
+def test_host_bound_in_the_models_forward_says_vectorise_not_workers(label):
+    """Python inside the forward (an MoE router's per-token loop under record_function("model_forward")) cannot go
+    to DataLoader workers or run every N steps: the fix is whole-tensor ops or compile (a public trace got the
+    data-pipeline advice)."""
+    blame = _host_blame({"host_compute": 20.0, "unexplained": 4.0}, "host_compute", label=label)
+    ledger = Ledger({0: rank_ledger(host={"python": 6.0, "compute": 4.0})})
+    ctx = _context(blame=blame, ledger=ledger, cpu_ops=CpuOps({}), has_device=False, has_stacks=True)
+    [finding] = _run(HOST_BOUND, ctx)
+    assert "whole-tensor ops" in finding.fix and "torch.compile" in finding.fix
+    assert "DataLoader workers" not in finding.fix
+
+
+def test_host_bound_title_reads_when_no_op_covers_the_time():
+    blame = _host_blame({"host_compute": 20.0, "unexplained": 4.0}, "host_compute", label=UNTRACED)
+    ledger = Ledger({0: rank_ledger(host={"python": 6.0, "compute": 4.0})})
+    ctx = _context(blame=blame, ledger=ledger, cpu_ops=CpuOps({}), has_device=False, has_stacks=False)
+    [finding] = _run(HOST_BOUND, ctx)
+    assert finding.title.endswith("50% of the step is covered by no op or function of the user's")
+    assert finding.severity == "info"
 
 
 def test_host_bound_quiet_when_the_time_outside_the_ops_is_a_fetch():

@@ -194,7 +194,7 @@ def _graph_break_from_regions(ctx: Context, rule: Rule, found: GraphBreaks) -> O
     step_ms = sum(step.duration_ms for step in steps) or 1.0
     step_count = max(len(steps), 1)
     breaks = len(split.inner)
-    located = ctx.locations(list(split.events))
+    located = ctx.user_lines(list(split.events))
     evidence = {
         "graph_breaks": breaks,
         "reasons": [_NO_REASON],
@@ -255,8 +255,13 @@ def _check_compile_overhead(ctx: Context, rule: Rule) -> Outcome:
     title = f"torch.compile compiles for {compile_ms:.0f} ms {where} ({share:.0f}% of their time)"
     locations = _locations(ctx, logged, result) if logged else ctx.locations(list(traced.events))
     locations = locations or ((traced.first_name,) if traced.first_name is not None else ())
-    if steady or not ctx.steps.marked:
+    if steady:
         findings.append(rule.finding(evidence, title=title, locations=locations))
+    elif not ctx.steps.marked:  # first compilation or recompilations: without steps the trace cannot tell
+        fix = ("warm the compiled model up (run it on a few batches) before profiling, and mark the steps "
+               "(prof.step() each iteration, or skalpel run) so that a recompilation can be told from the first "
+               "compilation, which each process pays once")  # fmt: skip
+        findings.append(rule.finding(evidence, title=title, locations=locations, fix=fix))
     else:
         title += ": the first profiled step only, a one-time cost that distorts the measurement"
         fix = "warm up before measuring: profile from a later step (schedule(wait=1, warmup=1, ...)) so compilation is done"

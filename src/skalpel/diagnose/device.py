@@ -134,8 +134,8 @@ def _lead(ctx: Context, blamed, cause_pct: float) -> dict | None:
 
 def _line(ctx: Context, events) -> str | None:
     """The user's line of these events; None without Python stacks (the finding's locations say how to get them)."""
-    where = ctx.locations(events, limit=1) if len(events) else ()
-    return where[0] if where and "with_stack" not in where[0] else None
+    where = ctx.user_lines(events, limit=1) if len(events) else ()
+    return where[0] if where else None
 
 
 def _short(label: str, limit: int = 60) -> str:

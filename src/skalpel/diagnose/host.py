@@ -20,6 +20,10 @@ from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 HOST_WORK = ("python", "unrecorded")  # the ledger's causes that are the user's host work on the main thread
 
+_FORWARD_FIX = ("it runs inside the model's forward (per-element indexing, .item(), Python loops over tokens or "
+                "experts): express it as whole-tensor ops (masks, torch.where, gather/scatter, index_add), keep values "
+                "as tensors instead of .item(), or torch.compile the module")  # fmt: skip
+
 _FIX = ("take it off the training thread or out of the step: data built or augmented there goes to DataLoader "
         "workers (num_workers > 0) or is prepared once before training; per-item Python loops become numpy/torch "
         "ops on whole arrays; checkpoints, logging and metrics run every N steps (or in a background thread)")  # fmt: skip
@@ -57,9 +61,9 @@ def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
             share = 100.0 * item.ms / span_ms
             if share < 1.0:
                 break
-            where = ctx.locations(item.events, limit=1) if item.events else ()
+            where = ctx.user_lines(item.events, limit=1) if item.events else ()
             culprits.append({"label": item.label, "share_pct": share, "ms_per_step": item.ms / count,
-                             "location": where[0] if where and "with_stack" not in where[0] else None})  # fmt: skip
+                             "location": where[0] if where else None})  # fmt: skip
         if not culprits:
             continue
         lead = culprits[0]
@@ -73,22 +77,33 @@ def _check_host_bound(ctx: Context, rule: Rule) -> Outcome:
         }
         ratio = ctx.capture.unprofiled_ratio() if ctx.capture is not None else None
         saving = _saving_without_profiler(evidence, ratio) if ratio else None
-        what = "Python no op or function of the user's covers" if lead["label"] == UNTRACED else lead["label"]
+        untraced = lead["label"] == UNTRACED
+        what = "host time no op or function of the user's covers" if untraced else lead["label"]
         title = (f"The main thread spends {work_pct:.0f}% of the step in host work outside torch ops "
-                 f"({host_ms / count:.1f} ms/step); {lead['share_pct']:.0f}% of the step in {what}")  # fmt: skip
+                 f"({host_ms / count:.1f} ms/step); {lead['share_pct']:.0f}% of the step "
+                 + ("is covered by no op or function of the user's" if untraced else f"in {what}"))  # fmt: skip
         others = [f"{item['label']} {item['share_pct']:.0f}%" for item in culprits[1:]]
         title += f" ({', '.join(others)} next)" if others else ""
-        fix = f"{named_at(what, lead['location'])} holds the step's ops back: {_FIX}"
+        fix = f"{named_at(what, lead['location'])} holds the step's ops back: " + (
+            _FORWARD_FIX if _in_forward(lead["label"], lead["location"]) else _FIX)
         if saving:
             fix += f"; {saving}"
         events = top[0].events
         # time no op, range or user function covers may be a sleep, I/O or a lock as well as Python: an info note
-        severity = "info" if lead["label"] == UNTRACED else rule.severity_for(work_pct)
-        if lead["label"] == UNTRACED and not ctx.analyses.has_stacks:
+        severity = "info" if untraced else rule.severity_for(work_pct)
+        if untraced and not ctx.analyses.has_stacks:
             fix = "profile with Python stacks (with_stack=True; skalpel run records them) to name the host work"
         findings.append(rule.finding(evidence, locations=ctx.locations(events), rank=rank, title=title, fix=fix,
                                      severity=severity))  # fmt: skip
     return findings
+
+
+def _in_forward(label: str, location: str | None) -> bool:
+    """Whether the host work is the model's own Python: a forward range (``record_function("model_forward")``), a
+    module's frame (``nn.Module: Router``), or a line inside a ``forward`` method. Moving it to DataLoader workers or
+    doing it every N steps cannot help there; vectorising or compiling it can."""
+    return ("forward" in label.lower() or label.startswith("nn.Module:")
+            or (location is not None and location.rstrip().endswith(" in forward")))  # fmt: skip
 
 
 def _saving_without_profiler(evidence: dict, ratio: float) -> str:

@@ -168,6 +168,13 @@ class Context(JobContext):
         """The innermost user-code frames around these events, most frequent first."""
         return self._get_locator().locations(events, limit=limit)
 
+    def user_lines(self, events: Iterable[int] | np.ndarray, *, limit: int = 3) -> tuple[str, ...]:
+        """``locations`` that are lines of the user's code: none where the trace has no Python stacks (``locations``
+        then says how to record them, a hint for a finding's "where", not a line to quote in a title)."""
+        from ..trace.stacks import NO_STACKS
+
+        return tuple(where for where in self.locations(events, limit=limit) if where != NO_STACKS)
+
     def location_in(self, event: int, spans) -> str | None:
         """The user's line of one event, at the statement sampled inside these (start, end) spans."""
         return self._get_locator().location_in(event, spans) if self.trace.has_stacks else None
