@@ -92,9 +92,14 @@ def test_an_lbfgs_closures_forward_and_backward_are_not_the_optimizers(tmp_path:
     assert before.share_pct("optimizer") > 80.0, before.total_ms  # the defect, on the same trace
 
 
-def test_without_stacks_the_closures_backward_still_leaves_the_optimizer(tmp_path: Path) -> None:
-    host = _host(_trace(tmp_path, "lbfgs", with_stack=False))  # no module frames: the forward stays the step's
-    assert host.share_pct("backward") > 25.0, host.total_ms
+def test_without_stacks_the_closures_backward_still_leaves_the_optimizer(tmp_path: Path, monkeypatch) -> None:
+    path = _trace(tmp_path, "lbfgs", with_stack=False)
+    host = _host(path)  # no module frames: the forward stays the step's
+    # 34-35% on a quiet machine, 16% in a CI beside busy loops (a preemption is charged to the range open then,
+    # here the optimizer's); the defect leaves it at 0
+    assert host.share_pct("backward") > 10.0, host.total_ms
+    _as_before(monkeypatch)
+    assert _host(path).share_pct("backward") == 0.0  # the control: the optimizer's range took it all
 
 
 def test_an_adam_loop_twin_is_charged_as_before(tmp_path: Path, monkeypatch) -> None:

@@ -27,7 +27,6 @@ import ctypes
 import dataclasses
 import math
 import os
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -35,6 +34,7 @@ from typing import Callable
 from .. import env
 from ..trace.source import available_memory
 from .bounded import PartialStep
+from .quiet import off_the_python_tracer
 from .settings import CaptureSettings
 
 ENV_BUDGET = env.RECORD_BUDGET_MB.name
@@ -257,11 +257,11 @@ class RecordingBudget:
         return OverBudget(grown, limit[0], limit[1])
 
     def _watch(self) -> None:
-        sys.setprofile(None)  # out of the profiler's Python tracer (and the flame graph)
         start: int | None = None
         budget: tuple[int, str] | None = None
         recent: list[int] = []
         while not self._stop.wait(POLL_S):
+            off_the_python_tracer()
             if not self.profiling():
                 if start is not None:
                     return  # one profiler per run: it stopped within the budget

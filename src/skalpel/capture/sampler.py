@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from ..trace.stacks import is_user_file
+from .quiet import off_the_python_tracer
 
 INTERVAL_S = 0.005
 MAX_SAMPLES = 4000  # about 20 s of recorded steps; later steps keep their def-line locations
@@ -56,7 +57,6 @@ class LineSampler:
         }
 
     def _run(self) -> None:
-        sys.setprofile(None)  # out of the profiler's Python tracer: tracing this thread slows the training one
         target, frames_of, clock, sleep = self.target, sys._current_frames, time.perf_counter, time.sleep
         user: dict[Any, bool] = {}
         samples, interval = self.samples, self.interval_s
@@ -64,6 +64,7 @@ class LineSampler:
             sleep(interval)
             if self._stopped:
                 return
+            off_the_python_tracer()  # tracing this thread slows the training one and fills the user's trace
             frame = frames_of().get(target)
             now = clock() * 1e6
             stack = []

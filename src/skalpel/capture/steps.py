@@ -10,13 +10,13 @@ last (``mark_step``); the ``Watchdog`` says on stderr when no boundary comes.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable
 
 from . import runclock, signals
 from .boundaries import ALL_SIGNALS, FALLBACKS, HOW_TO_MARK, LABELS, USER, Boundary, BoundaryPolicy, Takeover
 from .hooks import TorchHooks
+from .quiet import off_the_python_tracer
 
 _active: StepDetector | None = None  # the detector of the running `skalpel run`, for skalpel.step()
 
@@ -105,9 +105,9 @@ class Watchdog:
         self._stop.set()
 
     def _watch(self) -> None:
-        sys.setprofile(None)  # out of the profiler's Python tracer (and the flame graph)
         warned_at = -1  # the boundary count at the last warning: one warning per silent stretch
         while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+            off_the_python_tracer()
             if self.done():
                 return
             count = self.policy.boundaries

@@ -126,7 +126,10 @@ class HangWatch:
             self._fatal = None
 
     def _run(self) -> None:
+        from ..capture.quiet import off_the_python_tracer  # here: analyze and diff import no capture module
+
         while not self._stop.wait(max(0.05, min(0.25, self.floor_s / 8))):
+            off_the_python_tracer()
             try:
                 self.check()
             except Exception as error:  # noqa: BLE001 - the watch of hangs stops; the run goes on

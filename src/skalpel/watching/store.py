@@ -157,7 +157,8 @@ class Store:
 
     # -- the writer thread --------------------------------------------------------------------
     def _write(self) -> None:
-        sys.setprofile(None)  # out of a capture's Python tracer
+        from ..capture.quiet import off_the_python_tracer  # here: analyze and diff import no capture module
+
         flushed = polled = time.monotonic()
         stopping = False
         wait = POLL_S
@@ -165,6 +166,7 @@ class Store:
             # Polled, not woken per row: a put that wakes a waiting thread hands it the GIL, and on a busy
             # machine the training thread then waits for the writer at every step.
             self._stop.wait(wait)
+            off_the_python_tracer()
             now = time.monotonic()
             wait = poll_interval(len(self.steps), now - polled)
             polled = now
