@@ -138,6 +138,9 @@ def steps(report: Report) -> str:
     if not series:
         return section("steps", "Step time per step", na("no steps were found in the trace"))
     note = "" if report.steps.marked else '<p class="note">No ProfilerStep markers: each rank is one pseudo-step.</p>'
+    if report.loop_iterations() is not None:
+        note = note.replace(".</p>", f"; the ledger, gpu_idle and launch_bound judge the {report.loop_iterations()} "
+                                     "iterations found from the loop.</p>")  # fmt: skip
     longest = max(len(values) for _, values in series)
     if longest > STEP_BARS:
         every = -(-longest // STEP_BARS)

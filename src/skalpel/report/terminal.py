@@ -172,7 +172,10 @@ def _evidence(evidence: dict, limit: int | None) -> str:
 
 def _steps(report: Report, *, many: bool = False) -> Text:
     steps = report.steps
-    what = "steps" if steps.marked else "pseudo-steps (no ProfilerStep markers)"
+    what = "steps" if steps.marked else f"pseudo-step{'s' if steps.count != 1 else ''} (no ProfilerStep markers)"
+    iterations = report.loop_iterations()
+    if iterations is not None:  # the ledger's units: what gpu_idle and launch_bound judge, not the pseudo-step
+        what = what[:-1] + f"; {iterations} iterations found from the loop)"
     source = report.source
     ranks = len(report.ranks)
     counted = f"{steps.count} {what}"
