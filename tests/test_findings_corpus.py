@@ -36,10 +36,13 @@ CASES = [
     # Legacy autograd-profiler ResNet with num_workers=0: no steps; its first iteration takes 4.5 s of the 5.3 s window
     # (a 1.5 s first kernel launch, the first convolutions): cold_start. With that one-time work taken out, the loop's
     # iterations wait for data 18% of the time (5.8% of the whole window, start-up included): dataloader_bound, as
-    # on the plugin's num_workers=0 samples. Its allocator calls come from the first iteration: not churn.
+    # on the plugin's num_workers=0 samples. Its allocator calls come from the first iteration: not churn. gpu_idle
+    # and launch_bound judge the 5 iterations after the first too: the device idles 36% of them, 74% of it while the
+    # main process loads the batch (a warning, not the cold window's critical 81%); the rest is no launch-bound
+    # idling (the 1.5 s first launch was the "launch bound" that fired on the whole window).
     ("kineto/tb_plugin_history/samples/resnet50_autograd_api_num_workers_0/worker0.pt.trace.json.gz",
-     {"gpu_idle": "critical", "launch_bound": "warning", "cold_start": "critical", "dataloader_bound": "warning"},
-     ("allocator_churn",), ()),
+     {"gpu_idle": "warning", "cold_start": "critical", "dataloader_bound": "warning"},
+     ("allocator_churn", "launch_bound"), ()),
     # The plugin's GPU-metrics sample: DataLoader 5.4% (below 10%), GPU util 0.4%.
     ("kineto/tb_plugin/test/gpu_metrics_input.json", {"gpu_idle": "critical"}, ("dataloader_bound",), ()),
     ("kineto/docs/traces/before_fix_trace.json", {"no_bottleneck": "info"}, (), ()),  # mock test trace

@@ -26,6 +26,7 @@ from ..trace.model import Trace
 from . import intervals, numeric
 from ..trace.opnames import c10d_ops
 from .collectives import TYPES, Collective, busbw_factor, collective_type, find_collectives
+from .side_kernels import side_kernels
 from .steps import Step, StepSegmentation
 
 
@@ -61,6 +62,7 @@ class RankComm:
     overlap_pct: float | None  # overlapped of comm time; None without comm
     by_type: tuple[CollectiveStats, ...]
     collectives: tuple[Collective, ...]  # the collectives inside the steps, in time order
+    side_kernels: tuple[str, ...] = ()  # without collectives: unrecognised kernels beside compute (side_kernels.py)
 
     def to_summary(self) -> dict:
         """The plain-JSON summary that RankReport.comm is read from (result/sections.py CommSummary)."""
@@ -137,6 +139,7 @@ def _rank_comm(trace: Trace, rank: int, steps: list[Step]) -> RankComm:
         overlap_pct=100.0 * overlapped_us / comm_us if comm_us > 0 else None,
         by_type=_by_type(found, count, step_us, spans),
         collectives=tuple(found),
+        side_kernels=() if found else side_kernels(trace, rank, spans),
     )
 
 

@@ -144,6 +144,19 @@ class RankLedger:
     def lane(self, name: str) -> Lane | None:
         return next((lane for lane in self.lanes if lane.name == name), None)
 
+    def steady_lane(self, name: str) -> Lane | None:
+        """The lane over its steady units, where one-time work was found: the units that hold none on any lane
+        (the first iteration that created the CUDA context and searched cuDNN's algorithms runs cold after its
+        one-time work, too) and, without markers, not the set-up before the first iteration. None where there is
+        no one-time work (every unit is steady) or no unit is left (nothing steady to judge)."""
+        lane = self.lane(name)
+        if lane is None or self.one_time_ms <= 0:
+            return None
+        cold = {unit.number for each in self.lanes for unit in each.units if unit.ms.get("one_time", 0.0) > 0}
+        kept = tuple(unit for unit in lane.units
+                     if unit.number not in cold and not (self.unit == "iteration" and unit.number == 0))  # fmt: skip
+        return Lane(lane.name, lane.what, kept) if kept else None
+
     def data_wait_ms_per_unit(self, lane: str = "host") -> float:
         """The one account of waiting for data: the main thread inside a DataLoader fetch (``host``), or the part
         of that wait the device idled (``device``); 0 where the rank has no such lane."""

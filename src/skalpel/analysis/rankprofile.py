@@ -15,6 +15,7 @@ import numpy as np
 
 from ..trace.kinds import Kind
 from ..trace.model import Trace
+from ..trace.opnames import kernel_stem
 from . import intervals, numeric
 from .comm import CommAnalysis
 from .steps import StepSegmentation
@@ -78,7 +79,7 @@ def time_profile(trace: Trace, steps: StepSegmentation, comm: CommAnalysis, rank
         profile.where[name] = (tuple(int(i) for i in events[:50]), ())
     kernels = np.flatnonzero(trace.mask(Kind.KERNEL, rank=rank) & _inside(trace, spans))
     for name_id, events in _by_name(trace, kernels):
-        profile.ms["kernel: " + _short(trace.names[name_id])] += float(trace.dur[events].sum()) / 1000.0 / count
+        profile.ms["kernel: " + kernel_stem(trace.names[name_id])] += float(trace.dur[events].sum()) / 1000.0 / count
     rank_comm = comm.for_rank(rank)
     calls = rank_comm.collectives if rank_comm else ()
     covered = intervals.union(
@@ -122,12 +123,6 @@ def _gaps(spans: tuple[np.ndarray, np.ndarray], covered: tuple[np.ndarray, np.nd
         if cursor < span_end:
             result.append((cursor, float(span_end)))
     return result
-
-
-def _short(name: str) -> str:
-    """A kernel's name without its template and argument lists: 'void f<float>(int)' -> 'f'."""
-    cut = min((p for p in (name.find("<"), name.find("(")) if p > 0), default=len(name))
-    return name[:cut].removeprefix("void ").strip() or name
 
 
 def _inside(trace: Trace, spans: tuple[np.ndarray, np.ndarray]) -> np.ndarray:

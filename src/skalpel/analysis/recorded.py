@@ -29,6 +29,11 @@ class RankRecording:
     launch_calls: int
     launch_calls_with_work: int  # with device work linked to them (by correlation id)
     device_events: int
+    # a file cut off (a killed process, a copy cut short) before its device events ended: Kineto writes a trace's
+    # host ops before its launch calls and device events, so those go first. The ms from the rank's first event to
+    # the end of its last device event or launch call, and to the end of its last op
+    device_cut_ms: float | None = None
+    host_end_ms: float = 0.0
 
     @property
     def linking_works(self) -> bool:
@@ -52,6 +57,11 @@ class RecordingResult:
 
     def for_rank(self, rank: int) -> RankRecording | None:
         return self.ranks.get(rank)
+
+    @property
+    def device_cut(self) -> RankRecording | None:
+        """The first rank whose file was cut off before its device events ended (``RankRecording.device_cut_ms``)."""
+        return next((rank for rank in self.ranks.values() if rank.device_cut_ms is not None), None)
 
     @property
     def launches_without_work(self) -> bool:
@@ -81,6 +91,7 @@ def device_recording(trace: Trace) -> RecordingResult:
         linked[launcher[launcher >= 0]] = True
     launches = launches[~_during_graph_capture(trace, runtime, launches)]
     ranks = {}
+    cut = {info.rank for info in trace.ranks if info.truncated}
     for rank in trace.rank_ids:
         own = launches[trace.rank[launches] == rank]
         ranks[rank] = RankRecording(
@@ -88,8 +99,28 @@ def device_recording(trace: Trace) -> RecordingResult:
             launch_calls=len(own),
             launch_calls_with_work=int(linked[own].sum()),
             device_events=int((trace.rank[device] == rank).sum()),
+            **(_device_cut(trace, rank, np.concatenate([own, device[trace.rank[device] == rank]]))
+               if rank in cut else {}),  # fmt: skip
         )
     return RecordingResult(ranks)
+
+
+def _device_cut(trace: Trace, rank: int, device_side: np.ndarray) -> dict:
+    """Where a cut file's device side (launch calls, device events) ends, when its ops run on past it: in a whole
+    trace the last ops enclose the last launch calls (a step's annotation may outlast its kernels; an op seldom
+    outlasts the launches by a millisecond, and only a cut file is asked)."""
+    host = np.flatnonzero((trace.rank == rank) & (trace.kind == Kind.CPU_OP))  # ops, which enclose their launches
+    if len(host) == 0 or len(device_side) == 0:
+        return {}  # nothing to compare: no device side at all is device_activity_missing's case
+    first = float(trace.ts[trace.rank == rank].min())
+    device_end = float((trace.ts[device_side] + trace.dur[device_side]).max())
+    host_end = float((trace.ts[host] + trace.dur[host]).max())
+    if host_end - device_end < _CUT_MARGIN_US:
+        return {}  # the cut fell past the device side (in the trailing metadata): the device's record is whole
+    return {"device_cut_ms": (device_end - first) / 1000.0, "host_end_ms": (host_end - first) / 1000.0}
+
+
+_CUT_MARGIN_US = 1000.0  # a whole trace's last op outlasts its last launch call by less
 
 
 @dataclass(frozen=True)

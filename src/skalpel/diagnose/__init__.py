@@ -42,6 +42,24 @@ def judge(rule: Rule, ctx: Context) -> list[Finding] | NotJudged:
 JUDGED_ON_ONE_TIME = frozenset({"measurement", "verdict", "compile"})
 
 
+# rules that judge the device's time across the steps (its idle time, its collectives): a file cut off before its
+# device events ended reads as a device idle where its work was cut away
+JUDGES_DEVICE_TIME = frozenset(
+    {"gpu_idle", "launch_bound", "host_device_sync", "communication_bound", "low_comm_overlap"}
+)
+
+
+def device_cut_reason(ctx: Context) -> str | None:
+    """Why device time is not judged on a rank file cut off before its device events ended; None otherwise."""
+    recording = getattr(ctx.analyses, "recording", None)
+    cut = recording.device_cut if recording is not None else None
+    if cut is None:
+        return None
+    return (f"rank {cut.rank}'s file ends mid-way: its launches and device events stop {cut.device_cut_ms:,.1f} ms "
+            f"into the window, its host ops run to {cut.host_end_ms:,.1f} ms (Kineto writes them first, so a cut "
+            "loses the device's record first): device idle and collective time are not judged")
+
+
 def unmet_need(rule: Rule, ctx: Context) -> NotJudged | None:
     """Why the rule cannot run at all on this trace (no device, no marked steps, nothing but one-time work); None
     when it can."""
@@ -53,6 +71,8 @@ def unmet_need(rule: Rule, ctx: Context) -> NotJudged | None:
         return NotJudged(NOT_RECORDED if recording is not None and recording.launches_without_work else NO_DEVICE)
     if rule.needs_steps and not ctx.steps.marked:
         return NotJudged(NO_STEPS)
+    if rule.id in JUDGES_DEVICE_TIME and (cut := device_cut_reason(ctx)) is not None:
+        return NotJudged(cut)
     return None
 
 

@@ -30,11 +30,18 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
         gpu = hta.for_rank(rank)
         if device is None or gpu is None or gpu.span_us <= 0:
             continue
-        if result.marked:
+        steady = _steady_device(ctx, rank)
+        if steady is not None:  # one-time work found: the units after it, as the ledger counts them
+            idle_pct, idle_ms = steady.share_pct(*DEVICE_IDLE), steady.ms_per_unit(*DEVICE_IDLE)
+            steps = len(steady.units)
+            step_ms = float(np.median([unit.length_ms for unit in steady.units]))
+            consistent = _units_idle_at_least(steady, limits.share_pct)
+            judged_over = _steady_words(ctx, rank, steps)
+        elif result.marked:
             idle_pct, idle_ms, steps, step_ms = device.idle_pct, device.idle_ms_per_step, device.steps, device.median_step_ms
             consistent, judged_over = device.steps_idle_at_least(limits.share_pct), "marked steps"
             lane = _device_lane(ctx, rank)
-            if lane is not None and lane.ms_per_unit("one_time") > 0:  # one-time work taken out: the steady state's
+            if lane is not None and lane.ms_per_unit("one_time") > 0:  # every step holds one-time work: taken out
                 idle_pct, idle_ms = lane.share_pct(*DEVICE_IDLE, steady=True), lane.ms_per_unit(*DEVICE_IDLE)
                 judged_over = "marked steps, one-time work taken out"
         else:
@@ -44,7 +51,11 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
         if idle_pct < limits.share_pct or (idle_ms < limits.floor and not held):
             continue
         split = gpu.idle_breakdown_pct
-        loader = _idle_in_dataloader_pct(gaps.for_rank(rank), idle_ms * steps)
+        if steady is not None:  # the ledger's own account of the device idling while the host fetched
+            idle_total = idle_ms * steps
+            loader = min(100.0 * steady.total_ms["data_wait"] / idle_total, 100.0) if idle_total > 0 else 0.0
+        else:
+            loader = _idle_in_dataloader_pct(gaps.for_rank(rank), idle_ms * steps)
         evidence = {
             "idle_pct": idle_pct,
             "idle_ms_per_step": idle_ms,
@@ -60,13 +71,15 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
             "hta_compute_pct": gpu.compute_pct,
         }
         blamed = _blame_of(ctx, rank)
+        numbers = {unit.number for unit in steady.units} if steady is not None else None
         peer = late_peer(blamed.peers) if blamed is not None else None
-        culprits = _culprits(ctx, blamed, steps, peer) if blamed is not None else []
+        culprits = _culprits(ctx, blamed, steps, peer, steady=numbers is not None) if blamed is not None else []
         if blamed is not None:  # per step as judged here: the window's total without markers
-            evidence["blame_ms_per_step"] = {key: value / steps for key, value in blamed.by_category_ms.items() if value > 0}
+            by_category = _blamed_ms(blamed, numbers)
+            evidence["blame_ms_per_step"] = {key: value / steps for key, value in by_category.items() if value > 0}
             evidence["culprits"] = culprits
         title, fix, events = None, rule.fix, gaps.for_rank(rank).after_longest_gaps
-        lead = _lead(ctx, blamed, limits.param("cause_pct")) if blamed is not None else None
+        lead = _lead(ctx, blamed, limits.param("cause_pct"), numbers) if blamed is not None else None
         if loader >= limits.param("loader_idle_pct"):
             title = rule.title.format(**evidence) + f"; {loader:.0f}% of it inside DataLoader.__next__"
             fix = "the device waits for the next batch: " + DATALOADER_FIX
@@ -92,17 +105,56 @@ def _device_lane(ctx: Context, rank: int):
     return ledger.lane("device") if ledger is not None else None
 
 
+def _steady_device(ctx: Context, rank: int):
+    """The device lane over the units without one-time work (``RankLedger.steady_lane``), where one-time work was
+    found and some unit is free of it: gpu_idle and launch_bound judge the steady state, as hot_op and
+    dataloader_bound do, not a cold first iteration that cold_start already reports."""
+    ledger = ctx.analyses.ledger.for_rank(rank) if ctx.analyses.ledger is not None else None
+    return ledger.steady_lane("device") if ledger is not None and ledger.unit != "window" else None
+
+
+def _steady_words(ctx: Context, rank: int, count: int) -> str:
+    """'4 marked steps after one-time work' or '5 iterations found from the loop after one-time work (...)'."""
+    ledger = ctx.analyses.ledger.for_rank(rank)
+    if ledger.unit == "step":
+        return f"{count} marked step{'s' if count != 1 else ''} after one-time work"
+    return (f"{count} iteration{'s' if count != 1 else ''} found from the loop after one-time work (no ProfilerStep "
+            "markers)")  # fmt: skip
+
+
+def _units_idle_at_least(lane, share_pct: float) -> float:
+    """Share of the lane's units (in %) whose own idle share reaches ``share_pct``."""
+    shares = [100.0 * sum(unit.ms.get(cause, 0.0) for cause in DEVICE_IDLE) / unit.length_ms
+              for unit in lane.units if unit.length_ms > 0]  # fmt: skip
+    return 100.0 * sum(share >= share_pct for share in shares) / len(shares) if shares else 0.0
+
+
+def _blamed_ms(blamed, numbers: set[int] | None) -> dict[str, float]:
+    """Blame's idle time by cause, over the steady units when ``numbers`` names them, else over every unit."""
+    if numbers is None:
+        return blamed.by_category_ms
+    total: dict[str, float] = {key: 0.0 for key in blamed.by_category_ms}
+    for step in blamed.steps:
+        if step.number in numbers:
+            for key, value in step.by_category_ms.items():
+                total[key] = total.get(key, 0.0) + value
+    return total
+
+
 def _blame_of(ctx: Context, rank: int):
     result = ctx.analyses.blame
     found = result.for_rank(rank) if result is not None and result.applies else None
     return found if found is not None and found.idle_ms > 0 else None
 
 
-def _culprits(ctx: Context, blamed, steps: int, peer: str | None, count: int = 3) -> list[dict]:
+def _culprits(ctx: Context, blamed, steps: int, peer: str | None, count: int = 3, *,
+              steady: bool = False) -> list[dict]:  # fmt: skip
     """The largest causes of the idle time, each with its share, its time per step and its user-code line; a
-    collective wait also with the late peer rank it waited for (``late_peer``)."""
+    collective wait also with the late peer rank it waited for (``late_peer``). ``steady``: one-time set-up left
+    out (judged after it)."""
     culprits = []
-    for item in blamed.contributors[:count]:
+    contributors = [item for item in blamed.contributors if not (steady and item.category == "one_time_init")]
+    for item in contributors[:count]:
         share = 100.0 * item.ms / blamed.idle_ms
         if share < 1.0:
             break
@@ -122,13 +174,17 @@ def late_peer(peers) -> str | None:
     return mostly if mostly is not None and mostly.startswith("rank ") else None
 
 
-def _lead(ctx: Context, blamed, cause_pct: float) -> dict | None:
-    """The cause category holding ``cause_pct`` or more of the idle time, with its largest contributor."""
-    category = blamed.dominant
-    if category is None or blamed.share_pct[category] < cause_pct or not blamed.top(category):
+def _lead(ctx: Context, blamed, cause_pct: float, numbers: set[int] | None = None) -> dict | None:
+    """The cause category holding ``cause_pct`` or more of the idle time (of the steady units' when ``numbers``
+    names them), with its largest contributor."""
+    by_category = _blamed_ms(blamed, numbers)
+    idle = sum(by_category.values())
+    category = max(by_category, key=lambda key: by_category[key]) if idle > 0 else None
+    share = 100.0 * by_category[category] / idle if category is not None else 0.0
+    if category is None or share < cause_pct or not blamed.top(category):
         return None
     top = blamed.top(category)[0]
-    return {"category": category, "label": top.label, "share_pct": blamed.share_pct[category],
+    return {"category": category, "label": top.label, "share_pct": share,
             "location": _line(ctx, top.events), "python": top.python, "source": top.source}  # fmt: skip
 
 
@@ -265,7 +321,10 @@ GPU_IDLE = Rule(
     docs=Docs(
         what="The share of the marked steps (streams merged) when no kernel, copy or memset runs; without "
         "ProfilerStep markers, of the device's span from the first to the last device event, as HTA measures it "
-        "(the host-only edges of such a window are set-up, not steady state; the evidence says which). "
+        "(the host-only edges of such a window are set-up, not steady state; the evidence says which). Where the "
+        "ledger found one-time work and units free of it (marked steps, or the loop's iterations without markers), "
+        "those units are judged: the steady state, as hot_op and dataloader_bound judge it; cold_start reports the "
+        "rest. "
         "The idle time is split as Holistic Trace Analysis does into host wait (the next work was launched after "
         "the device went idle), kernel wait (short gaps between back-to-back kernels) and other. HTA's own idle "
         "share spans the first to the last device event (a step whose only kernel runs 11 us reads as busy "
@@ -306,6 +365,9 @@ def _check_launch_bound(ctx: Context, rule: Rule) -> Outcome:
         if stats is None or kernels.graph_launched_pct >= limits.param("graph_launched_pct"):
             continue  # kernels replayed from a CUDA graph do not pay a launch each
         per_step = stats.kernels_per_step if stats.steps else float(stats.kernels)
+        ledger = ctx.analyses.ledger.for_rank(rank) if ctx.analyses.ledger is not None else None
+        if not ctx.steps.marked and ledger is not None and ledger.unit == "iteration":
+            per_step = stats.kernels / max(ledger.units, 1)  # the loop's iterations, not the whole window
         idle_pct = _idle_not_waiting_for_data(ctx, idle, rank)
         if stats.tiny_kernel_pct < limits.share_pct or per_step < limits.floor or idle_pct < limits.param("min_idle_pct"):
             continue
@@ -324,16 +386,24 @@ def _check_launch_bound(ctx: Context, rule: Rule) -> Outcome:
 
 
 # idle time spent waiting is not the host's per-op cost, whatever the kernels' size. Compiling and one-time work
-# stay in: cold_start and compile_overhead judge them, and a window they dominate still shows its kernels' size.
+# stay in where no unit is free of them: cold_start and compile_overhead judge them, and a window they dominate still
+# shows its kernels' size. Where the ledger finds units after the one-time work, those (the steady state) are judged.
 _NOT_OVERHEAD = ("data_loading", "sync", "collective_wait", "other_stream")
+_LEDGER_WAITS = ("data_wait", "sync_wait", "collective_wait", "other_stream")  # the same waits, in the ledger's causes
 
 
 def _idle_not_waiting_for_data(ctx: Context, idle, rank: int) -> float:
     """Device idle share of the step, less the idle time blame charges to waiting (for data, a sync, a collective,
     another stream); without blame, less the time the step waited for data.
 
-    Of the marked steps when there are markers, else of HTA's device span.
+    Of the steady units when the ledger found one-time work and units free of it (``_steady_device``); else of
+    the marked steps when there are markers, else of HTA's device span.
     """
+    steady = _steady_device(ctx, rank)
+    if steady is not None:
+        waiting = sum(steady.total_ms[cause] for cause in _LEDGER_WAITS)
+        idle = sum(steady.total_ms[cause] for cause in DEVICE_IDLE)
+        return 100.0 * max(idle - waiting, 0.0) / (steady.length_ms - waiting) if steady.length_ms > waiting else 0.0
     blamed = _blame_of(ctx, rank)
     data_ms = data_wait_ms(ctx, rank, "device")  # the device's idle time while the host waited for a batch
     waiting_share = 0.0
@@ -378,7 +448,9 @@ LAUNCH_BOUND = Rule(
         why="Each op pays a fixed cost (Python, dispatcher, kernel launch of ~5-10 us) however little it computes. "
         "When ops are tiny that fixed cost is the step time, and a faster device does not help.",
         evidence="Device: share of tiny kernels, kernels per step, median kernel and launch-call durations, GPU idle "
-        "share once the idle time the blame analysis charges to waiting (for data, a sync, a collective, another stream) is taken out of the idle time and of the step (at least `min_idle_pct`). CPU: ops per step, share of ops shorter than `tiny_us`, median op time, share of the step not "
+        "share once the idle time the blame analysis charges to waiting (for data, a sync, a collective, another stream) is taken out of the idle time and of the step (at least `min_idle_pct`), "
+        "over the units free of one-time work where the ledger found some (as gpu_idle), and kernels per iteration "
+        "without markers. CPU: ops per step, share of ops shorter than `tiny_us`, median op time, share of the step not "
         "spent in substantial ops nor blocked in a collective (`collective_ms_per_step`; the fix then names no CUDA "
         "graphs: there is no device to replay them on). Both: the tiny ops by source (`tiny_ops_by_source_pct`: data loading inside "
         "DataLoader.__next__, the optimizer step inside Optimizer.step#..., the model and the rest); the fix leads "

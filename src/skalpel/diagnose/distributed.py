@@ -113,6 +113,7 @@ def _is_distributed_job(ctx: Context) -> bool:
 
 
 NEVER_COMMUNICATE = "no collective on any rank: the ranks never communicate"
+NOT_RECOGNISED = "no collective recognised on any rank (kernels on a side stream run beside compute)"
 
 
 def _never_communicate(ctx: Context) -> bool:
@@ -122,20 +123,39 @@ def _never_communicate(ctx: Context) -> bool:
     return _is_distributed_job(ctx) and bool(stepped) and not any(rank.collectives for rank in comm.ranks)
 
 
+def _side_kernels(ctx: Context, limit: int = 3) -> list[str]:
+    """Unrecognised kernels that run on a side stream beside compute, over the ranks: maybe their communication."""
+    names: list[str] = []
+    for rank in _comm(ctx).ranks:
+        names += [name for name in rank.side_kernels if name not in names]
+    return names[:limit]
+
+
+def _no_collective(ctx: Context) -> NotJudged:
+    """Why the communication rules are not judged when no rank issues a recognised collective."""
+    return NotJudged(NOT_RECOGNISED if _side_kernels(ctx) else NEVER_COMMUNICATE)
+
+
 def _with_comm(ctx: Context) -> list[RankComm] | NotJudged:
     comm = _comm(ctx)
     ranks = [rank for rank in comm.ranks if rank.collectives and rank.step_ms > 0]
     if not ranks and _never_communicate(ctx):
-        return NotJudged(NEVER_COMMUNICATE)
+        return _no_collective(ctx)
     # A single-process job has no collectives to judge: no note, the question does not arise.
     return ranks or NotJudged("no collectives in the profiled steps", applies=_is_distributed_job(ctx))
 
 
 def _no_communication_note(ctx: Context, rule: Rule) -> Finding:
-    """The ranks of a distributed job exchange nothing: each trains (or runs) its own copy of the model."""
+    """The ranks of a distributed job exchange nothing: each trains (or runs) its own copy of the model.
+
+    Unless kernels skalpel does not know run on a side stream beside compute, as communication kernels do (an
+    in-house all-to-all, a library not yet recognised): then it says only that no collective was recognised."""
     ranks = [info.rank for info in ctx.ranks]
     world = max((info.world_size or 1 for info in ctx.ranks), default=1)
     steps = sum(rank.steps for rank in _comm(ctx).ranks)
+    side = _side_kernels(ctx)
+    if side:
+        return _unrecognised_note(rule, ranks, world, steps, side)
     who = f"The {len(ranks)} ranks never communicate" if len(ranks) > 1 else f"Rank {ranks[0]} of {world} never communicates"
     title = (f"{who}: no collective (all_reduce, broadcast, barrier, ...) in {steps} profiled steps, so every rank "
              "trains its own copy of the model; a model meant to be trained together must be wrapped in "
@@ -144,6 +164,17 @@ def _no_communication_note(ctx: Context, rule: Rule) -> Finding:
     fix = ("wrap the model once the process group is up: model = DistributedDataParallel(model) (device_ids=[local_rank] "
            "on GPUs), and give each rank its shard of the data (DistributedSampler); nothing to do if the ranks are "
            "independent runs by design (a sweep, sharded inference)")  # fmt: skip
+    return rule.finding(evidence, severity="info", title=title, fix=fix)
+
+
+def _unrecognised_note(rule: Rule, ranks: list[int], world: int, steps: int, side: list[str]) -> Finding:
+    who = f"the {len(ranks)} ranks" if len(ranks) > 1 else f"rank {ranks[0]} of {world}"
+    title = (f"No collective recognised on {who} in {steps} profiled steps; kernels on a side stream run beside "
+             f"compute and may be its communication: {', '.join(side)}")  # fmt: skip
+    evidence = {"ranks": len(ranks), "world_size": max(world, len(ranks)), "profiled_steps": steps, "collectives": 0,
+                "side_stream_kernels": ", ".join(side)}  # fmt: skip
+    fix = ("nothing to change if these kernels exchange data between ranks: skalpel does not know their names, so it "
+           "neither times them as communication nor judges communication_bound or low_comm_overlap")  # fmt: skip
     return rule.finding(evidence, severity="info", title=title, fix=fix)
 
 
@@ -164,7 +195,7 @@ def _median_rank(ranks: list[RankComm], key) -> RankComm:
 def _check_communication_bound(ctx: Context, rule: Rule) -> Outcome:
     ranks = _with_comm(ctx)
     if isinstance(ranks, NotJudged):
-        return [_no_communication_note(ctx, rule)] if ranks.reason == NEVER_COMMUNICATE else ranks
+        return [_no_communication_note(ctx, rule)] if ranks.reason in (NEVER_COMMUNICATE, NOT_RECOGNISED) else ranks
     waits = _waits(ctx)
     transfer = {r.rank: max(r.comm_ms_per_step - waits.get(r.rank, 0.0), 0.0) for r in ranks}
     typical = _median_rank(ranks, lambda r: transfer[r.rank] / r.step_ms)
@@ -185,9 +216,26 @@ def _check_communication_bound(ctx: Context, rule: Rule) -> Outcome:
     }
     shares = {r.rank: 100.0 * transfer[r.rank] / r.step_ms for r in ranks}
     holds = [r.rank for r in ranks if shares[r.rank] >= rule.thresholds.share_pct and transfer[r.rank] >= rule.thresholds.floor]
-    finding = rule.finding(evidence, locations=_issued_at(ctx, typical), severity=rule.severity_for(share),
-                           rank=typical.rank if len(ranks) == 1 else None)  # fmt: skip
+    exposed = max(typical.exposed_ms_per_step - waits.get(typical.rank, 0.0), 0.0)
+    hidden = 100.0 * exposed / typical.step_ms < rule.thresholds.share_pct  # the step pays less than a bound's share
+    words = _hidden_words(evidence, exposed) if hidden else {"severity": rule.severity_for(share)}
+    finding = rule.finding(evidence, locations=_issued_at(ctx, typical), rank=typical.rank if len(ranks) == 1 else None,
+                           **words)  # fmt: skip
     return [_with_spread(ctx, finding, "share_pct", shares, holds, typical.rank)]
+
+
+def _hidden_words(evidence: dict, exposed_ms: float) -> dict:
+    """An info note for collectives that run much of the step but hidden behind compute (expert parallelism's
+    all-to-all overlapped by design, DDP's all_reduce under backward): the step pays only the exposed part, below
+    a bound's share, so "communicate less" is not the fix."""
+    step = evidence["step_ms"]
+    hidden_pct = 100.0 * (1.0 - exposed_ms / evidence["comm_ms_per_step"])
+    title = (f"Collectives run {evidence['share_pct']:.0f}% of the step ({evidence['comm_ms_per_step']:.1f} ms of the "
+             f"{step:.1f} ms mean step: {evidence['collectives']}), {hidden_pct:.0f}% of it hidden behind compute: "
+             f"the step waits for {exposed_ms:.1f} ms ({100.0 * exposed_ms / step:.0f}%)")  # fmt: skip
+    fix = ("nothing to change for the exchange's own sake: it overlaps compute; to gain, shorten the exposed "
+           f"{exposed_ms:.1f} ms or the compute that hides it")  # fmt: skip
+    return {"severity": "info", "title": title, "fix": fix}
 
 
 def _check_low_overlap(ctx: Context, rule: Rule) -> Outcome:
@@ -269,7 +317,7 @@ def _check_straggler(ctx: Context, rule: Rule) -> Outcome:
             "one rank in the trace: load every rank's file to compare them", applies=_is_distributed_job(ctx)
         )
     if _never_communicate(ctx):
-        return NotJudged(NEVER_COMMUNICATE)
+        return _no_collective(ctx)
     comparison = _ranks(ctx)
     straggler = comparison.straggler
     if straggler is None:
@@ -408,7 +456,11 @@ COMMUNICATION_BOUND = Rule(
         false_positives="A one-rank trace cannot tell waiting from transferring, so a straggler elsewhere inflates "
         "it; the first steps after start-up include one-off broadcasts. A job of several ranks with no collective at "
         "all in its profiled steps gets an info note under this id instead: the ranks never communicate, so each "
-        "trains its own copy of the model (no DistributedDataParallel), which is right only for independent runs.",
+        "trains its own copy of the model (no DistributedDataParallel), which is right only for independent runs; "
+        "when kernels skalpel does not know run on a side stream beside compute, the note says only that no collective "
+        "was recognised and names them (an in-house or unknown communication library). Collectives hidden behind "
+        "compute (expert parallelism's all-to-all overlapped by design) so that the step waits for less than the "
+        "share are an info note, not a bound.",
     ),
 )
 

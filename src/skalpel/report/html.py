@@ -34,6 +34,7 @@ def render(report: Report, *, flame: Mapping[str, Any] | None = None, title: str
     """The whole page as one string."""
     body = [
         parts.header(report, title),
+        parts.cut_files(report),  # before the verdict it qualifies
         parts.verdict(report),
         job_section(report) if len(report.ranks) > parts.DETAIL_RANKS else "",
         parts.steps(report),

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 from ..display import plain
 from ..result.report import Finding, RankReport, Report, sorted_findings
 from ..result.sections import BlameSummary, DistributedSummary
+from ..trace.model import CUT_FILE
 from . import html_svg as svg
 from .evidence import evidence_text, mfu_text
 
@@ -138,6 +139,9 @@ def steps(report: Report) -> str:
     if not series:
         return section("steps", "Step time per step", na("no steps were found in the trace"))
     note = "" if report.steps.marked else '<p class="note">No ProfilerStep markers: each rank is one pseudo-step.</p>'
+    if report.loop_iterations() is not None:
+        note = note.replace(".</p>", f"; the ledger, gpu_idle and launch_bound judge the {report.loop_iterations()} "
+                                     "iterations found from the loop.</p>")  # fmt: skip
     longest = max(len(values) for _, values in series)
     if longest > STEP_BARS:
         every = -(-longest // STEP_BARS)
@@ -473,6 +477,14 @@ def _memory_split_bar(split) -> str:
     area = svg.stacked_area(split.curve, names, y_fmt=lambda mib: f"{mib:.0f} MiB", x_label=window,
                             label=f"memory on {split.device} by category")  # fmt: skip
     return bar + area
+
+
+def cut_files(report: Report) -> str:
+    """The notes on files cut off mid-way: shown before the verdict, whose device verdicts they qualify."""
+    cut = [w for w in report.warnings if CUT_FILE in w]
+    if not cut:
+        return ""
+    return section("cut", "A trace file is cut off", "".join(f'<p class="note">{escape(w)}</p>' for w in cut))
 
 
 def warnings(report: Report) -> str:

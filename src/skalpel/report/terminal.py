@@ -18,6 +18,7 @@ from rich.text import Text
 from ..display import cut_name, for_terminal, plain
 from ..result.report import Finding, RankReport, Report, sorted_findings
 from ..result.sections import BlameSummary, CompiledRegion
+from ..trace.model import CUT_FILE
 from .evidence import evidence_text, mfu_text
 from .terminal_comm import comm_line, ranks_table
 from .terminal_job import alike_line, brief_panel, detailed_ranks, job_panel, summarised
@@ -69,7 +70,9 @@ class _Discard:
 def render(report: Report, *, ranks: tuple[int, ...] = (), all_ranks: bool = False) -> list:
     report = for_terminal(report)  # names from the trace: control characters escaped, lengths bounded
     many = summarised(report)
-    parts: list = [_verdict(report, brief=many), _steps(report, many=many)]
+    cut = [warning for warning in report.warnings if CUT_FILE in warning]  # said before the verdict it qualifies
+    parts: list = [Text("\n".join(f"note: {warning}" for warning in cut), style="bold")] if cut else []
+    parts += [_verdict(report, brief=many), _steps(report, many=many)]
     if many:
         parts.append(job_panel(report, ranks))
     detailed = set(detailed_ranks(report, ranks, all_ranks))
@@ -86,8 +89,8 @@ def render(report: Report, *, ranks: tuple[int, ...] = (), all_ranks: bool = Fal
         parts.append(alike)
     if report.capture is not None:
         parts.append(_capture(report))
-    if report.warnings:
-        parts.append(Text("\n".join(f"note: {warning}" for warning in report.warnings), style="dim"))
+    if rest := [warning for warning in report.warnings if warning not in cut]:
+        parts.append(Text("\n".join(f"note: {warning}" for warning in rest), style="dim"))
     return parts
 
 
@@ -172,7 +175,10 @@ def _evidence(evidence: dict, limit: int | None) -> str:
 
 def _steps(report: Report, *, many: bool = False) -> Text:
     steps = report.steps
-    what = "steps" if steps.marked else "pseudo-steps (no ProfilerStep markers)"
+    what = "steps" if steps.marked else f"pseudo-step{'s' if steps.count != 1 else ''} (no ProfilerStep markers)"
+    iterations = report.loop_iterations()
+    if iterations is not None:  # the ledger's units: what gpu_idle and launch_bound judge, not the pseudo-step
+        what = what[:-1] + f"; {iterations} iterations found from the loop)"
     source = report.source
     ranks = len(report.ranks)
     counted = f"{steps.count} {what}"

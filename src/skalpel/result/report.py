@@ -474,6 +474,15 @@ class Report:
     def has_device(self) -> bool:
         return any(rank.gpu is not None for rank in self.ranks)
 
+    def loop_iterations(self) -> int | None:
+        """Without step markers: the iterations the ledger found from the loop (the units gpu_idle, launch_bound and
+        the ledger judge), summed over the ranks, when every rank has them; else None (the pseudo-step is the unit)."""
+        if self.steps.marked or not self.ranks:
+            return None
+        found = [rank.ledger.units for rank in self.ranks
+                 if rank.ledger is not None and rank.ledger.unit == "iteration"]  # fmt: skip
+        return sum(found) if len(found) == len(self.ranks) else None
+
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data; the answer (findings, most severe first) leads, after the schema id."""
         data = dataclasses.asdict(self)

@@ -88,13 +88,18 @@ _CATEGORY_KINDS = {
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d{1,18})$")  # fits in 64 bits
 _COMM_OP_PREFIXES = ("nccl:", "gloo:", "c10d::", "mpi:", "ucc:", "xccl:", "record_param_comms")
-# a kernel that moves data between ranks: NCCL/RCCL's, symmetric memory's and custom all-reduces, and the all-to-all of
-# expert parallelism written as kernels of its own (DeepEP's dispatch/combine, pplx's, NVSHMEM's, userbuffers')
+# a kernel that moves data between ranks: NCCL/RCCL/MSCCL's (ncclDevKernel_*, ncclKernel_*), symmetric memory's
+# (multimem_*, one/two_shot_all_reduce) and custom all-reduces (vLLM's cross_device_reduce), and the all-to-all of
+# expert parallelism written as kernels of its own (pplx's, NVSHMEM's, userbuffers', MoRI's EpDispatch*/EpCombine*)
 _COMM_KERNEL_MARKERS = (
-    "nccl", "rccl", "multimem_all_reduce", "multimem_all_gather", "one_shot_all_reduce", "two_shot_all_reduce",
-    "cross_device_reduce", "all_reduce_kernel", "allreduce", "alltoall", "all_to_all", "all2all", "deep_ep::",
-    "pplx::", "nvshmem", "userbuffers",
+    "nccl", "rccl", "multimem_", "one_shot_all_reduce", "two_shot_all_reduce", "cross_device_reduce",
+    "all_reduce_kernel", "allreduce", "alltoall", "all_to_all", "all2all", "pplx::", "nvshmem", "userbuffers",
+    "epdispatch", "epcombine",
 )  # fmt: skip
+# DeepEP and its forks and in-house builds name kernels by namespace, and rename the top one: deep_ep::internode::
+# dispatch, dpsk::ep::internode::combine, dpsk::ep::cuda::get_dispatch_layout, hybrid_ep::...; a namespace segment of
+# its own (not "step::" or "epilogue::") for the library or for its intranode/internode(_ll) kernels marks the family
+_EP_NAMESPACE = re.compile(r"(?<![a-z0-9_])(?:deep_ep|hybrid_ep|ep|intranode|internode|internode_ll)::")
 
 
 _LEGACY_PIDS = {"CPU functions": "cpu_op", "CUDA functions": "kernel"}
@@ -135,7 +140,7 @@ def _refine_host_range(kind: Kind, name: str) -> Kind:
 
 def is_comm_kernel_name(name: str) -> bool:
     lowered = name.lower()
-    return any(marker in lowered for marker in _COMM_KERNEL_MARKERS)
+    return any(marker in lowered for marker in _COMM_KERNEL_MARKERS) or _EP_NAMESPACE.search(lowered) is not None
 
 
 def step_number(name: str) -> int | None:

@@ -40,7 +40,7 @@ from .columns import ColumnBuilder
 from .events import BatchSyntaxError, decode_events
 from .fastsplit import Layout, guess_layout, next_cut
 from .jsonscan import NotATraceError, iter_batch_ranges, split_document
-from .model import RankInfo, Trace
+from .model import CUT_FILE, RankInfo, Trace
 from .outliers import set_aside_far_events
 from .parallel import ONE_PROCESS, Meanwhile, Split, decode_in_parallel, process_count
 from .rawcontrols import escape_raw_controls
@@ -323,12 +323,16 @@ def _warnings(path: Path, builder: ColumnBuilder, outcome: _Outcome, truncated: 
     if outcome.repaired:
         warnings.append(f"{path.name}: some strings held bytes that are not UTF-8; they were replaced with U+FFFD")
     if truncated:
-        share = 100.0 * (outcome.recovered_bytes or size) / max(size, 1)
-        warnings.append(
-            f"{path.name}: the file is cut off (a killed process?); recovered {builder.count:,} events "
-            f"from the first {share:.0f}% of it"
-        )
+        warnings.append(cut_file_note(path.name, size, builder.count))
     return warnings
+
+
+def cut_file_note(name: str, size: int, events: int) -> str:
+    """What a user needs to know of a file cut off: where, what was kept, and what is lost first."""
+    return (f"{name}: {CUT_FILE} mid-way (it ends at {size / 1e6:,.1f} MB: a killed process, or a copy cut short); "
+            f"the {events:,} events before the cut were read, the rest is missing. Kineto writes a trace's host ops "
+            "before its launches and device events, so the device's record is the first to go: device idle is not "
+            "judged where it stops before the host's")
 
 
 def _read_events(

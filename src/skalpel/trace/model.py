@@ -46,6 +46,9 @@ class RankInfo:
     module_sizes: dict | None = None  # "Linear_0" -> (parameters, forward output bytes) from a skalpel capture's header
 
 
+CUT_FILE = "the file is cut off"  # what the loader's note on a cut file says after its name: reports show it first
+
+
 @dataclass
 class MemoryEvents:
     """``[memory]`` instants: one row per allocation (bytes > 0) or free (bytes < 0)."""

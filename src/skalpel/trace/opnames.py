@@ -77,8 +77,9 @@ _TYPE_PREFIXES = (
     ("sendrecv", "send_recv"), ("send", "send_recv"), ("recv", "send_recv"), ("reduce", "reduce"),
     ("gather", "gather"), ("scatter", "scatter"),
 )  # fmt: skip
-# expert parallelism's all-to-all written as kernels of its own: DeepEP's and pplx's dispatch and combine
-_EXPERT_PARALLEL = ("dispatch", "combine", "all2all", "a2a")
+# expert parallelism's all-to-all written as kernels of its own: DeepEP's and pplx's dispatch and combine, and the
+# notify kernels (notify_dispatch, cached_notify) that exchange its layout between the ranks
+_EXPERT_PARALLEL = ("dispatch", "combine", "all2all", "a2a", "notify")
 
 
 def is_host_backend_collective(name: str) -> bool:
@@ -127,6 +128,12 @@ def compiled_regions(trace: Trace, events: np.ndarray) -> dict[int, tuple[str, s
 def compile_ids(trace: Trace, events: np.ndarray) -> list[tuple[str, str]]:
     """The (N, M) of every ``compile_id=N/M`` the names of ``events`` carry."""
     return [_COMPILE_ID.search(trace.names[i]).groups() for i in names_where(trace, _COMPILE_ID.search, events)]
+
+
+def kernel_stem(name: str) -> str:
+    """A kernel's name without its template and argument lists: 'void ns::f<float>(int)' -> 'ns::f'."""
+    cut = min((p for p in (name.find("<"), name.find("(")) if p > 0), default=len(name))
+    return name[:cut].removeprefix("void ").strip() or name
 
 
 def is_triton_kernel(name: str) -> bool:
