@@ -1,12 +1,13 @@
 """Interleaved A/B of the trace loader in one process: another tree's loader against this tree's.
 
-    .venv/bin/python benchmarks/load_ab.py OTHER_SRC TRACE [ROUNDS]
+    .venv/bin/python benchmarks/load_ab.py OTHER_SRC TRACE [ROUNDS] [--links]
 
 OTHER_SRC is the ``src`` folder of another checkout (e.g. ``git archive main src | tar -x -C /tmp/base``).
 Its ``skalpel`` package is copied under the name ``skalpel_other`` (the loader's imports are relative), so
 both loaders run in this process, one after the other in each round (machine noise hits both alike), each
 ``load(TRACE, workers=1)`` timed by process time. Prints min, first quartile and median of each and the
 ratios (this tree / the other). On a shared machine the minimum is the figure least moved by others' load.
+``--links``: the timed load also derives the links every analysis reads (``Trace.launcher``, ``Trace.op_of_event``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
-    other_src, trace = Path(sys.argv[1]), sys.argv[2]
-    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 12
+    links = "--links" in sys.argv
+    arguments = [argument for argument in sys.argv[1:] if argument != "--links"]
+    other_src, trace = Path(arguments[0]), arguments[1]
+    rounds = int(arguments[2]) if len(arguments) > 2 else 12
     with tempfile.TemporaryDirectory() as folder:
         shutil.copytree(other_src / "skalpel", Path(folder) / "skalpel_other")
         sys.path[:0] = [folder, str(REPO / "src")]
@@ -37,6 +40,8 @@ def main() -> None:
                 gc.collect()
                 started = time.process_time()
                 loaded = module.load(trace, workers=1)
+                if links:
+                    loaded.op_of_event  # noqa: B018 - derived (and cached) on first read: the link is timed
                 times[name].append(time.process_time() - started)
                 del loaded
     for name, values in times.items():

@@ -14,6 +14,7 @@ from skalpel.analysis.bundle import run_analyses
 from skalpel.analysis.ledger import DEVICE_CAUSES, HOST_CAUSES
 from skalpel.api import analyze
 from skalpel.errors import SkalpelError
+from skalpel.trace.kinds import Kind, classify
 from skalpel.trace.loader import load
 from tests.conftest import TRACES as CORPUS
 from tests.conftest import corpus
@@ -48,6 +49,53 @@ def test_every_lane_adds_up_to_its_units_on_the_corpus(name: str) -> None:
 def _ledger(builder: TraceBuilder, tmp_path: Path):
     path = builder.write(tmp_path / "trace.json")
     return run_analyses(load(path)).ledger, path
+
+
+def _inference_in_a_range(old_schema: bool) -> TraceBuilder:
+    """CPU inference inside ``record_function("model_inference")`` (100 ms, 39 of them outside any op), with an
+    autograd node, a bare ``detach`` and an optimizer step in it; ``old_schema``: every host event under torch
+    1.8-1.11's category "Operator", else today's cpu_op and user_annotation."""
+    builder = cpu_rank(0, world_size=1)
+
+    def host(name: str, ts: float, dur: float, today: str = "cpu_op") -> None:
+        builder.host(name, ts, dur, cat="Operator" if old_schema else today)
+
+    host("model_inference", 0, 100_000, "user_annotation")
+    host("aten::linear", 5_000, 30_000)
+    host("aten::addmm", 6_000, 28_000)
+    host("AddmmBackward", 40_000, 10_000)
+    host("aten::mm", 41_000, 8_000)
+    host("detach", 52_000, 1_000)
+    host("Optimizer.step#SGD.step", 60_000, 20_000, "user_annotation")
+    host("aten::add_", 61_000, 18_000)
+    return builder
+
+
+def test_an_old_traces_record_function_range_is_the_users_code_not_compute(tmp_path: Path) -> None:
+    """torch 1.8-1.11 filed record_function ranges under "Operator" with the ops: the range's own time is the user's
+    Python as in today's traces (its look-alike: the same run in today's schema, the same ledger)."""
+    (tmp_path / "old").mkdir(), (tmp_path / "today").mkdir()
+    old, _ = _ledger(_inference_in_a_range(old_schema=True), tmp_path / "old")
+    today, _ = _ledger(_inference_in_a_range(old_schema=False), tmp_path / "today")
+    old_host, today_host = old.for_rank(0).lane("host"), today.for_rank(0).lane("host")
+    assert old_host.share_pct("python") == pytest.approx(39.0, abs=0.5)  # the range's own 39 ms
+    assert old_host.units[0].ms == pytest.approx(today_host.units[0].ms)
+
+
+@pytest.mark.parametrize(("name", "today"), [
+    ("model_inference", "user_annotation"), ("Optimizer.step#SGD.step", "user_annotation"),
+    ("Optimizer.zero_grad#SGD.zero_grad", "user_annotation"), ("## forward ##", "user_annotation"),
+    ("ProfilerStep#3", "user_annotation"), (LOADER, "user_annotation"), ("aten::mm", "cpu_op"),
+    ("autograd::engine::evaluate_function: AddmmBackward", "cpu_op"), ("AddmmBackward", "cpu_op"),
+    ("AddBackward0", "cpu_op"), ("CopyBackwards", "cpu_op"), ("CopySlices", "cpu_op"), ("detach", "cpu_op"),
+    ("detach_", "cpu_op"), ("nccl:all_reduce", "user_annotation"), ("record_param_comms", "cpu_op"),
+])  # fmt: skip
+def test_an_old_operator_event_has_the_kind_todays_category_gives_it(name: str, today: str) -> None:
+    assert classify("Operator", name, "X") is classify(today, name, "X")
+
+
+def test_a_runtime_call_filed_as_an_old_operator_is_no_users_range() -> None:
+    assert classify("Operator", "cudaLaunchKernel", "X") is Kind.CPU_OP
 
 
 def test_a_main_thread_blocked_in_another_threads_collective_is_waiting_for_it(tmp_path: Path) -> None:

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from skalpel.analysis.kernels import kernel_table
-from skalpel.analysis.ops import _NESTING, _enclosing_ops, _parents, op_table, self_times
+from skalpel.analysis.ops import _NESTING, _parents, op_table, self_times
 from skalpel.trace import Kind, load
+from skalpel.trace.nesting import innermost_enclosing
 
 from .conftest import corpus
+from .tracebuilder import HOST, TraceBuilder
 
 _NW0 = "kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
 
@@ -91,8 +93,13 @@ def test_device_time_rolls_up_to_the_innermost_op():
 def test_device_time_found_by_nesting_when_external_ids_do_not_link():
     """HTA's sampled traces rewrite the runtime's External id; the enclosing op on the thread stands in."""
     trace = _load("hta/trace_filter/sampled_rank-0.json.gz")
-    launches = trace.kind == Kind.RUNTIME
-    assert (trace.op_of_event[launches] < 0).all()  # the External id link is broken in this file
+    launches = np.flatnonzero(trace.kind == Kind.RUNTIME)
+    ops = np.flatnonzero(np.isin(trace.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION]))
+    named = np.isin(trace.external_id[launches], trace.external_id[ops]) & (trace.external_id[launches] != 0)
+    assert not named.any()  # the External id link is broken in this file
+    found = trace.op_of_event[launches[trace.dur[launches] > 0]]
+    assert (found >= 0).mean() > 0.5
+    assert np.isin(trace.kind[found[found >= 0]], [Kind.CPU_OP, Kind.COMM_OP, Kind.USER_ANNOTATION]).all()
     table = op_table(trace).ranks[0]
     device = np.isin(trace.kind, [Kind.KERNEL, Kind.COMM_KERNEL, Kind.MEMCPY, Kind.MEMSET])
     assert sum(row.device_ms for row in table.rows) == pytest.approx(trace.dur[device].sum() / 1000, rel=1e-9)
@@ -101,10 +108,64 @@ def test_device_time_found_by_nesting_when_external_ids_do_not_link():
 
 @pytest.mark.slow
 def test_nesting_fallback_agrees_with_external_ids():
+    """Where the External ids are right (torch 1.9's ResNet-50), the innermost op around each launch call is the
+    op its id names: the fallback for broken ids names the op Kineto would have named."""
     trace = _load(_NW0)
     calls = np.unique(trace.launcher[trace.launcher >= 0])
     nesting = np.flatnonzero(np.isin(trace.kind, _NESTING))
-    np.testing.assert_array_equal(_enclosing_ops(trace, nesting, calls), trace.op_of_event[calls])
+    enclosing = innermost_enclosing(trace.rank, trace.pid, trace.tid, trace.ts, trace.dur, nesting, calls)
+    by_id = {int(trace.external_id[op]): op for op in np.flatnonzero(np.isin(trace.kind, [Kind.CPU_OP]))}
+    named = np.array([by_id.get(int(trace.external_id[call]), -1) for call in calls])
+    assert (named >= 0).all()
+    np.testing.assert_array_equal(enclosing, named)
+    np.testing.assert_array_equal(trace.op_of_event[calls], named)
+
+
+def _sgemm_under_addmm(tmp_path, named: str | None):
+    """An ``aten::addmm`` whose 200 us sgemm is launched inside it, and beside it an ``aten::relu`` with a 50 us
+    kernel, linked the usual way. ``named``: the op that the sgemm's launch call names instead, by carrying its
+    correlation id as External id (as some exporters write it): an ``aten::as_strided`` earlier on the thread, or
+    an ``aten::dropout`` on another thread that spans the call."""
+    builder = TraceBuilder()
+    builder.step(1, 0, 1000)
+    ids = {"aten::as_strided": builder.host("aten::as_strided", 20, 5),
+           "aten::dropout": builder.host("aten::dropout", 150, 100, tid=HOST + 1)}  # fmt: skip
+    builder.host("aten::linear", 100, 300)
+    addmm = builder.host("aten::addmm", 150, 200)
+    builder.launch(200, 10, work_ts=400, work_dur=200, external=addmm)
+    relu = builder.host("aten::relu", 450, 60)
+    builder.launch(460, 10, work_ts=610, work_dur=50, external=relu, kernel="relu_kernel")
+    if named is not None:
+        call = next(event for event in builder.events if event["args"].get("external id") == addmm)
+        call["args"]["external id"] = call["args"]["correlation"]
+        op = next(event for event in builder.events if event["args"].get("External id") == ids[named])
+        op["args"]["External id"] = call["args"]["correlation"]
+    return load(builder.write(tmp_path / "addmm.json"))
+
+
+@pytest.mark.parametrize("named", [None, "aten::as_strided", "aten::dropout"])
+def test_device_time_goes_to_the_op_around_the_launch_not_to_the_op_its_id_names(tmp_path, named):
+    """An External id whose op does not lie around the launch call on its thread is not believed: the kernel
+    counts for the innermost op around the call (its look-alike: the same trace with right ids, same table)."""
+    trace = _sgemm_under_addmm(tmp_path, named)
+    names = [trace.names[i] for i in trace.name]
+    sgemm = names.index("volta_sgemm_128x64_nn")
+    assert names[trace.op_of_event[sgemm]] == "aten::addmm"
+    assert names[trace.op_of_event[trace.launcher[sgemm]]] == "aten::addmm"
+    device_ms = {row.name: row.device_ms for row in op_table(trace).ranks[0].rows}
+    assert device_ms["aten::addmm"] == pytest.approx(0.2)
+    assert device_ms["aten::relu"] == pytest.approx(0.05)
+    assert device_ms["aten::as_strided"] == device_ms["aten::dropout"] == device_ms["aten::linear"] == 0
+
+
+def test_innermost_enclosing_steps_over_calls_inside_calls_and_keeps_instants():
+    """A driver call inside its runtime call finds the op around both; a zero-length call finds the op it lies in;
+    a call outside every op finds none."""
+    ts = np.array([0.0, 10.0, 12.0, 20.0, 50.0])
+    dur = np.array([30.0, 8.0, 2.0, 0.0, 5.0])  # op, runtime call, driver call in it, instant call, call outside
+    zeros = np.zeros(5, dtype=np.int64)
+    found = innermost_enclosing(zeros, zeros, zeros, ts, dur, np.array([0]), np.array([1, 2, 3, 4]))
+    np.testing.assert_array_equal(found, [0, 0, 0, -1])
 
 
 @pytest.mark.slow

@@ -15,9 +15,7 @@ but get no row, and Python frames (``with_stack``) are left out of the nesting.
   ``shape_variants``, how many different ones the row aggregates.
 
 Rows are sorted by device time when the rank has device activity, else by self host time.
-Nesting is found without a Python loop over events: sorted by (thread, start, longer
-first), an op's depth is the number of ops started before it minus those ended by its
-start, and its parent is the nearest earlier op one level up.
+Nesting is found without a Python loop over events (``trace.nesting``).
 """
 
 from __future__ import annotations
@@ -29,8 +27,8 @@ import numpy as np
 from ..result.report import OpRow
 from ..trace.kinds import HOST_OP_KINDS, Kind, kind_array
 from ..trace.model import Trace, isin_few
+from ..trace.nesting import parents
 from ..trace.roles import Role
-from . import numeric
 from .timeline import device_mask
 
 _ROWS = kind_array(HOST_OP_KINDS)
@@ -64,7 +62,7 @@ def op_table(trace: Trace) -> OpTable:
     nesting = np.flatnonzero(isin_few(trace.kind, _NESTING))
     self_us = np.zeros(len(trace))
     self_us[nesting] = self_times(trace, nesting)
-    device_us = _device_time_by_op(trace, nesting)
+    device_us = _device_time_by_op(trace)
     rows = np.flatnonzero(isin_few(trace.kind, _ROWS))
     rows = rows[trace.role[rows] != Role.PROFILER]  # skalpel's closing range, the profiler's own spans: not the user's
     has_device = device_mask(trace)
@@ -93,101 +91,20 @@ def self_times(trace: Trace, events: np.ndarray) -> np.ndarray:
 
 def _parents(trace: Trace, events: np.ndarray) -> np.ndarray:
     """For each event, the position (in ``events``) of its innermost enclosing event on its thread, or -1."""
-    count = len(events)
-    if count == 0:
-        return np.empty(0, dtype=np.int64)
     start = trace.ts[events]
-    end = start + trace.dur[events]
-    rank, pid, tid = trace.rank[events], trace.pid[events], trace.tid[events]
-    order = _thread_order(rank, pid, tid, start, end)
-    start, end = start[order], end[order]
-    thread, first_of_thread = _thread_runs(rank[order], pid[order], tid[order])
-    started_before = np.arange(count) - first_of_thread
-    # Ops of the same thread that ended by this op's start (durations are > 0, so all started earlier).
-    depth = started_before - _ended_before(start, end, first_of_thread)
-    # Parent: nearest earlier op of the same thread one level up (preorder of a properly nested forest).
-    # Sorted by (thread, depth, position), the parent candidate is the last element before (thread, depth - 1,
-    # own position); those keys are the sorted ones less ``count``, so the search runs over sorted needles.
-    level_key = (thread * (int(depth.max()) + 2) + depth) * count + np.arange(count)
-    level_order = np.argsort(level_key, kind="stable")
-    sorted_keys = level_key[level_order]
-    found = np.empty(count, dtype=np.int64)
-    found[level_order] = np.searchsorted(sorted_keys, sorted_keys - count, side="left") - 1
-    candidate = level_order[np.maximum(found, 0)]
-    ok = (depth > 0) & (found >= 0)
-    ok &= (thread[candidate] == thread) & (depth[candidate] == depth - 1) & (end[candidate] > start)
-    parent_sorted = np.where(ok, candidate, -1)
-    parent = np.full(count, -1, dtype=np.int64)
-    parent[order] = np.where(parent_sorted >= 0, order[np.maximum(parent_sorted, 0)], -1)
-    return parent
+    return parents(trace.rank[events], trace.pid[events], trace.tid[events], start, start + trace.dur[events])
 
 
-def _thread_order(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """``np.lexsort((-end, start, tid, pid, rank))``, cheaper on events that come nearly in time order.
-
-    A stable sort by start finds the runs already in order; only events with equal starts need the
-    longer-first tie-break; a last stable sort by thread keeps that order within each thread.
-    """
-    order = np.argsort(start, kind="stable")
-    ordered = start[order]
-    tie = ordered[1:] == ordered[:-1]
-    if tie.any():
-        tied = np.flatnonzero(np.concatenate([tie, [False]]) | np.concatenate([[False], tie]))
-        events = order[tied]
-        order[tied] = events[np.lexsort((-end[events], start[events]))]
-    return order[np.lexsort((tid[order], pid[order], rank[order]))]
-
-
-def _thread_runs(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Number the runs of equal (rank, pid, tid) in arrays sorted by them (0, 0, 1, 1, 1, 2...),
-    and give each element the position where its run starts."""
-    change = np.zeros(len(rank), dtype=bool)
-    change[1:] = (rank[1:] != rank[:-1]) | (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
-    thread = np.cumsum(change)
-    run_start = np.flatnonzero(np.concatenate([[True], change[1:]]))
-    return thread, run_start[thread]
-
-
-def _ended_before(start: np.ndarray, end: np.ndarray, first_of_thread: np.ndarray) -> np.ndarray:
-    """For each event (sorted by thread, then start), how many events of its thread end by its start."""
-    result = np.empty(len(start), dtype=np.int64)
-    bounds = np.append(np.flatnonzero(np.diff(first_of_thread, prepend=-1)), len(start))  # where each thread starts
-    for first, last in zip(bounds[:-1].tolist(), bounds[1:].tolist()):  # one search per thread, not per event
-        ends = np.sort(end[first:last], kind="stable")  # nearly in order already: the stable sort finds the runs
-        result[first:last] = np.searchsorted(ends, start[first:last], side="right")
-    return result
-
-
-def _device_time_by_op(trace: Trace, nesting: np.ndarray) -> np.ndarray:
+def _device_time_by_op(trace: Trace) -> np.ndarray:
     """Device microseconds credited to each host op (self device time), indexed by event.
 
-    The op comes from the launch call's External id (``trace.op_of_event``). Some traces
-    break that link (HTA's sampled traces rewrite the runtime's External id to its
-    correlation id); there the launch call's innermost enclosing host op on its thread
-    stands in, which is the op Kineto would have named.
+    The op is the launch call's (``trace.op_of_event``): the op its External id names where that op
+    lies around the call, else the innermost op around it on its thread.
     """
     device = np.flatnonzero(device_mask(trace))
     op = trace.op_of_event[device]
-    launcher = trace.launcher[device]
-    missing = (op < 0) & (launcher >= 0)
-    if missing.any():
-        calls = numeric.unique(launcher[missing])
-        enclosing = _enclosing_ops(trace, nesting, calls)
-        op[missing] = enclosing[np.searchsorted(calls, launcher[missing])]
     linked = op >= 0
     return np.bincount(op[linked], weights=trace.dur[device[linked]], minlength=len(trace))
-
-
-def _enclosing_ops(trace: Trace, nesting: np.ndarray, calls: np.ndarray) -> np.ndarray:
-    """For each launch call (of positive length), the innermost host op around it on its thread, or -1."""
-    positive = calls[trace.dur[calls] > 0]
-    events = np.concatenate([nesting[trace.dur[nesting] > 0], positive])
-    parent = _parents(trace, events)[len(events) - len(positive) :]
-    found = np.where(parent >= 0, events[np.maximum(parent, 0)], -1)
-    found[(found >= 0) & ~isin_few(trace.kind[np.maximum(found, 0)], _ROWS)] = -1  # a ProfilerStep is no op
-    result = np.full(len(calls), -1, dtype=np.int64)
-    result[trace.dur[calls] > 0] = found
-    return result
 
 
 def _aggregate(trace: Trace, ops: np.ndarray, self_us: np.ndarray, device_us: np.ndarray, sort_key: str) -> tuple[OpRow, ...]:

@@ -102,6 +102,14 @@ _COMM_KERNEL_MARKERS = (
 _EP_NAMESPACE = re.compile(r"(?<![a-z0-9_])(?:deep_ep|hybrid_ep|ep|intranode|internode|internode_ll)::")
 
 
+# Kineto's first schema (torch 1.8 to 1.11) filed record_function ranges under "Operator" with the ops. An op there
+# is named with its namespace (aten::, prim::, torch::autograd::), or is an autograd node (AddmmBackward,
+# AddBackward0, CopyBackwards, CopySlices) or one of the ops recorded bare (detach, detach_); a runtime call filed
+# there keeps its name (cudaLaunchKernel). Any other name is the user's range (record_function("model_inference"),
+# torch.optim's Optimizer.step#SGD.step), which today's traces file under "user_annotation".
+_OLD_OPERATOR_OP = re.compile(r"::|^(?:\w+Backwards?\d*|CopySlices|detach_?|(?:cuda|cu|hip)[A-Z]\w*)$")
+
+
 _LEGACY_PIDS = {"CPU functions": "cpu_op", "CUDA functions": "kernel"}
 
 
@@ -120,7 +128,10 @@ def classify(category: str | None, name: str, phase: str) -> Kind:
     """Return the kind of one event from its category, name and phase."""
     if phase in ("i", "I"):
         return Kind.MEMORY if name == "[memory]" else Kind.INSTANT
-    kind = _CATEGORY_KINDS.get(category.lower(), Kind.OTHER) if category else Kind.OTHER
+    lowered = category.lower() if category else ""
+    kind = _CATEGORY_KINDS.get(lowered, Kind.OTHER)
+    if lowered == "operator" and not _OLD_OPERATOR_OP.search(name):
+        kind = Kind.USER_ANNOTATION
     if kind in (Kind.CPU_OP, Kind.USER_ANNOTATION):
         return _refine_host_range(kind, name)
     if kind is Kind.KERNEL and is_comm_kernel_name(name):

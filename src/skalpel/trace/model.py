@@ -149,11 +149,13 @@ class Trace:
     def op_of_event(self) -> np.ndarray:
         """For each runtime call and device event, the index of the host op it belongs to (-1 otherwise).
 
-        A runtime call carries the External id of the innermost op that issued it;
-        a device event inherits the op of its launcher. Computed once and cached.
+        A runtime call belongs to the op its External id names where that op lies around it on its
+        thread, else to the innermost host op around it (``links.op_of_events``); a device event
+        inherits the op of its launcher. Computed once and cached.
         """
         if "op_of_event" not in self._derived:
-            self._derived["op_of_event"] = op_of_events(self.kind, self.rank, self.external_id, self.launcher)
+            self._derived["op_of_event"] = op_of_events(self.kind, self.rank, self.pid, self.tid, self.ts, self.dur,
+                                                          self.external_id, self.launcher)
         return self._derived["op_of_event"]
 
 
