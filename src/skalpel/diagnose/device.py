@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 
+from ..analysis import numeric
 from ..analysis.blame import UNTRACED
 from ..analysis.ledger import DEVICE_IDLE
 from . import thresholds
@@ -34,7 +35,7 @@ def _check_gpu_idle(ctx: Context, rule: Rule) -> Outcome:
         if steady is not None:  # one-time work found: the units after it, as the ledger counts them
             idle_pct, idle_ms = steady.share_pct(*DEVICE_IDLE), steady.ms_per_unit(*DEVICE_IDLE)
             steps = len(steady.units)
-            step_ms = float(np.median([unit.length_ms for unit in steady.units]))
+            step_ms = numeric.median([unit.length_ms for unit in steady.units])
             consistent = _units_idle_at_least(steady, limits.share_pct)
             judged_over = _steady_words(ctx, rank, steps)
         elif result.marked:
