@@ -85,6 +85,9 @@ def test_torchrun_ranks_write_one_folder_and_rank0_the_merged_report(runs: dict[
     assert [h["distributedInfo"]["rank"] for h in headers] == [0, 1]
     assert {h["distributedInfo"]["world_size"] for h in headers} == {2}
     assert headers[0]["skalpel_run"] == headers[1]["skalpel_run"]  # one run id for the job
+    for header in headers:  # each rank's script thread's wait for a core, which straggler_rank weighs
+        waited = header["skalpel_run_queue"]
+        assert waited["wall_s"] > 0 and 0 <= waited["main_thread_wait_s"] <= waited["wall_s"], waited
     report = _report(folder)
     assert [rank.rank for rank in report.ranks] == [0, 1] and report.source.world_size == 2
     for rank in report.ranks:

@@ -433,14 +433,18 @@ def test_memory_spike_of_the_same_size_without_a_broadcast_stays_quiet(tmp_path)
 STEP = 40_000.0
 
 
-def _two_ranks(tmp_path: Path, late_rank_of_step, *, outside_ops: bool = False) -> Path:
+def _two_ranks(tmp_path: Path, late_rank_of_step, *, outside_ops: bool = False,
+               core_waits_ms: tuple[float, float] | None = None) -> Path:
     """Two gloo ranks on one host, 6 steps of 40 ms: each computes (aten::mm), then all_reduces 4 MB on gloo's
     thread; the late rank of a step arrives 16 ms after the other, by a slower aten::mm (identical work) or,
-    with ``outside_ops``, by 16 ms of Python outside any op before the same aten::mm (extra work)."""
+    with ``outside_ops``, by 16 ms of Python outside any op before the same aten::mm (extra work). ``core_waits_ms``:
+    each rank's script thread's wait for a core over the window, as skalpel's capture writes it in the header."""
     folder = tmp_path / "job"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     for rank in (0, 1):
         builder = cpu_rank(rank)
+        if core_waits_ms is not None:
+            builder.header["skalpel_run_queue"] = {"main_thread_wait_s": core_waits_ms[rank] / 1000, "wall_s": 6 * STEP / 1e6}
         for number in range(6):
             start = number * STEP
             late = late_rank_of_step(number) == rank
@@ -473,6 +477,20 @@ def test_a_rank_doing_extra_work_is_the_straggler(tmp_path):
     assert finding.evidence["rank"] == 1 and finding.evidence["last_arrival_pct"] == 100
     assert finding.evidence["extra_time_in"].startswith("(host time outside any op")
     assert finding.evidence["comm_share_max_pct"] > 40  # the waiting rank's collectives, never hidden
+
+
+def test_a_rank_kept_off_the_cores_is_no_straggler(tmp_path):
+    """The same extra time outside ops, while its script thread waited 96 ms more for a core than the other's (16 ms a
+    step, as skalpel's capture measures it): the machine's load, not the rank's work (a CI beside busy loops read
+    such a rank as a critical straggler). A rank that sleeps waits for no core: the test above, and here with the
+    figures recorded and alike."""
+    report = analyze(_two_ranks(tmp_path / "preempted", lambda number: 1, outside_ops=True, core_waits_ms=(4.0, 100.0)))
+    assert not [(f.id, f.severity) for f in report.findings if f.severity != "info"]
+    (note,) = _found(report, "straggler_rank")
+    assert note.title.startswith("No straggler")
+    sleeping = analyze(_two_ranks(tmp_path / "sleeping", lambda number: 1, outside_ops=True, core_waits_ms=(4.0, 6.0)))
+    (finding,) = _found(sleeping, "straggler_rank", serious=True)
+    assert finding.evidence["rank"] == 1
 
 
 def test_ranks_that_all_reduce_the_same_buckets_in_another_order_do_identical_work(tmp_path):

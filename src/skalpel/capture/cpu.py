@@ -95,6 +95,15 @@ def facts(start: Snapshot, end: Snapshot, *, steps: int, loader_workers: int = 0
     return result
 
 
+def thread_wait_s(start: Snapshot, end: Snapshot, native_id: int) -> float | None:
+    """The seconds one thread of this process (its native id) waited for a core between two snapshots; None where
+    the system does not report it."""
+    tid = str(native_id)
+    if start.waits_ns is None or end.waits_ns is None or tid not in end.waits_ns:
+        return None
+    return max(end.waits_ns[tid] - start.waits_ns.get(tid, 0), 0) / 1e9
+
+
 def _run_queue_waits() -> dict[str, int] | None:
     try:
         tasks = os.listdir("/proc/self/task")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -31,6 +32,7 @@ from ..result.report import CaptureInfo
 from ..result.sections import RunLedger
 from ..trace.line_samples import HEADER_KEY as LINE_SAMPLES
 from ..trace.precision_header import HEADER_KEY as PRECISION
+from ..trace.run_queue_header import HEADER_KEY as RUN_QUEUE
 from . import compile_log, cpu, distributed, precision, runclock, runfolder, signals
 from .aside import OWN
 from .bounded import PartialStep
@@ -194,6 +196,19 @@ class ProfileRun:
             sampler.stop(wait=False)
             if sampler.samples and sampler.anchor is not None:
                 self._prof.add_metadata_json(LINE_SAMPLES, json.dumps(sampler.header_value()))
+        self._run_queue_into_trace()
+
+    def _run_queue_into_trace(self) -> None:
+        """The script thread's wait for a core since the window opened, into the header (``run_queue_header``): a
+        rank slowed by the machine's load is then told from one slowed by its own work (straggler_rank). Called on
+        the script's thread, which steps the profiler."""
+        if not self._cpu_window:
+            return
+        start, now = self._cpu_window[0], cpu.snapshot()
+        waited = cpu.thread_wait_s(start, now, threading.get_native_id())
+        if waited is not None:
+            value = {"main_thread_wait_s": round(waited, 4), "wall_s": round(max(now.wall_s - start.wall_s, 0.0), 4)}
+            self._prof.add_metadata_json(RUN_QUEUE, json.dumps(value))
 
     def not_a_step(self) -> None:
         """The time since the last boundary was no training step (a framework's evaluation ran): the next step's

@@ -20,6 +20,7 @@ from ..analysis.rankprofile import RankLocations
 from ..analysis.ranks import OUTSIDE_OPS, RankComparison
 from ..analysis.rankwork import ExtraWork
 from ..result.report import AcrossRanks, Finding
+from ..trace import run_queue_header
 from . import thresholds
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
@@ -63,8 +64,9 @@ def _machine_load(ctx: Context) -> bool:
 
     All ranks on one host (one clock), identical work (every op called equally often a step on
     every rank, on the same inputs), and the slowest rank's extra time, if it has one, in host ops
-    that every rank runs, not in Python outside ops (extra work: a sleep, I/O, logging) and not in kernels (a slow
-    device is a real straggler): the same work ran slower where the CPU load happened to fall,
+    that every rank runs, not in Python outside ops (extra work: a sleep, I/O, logging; unless the rank's script
+    thread waited that much longer for a core, ``_waited_for_a_core``) and not in kernels (a slow device is a real
+    straggler): the same work ran slower where the CPU load happened to fall,
     and which rank that is moves from run to run. The waits are then neither a straggler's
     nor the network's; straggler_rank says so in an info note that keeps the numbers.
     """
@@ -78,7 +80,29 @@ def _machine_load(ctx: Context) -> bool:
         return False
     straggler = comparison.straggler
     top = straggler.excess[0] if straggler is not None and straggler.excess else None
-    return top is None or (top.category != OUTSIDE_OPS and not top.category.startswith("kernel: "))
+    if top is not None and top.category == OUTSIDE_OPS:
+        return _waited_for_a_core(ctx, straggler.rank, straggler.step_ms, top.extra_ms_per_step)
+    return top is None or not top.category.startswith("kernel: ")
+
+
+PREEMPTED_SHARE = 0.5  # of the straggler's extra time outside ops that its longer wait for a core must explain
+
+
+def _waited_for_a_core(ctx: Context, rank: int, step_ms: float, extra_ms: float) -> bool:
+    """Whether the straggler's extra host time outside any op is its script thread waiting for a core: it waited
+    longer than the others (``run_queue_header``, skalpel's capture) by at least ``PREEMPTED_SHARE`` of that time.
+
+    A rank of identical work that the scheduler kept off the cores arrives last with its extra time outside ops,
+    as a rank that sleeps or reads files does: beside busy loops on 2 cores one such rank read as a critical
+    straggler (others waiting 48.9 ms/step for it, 95% of the step). A sleep is no wait for a core: that rank stays
+    the straggler. Without the capture's figures (a trace from elsewhere) the extra time is the rank's.
+    """
+    shares = {info.rank: run_queue_header.wait_share(info.run_queue) for info in ctx.ranks}
+    mine = shares.get(rank)
+    others = [share for other, share in shares.items() if other != rank and share is not None]
+    if mine is None or not others or extra_ms <= 0:
+        return False
+    return (mine - min(others)) * step_ms >= PREEMPTED_SHARE * extra_ms
 
 
 def _extra_work(ctx: Context) -> ExtraWork | None:
@@ -527,7 +551,9 @@ STRAGGLER_RANK = Rule(
         "inputs) and differ only "
         "in how fast the same host ops ran are not blamed: who arrives last then follows the machine's CPU load and "
         "moves from run to run, so the rule writes an info note with the waits and the collectives' full share "
-        "instead. Ranks that do different work by design (pipeline stages, a parameter server); traces "
+        "instead; so is a rank whose extra time is host time outside any op while its script thread waited that "
+        "much longer for a core than the others (skalpel's capture records each rank's wait, `skalpel_run_queue`). "
+        "Ranks that do different work by design (pipeline stages, a parameter server); traces "
         "sampled so sparsely that few collectives match; ranks sharing too few CPU cores, where the rank that falls "
         "behind is slowed further by its peers' collective threads.",
     ),

@@ -34,7 +34,7 @@ import orjson
 
 from ..display import cut_name
 from ..errors import TraceError
-from . import gzstream, line_samples, module_sizes_header, precision_header
+from . import gzstream, line_samples, module_sizes_header, precision_header, run_queue_header
 from .assemble import FileColumns, assemble
 from .columns import ColumnBuilder
 from .events import BatchSyntaxError, decode_events
@@ -498,6 +498,7 @@ def _rank_info(path: Path, header: dict, truncated: bool, count: int) -> RankInf
         line_samples=line_samples.parse(header.get(line_samples.HEADER_KEY)),
         precision=precision_header.parse(header.get(precision_header.HEADER_KEY)),
         module_sizes=module_sizes_header.parse(header.get(module_sizes_header.HEADER_KEY)),
+        run_queue=run_queue_header.parse(header.get(run_queue_header.HEADER_KEY)),
     )
 
 

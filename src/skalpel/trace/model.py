@@ -44,6 +44,7 @@ class RankInfo:
     line_samples: Any = None  # line_samples.LineSamples from a skalpel capture's header, else None
     precision: dict | None = None  # this CPU's bf16 and fp32 matmul speeds from a skalpel capture's header
     module_sizes: dict | None = None  # "Linear_0" -> (parameters, forward output bytes) from a skalpel capture's header
+    run_queue: dict | None = None  # the main thread's wait for a core over the window (run_queue_header), if recorded
 
 
 CUT_FILE = "the file is cut off"  # what the loader's note on a cut file says after its name: reports show it first
