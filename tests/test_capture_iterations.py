@@ -548,9 +548,12 @@ def test_a_rollout_in_the_first_recorded_step_is_named_not_taken_for_warm_up(run
     (note,) = _notes(report, "no backward of its own")
     assert note.startswith("step #6 ") and "an RL rollout" in note and "left out of the step statistics" in note
     # the rollout is not taken for warm-up (it read "3,223% slower"); no_warmup may still judge the first kept step,
-    # an update after the rollout, which a loaded machine made 56% slower than the other two in one clean-clone CI
+    # an update after the rollout, which a loaded machine made 56% slower than the other two in one clean-clone CI.
+    # Under measured contention any step may stall: a CI beside busy loops (load 11.8, the process waiting for a core
+    # 90% of the time it wanted one) made it 22.6 ms against 1.5 ms, and cpu_contention said so, critical
+    contended = any(finding["id"] == "cpu_contention" for finding in report["findings"])
     slower = [finding["evidence"]["slower_pct"] for finding in report["findings"] if finding["id"] == "no_warmup"]
-    assert all(pct < 300 for pct in slower), slower
+    assert contended or all(pct < 300 for pct in slower), slower
     assert report["steps"]["count"] == 3
 
 
