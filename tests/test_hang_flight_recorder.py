@@ -82,9 +82,18 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "pickled").mkdir()
     (folder / "train.py").write_text(JOB)
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "64", "OMP_NUM_THREADS": "1"}
-    job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                          str(folder / "train.py"), str(folder)], capture_output=True, text=True, timeout=150,
-                         env=env)  # fmt: skip
+    for attempt in range(2):
+        job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                              str(folder / "train.py"), str(folder)], capture_output=True, text=True, timeout=150,
+                             env=env)  # fmt: skip
+        # the job is torch's alone (no skalpel): in a CI beside busy loops a rank of it once aborted in torch's own
+        # teardown ("terminate called without an active exception", SIGABRT); the dumps it makes are the test's
+        # input, so such a crash of torch's is run again, once, from empty folders
+        if job.returncode == 0 or "SIGABRT" not in job.stderr or attempt:
+            break
+        for kind in ("json", "pickled"):
+            for path in (folder / kind).iterdir():
+                path.unlink()
     assert job.returncode == 0, job.stderr[-3000:]
     return folder
 
