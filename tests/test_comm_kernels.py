@@ -60,21 +60,23 @@ GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsiz
 SIDE_STREAM = 27
 
 
-def _overlapped_rank(exchange: str | None, *, steps: int = 3) -> TraceBuilder:
-    """Rank 0 of a 64-rank job, steps of 20 ms: compute on stream 7 keeps the device busy; with ``exchange``, four
-    3 ms kernels of that name a step run on stream 27 beside it (DualPipe's overlap), launched from DeepEP's runtime
-    without an aten op above them."""
+def _overlapped_rank(exchange: str | None, *, gemm_us: float = 4_850, exchange_at_us: float = 600,
+                     steps: int = 3) -> TraceBuilder:  # fmt: skip
+    """Rank 0 of a 64-rank job, steps of 20 ms: four GEMMs a step on stream 7 (``gemm_us`` each; the default keeps
+    the device busy); with ``exchange``, four 3 ms kernels of that name a step run on stream 27, each
+    ``exchange_at_us`` after its layer's GEMM starts (by default beside it: DualPipe's overlap), launched from
+    DeepEP's runtime without an aten op above them."""
     builder = gpu_rank(0, world_size=64)
     for number in range(steps):
         start = number * 20_000.0
         builder.step(number + 1, start, 19_990)
         for layer in range(4):
             host = start + 20 + layer * 400
+            gemm_at = start + 100 + layer * 4_900
             external = builder.host("aten::mm", host, 60)
-            builder.launch(host + 10, 8, work_ts=start + 100 + layer * 4_900, work_dur=4_850, external=external,
-                           kernel=GEMM)  # fmt: skip
+            builder.launch(host + 10, 8, work_ts=gemm_at, work_dur=gemm_us, external=external, kernel=GEMM)
             if exchange is not None:
-                builder.launch(host + 100, 9, work_ts=start + 600 + layer * 4_900, work_dur=3_000,
+                builder.launch(host + 100, 9, work_ts=gemm_at + exchange_at_us, work_dur=3_000,
                                name="cudaLaunchKernelExC", kernel=exchange, stream=SIDE_STREAM)  # fmt: skip
     return builder
 
@@ -97,18 +99,9 @@ def test_an_overlapped_expert_parallel_all_to_all_is_communication_hidden_behind
 
 
 def test_the_same_time_exposed_is_still_communication_bound(tmp_path: Path) -> None:
-    """Twin: the same 60% of all-to-all with no compute beside it (the GEMMs are 1 ms) bounds the step: critical."""
-    builder = gpu_rank(0, world_size=64)
-    for number in range(3):
-        start = number * 20_000.0
-        builder.step(number + 1, start, 19_990)
-        for layer in range(4):
-            host = start + 20 + layer * 400
-            external = builder.host("aten::mm", host, 60)
-            builder.launch(host + 10, 8, work_ts=start + 100 + layer * 4_900, work_dur=1_000, external=external,
-                           kernel=GEMM)  # fmt: skip
-            builder.launch(host + 100, 9, work_ts=start + 1_150 + layer * 4_900, work_dur=3_000,
-                           name="cudaLaunchKernelExC", kernel=COMMUNICATING[0], stream=SIDE_STREAM)  # fmt: skip
+    """Twin: the same 60% of all-to-all with no compute beside it (the GEMMs are 1 ms, each exchange starts after
+    its GEMM) bounds the step: critical."""
+    builder = _overlapped_rank(COMMUNICATING[0], gemm_us=1_000, exchange_at_us=1_050)
     report = analyze(builder.write(tmp_path / "rank0.json"), workers=1)
     (bound,) = [f for f in report.findings if f.id == "communication_bound"]
     assert bound.severity == "critical" and "hidden" not in bound.title, _said(report)
