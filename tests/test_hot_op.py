@@ -84,6 +84,45 @@ def test_a_matrix_multiply_holding_a_cpu_step_is_an_info_note(tmp_path):
     assert report.findings[0].id == "no_bottleneck"
 
 
+ACCUMULATE = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+
+
+def _steps_with_one_stalled(stall_us: dict[int, float], *, count: int = 4) -> TraceBuilder:
+    """A compiled loop's CPU steps of 2.7 ms: CompiledFunction 1 ms, aten::mm 0.6 ms, six 3 us AccumulateGrad calls;
+    in the steps of ``stall_us`` (position: microseconds) one AccumulateGrad call runs that long and its step grows
+    by as much: a CI beside busy loops kept the process off its core inside it for 16.4 ms."""
+    builder = TraceBuilder()
+    builder.device_properties = []
+    start = 0.0
+    for position in range(count):
+        stall = stall_us.get(position, 0.0)
+        length = 2_700.0 + stall
+        builder.step(position + 1, start, length - 1)
+        at = start + 5
+        for name, dur in [("CompiledFunction", 1_000.0), ("aten::mm", 600.0)]:
+            builder.host(name, at, dur)
+            at += dur + 2
+        for call in range(6):
+            dur = stall if call == 4 and stall else 3.0
+            builder.host(ACCUMULATE, at, dur)
+            at += dur + 2
+        start += length
+    return builder
+
+
+def test_one_call_stalled_by_the_scheduler_is_no_op_holding_the_step(tmp_path):
+    """One AccumulateGrad call stretched to 16.4 ms by preemption in one step of four makes 53% of the window's
+    time: no warning, the op holds one step and ~0.7% of the others (the median unit). Twin: the same 16.4 ms call
+    in every step holds the step, and fires."""
+    (tmp_path / "stalled").mkdir(), (tmp_path / "held").mkdir()
+    found, report = _hot(_steps_with_one_stalled({1: 16_400.0}), tmp_path / "stalled")
+    assert [finding for finding in found if finding.severity != "info"] == [], [f.title for f in report.findings]
+    (held,), _ = _hot(_steps_with_one_stalled({0: 16_400.0, 1: 16_400.0, 2: 16_400.0, 3: 16_400.0}), tmp_path / "held")
+    assert held.severity != "info" and held.evidence["op"] == ACCUMULATE
+    assert held.evidence["typical_share_pct"] == pytest.approx(held.evidence["share_pct"], abs=1)
+    assert held.evidence["typical_share_pct"] >= LIMITS.share_pct
+
+
 @pytest.mark.parametrize(("share", "fires"), [(0.3, True), (0.1, False)])
 def test_a_fallback_kernel_counts_from_a_smaller_share(tmp_path, share, fires):
     """A reference convolution fires from fallback_share_pct of the step (20%), well under the dominant op's 50%."""

@@ -142,7 +142,7 @@ def run_analyses(trace: Trace, *, processes: int = 1) -> Analyses:
     # the child's results, or computed here (no second core, or the child died: killed for memory?)
     analyses.ops, analyses.breakdown = done if done is not None else (op_table(trace), step_breakdown(trace, steps))
     analyses.attention = attention(trace, analyses.ops, analyses.kernels)
-    analyses.held_ops = held_ops(trace, analyses.cpu_ops, analyses.one_time, analyses.ops)
+    analyses.held_ops = held_ops(trace, analyses.cpu_ops, analyses.one_time, analyses.ops, analyses.ledger)
     return analyses
 
 

@@ -12,13 +12,15 @@ takes three quarters of it. Two cases are judged here:
   multiply or a convolution on its fast kernel is the model's own compute (a healthy step is dominated by it, on a
   CPU as on a GPU) and is only an info note; any other op is named with what a user can check.
 
-The share is of the ledger's host lane (the unit's time less one-time work); the op's self times, calls and sources
-come from ``analysis.held_ops``, its shapes from the op table. On a device run no generic rule fires: a GEMM that
+The share is of the ledger's host lane (the unit's time less one-time work), and the op must reach it in the typical
+unit too (the median of its units' shares): one call the scheduler kept off the core for 16 ms is no op that holds
+the step. The op's self times, calls and sources come from ``analysis.held_ops``, its shapes from the op table. On a device run no generic rule fires: a GEMM that
 dominates device time is the goal there, not a problem.
 """
 
 from __future__ import annotations
 
+from ..analysis import numeric
 from ..analysis.held_ops import HeldCalls, HeldOp, RankHeldOps
 from ..analysis.ledger import RankLedger
 from ..result.report import OpRow
@@ -80,17 +82,30 @@ def _cpu_finding(ctx: Context, rule: Rule, rank_ledger: RankLedger, held: RankHe
     if steady_ms <= 0:
         return None
     fallback = held.reference
-    if fallback is not None and pct(fallback.ms, steady_ms) >= limits.param("fallback_share_pct") \
-            and fallback.ms / units >= limits.param("fallback_floor_ms"):  # fmt: skip
+    fallback_pct = limits.param("fallback_share_pct")
+    if fallback is not None and pct(fallback.ms, steady_ms) >= fallback_pct \
+            and fallback.ms / units >= limits.param("fallback_floor_ms") \
+            and typical_share_pct(fallback, host) >= fallback_pct:  # fmt: skip
         others = [op for op in held.ops[:4] if not op.reference][:2]
         return _finding(ctx, rule, rank_ledger, fallback, steady_ms, units, others, kind="fallback",
                         fix=f"{_CONV_FIX}; it runs the reference kernel because {_CONV_CPU}")  # fmt: skip
     top = held.ops[0]
     if 100.0 * top.self_ms / steady_ms < limits.share_pct or top.self_ms / units < limits.floor:
         return None
+    if typical_share_pct(held.top, host) < limits.share_pct:
+        return None  # it holds some units, not the step: a stall (preemption) or a step unlike the others
     kind = "compute" if top.library_compute else "dominant"
     return _finding(ctx, rule, rank_ledger, held.top, steady_ms, units, list(held.ops[1:3]), kind=kind,
                     fix=_dominant_fix(top))  # fmt: skip
+
+
+def typical_share_pct(held: HeldCalls, host) -> float:
+    """The calls' share of the typical unit: the median over the host lane's units of their self time against the
+    unit's time less its one-time work. A stalled call (the process waited for a core inside it) inflates the mean
+    share from one unit; the median holds. Without per-unit times (none recorded) the mean share stands."""
+    shares = [100.0 * ms / (unit.length_ms - unit.ms.get("one_time", 0.0))
+              for ms, unit in zip(held.unit_ms, host.units) if unit.length_ms - unit.ms.get("one_time", 0.0) > 0]  # fmt: skip
+    return numeric.median(shares) if shares else pct(held.ms, host.steady_ms)
 
 
 def _finding(ctx, rule, rank_ledger, held: HeldCalls, steady_ms, units, others: list[HeldOp], *, kind, fix):
@@ -105,6 +120,7 @@ def _finding(ctx, rule, rank_ledger, held: HeldCalls, steady_ms, units, others: 
         "kind": kind,
         "ops": list(held.ops),
         "ms_per_call": held.ms / max(held.calls, 1),
+        "typical_share_pct": typical_share_pct(held, rank_ledger.lane("host")),
         "step_ms": steady_ms / units,
         "judged_over": rank_ledger.describe(),
         "input_shapes": row.input_shapes if row is not None else None,
@@ -227,7 +243,9 @@ HOT_OP = Rule(
         "one). A fix to one line then speeds up the whole step.",
         evidence="`op` and `ops` (the fallback kernels counted), `kind` (fallback, dominant or compute), "
         "`share_pct` of the step (the ledger's host lane less one-time work; on a device run, the device time the "
-        "fallback kernels launched against the device lane), `ms_per_step`, `calls_per_step`, `ms_per_call`, "
+        "fallback kernels launched against the device lane), `typical_share_pct` (CPU-only: the median over the "
+        "units of the op's share of each, which must pass the threshold too: one call stalled by the scheduler "
+        "inflates the mean share from one unit), `ms_per_step`, `calls_per_step`, `ms_per_call`, "
         "`input_shapes` (the op table's most frequent), `source` (model, optimizer step or data loading) and "
         "`next_ops` (the next largest ops, to show it stands alone). The locations are the user's lines calling "
         "its heavier calls.",
@@ -239,7 +257,8 @@ HOT_OP = Rule(
         "workload: nothing to fix but the op itself. A float16 convolution on a CPU runs aten::convolution_backward "
         "(a name shared with the fast path) and is not named as a fallback. The backward of a dilated or "
         "transposed fallback convolution runs inside aten::convolution_backward and is not counted in its share. "
-        "On a device run only fallback kernels are judged.",
+        "On a device run only fallback kernels are judged. An op that holds fewer than half of the units and little of "
+        "the others (an evaluation every few steps inside the window) is not said to hold the step.",
     ),
 )
 
