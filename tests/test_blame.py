@@ -499,3 +499,32 @@ def test_host_bound_names_the_python_outside_the_ops_of_a_cpu_step(tmp_path, sta
         assert "60% of the step in augment() in train.py:12" in found.title and "DataLoader workers" in found.fix
     else:
         assert found.severity == "info" and lead["label"] == UNTRACED and "with_stack=True" in found.fix
+
+
+def _item_iterations(builder: TraceBuilder, count: int = 5) -> None:
+    """Unmarked iterations of 10 ms (an SGD step each, from which the loop is found): a 5 ms kernel, then .item() on
+    its result, which syncs; the device idles ~3 ms after each sync until the next launch."""
+    for number in range(count):
+        start = number * STEP_US
+        builder.launch(start + 10, 5, work_ts=start + 20, work_dur=5000)
+        builder.host("aten::item", start + 30, 4995)
+        builder.host("aten::_local_scalar_dense", start + 31, 4993)
+        builder.launch(start + 32, 3, work_ts=start + 5021, work_dur=2, name="cudaMemcpyAsync",
+                       kernel="Memcpy DtoH (Device -> Pageable)", cat="gpu_memcpy", nbytes=4)  # fmt: skip
+        builder.runtime("cudaStreamSynchronize", start + 36, 4987)
+        builder.launch(start + 8000, 5, work_ts=start + 8010, work_dur=1900)
+        builder.host("Optimizer.step#SGD.step", start + 9000, 900, cat="user_annotation")
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_without_markers_a_sync_is_counted_per_iteration_not_per_window(tmp_path, marked):
+    """Five iterations, one .item() sync each: "1 sync per step", ~3 ms idle per step and ~30% of it, with step
+    markers or without (per iteration found from the loop), never "5 syncs per step" over the whole window."""
+    builder = TraceBuilder()
+    if marked:
+        _steps(builder, count=5)
+    _item_iterations(builder)
+    (sync,) = _findings(builder, tmp_path, "host_device_sync")
+    assert sync.evidence["syncs_per_step"] == pytest.approx(1.0, abs=0.25), sync.title
+    assert sync.evidence["idle_after_ms_per_step"] == pytest.approx(2.98, abs=0.7), sync.title
+    assert sync.evidence["share_pct"] == pytest.approx(30, abs=8), sync.title

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis.step_window import Window
+from ..analysis.steps import Step
 from .rule import Context
 
 
@@ -19,8 +20,14 @@ def windows(ctx: Context) -> list[Window]:
 
 
 def window_of(ctx: Context, rank: int) -> Window:
-    """The window of one rank's steps."""
-    return Window(rank, tuple(ctx.steps.for_rank(rank)))
+    """The units one rank is judged over, as the ledger counts them: its marked steps; without markers the loop's
+    iterations (``judged_units``), so that "per step" means per iteration there, as in the blame and the ledger, not
+    per whole window; the window itself where no loop was found."""
+    found = ctx.analyses.ledger.for_rank(rank) if ctx.analyses.ledger is not None else None
+    if found is None or found.unit != "iteration" or not found.lanes:
+        return Window(rank, tuple(ctx.steps.for_rank(rank)))
+    return Window(rank, tuple(Step(rank, unit.number, unit.start_us, unit.end_us, unit.end_us)
+                              for unit in found.lanes[0].units))  # fmt: skip
 
 
 def data_wait_ms(ctx: Context, rank: int, lane: str = "host") -> float:

@@ -371,15 +371,15 @@ def _check_pageable(ctx: Context, rule: Rule) -> Outcome:
         copies = rank.pageable_htod if rank is not None else None
         if copies is None or copies.count == 0:
             continue
-        ms = copies.device_ms / rank.steps
-        bytes_per_step = copies.total_bytes / rank.steps
+        ms = copies.device_ms / window.count  # per judged unit, as the step it is a share of
+        bytes_per_step = copies.total_bytes / window.count
         share = pct(ms, window.mean_step_ms)
         if share < limits.share_pct or ms < limits.floor or bytes_per_step < limits.param("min_bytes_per_step"):
             continue
         evidence = {
             "share_pct": share,
             "ms_per_step": ms,
-            "copies_per_step": copies.count / rank.steps,
+            "copies_per_step": copies.count / window.count,
             "mib_per_step": bytes_per_step / 2**20,
             "gb_per_s": copies.total_bytes / 1e9 / (copies.device_ms / 1000.0) if copies.device_ms > 0 else 0.0,
             "events": list(copies.worst_events),
