@@ -69,6 +69,7 @@ class ModuleNode:
     backward_flops: float = 0.0  # the subtree's
     params: int | None = None  # parameters of the module and its children (None: not recorded)
     output_bytes: int | None = None  # bytes of the tensors its forward returned, at its first call
+    own_ms_by_unit: tuple[float, ...] = ()  # host self time, forward and backward, in each judged unit (ms)
 
     @property
     def name(self) -> str:
@@ -197,9 +198,22 @@ def _rank_tree(trace: Trace, rank: int, units, unit: str, frames_all, flop_event
     backward_device = self_sum(device, trace.dur[device], backward)
     backward_flops = (self_sum(flop_events[on_rank], flops[on_rank], backward) if len(flop_events)
                       else np.zeros(len(frames)))  # fmt: skip
+    # each path's own host time (forward self and the backward charged to it) by unit: a module that holds the
+    # step holds most units, not one call the scheduler stalled (paths x units, not frames x units: a large trace
+    # has a million frames)
+    path_ids = {path: i for i, path in enumerate(dict.fromkeys(paths))}
+    path_of_row = np.array([path_ids[path] for path in paths], dtype=np.int64)
+    starts = np.array([step.start_us for step in units])
+    own_by_unit = _by_unit(path_of_row, dur - child_time, _unit_of(trace.ts[frames], starts), len(path_ids), count)
+    owner = backward[roots[mine]]
+    rows = np.where(owner >= 0, rows_of[np.maximum(owner, 0)], -1)
+    kept = rows >= 0
+    own_by_unit += _by_unit(path_of_row[rows[kept]], own_us[mine][kept], _unit_of(trace.ts[roots[mine]][kept], starts),
+                            len(path_ids), count)  # fmt: skip
 
     # calls, host, host self, device self, flops self, backward host, backward device, backward flops (all self)
     sums: dict[tuple[str, ...], np.ndarray] = defaultdict(lambda: np.zeros(8))
+    by_unit = {path: own_by_unit[i] for path, i in path_ids.items()}
     where: dict[tuple[str, ...], tuple[str | None, str | None]] = {}
     for row, path in enumerate(paths):
         sums[path] += (1.0, dur[row], dur[row] - child_time[row], device_self[row], flops_self[row],
@@ -207,7 +221,7 @@ def _rank_tree(trace: Trace, rank: int, units, unit: str, frames_all, flop_event
         if path not in where or (where[path][0] is None and location[row] is not None):
             where[path] = (location[row], defined[row])
     sizes = next((info.module_sizes for info in trace.ranks if info.rank == rank), None)
-    nodes = _nodes(sums, where, count, has_device=bool(len(device)), sizes=sizes or {})
+    nodes = _nodes(sums, where, count, has_device=bool(len(device)), sizes=sizes or {}, by_unit=by_unit)
     roots = parent_row < 0
     device_ms = float(trace.dur[device].sum()) / 1000.0 / count
     return RankModules(
@@ -293,7 +307,18 @@ def _caller(trace: Trace, frame: int, seen: dict[int, str | None]) -> str | None
     return found
 
 
-def _nodes(sums, where, count: int, *, has_device: bool, sizes: dict) -> tuple[ModuleNode, ...]:
+def _unit_of(times: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Each instant's unit (its position in ``starts``, the units' starts in order); the units tile the window."""
+    return np.clip(np.searchsorted(starts, times, side="right") - 1, 0, max(len(starts) - 1, 0))
+
+
+def _by_unit(rows: np.ndarray, values: np.ndarray, unit: np.ndarray, count_rows: int, count_units: int) -> np.ndarray:
+    """``values`` summed by (row, unit): a rows x units array (microseconds)."""
+    flat = np.bincount(rows * count_units + unit, weights=values, minlength=count_rows * count_units)
+    return flat.reshape(count_rows, count_units)
+
+
+def _nodes(sums, where, count: int, *, has_device: bool, sizes: dict, by_unit: dict) -> tuple[ModuleNode, ...]:
     """The tree in preorder, siblings by time, totals rolled up; at most MAX_NODES, the heaviest kept."""
     children: dict[tuple[str, ...], list[tuple[str, ...]]] = defaultdict(list)
     for path in sums:
@@ -327,7 +352,8 @@ def _nodes(sums, where, count: int, *, has_device: bool, sizes: dict) -> tuple[M
         ordered.append(ModuleNode(path, calls / count, host / ms, host_self / ms, device / ms, device_self / ms,
                                   flop / count, flops_self / count, location, defined, back_host / ms,
                                   back_host_self / ms, back_device / ms, back_device_self / ms,
-                                  back_flops / count, *sizes.get(path[-1], (None, None))))  # fmt: skip
+                                  back_flops / count, *sizes.get(path[-1], (None, None)),
+                                  tuple(float(us) / 1000.0 for us in by_unit[path])))  # fmt: skip
         for child in sorted(children.get(path, ()), key=rank_key, reverse=True):
             visit(child)
 
