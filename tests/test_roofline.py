@@ -100,7 +100,9 @@ def test_labels_agree_with_a_hand_timed_microbenchmark(tmp_path: Path) -> None:
     for op, (label, hand) in rows.items():
         assert label == hand, (op, label, hand)
     assert rows["aten::mm"][0] == rows["aten::convolution"][0] == "compute-bound"
-    assert rows["aten::add"][0] == "memory-bound" and rows["tiny"][0] == "overhead-bound"
+    # The add's 1/12 FLOP a byte puts it under the memory roof; whether it reaches 10% of that roof is the machine's
+    # speed at the time (beside busy loops both skalpel and the hand timing read it overhead-bound, and agree).
+    assert rows["aten::add"][0] in ("memory-bound", "overhead-bound") and rows["tiny"][0] == "overhead-bound"
 
 
 def test_a_modules_roofline_sums_its_ops_and_holds_its_subtrees_on_a_stored_h100_trace() -> None:
