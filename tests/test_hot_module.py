@@ -93,9 +93,9 @@ def test_a_trace_without_module_frames_is_left_alone(tmp_path) -> None:
 
 
 def _stalled_run(tmp_path: Path, stalled_steps: set[int]):
-    """A real profile of ten steps (one warm-up, nine recorded): two Linear layers, then a module of the user's with two small ops of its own
-    (``x * 2 + 1`` on the narrow output); in ``stalled_steps`` its forward is held 60 ms (as the scheduler holds a process off its core
-    beside busy loops; a sleep plants it)."""
+    """A real profile of ten steps (one warm-up, nine recorded): two Linear layers, then a module of the user's with
+    two small ops of its own (``x * 2 + 1`` on the narrow output); in ``stalled_steps`` its forward is held 60 ms (as
+    the scheduler holds a process off its core beside busy loops; a sleep plants it)."""
     import time
 
     import torch

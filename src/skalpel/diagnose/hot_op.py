@@ -103,8 +103,8 @@ def typical_share_pct(held: HeldCalls, host) -> float:
     """The calls' share of the typical unit: the median over the host lane's units of their self time against the
     unit's time less its one-time work. A stalled call (the process waited for a core inside it) inflates the mean
     share from one unit; the median holds. Without per-unit times (none recorded) the mean share stands."""
-    shares = [100.0 * ms / (unit.length_ms - unit.ms.get("one_time", 0.0))
-              for ms, unit in zip(held.unit_ms, host.units) if unit.length_ms - unit.ms.get("one_time", 0.0) > 0]  # fmt: skip
+    shares = [100.0 * ms / steady for ms, unit in zip(held.unit_ms, host.units)
+              if (steady := unit.length_ms - unit.ms.get("one_time", 0.0)) > 0]  # fmt: skip
     return numeric.median(shares) if shares else pct(held.ms, host.steady_ms)
 
 
