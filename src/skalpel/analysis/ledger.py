@@ -131,6 +131,14 @@ class Lane:
     def steady_ms_per_unit(self) -> float:
         return self.steady_ms / max(len(self.units), 1)
 
+    def typical_share_pct(self, unit_ms) -> float | None:
+        """The share of the typical unit some work holds (``unit_ms``: its time in each unit, in the lane's order):
+        the median over the units of it against the unit's time less its one-time work. One call the scheduler
+        stalled inflates the mean share from one unit; the median holds. None where no unit has steady time."""
+        shares = [100.0 * ms / steady for ms, unit in zip(unit_ms, self.units)
+                  if (steady := unit.length_ms - unit.ms.get("one_time", 0.0)) > 0]  # fmt: skip
+        return numeric.median(shares) if shares else None
+
 
 @dataclass(frozen=True)
 class RankLedger:

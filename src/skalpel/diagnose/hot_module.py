@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..analysis import numeric
 from ..analysis.modules import ModuleNode, RankModules
 from . import thresholds
 from .common import pct
@@ -56,7 +55,7 @@ def _check_hot_module(ctx: Context, rule: Rule) -> Outcome:
     return findings
 
 
-def _heaviest_chain(modules: RankModules, step_ms: float, rule: Rule, host=None):
+def _heaviest_chain(modules: RankModules, step_ms: float, rule: Rule, host):
     """The user module class path with the most self time a step, if it passes the thresholds (in the typical unit
     of the ledger's ``host`` lane too) and runs several op names of its own: (its nodes, self ms a step, its op
     names)."""
@@ -73,7 +72,7 @@ def _heaviest_chain(modules: RankModules, step_ms: float, rule: Rule, host=None)
     limits = rule.thresholds
     if pct(self_ms, step_ms) < limits.share_pct or self_ms < limits.floor:
         return None
-    if host is not None and _typical_share_pct(nodes, host) < limits.share_pct:
+    if _typical_share_pct(nodes, host) < limits.share_pct:
         return None  # it holds some units, not the step: a call the scheduler stalled, or a unit unlike the others
     ops = [place.op for place in modules.places.values() if place.module == path]  # heaviest first, as placed
     if len(ops) < limits.param("min_ops"):
@@ -84,13 +83,10 @@ def _heaviest_chain(modules: RankModules, step_ms: float, rule: Rule, host=None)
 def _typical_share_pct(nodes: list[ModuleNode], host) -> float:
     """The nodes' own time against each unit's time less its one-time work, the median over the units (the tree and
     the ledger judge the same units); 100 where the tree kept no time by unit (the mean share then stands alone)."""
-    counts = {len(node.own_ms_by_unit) for node in nodes}
-    if counts != {len(host.units)}:
+    if {len(node.own_ms_by_unit) for node in nodes} != {len(host.units)}:
         return 100.0
-    shares = [100.0 * sum(node.own_ms_by_unit[i] for node in nodes) / steady
-              for i, unit in enumerate(host.units)
-              if (steady := unit.length_ms - unit.ms.get("one_time", 0.0)) > 0]  # fmt: skip
-    return numeric.median(shares) if shares else 100.0
+    typical = host.typical_share_pct([sum(times) for times in zip(*(node.own_ms_by_unit for node in nodes))])
+    return typical if typical is not None else 100.0
 
 
 def _own_ms(node: ModuleNode) -> float:

@@ -20,7 +20,6 @@ dominates device time is the goal there, not a problem.
 
 from __future__ import annotations
 
-from ..analysis import numeric
 from ..analysis.held_ops import HeldCalls, HeldOp, RankHeldOps
 from ..analysis.ledger import RankLedger
 from ..result.report import OpRow
@@ -100,12 +99,10 @@ def _cpu_finding(ctx: Context, rule: Rule, rank_ledger: RankLedger, held: RankHe
 
 
 def typical_share_pct(held: HeldCalls, host) -> float:
-    """The calls' share of the typical unit: the median over the host lane's units of their self time against the
-    unit's time less its one-time work. A stalled call (the process waited for a core inside it) inflates the mean
-    share from one unit; the median holds. Without per-unit times (none recorded) the mean share stands."""
-    shares = [100.0 * ms / steady for ms, unit in zip(held.unit_ms, host.units)
-              if (steady := unit.length_ms - unit.ms.get("one_time", 0.0)) > 0]  # fmt: skip
-    return numeric.median(shares) if shares else pct(held.ms, host.steady_ms)
+    """The calls' share of the typical unit (``Lane.typical_share_pct``); without per-unit times (none recorded)
+    the mean share stands."""
+    typical = host.typical_share_pct(held.unit_ms)
+    return typical if typical is not None else pct(held.ms, host.steady_ms)
 
 
 def _finding(ctx, rule, rank_ledger, held: HeldCalls, steady_ms, units, others: list[HeldOp], *, kind, fix):
