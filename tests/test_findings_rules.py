@@ -501,6 +501,44 @@ def test_dataloader_evidence_names_the_workers_gain_once(tmp_path):
     assert "DataLoader(num_workers=2," in finding.fix
 
 
+def _fetch_in_a_starved_step(tmp_path, run_queue_wait_s: float, load: float):
+    """Four 631 ms steps whose in-process fetch holds 37 ms of the wall time and 19% of the process's CPU (the
+    cheap_tokens look-alike beside busy loops at load 12: the scheduler stretched the compute more than the fetch)."""
+    from skalpel.job.report_of import report_of
+    from skalpel.result.report import CaptureInfo
+
+    builder = TraceBuilder()
+    step, wait = 631_000.0, 37_000.0
+    for number in range(4):
+        start = number * step
+        builder.step(number + 1, start, step - 1)
+        builder.host("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start + 1, wait)
+        builder.host("aten::mm", start + wait + 10, step - wait - 100)
+    cpu = _cpu(cpu_s=0.2893, wall_s=2.5781, steps=4, load_avg_1m=load, run_queue_wait_s=run_queue_wait_s,
+               loader_batches=32, loader_fetch_cpu_s=0.054301, unprofiled_loader_batches=8,
+               unprofiled_loader_fetch_cpu_s=0.009494)  # fmt: skip
+    report = report_of(builder.write(tmp_path / "trace.json"), capture=CaptureInfo(warmup_steps=1, active_steps=4,
+                                                                                  cpu=cpu)).report  # fmt: skip
+    return [finding for finding in report.findings if finding.id == "dataloader_bound"]
+
+
+def test_under_contention_the_fetch_is_judged_on_cpu_time(tmp_path):
+    """A wall-time share under contention says where the scheduler preempted: the fetch that made 19% of the work held
+    6% of the wall time, under dataloader_bound's 10%. Under measured contention it is judged on CPU time too; on a
+    quiet machine (no contention) the wall share stands alone."""
+    (starved,) = _fetch_in_a_starved_step(tmp_path, run_queue_wait_s=2.3149, load=12.39)
+    assert starved.evidence["share_pct"] == pytest.approx(18.77, abs=0.05)
+    assert starved.evidence["wall_share_pct"] == pytest.approx(5.9, abs=0.2)
+    assert starved.evidence["share_of"] == "CPU time (under contention)"
+    assert starved.title.startswith("Making the batches takes 19% of the process's CPU time (37.0 ms of the")
+    # the fix weighs the fetch by the same share: a cheap __getitem__ saves up to 1 / (1 - 19%), and workers are not
+    # advised for batches of ~1.2 ms (thread CPU, un-profiled), under a hand-over
+    assert starved.evidence["cheap_items_speedup_up_to"] == pytest.approx(1 / (1 - 0.1877), abs=0.01)
+    assert starved.evidence["workers_speedup_up_to"] == 1.0 and "not more workers: a batch takes about 1.2 ms" in starved.fix
+    # the same facts without the contention: the CPU share is not read, and 6% of the wall is no finding
+    assert _fetch_in_a_starved_step(tmp_path, run_queue_wait_s=0.001, load=0.5) == []
+
+
 def test_loader_oversubscribed_named_only_past_the_cores(tmp_path):
     crowded = _with_capture(tmp_path, cpu=_cpu(intra_op_threads=2, loader_workers=4)).findings
     found = [finding for finding in crowded if finding.id == "loader_oversubscribed"]
@@ -658,3 +696,30 @@ def test_no_workers_only_where_the_wait_outweighs_making_the_batch_in_process():
     assert cheap_batches((10.5, 60), 3.0) is None  # a costly __getitem__: the workers hide it
     assert cheap_batches((1.71 + WORKER_SIDE_HANDOFF_MS + 0.01, 5), 1.71) is None  # just past the line
     assert cheap_batches(None, 8.0) is None  # not measured: no advice from it
+
+
+def test_no_workers_weighs_the_batch_in_wall_time_at_the_contention_measured():
+    """A worker's cost is CPU time, the step's wait wall time: under contention the process would wait for a core
+    while making the batch too. Chain 7's figures (4 workers for ~10 ms batches, load 7.3): 16.83 ms of a worker's
+    CPU a batch against a 19.74 ms wait, the process waiting for a core 82% of the time. Compared CPU with wall, it
+    advised num_workers=0; made in the process, a batch would take ~89 ms of wall time."""
+    from skalpel.cores import WORKER_HANDOFF_MS, WORKER_SIDE_HANDOFF_MS
+    from skalpel.diagnose.cpu import cheap_batches, in_process_ms_per_batch
+
+    chain7 = (16.83, 120)
+    assert cheap_batches(chain7, 19.74) is not None  # the CPU cost alone: 16.08 x 1.2 < 19.74
+    assert cheap_batches(chain7, 19.74, waiting_pct=82.0) is None
+    assert 85 < in_process_ms_per_batch(chain7, 82.0) < 95
+    # the same batch on a quiet machine, where the wait does pass its cost: still advised
+    quiet = cheap_batches(chain7, 25.0, waiting_pct=5.0)
+    assert quiet is not None and "~16.93 ms of wall time at the contention measured" in quiet and "5% of the time" in quiet
+    # batches about a hand-over's cost are not stretched: the workers spend as much CPU handing them over as making
+    # them (TensorDataset batches read 1.3 ms of a worker's CPU quiet, up to 2.8 ms beside busy loops: 4 -> 0 4.3x)
+    for tensor_dataset in ((1.31, 16), (2.8, 16)):
+        made = tensor_dataset[0] - WORKER_SIDE_HANDOFF_MS
+        assert in_process_ms_per_batch(tensor_dataset, 90.0) == pytest.approx(made) and made <= 2 * WORKER_HANDOFF_MS
+        cheap = cheap_batches(tensor_dataset, 8.17, waiting_pct=90.0)
+        assert cheap is not None and "wall time at the contention" not in cheap
+    # past two hand-overs the batch is real work, made on a core the process waits for
+    assert in_process_ms_per_batch((2 * WORKER_HANDOFF_MS + WORKER_SIDE_HANDOFF_MS + 1.0, 16), 50.0) == pytest.approx(
+        2 * (2 * WORKER_HANDOFF_MS + 1.0))

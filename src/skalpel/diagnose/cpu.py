@@ -96,11 +96,9 @@ def _check_contention(ctx: Context, rule: Rule) -> Outcome:
         + (f", system load {load:.1f}" if load is not None else "")
     )
     severity = rule.severity_for(waiting_pct)
-    measured = worker_ms_per_batch(cpu) if workers else None
-    wait_per_batch = loader_wait_ms_per_batch(ctx, cpu, measured)
-    if measured is not None:
-        evidence.update({"worker_cpu_ms_per_batch": measured[0], "wait_ms_per_batch": wait_per_batch})
-    fix = _fix(threads, processes, workers, cores, load, causes, cheap_batches(measured, wait_per_batch))
+    measures, no_workers = workers_measured(ctx, cpu) if workers else ({}, None)
+    evidence.update(measures)
+    fix = _fix(threads, processes, workers, cores, load, causes, no_workers)
     return [rule.finding(evidence, title=title, severity=severity, fix=fix)]
 
 
@@ -141,28 +139,94 @@ def fetch_cpu_ms_per_batch(cpu: dict) -> float | None:
     return measured[0] if measured else None
 
 
+def fetch_cpu_share_pct(cpu: dict) -> float | None:
+    """The share of the process's CPU time over the window that the script thread spent inside DataLoader fetches,
+    with ``num_workers=0`` (making every batch in the process); None where not measured, or with workers (then the
+    fetch only receives a batch).
+
+    Under contention this is the share to judge the fetch by: the scheduler stretches the parts of a step unevenly,
+    so their wall-time shares say where it preempted, not where the work is (beside busy loops, at load 12: a fetch of
+    19% of the CPU held 6% of the wall time, 37 of 631 ms a step)."""
+    if cpu.get("loader_workers") or not cpu.get("cpu_s") or cpu.get("loader_fetch_cpu_s") is None:
+        return None
+    return 100.0 * min(cpu["loader_fetch_cpu_s"] / cpu["cpu_s"], 1.0)
+
+
 NO_WORKERS_MARGIN = 1.2  # the wait must pass the in-process cost by this much (a 15.5 ms batch waited 14.8 at load 4)
 
 
-def cheap_batches(measured: tuple[float, int] | None, wait_ms_per_batch: float) -> str | None:
+UNSTRETCHED_BATCH_MS = 2 * WORKER_HANDOFF_MS  # in_process_ms_per_batch: a batch about a hand-over's cost to make
+
+
+def measured_waiting_pct(cpu: dict[str, Any] | None) -> float:
+    """The share of the time the process's threads wanted a core that they waited for one (``waiting``); 0 where the
+    facts cannot say."""
+    waited = waiting(cpu) if cpu else None
+    return waited[0] if waited is not None else 0.0
+
+
+def in_process_ms_per_batch(measured: tuple[float, int], waiting_pct: float = 0.0) -> float:
+    """The wall milliseconds the training process would take to make one batch itself: a worker's CPU a batch less its
+    side of the hand-over (``cores.WORKER_SIDE_HANDOFF_MS``), stretched by the contention the capture measured
+    (``waiting_pct``: a thread that waits for a core that share of the time runs a 16 ms batch in 16 / (1 - share)).
+
+    Not stretched where a batch costs no more to make than two hand-overs (``UNSTRETCHED_BATCH_MS``): there the
+    workers spend about as much CPU handing batches over as making them, and a starved process gets those cycles back
+    by making the batch itself. The profiler and the contention inflate a worker's CPU too: a TensorDataset batch,
+    free to make, read 1.3 ms of a worker's CPU on a quiet machine and 1.4-2.8 ms beside two busy loops.
+    Measured on the look-alikes (chain 7, load 7.3): 4 workers for ~10 ms batches, 16.8 ms of a worker's CPU a batch
+    against a 19.7 ms wait, the process waiting for a core 82% of the time: made in the process, ~89 ms of wall time.
+    """
+    made = max(measured[0] - WORKER_SIDE_HANDOFF_MS, 0.0)
+    if made <= UNSTRETCHED_BATCH_MS:
+        return made
+    return made / max(1.0 - waiting_pct / 100.0, 0.05)
+
+
+def cheap_batches(measured: tuple[float, int] | None, wait_ms_per_batch: float, waiting_pct: float = 0.0) -> str | None:
     """``num_workers=0`` with the measures that back it, where the step already waits longer for each batch from its
-    workers than the training process would take to make one: a worker's CPU a batch (``worker_ms_per_batch``) less
-    its side of the hand-over (``cores.WORKER_SIDE_HANDOFF_MS``). Made in the process, a batch then costs no more than
-    the wait, and the workers' cores go back to training. None where it does not, or unmeasured.
+    workers than the training process would take to make one (``in_process_ms_per_batch``: a worker's CPU a batch
+    less its side of the hand-over, stretched by the contention measured, ``waiting_pct``). Made in the process, a
+    batch then costs no more than the wait, and the workers' cores go back to training. None where it does not, or
+    unmeasured.
+
+    The wait is wall time and a worker's cost CPU time: under contention the process would wait for a core while it
+    makes the batch too, so the cost is compared in wall time (chain 7: a 16.1 ms batch against a 19.7 ms wait at 82%
+    waiting advised 0 workers, for ~89 ms of wall time a batch).
 
     Measured (2 cores, 1 intra-op thread, 4 workers, makemore's step times printed, medians of 3 interleaved rounds
     at load 3-10): TensorDataset batches, 1.3 ms of a worker's CPU recorded against an 8.2 ms wait a batch (4 -> 0
     workers 4.3x faster); makemore's, 2.0-2.4 ms against 1.7-2.0 ms (4 -> 0 1.08x, 4 -> 1 0.65x); a costly Python
     ``__getitem__``, ~10 ms against a wait of a few ms (workers hide it: kept, fitted to the cores).
     """
+    if measured is None:
+        return None
+    in_process = in_process_ms_per_batch(measured, waiting_pct)
     # a tie is no reason to move every batch into the step: under contention a starved worker's wait equals its cost
-    if measured is None or (measured[0] - WORKER_SIDE_HANDOFF_MS) * NO_WORKERS_MARGIN > wait_ms_per_batch:
+    if in_process * NO_WORKERS_MARGIN > wait_ms_per_batch:
         return None
     ms, batches = measured
     made = max(ms - WORKER_SIDE_HANDOFF_MS, 0.0)
+    stretched = (f", ~{in_process:.2f} ms of wall time at the contention measured (the process waited for a core "
+                 f"{waiting_pct:.0f}% of the time)") if in_process > made + 0.005 else ""  # fmt: skip
     return (f"num_workers=0: the step waits {wait_ms_per_batch:.2f} ms for each batch from its workers, more than "
-            f"the ~{made:.2f} ms the training process would take to make one (a worker spends {ms:.2f} ms of CPU a "
-            f"batch, ~{WORKER_SIDE_HANDOFF_MS:g} ms of it its side of the hand-over; {batches} batches recorded)")
+            f"the ~{made:.2f} ms the training process would take to make one{stretched} (a worker spends {ms:.2f} ms "
+            f"of CPU a batch, ~{WORKER_SIDE_HANDOFF_MS:g} ms of it its side of the hand-over; {batches} batches "
+            "recorded)")
+
+
+def workers_measured(ctx: Context, cpu: dict) -> tuple[dict[str, float], str | None]:
+    """The workers' measures a batch over the window, as evidence (their CPU, the step's wait, the wall time the
+    process would take to make one itself at the contention measured; empty where unmeasured), and the
+    ``num_workers=0`` advice they back (``cheap_batches``) or None."""
+    measured = worker_ms_per_batch(cpu)
+    if measured is None:
+        return {}, None
+    wait_per_batch = loader_wait_ms_per_batch(ctx, cpu, measured)
+    waited = measured_waiting_pct(cpu)
+    evidence = {"worker_cpu_ms_per_batch": measured[0], "wait_ms_per_batch": wait_per_batch,
+                "in_process_ms_per_batch": in_process_ms_per_batch(measured, waited)}
+    return evidence, cheap_batches(measured, wait_per_batch, waited)
 
 
 def loader_wait_ms_per_batch(ctx: Context, cpu: dict, measured: tuple[float, int] | None) -> float:

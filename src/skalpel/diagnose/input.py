@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from ..cores import WORKER_HANDOFF_MS, loader_workers, threads_beside_workers, workers_that_fit
 from . import thresholds
 from .common import job_data_wait_ms, pct, window_of
-from .cpu import (cheap_batches, contended, fetch_cpu_ms_per_batch, loader_wait_ms_per_batch,
-                  unprofiled_fetch_cpu_ms_per_batch, usable_cores, worker_ms_per_batch)
+from .cpu import (cheap_batches, contended, fetch_cpu_ms_per_batch, fetch_cpu_share_pct, in_process_ms_per_batch,
+                  measured_waiting_pct, unprofiled_fetch_cpu_ms_per_batch, usable_cores, worker_ms_per_batch,
+                  workers_measured)
 from .rule import Context, Docs, NotJudged, Outcome, Rule
 
 
@@ -17,11 +18,17 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
     device did meanwhile (the part it idled, the most a fix saves there, is said beside)."""
     limits = rule.thresholds
     findings = []
-    for rank, ledger in ctx.analyses.ledger.ranks.items() if ctx.analyses.ledger is not None else ():
+    cpu = ctx.capture.cpu if ctx.capture is not None else None
+    ranks = ctx.analyses.ledger.ranks if ctx.analyses.ledger is not None else {}
+    # under contention the wall-time share says where the scheduler preempted: the fetch is judged on CPU time too,
+    # where the capture measured it (its facts are the capturing process's: one rank)
+    on_cpu = fetch_cpu_share_pct(cpu) if cpu and len(ranks) == 1 and contended(cpu) else None
+    for rank, ledger in ranks.items():
         host, device = ledger.lane("host"), ledger.lane("device")
         if host is None:
             continue
-        share, ms = host.share_pct("data_wait", steady=True), host.ms_per_unit("data_wait")
+        wall_share, ms = host.share_pct("data_wait", steady=True), host.ms_per_unit("data_wait")
+        share = max(wall_share, on_cpu or 0.0)
         if share < limits.share_pct or ms < limits.floor:
             continue
         loader = ctx.analyses.loader_ranges.for_rank(rank)
@@ -29,6 +36,8 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
         unit_ms = host.steady_ms_per_unit  # the steady unit: the share's
         # what a faster fetch can save: on a device, the part of the wait the device idled; on a CPU, all of it
         saving = device.ms_per_unit("data_wait") if device is not None else ms
+        if share > wall_share:  # judged on CPU time: the fetch's part of the step is its share of the work
+            saving = share / 100.0 * host.steady_ms_per_unit
         evidence = {
             "share_pct": share,
             "ms_per_step": ms,
@@ -38,7 +47,8 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
             "worst_step_wait_ms": max(unit.ms.get("data_wait", 0.0) for unit in host.units),
             "iterator": ", ".join(loader.iterators),
         }
-        cpu = ctx.capture.cpu if ctx.capture is not None else None
+        if share > wall_share:
+            evidence.update({"wall_share_pct": wall_share, "share_of": "CPU time (under contention)"})
         ratio = ctx.capture.unprofiled_ratio() if ctx.capture is not None else None
         batches = len(waits) / max(ledger.units, 1)  # gradient accumulation fetches several a step
         plan = loader_plan(cpu, wait_ms=saving, step_ms=unit_ms, single=single, device=ctx.analyses.has_device,
@@ -52,6 +62,10 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
         title = None if ledger.unit == "step" else (
             f"Waiting for data takes {share:.0f}% of {ledger.describe()} ({ms:.1f} ms of {unit_ms:.1f} ms a unit)"
         )  # fmt: skip
+        if share > wall_share:
+            title = (f"Making the batches takes {share:.0f}% of the process's CPU time ({ms:.1f} ms of the "
+                     f"{unit_ms:.1f} ms mean step waits for data: {wall_share:.0f}% of the wall time, which the "
+                     f"contention measured stretches unevenly)")  # fmt: skip
         if title is None and device is not None and saving < 0.8 * ms:  # the device ran queued work for part of it
             title = (f"The step waits for data {share:.0f}% of the time ({ms:.1f} ms of the {unit_ms:.1f} ms mean "
                      f"step; the device idles {saving:.1f} ms of it)")  # fmt: skip
@@ -91,7 +105,8 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
     faster than a worker can hand it over (``_why_no_workers``: ``cores.WORKER_HANDOFF_MS``; the fetch per batch
     is scaled by ``unprofiled_ratio``, un-profiled / profiled step, as the profiler inflates the Python that makes
     it). With workers already, ``worker_batch`` (``cpu.worker_ms_per_batch``: their CPU a batch) may show the
-    step waiting longer for a batch than a worker spends making it: then none (``cpu.cheap_batches``). Other load is no veto: while the main thread waits for its batch its core is idle, and a worker gets a
+    step waiting longer for a batch than the process would take to make it, at the contention measured: then none
+    (``cpu.cheap_batches``). Other load is no veto: while the main thread waits for its batch its core is idle, and a worker gets a
     share of the cores of its own.
     """
     cores = usable_cores(cpu) if cpu else None
@@ -105,9 +120,11 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
     workers_now = int(cpu.get("loader_workers") or 0)
     evidence.update({"intra_op_threads": threads, "loader_workers": workers_now, "usable_cores": cores})
     if not single and workers_now:
+        waited = measured_waiting_pct(cpu)
         if worker_batch is not None:
             evidence["worker_cpu_ms_per_batch"] = worker_batch[0]
-        no_workers = cheap_batches(worker_batch, wait_ms / max(batches_per_step, 1e-9))
+            evidence["in_process_ms_per_batch"] = in_process_ms_per_batch(worker_batch, waited)
+        no_workers = cheap_batches(worker_batch, wait_ms / max(batches_per_step, 1e-9), waited)
         if no_workers is not None:
             return LoaderPlan(f"{no_workers}; {cheap}", evidence)
         busy = threads + workers_now > cores
@@ -261,7 +278,9 @@ DATALOADER_BOUND = Rule(
         "TensorBoard plugin's DataLoader category counts only that part.",
         why="While the loop waits for data the device and the host compute nothing. That time is pure loss, "
         "and it grows with a faster model or device.",
-        evidence="`share_pct` of the mean unit and `ms_per_step` (both from the ledger), the mean step "
+        evidence="`share_pct` of the mean unit and `ms_per_step` (both from the ledger; under measured CPU "
+        "contention with `num_workers=0`, `share_pct` is the fetch's share of the process's CPU time where it is the "
+        "larger, `wall_share_pct` beside it: the scheduler stretches the parts of a step unevenly), the mean step "
         "(`mean_step_ms`: the title quotes it, so that its figures agree), on a device the part of the wait it "
         "idled (`device_idle_ms_per_step`; the title says it where the device ran queued work for a fifth of the "
         "wait or more), what it was judged over (`judged_over`: the marked steps; without markers the loop's "
@@ -311,11 +330,8 @@ def _check_oversubscribed(ctx: Context, rule: Rule) -> Outcome:
         costly = f"num_workers={fit_workers}, the cores the {threads} intra-op thread(s) leave free"
     else:
         costly = f"num_workers={fit_workers} with torch.set_num_threads({fit_threads})"
-    measured = worker_ms_per_batch(cpu)
-    wait_per_batch = loader_wait_ms_per_batch(ctx, cpu, measured)
-    if measured is not None:
-        evidence.update({"worker_cpu_ms_per_batch": measured[0], "wait_ms_per_batch": wait_per_batch})
-    no_workers = cheap_batches(measured, wait_per_batch)
+    measures, no_workers = workers_measured(ctx, cpu)
+    evidence.update(measures)
     if no_workers is not None:  # the workers' own CPU time says a batch costs less than handing it over
         return [rule.finding(evidence, fix=f"{no_workers} (workers that fit the cores, {costly}, would still pay "
                                            "the hand-over on every batch)")]  # fmt: skip
