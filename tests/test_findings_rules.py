@@ -535,6 +535,7 @@ def test_under_contention_the_fetch_is_judged_on_cpu_time(tmp_path):
     # advised for batches of ~1.2 ms (thread CPU, un-profiled), under a hand-over
     assert starved.evidence["cheap_items_speedup_up_to"] == pytest.approx(1 / (1 - 0.1877), abs=0.01)
     assert starved.evidence["workers_speedup_up_to"] == 1.0 and "not more workers: a batch takes about 1.2 ms" in starved.fix
+    assert "the fetch is 19% of the process's CPU time, ~118.4 ms of the 631.0 ms mean step" in starved.fix
     # the same facts without the contention: the CPU share is not read, and 6% of the wall is no finding
     assert _fetch_in_a_starved_step(tmp_path, run_queue_wait_s=0.001, load=0.5) == []
 

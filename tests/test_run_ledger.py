@@ -170,7 +170,11 @@ def test_a_ppo_loop_says_its_share_between_steps_and_that_it_was_no_grad_work(tm
     # load stretches, is left out of the comparison), and the plain twin's loop is its steps
     assert ppo.between_steps_s >= ppo.in_steps_s > 0, ppo
     assert ppo.between_no_grad_s >= 0.5 * ppo.between_steps_s, ppo  # and it was named
-    assert plain.between_steps_s < 0.2 * plain.in_steps_s, plain
+    # the plain twin runs no rollout between its steps: no no_grad work there, and a share between steps far below the
+    # PPO's. Its gaps hold only the loop's own Python, which a preemption stretches (a CI beside busy loops: 59.6 ms
+    # between steps against 153 ms in them, 2 ms a gap): judged against the PPO measured the same way, not a stopwatch
+    assert plain.between_no_grad_s < 0.1 * ppo.between_no_grad_s, (plain, ppo)
+    assert plain.between_steps_s / plain.in_steps_s < 0.5 * ppo.between_steps_s / ppo.in_steps_s, (plain, ppo)
     # the note on the rollout held before the first step says what was measured, not what may be
     (held,) = [note for note in report.warnings if "before its first optimizer.step()" in note]
     assert "skalpel's clock measured it" in held and "If that work comes before every update" not in held, held

@@ -53,7 +53,8 @@ def _check_dataloader(ctx: Context, rule: Rule) -> Outcome:
         batches = len(waits) / max(ledger.units, 1)  # gradient accumulation fetches several a step
         plan = loader_plan(cpu, wait_ms=saving, step_ms=unit_ms, single=single, device=ctx.analyses.has_device,
                            min_speedup=limits.param("min_speedup"), batches_per_step=batches,
-                           unprofiled_ratio=ratio, worker_batch=worker_ms_per_batch(cpu) if cpu else None)  # fmt: skip
+                           unprofiled_ratio=ratio, worker_batch=worker_ms_per_batch(cpu) if cpu else None,
+                           cpu_share_pct=share if share > wall_share else None)  # fmt: skip
         evidence.update(plan.evidence)
         fix = plan.fix
         if single:
@@ -88,7 +89,7 @@ class LoaderPlan:
 
 def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: bool, device: bool,
                 min_speedup: float, batches_per_step: float = 1.0, unprofiled_ratio: float | None = None,
-                worker_batch: tuple[float, int] | None = None) -> LoaderPlan:  # fmt: skip
+                worker_batch: tuple[float, int] | None = None, cpu_share_pct: float | None = None) -> LoaderPlan:  # fmt: skip
     """Lead with the fix that can pay: workers hide the fetch behind the step's compute and share it out.
 
     A step of ``step_ms`` waits ``wait_ms`` for its batch; the rest is compute. Worker processes
@@ -104,7 +105,8 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
     nearly the whole step (the most they gain is under ``min_speedup``), a single usable core, or a batch made
     faster than a worker can hand it over (``_why_no_workers``: ``cores.WORKER_HANDOFF_MS``; the fetch per batch
     is scaled by ``unprofiled_ratio``, un-profiled / profiled step, as the profiler inflates the Python that makes
-    it). With workers already, ``worker_batch`` (``cpu.worker_ms_per_batch``: their CPU a batch) may show the
+    it); ``cpu_share_pct``: the fetch was judged on its share of the process's CPU time (``wait_ms`` is that share
+    of the step), said so. With workers already, ``worker_batch`` (``cpu.worker_ms_per_batch``: their CPU a batch) may show the
     step waiting longer for a batch than the process would take to make it, at the contention measured: then none
     (``cpu.cheap_batches``). Other load is no veto: while the main thread waits for its batch its core is idle, and a worker gets a
     share of the cores of its own.
@@ -114,7 +116,10 @@ def loader_plan(cpu: dict | None, *, wait_ms: float, step_ms: float, single: boo
         return LoaderPlan(worker_advice(cpu, device=device) + "; " + _CHEAP_ITEMS, {})
     compute = max(step_ms - wait_ms, 1e-3)
     cheap_speedup = step_ms / compute
-    cheap = f"{_CHEAP_ITEMS}: the fetch is {wait_ms:.1f} ms of the {step_ms:.1f} ms mean step, up to {cheap_speedup:.1f}x"
+    fetch = (f"the fetch is {wait_ms:.1f} ms of the {step_ms:.1f} ms mean step" if cpu_share_pct is None else
+             f"the fetch is {cpu_share_pct:.0f}% of the process's CPU time, ~{wait_ms:.1f} ms of the {step_ms:.1f} ms "
+             "mean step")  # fmt: skip
+    cheap = f"{_CHEAP_ITEMS}: {fetch}, up to {cheap_speedup:.1f}x"
     evidence: dict = {"compute_ms_per_step": compute, "cheap_items_speedup_up_to": cheap_speedup}
     threads = int(cpu.get("intra_op_threads") or 1)
     workers_now = int(cpu.get("loader_workers") or 0)
